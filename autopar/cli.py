@@ -1,0 +1,153 @@
+"""`autopar`: one console script; each subcommand imports its package lazily, so `autopar evaluate`
+and `autopar plan` never import torch or the web stack."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Auto-parallelism planner for LLM training.")
+
+
+def _model_ref(model: str) -> Any:
+    """A preset name, or a path to a HuggingFace config.json."""
+    path = Path(model)
+    if path.suffix == ".json" and path.exists():
+        return {"hf_config": json.loads(path.read_text()), "name": path.parent.name or path.stem}
+    return model
+
+
+def _cluster_ref(cluster: str) -> Any:
+    """A preset name, or a path to a cluster YAML file."""
+    path = Path(cluster)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        import yaml
+
+        return yaml.safe_load(path.read_text())
+    return cluster
+
+
+def _gpus(gpus: Optional[int], nodes: Optional[int], cluster_ref: Any) -> int:
+    if gpus:
+        return gpus
+    if nodes:
+        from cost_models.jobs import resolve_cluster
+
+        return nodes * resolve_cluster(cluster_ref).gpus_per_node
+    raise typer.BadParameter("give --gpus or --nodes")
+
+
+@app.command()
+def evaluate(
+    model: Optional[str] = typer.Option(None, help="model preset or path to a HF config.json"),
+    cluster: Optional[str] = typer.Option(None, help="cluster preset or path to a cluster YAML"),
+    gpus: Optional[int] = typer.Option(None, help="GPUs in the job"),
+    nodes: Optional[int] = typer.Option(None, help="nodes in the job (instead of --gpus)"),
+    seq_len: int = typer.Option(4096, help="tokens per sequence"),
+    global_batch: Optional[int] = typer.Option(None, help="sequences per step"),
+    global_batch_tokens: Optional[int] = typer.Option(None, help="tokens per step (instead of --global-batch)"),
+    precision: str = typer.Option("bf16", help="bf16 | fp16 | fp8 | fp32"),
+    grad_dtype: str = typer.Option("bf16", help="gradient buffer dtype: bf16 | fp32"),
+    tp: int = 1,
+    pp: int = 1,
+    dp: Optional[int] = None,
+    cp: int = 1,
+    ep: int = 1,
+    etp: Optional[int] = None,
+    vpp: int = 1,
+    zero: int = typer.Option(1, help="ZeRO stage 0-3 (3 = FSDP)"),
+    dp_shard: Optional[int] = typer.Option(None, help="sharding group (< dp: hybrid sharding)"),
+    micro_batch: int = 1,
+    recompute: str = typer.Option("none", help="none | selective | full"),
+    recompute_layers: Optional[int] = typer.Option(None, help="full recompute: layers per stage"),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
+    schedule: Optional[str] = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b"),
+    offload_optimizer: bool = False,
+    framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
+    as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
+    jobs: Optional[Path] = typer.Option(None, help="JSONL file of jobs ('-' = stdin); one JSON result per line"),
+) -> None:
+    """Price one layout: memory per stage, step time breakdown, tokens/s and MFU."""
+    from cost_models.jobs import run_job
+
+    if jobs is not None:
+        _run_jobs(jobs)
+        return
+    if not model or not cluster:
+        raise typer.BadParameter("--model and --cluster are required (or --jobs FILE)")
+    model_ref, cluster_ref = _model_ref(model), _cluster_ref(cluster)
+    training: dict[str, Any] = {"seq_len": seq_len, "precision": precision, "grad_dtype": grad_dtype}
+    if global_batch_tokens:
+        training["global_batch_tokens"] = global_batch_tokens
+    if global_batch:
+        training["global_batch"] = global_batch
+    layout = {
+        "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp, "zero_stage": zero,
+        "dp_shard": dp_shard, "micro_batch": micro_batch, "recompute": recompute,
+        "recompute_layers": recompute_layers, "sp": sp, "schedule": schedule,
+        "offload_optimizer": offload_optimizer, "framework": framework,
+    }
+    job = {
+        "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
+        "training": training, "layout": {k: v for k, v in layout.items() if v is not None},
+    }
+    result = run_job(job)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        from autopar.render import print_evaluation
+
+        print_evaluation(result)
+    if not result["ok"]:
+        raise typer.Exit(2)
+
+
+def _run_jobs(path: Path) -> None:
+    from cost_models.jobs import run_job
+
+    stream = sys.stdin if str(path) == "-" else path.open()
+    out = sys.stdout
+    with stream:
+        for lineno, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                result: dict[str, Any] = {"ok": False, "error": f"line {lineno}: invalid JSON: {exc.msg}"}
+            else:
+                result = run_job(raw) if isinstance(raw, dict) else {"ok": False, "error": f"line {lineno}: a job is a JSON object"}
+            out.write(json.dumps(result, separators=(",", ":")) + "\n")
+
+
+@app.command()
+def models() -> None:
+    """List model presets with their parameter counts."""
+    from model_specs.params import count_params
+    from model_specs.presets import get_model, list_models
+
+    for name in list_models():
+        pc = count_params(get_model(name))
+        typer.echo(f"{name:24s} {pc.total / 1e9:10.3f} B total {pc.active / 1e9:10.3f} B active")
+
+
+@app.command()
+def clusters() -> None:
+    """List cluster presets."""
+    from cluster_specs.presets import get_cluster, list_clusters
+
+    for name in list_clusters():
+        c = get_cluster(name)
+        typer.echo(f"{name:18s} {c.gpu.name:22s} {c.gpus_per_node} GPUs/node  domain {c.domain_size}")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

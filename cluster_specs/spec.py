@@ -1,0 +1,129 @@
+"""Where it runs: GPUs and clusters.
+
+All rates are stored in SI base units: FLOP/s, bytes/s, seconds. Vendor units (GB/s, Gb/s,
+TFLOPS) are converted once, when the catalog is loaded (`cluster_specs.catalog`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+
+
+class GPUSpec(BaseModel):
+    """One accelerator. Peak FLOP/s are *dense* (no 2:4 sparsity) tensor-core peaks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    vendor: Literal["nvidia", "amd", "cpu"] = "nvidia"
+    peak_flops_per_s: dict[str, float] = Field(description="dense peak per precision: bf16, fp16, fp8, fp32 (TF32 for NVIDIA)")
+    memory_bytes: int = Field(gt=0, description="device memory (HBM/GDDR) in bytes")
+    memory_bandwidth_bytes_per_s: float = Field(gt=0)
+    link_bandwidth_bytes_per_s: float = Field(
+        ge=0, description="GPU-to-GPU fabric bandwidth per GPU, one direction (NVLink/xGMI/PCIe)"
+    )
+    tdp_w: float | None = None
+    source: str = Field("", description="datasheet the figures come from")
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s for `precision`.
+
+        fp8 falls back to bf16, then fp16, on GPUs without fp8 units (fp8 GEMMs would run in 16-bit
+        there). Other missing precisions raise: V100 has no bf16 and we do not invent one.
+        """
+        peaks = self.peak_flops_per_s
+        if precision in peaks:
+            return peaks[precision]
+        if precision == "fp8":
+            for fallback in ("bf16", "fp16"):
+                if fallback in peaks:
+                    return peaks[fallback]
+        raise KeyError(f"GPU {self.name} has no {precision} peak (has {sorted(peaks)})")
+
+
+IntraNodeKind = Literal["nvswitch", "nvlink_mesh", "pcie_switch", "xgmi_mesh", "shared_memory"]
+InterNodeKind = Literal["infiniband", "roce", "ethernet", "none"]
+
+
+class IntraNodeFabric(BaseModel):
+    """How GPUs inside one NVLink domain talk."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: IntraNodeKind
+    bus_bandwidth_bytes_per_s: float = Field(
+        gt=0, description="achievable NCCL bus bandwidth of a collective over the whole domain"
+    )
+    latency_s: float = Field(3e-6, ge=0, description="per ring/tree step")
+    source: str = Field("", description="where the figures come from")
+
+
+class InterNodeNetwork(BaseModel):
+    """The scale-out network between nodes (or NVLink domains)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: InterNodeKind = "infiniband"
+    nics_per_node: int = Field(8, ge=0)
+    nic_bandwidth_bytes_per_s: float = Field(50e9, ge=0, description="per NIC, one direction")
+    rail_optimized: bool = True
+    oversubscription: float = Field(1.0, ge=1.0, description="leaf-to-spine oversubscription ratio")
+    nodes_per_leaf: int = Field(32, ge=1, description="nodes under one leaf switch (one scalable unit)")
+    latency_s: float = Field(5e-6, ge=0, description="per hop step between nodes")
+    source: str = Field("", description="where the figures come from")
+
+
+class ClusterSpec(BaseModel):
+    """A homogeneous cluster: identical nodes of `gpus_per_node` GPUs of one type.
+
+    The job size is *not* part of the cluster: it is given separately (`gpus` or `nodes`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    gpu: GPUSpec
+    gpus_per_node: int = Field(gt=0)
+    intra_node: IntraNodeFabric
+    nvlink_domain_size: int | None = Field(
+        None, gt=0, description="GPUs in one NVLink domain; defaults to gpus_per_node (72 for NVL72)"
+    )
+    inter_node: InterNodeNetwork = InterNodeNetwork()
+    host_memory_bytes: int = Field(2 * 1024**4, gt=0, description="CPU memory per node, for offload")
+    host_to_device_bytes_per_s: float = Field(
+        50e9, gt=0, description="PCIe bandwidth from host memory to one GPU, one direction"
+    )
+    description: str = ""
+    source: str = Field("", description="where the node-level figures come from")
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterSpec:
+        d = self.domain_size
+        if d % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain_size ({d}) must be a multiple of gpus_per_node ({self.gpus_per_node})")
+        net, g = self.inter_node, self.gpus_per_node
+        if net.kind != "none":
+            if net.nics_per_node < 1 or net.nic_bandwidth_bytes_per_s <= 0:
+                raise ValueError(f"inter_node kind {net.kind!r} needs nics_per_node >= 1 and a NIC bandwidth")
+            if g % net.nics_per_node and net.nics_per_node % g:
+                # Each GPU must get the same share of the NICs (topology.py relies on it).
+                raise ValueError(
+                    f"nics_per_node ({net.nics_per_node}) must divide gpus_per_node ({g}) or be a multiple of it"
+                )
+        return self
+
+    @property
+    def domain_size(self) -> int:
+        return self.nvlink_domain_size or self.gpus_per_node
+
+    @property
+    def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:
+        """Scale-out bandwidth one GPU can drive when every GPU of its node sends at once."""
+        net = self.inter_node
+        if net.kind == "none":
+            return 0.0
+        return net.nics_per_node * net.nic_bandwidth_bytes_per_s / self.gpus_per_node

@@ -1,0 +1,144 @@
+"""Activation memory: bytes saved for backward by one layer for one micro-batch on one rank.
+
+Starting point is Korthikanti et al. 2022 ("Reducing Activation Recomputation", Sec. 4): a GPT layer
+saves s*b*h*(34 + 5*a*s/h) bytes in 16-bit training, all of it divided by t under tensor + sequence
+parallelism. We keep its method (sum the tensors each op saves for backward) and adapt the terms to
+how models are trained today; each adaptation is named where it is made:
+
+- Fused (flash) attention: no s^2 score/softmax/dropout tensors. The kernel saves Q, K, V, the output
+  O and a float32 log-sum-exp per (token, head). The 5*a*s/h term disappears.
+- No dropout (modern LLM pre-training uses none): the three dropout masks (3*s*b*h bytes) disappear.
+- GQA/MQA: K and V have `kv_heads` heads (at least one per TP rank: heads are replicated when
+  tp > kv_heads). MLA: the down-projections' inputs and outputs are saved too.
+- Gated MLPs (SwiGLU): the gate and up outputs (f each), the activation output and the product that
+  feeds the down projection. Eager PyTorch saves 4 tensors of width f; Megatron's fused
+  bias-SwiGLU saves the fc1 output (2f) and the product (f): 3f.
+- MoE: router logits and probabilities in float32, the permuted token copies before and after
+  dispatch, each routed token's expert MLP activations and the expert outputs kept for the
+  weighted combine.
+- Sequence parallel divides the norm inputs and the replicated linear inputs by t (Megatron saves
+  the sequence-sharded input and re-gathers it in backward).
+- Context parallel divides the sequence by cp (ring attention: no full-sequence K/V is kept).
+
+Recompute:
+- "selective": the attention core (O and the log-sum-exp) and the MLP activation function are
+  recomputed, so those tensors are not kept (Megatron-Core `recompute_modules=[core_attn, mlp act]`).
+- "full": only the layer input is kept; one layer's full activations exist again during its
+  backward (counted once per rank as the recompute working set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from model_specs.spec import ModelSpec
+
+Framework = Literal["megatron", "fsdp", "deepspeed"]
+
+LSE_BYTES = 4  # float32 log-sum-exp saved per (token, head) by flash attention
+ROUTER_BYTES = 4  # router logits / probabilities are float32
+
+
+@dataclass(frozen=True)
+class ActivationContext:
+    """Everything that scales one layer's saved activations. Token counts are per rank."""
+
+    seq_len_local: int  # tokens of one sequence on this rank (seq_len / cp)
+    micro_batch: int
+    tp: int
+    sp: bool
+    etp: int
+    act_bytes: int  # bytes per activation element (2 for bf16/fp16/fp8 training)
+    framework: Framework
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len_local * self.micro_batch
+
+    @property
+    def replicated_divisor(self) -> int:
+        """Divisor of tensors that are replicated across TP ranks unless sequence parallel is on."""
+        return self.tp if self.sp else 1
+
+
+def _mlp_act_widths(model: ModelSpec, framework: Framework) -> tuple[int, int]:
+    """(saved widths without recompute, saved widths with selective recompute), in units of f.
+
+    Without recompute: gated eager = gate, up, act(gate), product = 4; Megatron's fused bias-SwiGLU = 3
+    (fc1 output 2f + product). Non-gated: act input + act output = 2 (3 for squared ReLU eager).
+    Selective recompute keeps what the two GEMMs need: fc1 output (2f gated, f otherwise)."""
+    if model.gated_mlp:
+        return (3 if framework == "megatron" else 4), 2
+    if model.mlp == "relu2":
+        return (2 if framework == "megatron" else 3), 1
+    return 2, 1
+
+
+def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) -> float:
+    """Saved bytes of one attention block (including its input norm)."""
+    t, ab = ctx.tokens, ctx.act_bytes
+    rep = ctx.replicated_divisor
+    h = model.hidden_size
+    heads = model.num_heads / ctx.tp
+    total = 2 * t * h * ab / rep  # norm input + QKV (or MLA down-projection) input
+    if model.attention == "mla":
+        assert model.kv_lora_rank and model.qk_rope_head_dim
+        ql = model.q_lora_rank or 0
+        # q_a output (norm input) and q_b input; kv_a output (norm input + rope part) and kv_b input.
+        # The down-projections are replicated over TP, so these tensors are too (unless sp).
+        total += (2 * ql + 2 * model.kv_lora_rank + model.qk_rope_head_dim) * t * ab / rep
+        kv_heads = heads
+    else:
+        kv_heads = max(model.kv_heads / ctx.tp, 1.0)
+    q = heads * model.qk_head_dim
+    kv = kv_heads * (model.qk_head_dim + model.v_dim)
+    total += t * (q + kv) * ab  # Q, K, V saved by the attention kernel
+    if recompute != "selective":
+        total += t * heads * model.v_dim * ab  # O: kernel output = output-projection input
+        total += t * heads * LSE_BYTES
+    return total
+
+
+def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: int) -> float:
+    """Saved bytes of the MLP or MoE block of layer `index` (including its input norm)."""
+    t, ab, h = ctx.tokens, ctx.act_bytes, model.hidden_size
+    rep = ctx.replicated_divisor
+    full_w, sel_w = _mlp_act_widths(model, ctx.framework)
+    widths = sel_w if recompute == "selective" else full_w
+    total = 2 * t * h * ab / rep  # norm input + first GEMM input
+    if not model.is_moe_layer(index):
+        return total + widths * t * model.ffn_hidden_size / ctx.tp * ab
+    assert model.moe_ffn_hidden_size
+    t_local = t / rep  # tokens this rank routes (sequence-sharded under SP)
+    total += 2 * t_local * model.num_experts * ROUTER_BYTES  # router logits + probabilities
+    if model.num_shared_experts:
+        shared_w = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size)
+        total += widths * t * shared_w / ctx.tp * ab
+    routed = t_local * model.moe_top_k * (ctx.etp if ctx.sp else 1)  # token copies at this rank's experts
+    # permuted input before dispatch, received input (expert GEMM input), expert output for combine
+    total += 3 * routed * h * ab
+    total += widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
+    return total
+
+
+def layer_input_bytes(model: ModelSpec, ctx: ActivationContext) -> float:
+    """The one tensor full recompute keeps per layer: its input."""
+    return ctx.tokens * model.hidden_size * ctx.act_bytes / ctx.replicated_divisor
+
+
+def layer_activation_bytes(model: ModelSpec, index: int, ctx: ActivationContext, recompute: str) -> float:
+    """Bytes layer `index` keeps for backward per micro-batch under `recompute` (none|selective|full)."""
+    if recompute == "full":
+        return layer_input_bytes(model, ctx)
+    return attention_bytes(model, ctx, recompute) + mlp_bytes(model, ctx, recompute, index)
+
+
+def logits_bytes(model: ModelSpec, ctx: ActivationContext, framework: Framework) -> float:
+    """Peak bytes of the LM head output and loss for one micro-batch on the last stage.
+
+    Megatron's vocab-parallel cross-entropy keeps the bf16 logits and one float32 copy it overwrites
+    in place with the softmax gradient (2 + 4 bytes per logit). Eager PyTorch keeps bf16 logits, the
+    float32 upcast and the float32 log-softmax output (2 + 4 + 4)."""
+    per_logit = 6 if framework == "megatron" else 10
+    return ctx.tokens * model.vocab_size / ctx.tp * per_logit

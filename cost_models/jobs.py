@@ -1,0 +1,106 @@
+"""The batch contract: one evaluation job in, one JSON result out.
+
+A job is
+    {"model": <preset name | {"hf_config": {...config.json...}} | {ModelSpec fields}>,
+     "cluster": <preset name | {ClusterSpec fields, "gpu" may be a catalog name}>,
+     "gpus": int,
+     "training": {"seq_len", "global_batch" | "global_batch_tokens", "precision", ...},
+     "layout": {"tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
+                "sp", "schedule", ...},
+     "partition": [layers per chunk, ...]            (optional; default: even split)}
+Missing layout fields take the defaults of `cost_models.layout.Layout` (all degrees 1 except dp,
+which takes the remaining GPUs; ZeRO-1; micro-batch 1; no recompute; SP on when tp > 1; 1F1B, or
+interleaved 1F1B when vpp > 1; Megatron-Core execution).
+
+An invalid job yields {"ok": false, "error": "<field path>: <reason>"}; it never raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cluster_specs.presets import cluster_from_dict, get_cluster
+from cluster_specs.spec import ClusterSpec
+from cost_models.estimate import estimate
+from cost_models.layout import Layout, LayoutError
+from cost_models.report import estimate_dict
+from cost_models.stages import StagePartition
+from model_specs.hf import from_hf_config
+from model_specs.presets import get_model
+from model_specs.spec import ModelSpec, TrainingSpec
+
+
+def resolve_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
+    """A preset name, {"hf_config": {...}} or a dict of ModelSpec fields."""
+    if isinstance(ref, ModelSpec):
+        return ref
+    if isinstance(ref, str):
+        return get_model(ref)
+    if "hf_config" in ref:
+        return from_hf_config(ref["hf_config"], name=ref.get("name"))
+    return ModelSpec(**ref)
+
+
+def resolve_cluster(ref: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
+    if isinstance(ref, ClusterSpec):
+        return ref
+    if isinstance(ref, str):
+        return get_cluster(ref)
+    return cluster_from_dict(ref)
+
+
+class Job(BaseModel):
+    """One evaluation request (the `--jobs` line and the API's /v1/evaluate body)."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: str | dict[str, Any]
+    cluster: str | dict[str, Any]
+    gpus: int = Field(gt=0)
+    training: TrainingSpec
+    layout: Layout = Layout()
+    partition: list[int] | None = None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "job"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+class JobError(ValueError):
+    """A job field that names something we cannot resolve (unknown preset, unreadable config)."""
+
+
+def _resolve(field: str, fn: Any, ref: Any) -> Any:
+    try:
+        return fn(ref)
+    except ValidationError as exc:
+        raise JobError(f"{field}.{format_validation_error(exc)}") from exc
+    except (ValueError, KeyError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise JobError(f"{field}: {msg}") from exc
+
+
+def run_job(raw: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate one job dict. Never raises for bad input: returns {"ok": false, "error": ...}."""
+    try:
+        job = Job.model_validate(raw)
+        model = _resolve("model", resolve_model, job.model)
+        cluster = _resolve("cluster", resolve_cluster, job.cluster)
+        lay = job.layout.resolved(job.gpus, job.training)
+        partition = StagePartition(tuple(job.partition), lay.pp, lay.vpp) if job.partition else None
+        est = estimate(model, job.training, cluster, job.gpus, job.layout, partition)
+        return estimate_dict(model, cluster.name, est)
+    except ValidationError as exc:
+        return {"ok": False, "error": format_validation_error(exc)}
+    except LayoutError as exc:
+        return {"ok": False, "error": "; ".join(f"layout.{v.field}: {v.message}" for v in exc.violations)}
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        return {"ok": False, "error": str(msg)}

@@ -1,0 +1,240 @@
+"""`Layout`: the parallel configuration of one training job, and its validation.
+
+Vocabulary (design.md): world size = dp x tp x pp x cp; global batch = micro_batch x grad_accum x dp.
+Expert parallelism (`ep`) is carved out of dp x cp as Megatron-Core does; expert tensor parallelism
+(`etp`) defaults to `tp`. `dp_shard` is the ZeRO/FSDP sharding group (`dp_shard < dp` is hybrid
+sharding: shard inside groups of `dp_shard` ranks, replicate across `dp / dp_shard` groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from model_specs.spec import ModelSpec, TrainingSpec
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Framework = Literal["megatron", "fsdp", "deepspeed"]
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+"""Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
+
+
+class Layout(BaseModel):
+    """One point of the search space. Missing degrees default to 1; `dp` defaults to what is left
+    of the GPU count, `grad_accum` to what the global batch implies."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(1, ge=1, description="tensor-parallel degree")
+    pp: int = Field(1, ge=1, description="pipeline-parallel degree")
+    dp: int | None = Field(None, ge=1, description="data-parallel degree (derived when omitted)")
+    cp: int = Field(1, ge=1, description="context-parallel degree")
+    ep: int = Field(1, ge=1, description="expert-parallel degree, carved out of dp x cp")
+    etp: int | None = Field(None, ge=1, description="expert tensor parallel; defaults to tp")
+    vpp: int = Field(1, ge=1, description="virtual pipeline stages per pipeline rank")
+    dp_shard: int | None = Field(None, ge=1, description="ZeRO/FSDP sharding group; defaults to dp")
+    zero_stage: int = Field(1, ge=0, le=3, description="0 none, 1 optimizer, 2 +grads, 3 +params (FSDP)")
+    micro_batch: int = Field(1, ge=1, description="sequences per micro-batch per data-parallel rank")
+    grad_accum: int | None = Field(None, ge=1, description="micro-batches per step (derived when omitted)")
+    recompute: Recompute = "none"
+    recompute_layers: int | None = Field(
+        None, ge=0, description="with full recompute: layers per pipeline stage recomputed (None = all)"
+    )
+    sp: bool | None = Field(None, description="sequence parallel with TP; defaults to tp > 1")
+    schedule: Schedule | None = Field(None, description="defaults to interleaved_1f1b when vpp > 1, else 1f1b")
+    offload_optimizer: bool = False
+    order: str = DEFAULT_ORDER
+    framework: Framework = Field(
+        "megatron", description="execution framework whose overlap and kernels are assumed (calibration)"
+    )
+
+    # ---- resolved values ----------------------------------------------------------------------
+    def resolved(self, gpus: int, training: TrainingSpec) -> Layout:
+        """Fill derived fields (dp, grad_accum, dp_shard, etp, sp, schedule). Raises
+        `LayoutError` when they cannot be derived (e.g. degrees do not divide the GPU count)."""
+        errors: list[Violation] = []
+        model_par = self.tp * self.pp * self.cp
+        dp = self.dp
+        if dp is None:
+            if gpus % model_par:
+                errors.append(Violation("dp", f"tp x pp x cp = {model_par} does not divide the {gpus} GPUs"))
+                raise LayoutError(errors)
+            dp = gpus // model_par
+        grad_accum = self.grad_accum
+        if grad_accum is None:
+            per_step = self.micro_batch * dp
+            if training.global_batch % per_step:
+                errors.append(
+                    Violation(
+                        "micro_batch",
+                        f"global batch {training.global_batch} is not divisible by micro_batch x dp = "
+                        f"{self.micro_batch} x {dp} = {per_step}",
+                    )
+                )
+                raise LayoutError(errors)
+            grad_accum = training.global_batch // per_step
+        return self.model_copy(
+            update={
+                "dp": dp,
+                "grad_accum": grad_accum,
+                "dp_shard": self.dp_shard or dp,
+                "etp": self.etp or self.tp,
+                "sp": (self.tp > 1) if self.sp is None else self.sp,
+                "schedule": self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b"),
+            }
+        )
+
+    # Typed accessors for resolved layouts (they assert the field was resolved).
+    @property
+    def dp_(self) -> int:
+        assert self.dp is not None, "call Layout.resolved() first"
+        return self.dp
+
+    @property
+    def grad_accum_(self) -> int:
+        assert self.grad_accum is not None, "call Layout.resolved() first"
+        return self.grad_accum
+
+    @property
+    def dp_shard_(self) -> int:
+        return self.dp_shard or self.dp_
+
+    @property
+    def etp_(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def sp_(self) -> bool:
+        return (self.tp > 1) if self.sp is None else self.sp
+
+    @property
+    def schedule_(self) -> Schedule:
+        return self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_ * self.tp * self.pp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of expert weights: (dp x cp x tp) / (ep x etp) ranks hold each
+        expert shard (Megatron-Core's expert-data-parallel group)."""
+        return self.dp_ * self.cp * self.tp // (self.ep * self.etp_)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One violated constraint: the offending field and a sentence saying why."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class LayoutError(ValueError):
+    def __init__(self, violations: list[Violation]):
+        self.violations = violations
+        super().__init__("; ".join(str(v) for v in violations))
+
+
+def validate_layout(model: ModelSpec, training: TrainingSpec, gpus: int, layout: Layout) -> list[Violation]:
+    """Every constraint a layout violates, each naming its field. Empty list = valid.
+
+    `layout` may be unresolved; derived fields are filled first (a failure to derive them is
+    reported as a violation)."""
+    try:
+        lay = layout.resolved(gpus, training)
+    except LayoutError as exc:
+        return exc.violations
+    v: list[Violation] = []
+    tp, pp, cp, ep, dp = lay.tp, lay.pp, lay.cp, lay.ep, lay.dp_
+    world = dp * tp * pp * cp
+    if world != gpus:
+        v.append(Violation("dp", f"dp x tp x pp x cp = {dp}x{tp}x{pp}x{cp} = {world}, but the job has {gpus} GPUs"))
+    if model.num_heads % tp:
+        v.append(Violation("tp", f"tp={tp} does not divide the {model.num_heads} attention heads"))
+    if model.attention != "mla" and model.kv_heads % tp and tp % model.kv_heads:
+        v.append(
+            Violation("tp", f"tp={tp} neither divides nor is a multiple of the {model.kv_heads} KV heads")
+        )
+    if model.ffn_hidden_size % tp:
+        v.append(Violation("tp", f"tp={tp} does not divide the dense FFN width {model.ffn_hidden_size}"))
+    if model.vocab_size % tp and tp > 1:
+        # Megatron pads the vocabulary to a multiple of tp; we allow it and pad in memory/FLOPs.
+        pass
+    if model.is_moe:
+        if model.num_experts % ep:
+            v.append(Violation("ep", f"ep={ep} does not divide the {model.num_experts} experts"))
+        if (dp * cp * tp) % (ep * lay.etp_):
+            v.append(
+                Violation(
+                    "ep",
+                    f"ep x etp = {ep}x{lay.etp_} must divide dp x cp x tp = {dp}x{cp}x{tp} "
+                    "(expert parallelism is carved out of the non-pipeline ranks)",
+                )
+            )
+        assert model.moe_ffn_hidden_size
+        if model.moe_ffn_hidden_size % lay.etp_:
+            v.append(Violation("etp", f"etp={lay.etp_} does not divide the expert FFN width {model.moe_ffn_hidden_size}"))
+    elif ep > 1:
+        v.append(Violation("ep", f"ep={ep} needs a mixture-of-experts model; {model.name} is dense"))
+    if pp > model.num_layers:
+        v.append(Violation("pp", f"pp={pp} exceeds the {model.num_layers} layers"))
+    if lay.vpp > 1:
+        if pp == 1:
+            v.append(Violation("vpp", "virtual pipeline stages (vpp > 1) need pp > 1"))
+        elif model.num_layers % (pp * lay.vpp):
+            v.append(
+                Violation(
+                    "vpp",
+                    f"vpp={lay.vpp} x pp={pp} = {pp * lay.vpp} chunks do not divide the {model.num_layers} layers",
+                )
+            )
+    sched = lay.schedule_
+    if sched == "interleaved_1f1b" and lay.vpp == 1:
+        v.append(Violation("schedule", "interleaved_1f1b needs vpp > 1"))
+    if sched != "interleaved_1f1b" and lay.vpp > 1:
+        v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b schedule, not {sched}"))
+    if sched == "interleaved_1f1b" and lay.grad_accum_ % pp:
+        v.append(
+            Violation(
+                "grad_accum",
+                f"interleaved 1F1B needs the {lay.grad_accum_} micro-batches to be a multiple of pp={pp}",
+            )
+        )
+    if dp * lay.micro_batch * lay.grad_accum_ != training.global_batch:
+        v.append(
+            Violation(
+                "grad_accum",
+                f"micro_batch x grad_accum x dp = {lay.micro_batch}x{lay.grad_accum_}x{dp} "
+                f"!= global batch {training.global_batch}",
+            )
+        )
+    if cp > 1 and training.seq_len % (2 * cp):
+        v.append(Violation("cp", f"cp={cp} needs seq_len divisible by 2 x cp (load-balanced causal chunks)"))
+    if lay.sp_ and tp > 1 and training.seq_len // cp % tp:
+        v.append(Violation("sp", f"sequence parallel needs the per-CP-rank sequence divisible by tp={tp}"))
+    if lay.sp_ and tp == 1:
+        v.append(Violation("sp", "sequence parallel needs tp > 1"))
+    dps = lay.dp_shard_
+    if dp % dps:
+        v.append(Violation("dp_shard", f"dp_shard={dps} does not divide dp={dp}"))
+    if dps < dp and lay.zero_stage == 0:
+        v.append(Violation("dp_shard", "hybrid sharding (dp_shard < dp) needs zero_stage >= 1"))
+    if lay.recompute_layers is not None:
+        if lay.recompute != "full":
+            v.append(Violation("recompute_layers", "recompute_layers applies to full recompute only"))
+        if lay.recompute_layers > -(-model.num_layers // pp):
+            v.append(Violation("recompute_layers", f"more recomputed layers than a stage holds ({lay.recompute_layers})"))
+    if lay.offload_optimizer and lay.zero_stage == 0:
+        v.append(Violation("offload_optimizer", "optimizer offload needs zero_stage >= 1 (ZeRO-Offload)"))
+    order_dims = lay.order.split("-")
+    if sorted(order_dims) != sorted(["tp", "cp", "ep", "dp", "pp"]):
+        v.append(Violation("order", f"order must be a permutation of tp-cp-ep-dp-pp, got {lay.order!r}"))
+    return v

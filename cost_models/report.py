@@ -1,0 +1,60 @@
+"""The JSON contract of an evaluation: `Estimate` -> plain dict (the CLI's `--json`, the `--jobs`
+lines and the API all print this). Every number names its unit in its key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cost_models.estimate import Estimate
+from model_specs.params import count_params
+from model_specs.spec import ModelSpec
+
+FLOP_CONVENTION = (
+    "model_flops: forward+backward = 3x forward, attention over all s x s (query, key) pairs "
+    "(causal mask not halved; the Megatron/NeMo/llm-foundry MFU convention); model_flops_causal "
+    "halves attention for the causal mask; hardware_flops = causal attention with flash backward "
+    "(2.5x forward) plus recompute"
+)
+
+
+def layout_dict(est: Estimate) -> dict[str, Any]:
+    return est.layout.model_dump()
+
+
+def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate) -> dict[str, Any]:
+    pc = count_params(model)
+    worst = est.peak_memory
+    return {
+        "ok": True,
+        "fits": est.fits,
+        "model": {"name": model.name, "params": pc.total, "active_params": pc.active},
+        "cluster": cluster_name,
+        "gpus": est.gpus,
+        "layout": layout_dict(est),
+        "partition": {"chunk_layers": list(est.partition.chunk_layers), "pp": est.partition.pp, "vpp": est.partition.vpp},
+        "memory": {
+            "peak_bytes": est.peak_bytes,
+            "capacity_bytes": est.capacity_bytes,
+            "worst_stage": worst.stage,
+            "breakdown": worst.as_dict(),
+            "stages": [m.as_dict() for m in est.memory],
+        },
+        "time": {
+            "breakdown": est.time.as_dict(),
+            "stage_micro_batch_s": list(est.stage_times_s),
+        },
+        "flops": {
+            "model_flops_per_step": est.flops.model_flops,
+            "model_flops_causal_per_step": est.flops.model_flops_causal,
+            "hardware_flops_per_step": est.flops.hardware_flops,
+            "convention": FLOP_CONVENTION,
+        },
+        "step_s": est.step_s,
+        "tokens_per_s": est.tokens_per_s,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
+        "model_flops_per_s_per_gpu": est.flops.model_flops / est.step_s / est.gpus,
+        "mfu": est.mfu,
+        "hfu": est.hfu,
+        "bubble_fraction": est.bubble_fraction,
+        "peak_flops_per_s": est.peak_flops_per_s,
+    }

@@ -1,0 +1,315 @@
+"""Import a HuggingFace `config.json` as a `ModelSpec`.
+
+Supported `model_type`s: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2,
+deepseek_v3, gpt_oss, gpt2, gpt_neox, bloom, nemotron. Any other `model_type` whose config carries
+the Llama-style fields (`hidden_size`, `num_hidden_layers`, `num_attention_heads`,
+`intermediate_size`, `vocab_size`) is read as llama. Multimodal configs are read from their
+`text_config`.
+
+The per-family rules (`FAMILIES`) encode what the `transformers` modeling code builds but the config
+does not say: which linears carry biases, gated or plain MLP, RMSNorm or LayerNorm, tied embeddings
+by default, position encoding, and the MoE layer pattern. Sources: the `modeling_*.py` and
+`configuration_*.py` files of `transformers` (v4.40-4.56) for each family.
+
+Sizes are element counts. Multi-token-prediction modules (`num_nextn_predict_layers`) are recorded
+in `mtp_layers` and not counted as layers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from model_specs.hf_fields import ConfigFields, ModelConfigError
+from model_specs.spec import MlpKind, ModelSpec
+
+__all__ = ["FAMILIES", "ModelConfigError", "from_hf_config", "load_hf_config", "load_hf_spec"]
+
+# Spellings of each quantity, preferred first.
+HIDDEN = ("hidden_size", "n_embd", "n_embed", "d_model")
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
+FFN = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim")
+VOCAB = ("vocab_size", "padded_vocab_size", "n_vocab")
+POSITIONS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+ACT = ("hidden_act", "activation_function", "hidden_activation")
+EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+TOP_K = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_topk", "moe_top_k", "top_k")
+EXPERT_FFN = ("moe_intermediate_size", "expert_intermediate_size", "moe_ffn_hidden_size")
+SHARED = ("n_shared_experts", "num_shared_experts")
+SHARED_FFN = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+LLAMA_FIELDS = (HIDDEN, LAYERS, HEADS, FFN, VOCAB)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the modeling code of a family builds that the config leaves implicit."""
+
+    gated: bool = True  # SwiGLU/GeGLU: gate, up and down projections
+    act: str = "silu"  # default activation when the config names none
+    norm: str = "rmsnorm"
+    positions: str = "rope"
+    tie: bool = False  # default of tie_word_embeddings
+    attention_bias: bool = False  # default of `attention_bias` (q, k, v and o biases)
+    qkv_bias: bool | None = None  # fixed q/k/v bias, overriding attention_bias
+    out_bias: bool | None = None  # fixed o bias, overriding attention_bias
+    mlp_bias: bool = False  # default of `mlp_bias`
+    ffn_mult: int | None = None  # dense width = ffn_mult * hidden when the config names none
+    qk_norm: bool = False
+    qwen_window: bool = False  # window only with use_sliding_window, on layers >= max_window_layers
+    parallel_residual: bool = False  # default of use_parallel_residual
+    embedding_norm: bool = False
+    attention_sinks: bool = False
+    router_bias: bool = False
+    shared_expert_gate: bool = False
+    score_correction: bool = False  # e_score_correction_bias unless topk_method says otherwise
+    mla: bool = False  # multi-head latent attention is the only attention of the family
+    expert_ffn_required: bool = False  # experts have their own width (moe_intermediate_size)
+
+
+_LLAMA = Family()
+_QWEN2 = Family(qkv_bias=True, out_bias=False, qwen_window=True)
+_QWEN3 = Family(qk_norm=True, qwen_window=True)
+_QWEN3_MOE = Family(qk_norm=True, qwen_window=True, expert_ffn_required=True)
+FAMILIES: dict[str, Family] = {
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "mixtral": _LLAMA,
+    "qwen2": _QWEN2,
+    "qwen2_moe": Family(
+        qkv_bias=True, out_bias=False, qwen_window=True, shared_expert_gate=True, expert_ffn_required=True
+    ),
+    "qwen3": _QWEN3,
+    "qwen3_moe": _QWEN3_MOE,
+    "deepseek_v2": Family(mla=True, expert_ffn_required=True),
+    "deepseek_v3": Family(mla=True, expert_ffn_required=True, score_correction=True),
+    "gpt_oss": Family(attention_bias=True, mlp_bias=True, attention_sinks=True, router_bias=True),
+    "gpt2": Family(
+        gated=False, act="gelu_new", norm="layernorm", positions="learned", tie=True,
+        attention_bias=True, mlp_bias=True, ffn_mult=4,
+    ),
+    "gpt_neox": Family(
+        gated=False, act="gelu", norm="layernorm", attention_bias=True, mlp_bias=True, parallel_residual=True,
+    ),
+    "bloom": Family(
+        gated=False, act="gelu", norm="layernorm", positions="alibi", tie=True, attention_bias=True,
+        mlp_bias=True, ffn_mult=4, embedding_norm=True,
+    ),
+    "nemotron": Family(gated=False, act="relu2", norm="layernorm"),
+}
+
+_GATED_ACTS: dict[str, MlpKind] = {"silu": "swiglu", "swish": "swiglu", "swiglu": "swiglu"}
+_PLAIN_ACTS: dict[str, MlpKind] = {
+    "relu": "relu", "relu2": "relu2", "relu_squared": "relu2", "squared_relu": "relu2", "silu": "silu",
+    "swish": "silu",
+}
+
+
+def _mlp_kind(c: ConfigFields, fam: Family) -> MlpKind:
+    act = c.text(*ACT, default=fam.act).lower().replace("-", "_")
+    if act.startswith("gelu") or act in ("quick_gelu", "geglu"):
+        return "geglu" if fam.gated else "gelu"
+    table = _GATED_ACTS if fam.gated else _PLAIN_ACTS
+    if act not in table:
+        kind = "gated" if fam.gated else "plain"
+        raise c.error(f"unsupported activation {act!r} for a {kind} MLP (supported: {sorted(table)} and gelu*)")
+    return table[act]
+
+
+def _kv_heads(c: ConfigFields) -> int | None:
+    if c.has(*KV_HEADS):
+        return c.integer(*KV_HEADS)
+    if c.flag("multi_query", default=False):  # Falcon-style MQA
+        return 1
+    return None
+
+
+def _window(c: ConfigFields, fam: Family, num_layers: int) -> dict[str, Any]:
+    window = c.integer("sliding_window", default=None)
+    if fam.qwen_window and not c.flag("use_sliding_window", default=False):
+        window = None
+    if window is None:
+        return {}
+    types = c.str_list("layer_types")
+    if types is not None:
+        if len(types) != num_layers:
+            raise c.error(f"layer_types has {len(types)} entries for {num_layers} layers")
+        layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    elif fam.qwen_window:
+        layers = list(range(c.integer("max_window_layers", default=0), num_layers))
+    else:
+        layers = list(range(num_layers))
+    if not layers:
+        return {}
+    for every in range(1, num_layers + 1):  # prefer the compact periodic form when it fits
+        if layers == list(range(0, num_layers, every)):
+            return {"sliding_window": window, "sliding_window_every": every}
+    return {"sliding_window": window, "sliding_window_layers": tuple(layers)}
+
+
+def _mla(c: ConfigFields) -> dict[str, Any]:
+    return {
+        "attention": "mla",
+        "q_lora_rank": c.integer("q_lora_rank", default=None),
+        "kv_lora_rank": c.integer("kv_lora_rank"),
+        "qk_rope_head_dim": c.integer("qk_rope_head_dim"),
+        "qk_nope_head_dim": c.integer("qk_nope_head_dim"),
+        "v_head_dim": c.integer("v_head_dim"),
+    }
+
+
+def _moe(c: ConfigFields, fam: Family, ffn: int | None) -> dict[str, Any]:
+    experts = c.integer(*EXPERTS, default=0)
+    if not experts:
+        return {}
+    if fam.expert_ffn_required:
+        expert_ffn = c.integer(*EXPERT_FFN)
+    else:  # Mixtral/GPT-OSS experts are intermediate_size wide
+        expert_ffn = c.integer(*EXPERT_FFN, default=ffn)
+        if expert_ffn is None:
+            c.integer(*FFN)  # raises, naming the field
+    out: dict[str, Any] = {
+        "num_experts": experts,
+        "moe_top_k": c.integer(*TOP_K),
+        "moe_ffn_hidden_size": expert_ffn,
+        "router_bias": fam.router_bias,
+    }
+    method = c.text("topk_method", default="noaux_tc" if fam.score_correction else None)
+    out["router_score_correction_bias"] = method == "noaux_tc"
+    shared_ffn = c.integer(*SHARED_FFN, default=None)
+    shared = c.integer(*SHARED, default=1 if shared_ffn else 0)
+    if shared:
+        out |= {"num_shared_experts": shared, "shared_expert_ffn_hidden_size": shared_ffn}
+        out["shared_expert_gate"] = fam.shared_expert_gate
+    # Layer pattern: DeepSeek's moe_layer_freq f puts MoE on i % f == 0 (from first_k_dense_replace);
+    # Qwen's decoder_sparse_step s puts it on (i + 1) % s == 0, minus mlp_only_layers.
+    first_k = c.integer("first_k_dense_replace", "first_k_dense_layers", default=0)
+    if c.has("decoder_sparse_step"):
+        freq = c.integer("decoder_sparse_step")
+        if freq < 1:
+            raise c.error(f"decoder_sparse_step must be >= 1, got {freq}")
+        offset = freq - 1
+    else:
+        freq, offset = c.integer("moe_layer_freq", default=1), 0
+    dense = sorted(set(c.int_list("mlp_only_layers") or ()))
+    while dense and dense[0] == first_k:  # a dense prefix is first_k_dense_layers
+        dense.pop(0)
+        first_k += 1
+    out |= {"first_k_dense_layers": first_k, "moe_layer_freq": freq, "moe_layer_offset": offset}
+    out["dense_layers"] = tuple(dense)
+    return out
+
+
+def _read(c: ConfigFields, family: str) -> dict[str, Any]:
+    fam = FAMILIES[family]
+    hidden = c.integer(*HIDDEN)
+    num_layers = c.integer(*LAYERS)
+    heads = c.integer(*HEADS)
+    ffn = c.integer(*FFN, default=fam.ffn_mult * hidden if fam.ffn_mult else None)  # None: MoE-only
+    attn_bias = c.flag("attention_bias", default=fam.attention_bias)
+    spec: dict[str, Any] = {
+        "family": family,
+        "vocab_size": c.integer(*VOCAB),
+        "hidden_size": hidden,
+        "num_layers": num_layers,
+        "num_heads": heads,
+        "num_kv_heads": _kv_heads(c),
+        "head_dim": c.integer("head_dim", "kv_channels", default=None),
+        "ffn_hidden_size": ffn,
+        "mlp": _mlp_kind(c, fam),
+        "norm": fam.norm,
+        "qkv_bias": attn_bias if fam.qkv_bias is None else fam.qkv_bias,
+        "attn_out_bias": attn_bias if fam.out_bias is None else fam.out_bias,
+        "mlp_bias": c.flag("mlp_bias", default=fam.mlp_bias),
+        "qk_norm": fam.qk_norm,
+        "tie_embeddings": c.flag("tie_word_embeddings", default=fam.tie),
+        "position_embedding": fam.positions,
+        "parallel_residual": c.flag("use_parallel_residual", "parallel_attn", default=fam.parallel_residual),
+        "attention_sinks": fam.attention_sinks,
+        "embedding_norm": fam.embedding_norm,
+        "mtp_layers": c.integer("num_nextn_predict_layers", default=0),
+    }
+    positions = c.integer(*POSITIONS, default=1024 if fam.positions == "learned" else None)
+    if family == "bloom":  # no position table; record the training length (BLOOM: 2048)
+        positions = c.integer("seq_length", default=2048)
+    if positions is not None:
+        spec["max_position_embeddings"] = positions
+    if fam.mla or c.has("kv_lora_rank"):
+        spec |= _mla(c)
+        spec["num_kv_heads"] = None  # MLA up-projects full heads for k and v
+    spec |= _window(c, fam, num_layers)
+    spec |= _moe(c, fam, ffn)
+    return spec
+
+
+def _family_of(c: ConfigFields, model_type: str | None) -> str:
+    if model_type in FAMILIES:
+        return model_type
+    missing = [names[0] for names in LLAMA_FIELDS if not c.has(*names)]
+    if missing:
+        raise ModelConfigError(
+            f"{model_type or 'untyped'} config: model_type {model_type!r} is not a supported family "
+            f"({', '.join(sorted(FAMILIES))}) and the config lacks the Llama-style field(s) {', '.join(missing)}"
+        )
+    return "llama"
+
+
+def from_hf_config(config: Mapping[str, Any], name: str | None = None) -> ModelSpec:
+    """Build a `ModelSpec` from the dictionary of a HuggingFace `config.json`.
+
+    `name` defaults to `_name_or_path`, then to `model_type`. Raises `ModelConfigError` (a
+    `ValueError`) naming the field and model_type when the config cannot be read.
+    """
+    if not isinstance(config, Mapping):
+        raise ModelConfigError(f"a config must be a JSON object, got {type(config).__name__}")
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and not any(k in config for k in HIDDEN):
+        config = {**text, "_name_or_path": config.get("_name_or_path")}
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelConfigError(f"config: model_type must be a string, got {model_type!r}")
+    c = ConfigFields(config, model_type or "untyped")
+    family = _family_of(c, model_type)
+    fields = _read(c, family)
+    fields["name"] = name or config.get("_name_or_path") or model_type or "custom"
+    no_dense_width = fields["ffn_hidden_size"] is None
+    if no_dense_width:  # allowed when every layer is MoE; the field is then unused
+        if not fields.get("num_experts"):
+            c.integer(*FFN)  # raises, naming the field
+        fields["ffn_hidden_size"] = fields["moe_ffn_hidden_size"]
+    try:
+        spec = ModelSpec(**fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            ".".join(map(str, e["loc"])) + ": " * bool(e["loc"]) + str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()
+        )
+        raise c.error(f"inconsistent shape: {problems}") from exc
+    if no_dense_width and spec.dense_layer_count:
+        c.integer(*FFN)  # raises: dense layers need their width
+    return spec
+
+
+def load_hf_config(path: str | Path) -> dict[str, Any]:
+    """Read a `config.json` (or the `config.json` inside a model directory) as a dictionary."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{p}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{p}: a config must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_hf_spec(path: str | Path, name: str | None = None) -> ModelSpec:
+    """`from_hf_config(load_hf_config(path))`; `name` defaults to the config's `_name_or_path`."""
+    return from_hf_config(load_hf_config(path), name)

@@ -1,0 +1,170 @@
+"""Exact parameter counts of a `ModelSpec`, piece by piece.
+
+Counts follow the HuggingFace reference implementations of each family: every weight matrix,
+bias, norm scale (and shift, for LayerNorm), router and learned position table is counted once.
+`total` is what a checkpoint stores; `active` is what one token touches (routed experts counted
+`moe_top_k` times rather than `num_experts` times).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model_specs.spec import ModelSpec
+
+
+def mlp_params(spec: ModelSpec, width: int) -> int:
+    """Parameters of one MLP (dense layer, one expert or one shared expert) of `width` neurons."""
+    h = spec.hidden_size
+    if spec.gated_mlp:
+        n = 3 * h * width
+        if spec.mlp_bias:
+            n += 2 * width + h
+    else:
+        n = 2 * h * width
+        if spec.mlp_bias:
+            n += width + h
+    return n
+
+
+def norm_params(spec: ModelSpec, width: int) -> int:
+    """A norm over `width` elements: scale only for RMSNorm, scale and shift for LayerNorm."""
+    return width if spec.norm == "rmsnorm" else 2 * width
+
+
+def attention_params(spec: ModelSpec) -> int:
+    """Projections of one attention block (q, k, v, o or MLA's low-rank factors) and their norms."""
+    h, nh = spec.hidden_size, spec.num_heads
+    if spec.attention == "mla":
+        assert spec.kv_lora_rank and spec.qk_rope_head_dim and spec.qk_nope_head_dim and spec.v_head_dim
+        qk = spec.qk_head_dim
+        if spec.q_lora_rank:
+            q = h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * nh * qk  # a, norm, b
+        else:
+            q = h * nh * qk
+        kv = h * (spec.kv_lora_rank + spec.qk_rope_head_dim) + spec.kv_lora_rank  # kv_a (+rope k), norm
+        kv += spec.kv_lora_rank * nh * (spec.qk_nope_head_dim + spec.v_head_dim)  # kv_b
+        o = nh * spec.v_head_dim * h
+        n = q + kv + o
+        if spec.qkv_bias:  # HF DeepSeek `attention_bias`: biases on q_a_proj and kv_a_proj_with_mqa only
+            n += (spec.q_lora_rank or 0) + spec.kv_lora_rank + spec.qk_rope_head_dim
+        if spec.attn_out_bias:
+            n += h
+        return n
+    hd = spec.qk_head_dim
+    q = h * nh * hd
+    kv = 2 * h * spec.kv_heads * hd
+    o = nh * hd * h
+    n = q + kv + o
+    if spec.qkv_bias:
+        n += nh * hd + 2 * spec.kv_heads * hd
+    if spec.attn_out_bias:
+        n += h
+    if spec.qk_norm:
+        n += 2 * hd
+    if spec.attention_sinks:
+        n += nh
+    return n
+
+
+def router_params(spec: ModelSpec) -> int:
+    n = spec.hidden_size * spec.num_experts
+    if spec.router_bias:
+        n += spec.num_experts
+    if spec.router_score_correction_bias:
+        n += spec.num_experts
+    return n
+
+
+def shared_experts_params(spec: ModelSpec) -> int:
+    if not spec.num_shared_experts:
+        return 0
+    width = spec.shared_expert_ffn_hidden_size or spec.moe_ffn_hidden_size
+    assert width
+    n = spec.num_shared_experts * mlp_params(spec, width)
+    if spec.shared_expert_gate:
+        n += spec.hidden_size
+    return n
+
+
+def routed_expert_params(spec: ModelSpec) -> int:
+    """Parameters of one routed expert."""
+    assert spec.moe_ffn_hidden_size
+    return mlp_params(spec, spec.moe_ffn_hidden_size)
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Parameters of one transformer block, split the way parallelism splits them."""
+
+    attention: int
+    norms: int
+    dense_mlp: int  # 0 on MoE layers
+    router: int  # 0 on dense layers
+    shared_experts: int
+    routed_experts: int  # all routed experts of the layer
+    routed_active: int  # top-k of them
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.norms + self.dense_mlp + self.router + self.shared_experts + self.routed_experts
+
+    @property
+    def active(self) -> int:
+        return self.attention + self.norms + self.dense_mlp + self.router + self.shared_experts + self.routed_active
+
+    @property
+    def non_expert(self) -> int:
+        """Everything but the routed experts: replicated across expert-parallel ranks."""
+        return self.total - self.routed_experts
+
+
+def layer_params(spec: ModelSpec, index: int) -> LayerParams:
+    norms = 2 * norm_params(spec, spec.hidden_size)
+    attn = attention_params(spec)
+    if spec.is_moe_layer(index):
+        per_expert = routed_expert_params(spec)
+        return LayerParams(
+            attention=attn,
+            norms=norms,
+            dense_mlp=0,
+            router=router_params(spec),
+            shared_experts=shared_experts_params(spec),
+            routed_experts=spec.num_experts * per_expert,
+            routed_active=spec.moe_top_k * per_expert,
+        )
+    return LayerParams(attn, norms, mlp_params(spec, spec.ffn_hidden_size), 0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Whole-model parameter counts (elements)."""
+
+    embedding: int  # token table (+ learned position table, + BLOOM's embedding norm)
+    lm_head: int  # 0 when tied to the embedding
+    final_norm: int
+    layers: tuple[LayerParams, ...]
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + self.final_norm + sum(layer.total for layer in self.layers)
+
+    @property
+    def active(self) -> int:
+        return self.embedding + self.lm_head + self.final_norm + sum(layer.active for layer in self.layers)
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding - self.lm_head
+
+
+def count_params(spec: ModelSpec) -> ParamCounts:
+    h = spec.hidden_size
+    embedding = spec.vocab_size * h
+    if spec.position_embedding == "learned":
+        embedding += spec.max_position_embeddings * h
+    if spec.embedding_norm:  # lives on the first pipeline stage with the table
+        embedding += norm_params(spec, h)
+    lm_head = 0 if spec.tie_embeddings else spec.vocab_size * h
+    layers = tuple(layer_params(spec, i) for i in range(spec.num_layers))
+    return ParamCounts(embedding, lm_head, norm_params(spec, h), layers)

@@ -1,0 +1,261 @@
+"""What is trained: the shape of a decoder-only transformer.
+
+`ModelSpec` is a frozen pydantic model. It describes dense and mixture-of-experts decoders with
+multi-head, grouped-query, multi-query or multi-head latent attention (DeepSeek's MLA). Everything
+the cost models need is derived from it; nothing about parallelism lives here.
+
+Conventions
+- A "layer" is one transformer block (attention + MLP or MoE).
+- `ffn_hidden_size` is the width of a *dense* MLP; `moe_ffn_hidden_size` the width of one routed
+  expert; `shared_expert_ffn_hidden_size` the width of one shared expert.
+- Layer `i` (0-based) is an MoE layer when the model has routed experts, `i >= first_k_dense_layers`,
+  `i % moe_layer_freq == moe_layer_offset` and `i not in dense_layers`. DeepSeek's `moe_layer_freq`
+  has offset 0 (layers 0, f, 2f, ...); Qwen's `decoder_sparse_step` s has offset s - 1 (layers s-1,
+  2s-1, ...) and `mlp_only_layers` maps to `dense_layers`.
+- Layer `i` uses the sliding window when `sliding_window` is set and either `i` is listed in
+  `sliding_window_layers` or, without that list, `i % sliding_window_every == 0`.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MlpKind = Literal["swiglu", "geglu", "gelu", "relu", "relu2", "silu"]
+"""MLP activation. `swiglu`/`geglu` are gated (three matrices); the rest have two matrices.
+`relu2` is squared ReLU (Nemotron)."""
+
+GATED_MLPS: frozenset[str] = frozenset({"swiglu", "geglu"})
+
+
+class ModelSpec(BaseModel):
+    """Shape of a decoder-only transformer. All sizes are element counts, not bytes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    family: str = Field("llama", description="architecture family, e.g. llama, mixtral, deepseek_v3, gpt2")
+
+    vocab_size: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int | None = Field(None, gt=0, description="defaults to num_heads (MHA)")
+    head_dim: int | None = Field(None, gt=0, description="defaults to hidden_size // num_heads")
+    ffn_hidden_size: int = Field(gt=0, description="dense MLP width")
+    mlp: MlpKind = "swiglu"
+
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (Qwen3)")
+    tie_embeddings: bool = False
+    position_embedding: Literal["rope", "learned", "alibi"] = "rope"
+    max_position_embeddings: int = Field(8192, gt=0)
+    parallel_residual: bool = Field(False, description="attention and MLP read the same input (GPT-NeoX)")
+    sliding_window: int | None = Field(None, gt=0, description="attention window in tokens, if any")
+    sliding_window_every: int = Field(
+        1, ge=1, description="every n-th layer (0, n, 2n, ...) uses the window; 1 = all layers"
+    )
+    sliding_window_layers: tuple[int, ...] | None = Field(
+        None, description="explicit 0-based indices of windowed layers; overrides sliding_window_every"
+    )
+    attention_sinks: bool = Field(False, description="one learned sink logit per head (GPT-OSS)")
+    embedding_norm: bool = Field(False, description="a norm right after the token embedding (BLOOM)")
+
+    # Multi-head latent attention (DeepSeek-V2/V3). When attention == "mla" the fields below are used
+    # instead of head_dim for q/k/v sizes.
+    attention: Literal["standard", "mla"] = "standard"
+    q_lora_rank: int | None = Field(None, gt=0, description="MLA: None means a direct q projection")
+    kv_lora_rank: int | None = Field(None, gt=0)
+    qk_rope_head_dim: int | None = Field(None, gt=0)
+    qk_nope_head_dim: int | None = Field(None, gt=0)
+    v_head_dim: int | None = Field(None, gt=0)
+
+    # Mixture of experts.
+    num_experts: int = Field(0, ge=0, description="routed experts per MoE layer; 0 = dense model")
+    moe_top_k: int = Field(0, ge=0)
+    moe_ffn_hidden_size: int | None = Field(None, gt=0, description="width of one routed expert")
+    num_shared_experts: int = Field(0, ge=0)
+    shared_expert_ffn_hidden_size: int | None = Field(None, gt=0, description="width of one shared expert")
+    shared_expert_gate: bool = Field(False, description="sigmoid gate hidden->1 on the shared expert (Qwen2-MoE)")
+    first_k_dense_layers: int = Field(0, ge=0)
+    moe_layer_freq: int = Field(1, ge=1)
+    moe_layer_offset: int = Field(0, ge=0, description="MoE layers are those with i % moe_layer_freq == offset")
+    dense_layers: tuple[int, ...] = Field((), description="layers forced dense (Qwen's mlp_only_layers)")
+    router_bias: bool = False
+    router_score_correction_bias: bool = Field(False, description="DeepSeek-V3 aux-loss-free bias per expert")
+    mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules; not counted in params")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        problems: list[str] = []
+        kv = self.kv_heads
+        if self.num_heads % kv:
+            problems.append(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({kv})")
+        if self.attention == "mla":
+            for f in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+                if getattr(self, f) is None:
+                    problems.append(f"{f} is required when attention is 'mla'")
+        if self.num_experts:
+            if not 0 < self.moe_top_k <= self.num_experts:
+                problems.append(f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})")
+            if self.moe_ffn_hidden_size is None:
+                problems.append("moe_ffn_hidden_size is required when num_experts > 0")
+            if self.first_k_dense_layers >= self.num_layers:
+                problems.append("first_k_dense_layers must be below num_layers")
+            elif self.moe_layer_offset >= self.moe_layer_freq:
+                problems.append(
+                    f"moe_layer_offset ({self.moe_layer_offset}) must be below moe_layer_freq ({self.moe_layer_freq})"
+                )
+            elif not self.moe_layer_count:
+                problems.append("the MoE layer pattern selects no layer")
+        elif self.moe_top_k or self.num_shared_experts:
+            problems.append("moe_top_k / num_shared_experts need num_experts > 0")
+        for what, indices in (("dense_layers", self.dense_layers), ("sliding_window_layers", self.sliding_window_layers)):
+            bad = [i for i in indices or () if not 0 <= i < self.num_layers]
+            if bad:
+                problems.append(f"{what} {bad} outside 0..{self.num_layers - 1}")
+        if self.sliding_window_layers is not None and self.sliding_window is None:
+            problems.append("sliding_window_layers needs sliding_window")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ---- derived shape -------------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def attention_kind(self) -> Literal["mha", "gqa", "mqa", "mla"]:
+        if self.attention == "mla":
+            return "mla"
+        if self.kv_heads == self.num_heads:
+            return "mha"
+        return "mqa" if self.kv_heads == 1 else "gqa"
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of queries and keys (elements)."""
+        if self.attention == "mla":
+            assert self.qk_rope_head_dim and self.qk_nope_head_dim
+            return self.qk_rope_head_dim + self.qk_nope_head_dim
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of values (elements)."""
+        if self.attention == "mla":
+            assert self.v_head_dim
+            return self.v_head_dim
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp in GATED_MLPS
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        return (
+            self.is_moe
+            and index >= self.first_k_dense_layers
+            and index % self.moe_layer_freq == self.moe_layer_offset
+            and index not in self.dense_layers
+        )
+
+    @cached_property
+    def moe_layer_count(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def dense_layer_count(self) -> int:
+        return self.num_layers - self.moe_layer_count
+
+    def uses_sliding_window(self, index: int) -> bool:
+        if self.sliding_window is None:
+            return False
+        if self.sliding_window_layers is not None:
+            return index in self.sliding_window_layers
+        return index % self.sliding_window_every == 0
+
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+
+
+class TrainingSpec(BaseModel):
+    """How it is trained: sequence length, global batch, numeric precision and optimizer.
+
+    `global_batch` counts sequences; give `global_batch_tokens` instead to have it derived
+    (it must be a multiple of `seq_len`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq_len: int = Field(gt=0, description="tokens per sequence")
+    global_batch: int = Field(0, ge=0, description="sequences per optimizer step")
+    global_batch_tokens: int | None = Field(None, gt=0)
+    precision: Precision = Field("bf16", description="compute precision of the GEMMs")
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    grad_dtype: Literal["bf16", "fp32"] = Field(
+        "bf16", description="gradient buffer dtype; Megatron accumulates in fp32 (+2 bytes/param)"
+    )
+
+    @model_validator(mode="after")
+    def _derive_batch(self) -> TrainingSpec:
+        if self.global_batch_tokens is not None:
+            if self.global_batch_tokens % self.seq_len:
+                raise ValueError(
+                    f"global_batch_tokens ({self.global_batch_tokens}) is not a multiple of seq_len ({self.seq_len})"
+                )
+            seqs = self.global_batch_tokens // self.seq_len
+            if self.global_batch and self.global_batch != seqs:
+                raise ValueError(
+                    f"global_batch ({self.global_batch}) disagrees with global_batch_tokens / seq_len ({seqs})"
+                )
+            object.__setattr__(self, "global_batch", seqs)
+        if self.global_batch <= 0:
+            raise ValueError("global_batch (sequences) or global_batch_tokens is required")
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    # ---- bytes per parameter (mixed precision, ZeRO paper section 3.1) -------------------------
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of one working (compute-dtype) weight. FP8 training keeps bf16 weights (the FP8
+        copies are transient casts), so fp8 is 2 bytes here too."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def grad_bytes(self) -> int:
+        if self.precision == "fp32":
+            return 4
+        return 4 if self.grad_dtype == "fp32" else 2
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer state bytes per parameter: fp32 master weight + Adam m + v = 12 (AdamW under
+        mixed precision); 8 in fp32 training (no separate master copy); SGD without momentum keeps
+        only the master copy (4) under mixed precision."""
+        if self.optimizer == "adamw":
+            return 8 if self.precision == "fp32" else 12
+        return 0 if self.precision == "fp32" else 4
+
+    @property
+    def bytes_per_param(self) -> int:
+        """Model-state bytes per parameter: 2 + 2 + 12 = 16 for mixed-precision AdamW."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation element (bf16/fp16/fp8 training keep activations in 16 bits)."""
+        return 4 if self.precision == "fp32" else 2

@@ -1,0 +1,69 @@
+"""Layout validation names every violated constraint and its field."""
+
+import pytest
+
+from cost_models.layout import Layout, LayoutError, validate_layout
+from model_specs.spec import ModelSpec, TrainingSpec
+
+DENSE = ModelSpec(
+    name="d", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336
+)
+MOE = ModelSpec(
+    name="m", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+    ffn_hidden_size=14336, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=14336,
+)
+TRAIN = TrainingSpec(seq_len=4096, global_batch=256)
+
+
+def fields(model: ModelSpec, gpus: int, **kw: object) -> set[str]:
+    return {v.field for v in validate_layout(model, TRAIN, gpus, Layout(**kw))}
+
+
+def test_valid_layouts() -> None:
+    assert fields(DENSE, 64, tp=8, pp=2) == set()
+    assert fields(DENSE, 64, tp=4, pp=4, vpp=2, micro_batch=1) == set()
+    assert fields(MOE, 64, tp=1, ep=8, pp=2) == set()
+
+
+def test_degrees_must_divide_gpus() -> None:
+    errs = validate_layout(DENSE, TRAIN, 64, Layout(tp=3))
+    assert errs and errs[0].field == "dp"
+    assert "does not divide the 64 GPUs" in errs[0].message
+    assert fields(DENSE, 64, tp=8, dp=4) == {"dp"}  # 8 x 4 != 64
+
+
+def test_tp_must_divide_heads() -> None:
+    model = DENSE.model_copy(update={"num_heads": 24, "num_kv_heads": 8, "ffn_hidden_size": 14336})
+    assert "tp" in fields(model, 32, tp=16)
+
+
+def test_ep_constraints() -> None:
+    assert "ep" in fields(MOE, 64, ep=3)  # does not divide 8 experts
+    assert "ep" in fields(DENSE, 64, ep=2)  # dense model
+    # ep x etp must divide dp x cp x tp: dp=1, tp=8, ep=8, etp=8 -> 64 does not divide 8
+    errs = validate_layout(MOE, TRAIN, 16, Layout(tp=8, pp=2, ep=8))
+    assert any(v.field == "ep" and "carved out" in v.message for v in errs)
+
+
+def test_vpp_constraints() -> None:
+    assert "vpp" in fields(DENSE, 64, tp=8, vpp=2)  # needs pp > 1
+    assert "vpp" in fields(DENSE, 64, tp=8, pp=2, vpp=3)  # 6 chunks do not divide 32 layers
+    assert "schedule" in fields(DENSE, 64, tp=8, pp=2, vpp=2, schedule="1f1b")
+
+
+def test_batch_divisibility_is_named() -> None:
+    errs = validate_layout(DENSE, TrainingSpec(seq_len=4096, global_batch=100), 64, Layout(tp=8))
+    assert [v.field for v in errs] == ["micro_batch"]
+    assert "not divisible by micro_batch x dp" in errs[0].message
+
+
+def test_every_violation_reported() -> None:
+    errs = validate_layout(DENSE, TRAIN, 64, Layout(tp=8, vpp=2, ep=2, zero_stage=0, offload_optimizer=True))
+    assert {"vpp", "ep", "offload_optimizer"} <= {v.field for v in errs}
+
+
+def test_resolved_defaults() -> None:
+    lay = Layout(tp=8, pp=2, vpp=2).resolved(64, TRAIN)
+    assert (lay.dp, lay.grad_accum, lay.dp_shard, lay.sp, lay.schedule) == (4, 64, 4, True, "interleaved_1f1b")
+    with pytest.raises(LayoutError):
+        Layout(tp=8, micro_batch=3).resolved(64, TRAIN)
