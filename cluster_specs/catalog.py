@@ -1,0 +1,83 @@
+"""GPU catalog: `data/gpus.yaml` (vendor units, one cited source per entry) loaded into `GPUSpec`.
+
+Conversions happen here, once (see `units.py`): peaks to FLOP/s (dense), memory to bytes, bandwidths
+to bytes/s in one direction. `GPUSpec.memory_bytes` is the driver-reported total device memory
+(`memory_reported`; nvidia-smi `memory.total`), not the datasheet label: that is the figure a
+memory-fit check can compare with, and the label's GB/GiB meaning differs between vendors and parts.
+
+Names resolve case-insensitively, with spaces and underscores read as dashes, through each entry's
+key and `aliases` (catalog keys are the `gpu_family` names of ../shared/calibration/published_runs.csv).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any, get_args
+
+import yaml
+
+from cluster_specs import units
+from cluster_specs.spec import GPUSpec, Precision
+
+_KEYS = {
+    "vendor", "aliases", "peak_dense", "memory", "memory_reported", "memory_reported_source",
+    "memory_bandwidth", "gpu_link", "tdp", "source", "notes",
+}  # fmt: skip
+_REQUIRED = {"peak_dense", "memory", "memory_bandwidth", "gpu_link", "source"}
+
+
+def normalize_name(name: str) -> str:
+    """Lookup key for a GPU or cluster name: lower case, spaces and underscores as dashes."""
+    return "-".join(str(name).strip().lower().replace("_", " ").split())
+
+
+def gpu_from_entry(key: str, entry: dict[str, Any]) -> GPUSpec:
+    """Build a `GPUSpec` from one catalog entry written in vendor units."""
+    unknown = set(entry) - _KEYS
+    missing = _REQUIRED - set(entry)
+    if unknown or missing:
+        raise ValueError(f"GPU {key}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    precisions = set(get_args(Precision))
+    bad = set(entry["peak_dense"]) - precisions
+    if bad:
+        raise ValueError(f"GPU {key}: unknown precisions {sorted(bad)}; known {sorted(precisions)}")
+    return GPUSpec(
+        name=key,
+        vendor=entry.get("vendor", "nvidia"),
+        peak_flops_per_s={p: units.flops_per_s(v) for p, v in entry["peak_dense"].items()},
+        memory_bytes=units.n_bytes(entry.get("memory_reported", entry["memory"])),
+        memory_bandwidth_bytes_per_s=units.bytes_per_s(entry["memory_bandwidth"]),
+        link_bandwidth_bytes_per_s=units.bytes_per_s(entry["gpu_link"], require_direction=True),
+        tdp_w=units.watts(entry["tdp"]) if "tdp" in entry else None,
+        source=entry["source"],
+    )
+
+
+@functools.cache
+def _catalog() -> tuple[dict[str, GPUSpec], dict[str, str]]:
+    raw = yaml.safe_load(resources.files("cluster_specs").joinpath("data/gpus.yaml").read_text())
+    specs: dict[str, GPUSpec] = {}
+    index: dict[str, str] = {}
+    for key, entry in raw["gpus"].items():
+        specs[key] = gpu_from_entry(key, entry)
+        for alias in [key, *entry.get("aliases", [])]:
+            norm = normalize_name(alias)
+            if index.get(norm, key) != key:
+                raise ValueError(f"GPU alias {alias!r} names both {index[norm]} and {key}")
+            index[norm] = key
+    return specs, index
+
+
+def list_gpus() -> list[str]:
+    """Canonical catalog names."""
+    return list(_catalog()[0])
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """The catalog GPU called `name` (canonical name or alias, any case)."""
+    specs, index = _catalog()
+    key = index.get(normalize_name(name))
+    if key is None:
+        raise KeyError(f"unknown GPU {name!r}; known: {', '.join(specs)} (and their aliases)")
+    return specs[key]

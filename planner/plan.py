@@ -1,0 +1,127 @@
+"""`Plan`: the JSON-serializable result of a search (versioned schema).
+
+A Plan carries its inputs (so it can be re-priced, exported or executed without anything else),
+the chosen candidate with its Estimate, stage partition and placement, the runner-up
+alternatives, the Pareto front of throughput against memory headroom, why other layouts were
+rejected (counts by constraint), the closest miss when nothing fits, and search statistics.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cluster_specs.spec import ClusterSpec
+from cost_models.layout import Layout
+from model_specs.spec import ModelSpec, TrainingSpec
+
+PLAN_SCHEMA_VERSION = 1
+
+
+class SearchConstraints(BaseModel):
+    """What the user pins or bounds. Unset fields are searched."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_headroom: float = Field(0.05, ge=0.0, lt=1.0, description="fraction of GPU memory kept free")
+    tp: int | None = Field(None, ge=1)
+    pp: int | None = Field(None, ge=1)
+    cp: int | None = Field(None, ge=1)
+    ep: int | None = Field(None, ge=1)
+    dp: int | None = Field(None, ge=1)
+    zero_stage: int | None = Field(None, ge=0, le=3)
+    micro_batch: int | None = Field(None, ge=1)
+    recompute: str | None = Field(None, pattern="^(none|selective|full)$")
+    schedule: str | None = Field(None, pattern="^(gpipe|1f1b|interleaved_1f1b)$")
+    framework: str = Field("megatron", pattern="^(megatron|fsdp|deepspeed)$")
+    allow_offload: bool = True
+    max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
+    top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
+
+
+class PlanInputs(BaseModel):
+    model: ModelSpec
+    cluster: ClusterSpec
+    gpus: int
+    training: TrainingSpec
+    constraints: SearchConstraints = SearchConstraints()
+
+
+class PlacedGroup(BaseModel):
+    """One parallel dimension as laid over the topology."""
+
+    dim: str  # tp | cp | ep | dp | pp | dp_shard | expert_dp
+    size: int
+    stride: int
+    first_group_ranks: list[int]  # global ranks of the group containing rank 0
+    tier: str  # where its traffic flows: intra_domain | inter_node | inter_leaf ...
+    bus_bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+class Placement(BaseModel):
+    order: str  # rank order, fastest-varying first (Megatron's tp-cp-ep-dp-pp)
+    nodes: int
+    gpus_per_node: int
+    groups: list[PlacedGroup]
+
+
+class Candidate(BaseModel):
+    """A priced layout."""
+
+    layout: Layout
+    partition: list[int]  # layers per chunk (pp x vpp chunks)
+    estimate: dict[str, Any]  # cost_models.report.estimate_dict
+    placement: Placement | None = None
+
+    @property
+    def step_s(self) -> float:
+        return float(self.estimate["step_s"])
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.estimate["tokens_per_s"])
+
+
+class Rejection(BaseModel):
+    reason: str  # the constraint, e.g. "memory: ZeRO-0 exceeds capacity" or "tp: crosses the NVLink domain"
+    count: int
+    example: str  # one concrete layout and numbers, e.g. "tp=8 pp=1 ...: 93.1 GiB on stage 0, 76.0 GiB usable"
+
+
+class ClosestMiss(BaseModel):
+    layout: Layout
+    peak_bytes: int
+    usable_bytes: int
+    over_by_bytes: int
+    worst_stage: int
+    breakdown: dict[str, int]
+
+
+class SearchStats(BaseModel):
+    generated: int  # layouts enumerated
+    invalid: int  # rejected by validation
+    pruned: int  # skipped by a bound that proves they cannot win (counted, not priced)
+    priced: int  # estimates computed
+    feasible: int  # priced and fitting
+    seconds: float
+
+
+class Plan(BaseModel):
+    schema_version: int = PLAN_SCHEMA_VERSION
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+    inputs: PlanInputs
+    best: Candidate | None
+    alternatives: list[Candidate] = []
+    pareto: list[Candidate] = []
+    rejections: list[Rejection] = []
+    closest_miss: ClosestMiss | None = None
+    why: list[str] = []  # sentences explaining the choice, or why nothing fits
+    calibration: str = ""  # which calibration priced it
+    stats: SearchStats
+
+    @property
+    def feasible(self) -> bool:
+        return self.best is not None
