@@ -20,14 +20,27 @@ class GPUSpec(BaseModel):
 
     name: str
     vendor: Literal["nvidia", "amd", "cpu"] = "nvidia"
-    peak_flops_per_s: dict[str, float] = Field(description="dense peak per precision: bf16, fp16, fp8, fp32 (TF32 for NVIDIA)")
+    peak_flops_per_s: dict[str, float] = Field(
+        description="dense peak per precision: bf16, fp16, fp8, fp32 (TF32 for NVIDIA)"
+    )
     memory_bytes: int = Field(gt=0, description="device memory (HBM/GDDR) in bytes")
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
     link_bandwidth_bytes_per_s: float = Field(
         ge=0, description="GPU-to-GPU fabric bandwidth per GPU, one direction (NVLink/xGMI/PCIe)"
     )
     tdp_w: float | None = None
-    source: str = Field("", description="datasheet the figures come from")
+    source: str = Field(default="", description="datasheet the figures come from")
+
+    def __hash__(self) -> int:  # the dict field keeps pydantic's generated hash from working
+        return hash(
+            (
+                self.name,
+                tuple(sorted(self.peak_flops_per_s.items())),
+                self.memory_bytes,
+                self.memory_bandwidth_bytes_per_s,
+                self.link_bandwidth_bytes_per_s,
+            )
+        )
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for `precision`.
@@ -56,10 +69,11 @@ class IntraNodeFabric(BaseModel):
 
     kind: IntraNodeKind
     bus_bandwidth_bytes_per_s: float = Field(
-        gt=0, description="achievable NCCL bus bandwidth of a collective over the whole domain"
+        gt=0,
+        description="achievable NCCL bus bandwidth (nccl-tests busbw, ring) of a collective over the whole domain",
     )
-    latency_s: float = Field(3e-6, ge=0, description="per ring/tree step")
-    source: str = Field("", description="where the figures come from")
+    latency_s: float = Field(default=3e-6, ge=0, description="per ring/tree step")
+    source: str = Field(default="", description="where the figures come from")
 
 
 class InterNodeNetwork(BaseModel):
@@ -68,13 +82,19 @@ class InterNodeNetwork(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: InterNodeKind = "infiniband"
-    nics_per_node: int = Field(8, ge=0)
-    nic_bandwidth_bytes_per_s: float = Field(50e9, ge=0, description="per NIC, one direction")
+    nics_per_node: int = Field(default=8, ge=0)
+    nic_bandwidth_bytes_per_s: float = Field(
+        default=50e9,
+        ge=0,
+        description="per NIC, one direction: the line rate (NCCL reaches ~90%, left to calibration)",
+    )
     rail_optimized: bool = True
-    oversubscription: float = Field(1.0, ge=1.0, description="leaf-to-spine oversubscription ratio")
-    nodes_per_leaf: int = Field(32, ge=1, description="nodes under one leaf switch (one scalable unit)")
-    latency_s: float = Field(5e-6, ge=0, description="per hop step between nodes")
-    source: str = Field("", description="where the figures come from")
+    oversubscription: float = Field(default=1.0, ge=1.0, description="leaf-to-spine oversubscription ratio")
+    nodes_per_leaf: int = Field(
+        default=32, ge=1, description="nodes under one leaf switch (one scalable unit)"
+    )
+    latency_s: float = Field(default=5e-6, ge=0, description="per hop step between nodes")
+    source: str = Field(default="", description="where the figures come from")
 
 
 class ClusterSpec(BaseModel):
@@ -90,21 +110,23 @@ class ClusterSpec(BaseModel):
     gpus_per_node: int = Field(gt=0)
     intra_node: IntraNodeFabric
     nvlink_domain_size: int | None = Field(
-        None, gt=0, description="GPUs in one NVLink domain; defaults to gpus_per_node (72 for NVL72)"
+        default=None, gt=0, description="GPUs in one NVLink domain; defaults to gpus_per_node (72 for NVL72)"
     )
     inter_node: InterNodeNetwork = InterNodeNetwork()
-    host_memory_bytes: int = Field(2 * 1024**4, gt=0, description="CPU memory per node, for offload")
+    host_memory_bytes: int = Field(default=2 * 1024**4, gt=0, description="CPU memory per node, for offload")
     host_to_device_bytes_per_s: float = Field(
-        50e9, gt=0, description="PCIe bandwidth from host memory to one GPU, one direction"
+        default=50e9, gt=0, description="PCIe bandwidth from host memory to one GPU, one direction"
     )
     description: str = ""
-    source: str = Field("", description="where the node-level figures come from")
+    source: str = Field(default="", description="where the node-level figures come from")
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
         d = self.domain_size
         if d % self.gpus_per_node:
-            raise ValueError(f"nvlink_domain_size ({d}) must be a multiple of gpus_per_node ({self.gpus_per_node})")
+            raise ValueError(
+                f"nvlink_domain_size ({d}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
+            )
         net, g = self.inter_node, self.gpus_per_node
         if net.kind != "none":
             if net.nics_per_node < 1 or net.nic_bandwidth_bytes_per_s <= 0:

@@ -85,7 +85,9 @@ def bytes_per_s(value: object, *, require_direction: bool = False) -> float:
     """A rate in bytes/s, one direction. ``"900 GB/s bidirectional"`` -> 4.5e11."""
     out, rest = _convert(value, _RATES, "bytes/s")
     if rest not in _DIRECTIONS:
-        raise ValueError(f"bytes/s: unknown direction {rest!r} in {value!r}; use one of {sorted(_DIRECTIONS)}")
+        raise ValueError(
+            f"bytes/s: unknown direction {rest!r} in {value!r}; use one of {sorted(_DIRECTIONS)}"
+        )
     factor = _DIRECTIONS[rest]
     if factor is None:
         if require_direction and isinstance(value, str):

@@ -49,8 +49,10 @@ def _default_overlaps() -> dict[str, Overlap]:
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Calibration:
+    """Fitted constants. Compared and hashed by identity (it keys the pricing caches)."""
+
     # --- compute -------------------------------------------------------------------------------
     gemm_efficiency: float = 0.80
     """Fraction of the dense bf16 peak a large GEMM reaches (cuBLAS on H100 reaches 0.7-0.8 of

@@ -35,8 +35,12 @@ class Group:
     link: GroupLink
 
     @classmethod
-    def strided(cls, cluster: ClusterSpec, size: int, stride: int) -> Group:
-        return cls(size, strided_group_link(cluster, size, stride))
+    def strided(cls, cluster: ClusterSpec, size: int, stride: int, world: int | None = None) -> Group:
+        """The slowest group of `size` ranks at `stride` in a job of `world` ranks (one period of
+        the layout when the groups do not tile the job evenly)."""
+        if world is not None and world % (size * stride):
+            world = None
+        return cls(size, strided_group_link(cluster, size, stride, world))
 
 
 def effective_bandwidth(link: GroupLink, cal: Calibration) -> float:
@@ -51,6 +55,18 @@ def latency(kind: Collective, link: GroupLink) -> float:
     if kind == "p2p":
         steps = 1
     return link.latency_s * steps
+
+
+def collective_cost(kind: Collective, group: Group, cal: Calibration) -> tuple[float, float]:
+    """(seconds per byte of buffer, fixed latency seconds) of a collective over `group`: the time
+    of a buffer of S bytes is S * first + second (0 for a group of one)."""
+    n = group.size
+    if n <= 1:
+        return 0.0, 0.0
+    bw = effective_bandwidth(group.link, cal)
+    if kind == "p2p":
+        return 1.0 / bw, latency(kind, group.link)
+    return _VOLUME[kind] * (n - 1) / n / bw, latency(kind, group.link)
 
 
 def collective_time(kind: Collective, nbytes: float, group: Group, cal: Calibration) -> float:

@@ -9,17 +9,15 @@ weights, so Megatron and torchtitan shard over dp x cp). Expert weights are shar
 expert-data-parallel group instead.
 
 Activations come from `cost_models.activations`; the number of micro-batches whose activations a
-pipeline rank holds at its peak comes from `cost_models.pipeline`.
+pipeline rank holds at its peak comes from `cost_models.pipeline`; `cost_models.stage_table` applies
+these formulas to every rank and many knob settings at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.activations import ActivationContext, layer_activation_bytes, logits_bytes
-from cost_models.calibration import Calibration
 from cost_models.context import PricingContext
-from cost_models.pipeline import in_flight_micro_batches
 from model_specs.params import count_params
 from model_specs.spec import TrainingSpec
 
@@ -104,81 +102,3 @@ class MemoryBreakdown:
             "host_optimizer_bytes": int(self.host_optimizer),
             "total_bytes": int(self.total),
         }
-
-
-def activation_context(ctx: PricingContext) -> ActivationContext:
-    lay = ctx.layout
-    return ActivationContext(
-        seq_len_local=ctx.training.seq_len // lay.cp,
-        micro_batch=lay.micro_batch,
-        tp=lay.tp,
-        sp=lay.sp_,
-        etp=lay.etp_,
-        act_bytes=ctx.training.activation_bytes,
-        framework=lay.framework,
-    )
-
-
-def stage_activation_bytes(ctx: PricingContext, rank: int) -> tuple[float, float]:
-    """(bytes held at the rank's peak, recompute working set) for pipeline rank `rank`."""
-    lay, model = ctx.layout, ctx.model
-    actx = activation_context(ctx)
-    layers = ctx.partition.rank_layers(rank)
-    n_recompute = len(layers) if lay.recompute_layers is None else min(lay.recompute_layers, len(layers))
-    per_mb = 0.0
-    working = 0.0
-    for j, i in enumerate(layers):
-        full = layer_activation_bytes(model, i, actx, "none" if lay.recompute == "full" else lay.recompute)
-        if lay.recompute == "full" and j < n_recompute:
-            per_mb += layer_activation_bytes(model, i, actx, "full")
-            working = max(working, full)
-        else:
-            per_mb += full
-    in_flight = in_flight_micro_batches(lay.schedule_, lay.pp, lay.vpp, lay.grad_accum_, rank)
-    return per_mb * in_flight, working
-
-
-def stage_memory(ctx: PricingContext, rank: int, cal: Calibration) -> MemoryBreakdown:
-    lay, training = ctx.layout, ctx.training
-    rp = rank_params(ctx, rank)
-    dense_shard = lay.dp_shard_ * lay.cp
-    expert_shard = max(1, (lay.dp_shard_ * lay.cp * lay.tp) // (lay.ep * lay.etp_))
-    dense = model_state_bytes(rp.dense, lay.zero_stage, dense_shard, training, lay.offload_optimizer)
-    expert = model_state_bytes(rp.expert, lay.zero_stage, expert_shard, training, lay.offload_optimizer)
-    host_opt = 0.0
-    if lay.offload_optimizer:
-        host_opt = training.optimizer_bytes * (rp.dense / dense_shard + rp.expert / expert_shard)
-
-    acts, working = stage_activation_bytes(ctx, rank)
-    logits = logits_bytes(ctx.model, activation_context(ctx), lay.framework) if rank == lay.pp - 1 else 0.0
-
-    # Communication buffers: FSDP/ZeRO-3 keeps the gathered weights of the current and the
-    # prefetched layer, and the unsharded gradient of one layer before its reduce-scatter; PP keeps
-    # a send and a receive buffer of one micro-batch's boundary activation; NCCL keeps its own
-    # buffers per communicator (one per parallel dimension in use).
-    buffers = 0.0
-    if lay.zero_stage >= 3:
-        buffers += 2 * training.param_bytes * rp.largest_layer + training.grad_bytes * rp.largest_layer
-    if lay.pp > 1:
-        actx = activation_context(ctx)
-        buffers += 2 * actx.tokens * ctx.model.hidden_size * actx.act_bytes / actx.replicated_divisor
-    groups = sum(1 for d in (lay.tp, lay.pp, lay.cp, lay.ep, lay.dp_) if d > 1)
-    buffers += groups * cal.nccl_buffer_bytes_per_group
-    buffers += working  # recompute working set is transient but coincides with the peak
-
-    allocated = (
-        dense["parameters"] + expert["parameters"] + dense["gradients"] + expert["gradients"]
-        + dense["optimizer"] + expert["optimizer"] + acts + logits + buffers
-    )
-    reserve = cal.cuda_context_bytes + cal.fragmentation * allocated
-    return MemoryBreakdown(
-        stage=rank,
-        parameters=dense["parameters"] + expert["parameters"],
-        gradients=dense["gradients"] + expert["gradients"],
-        optimizer=dense["optimizer"] + expert["optimizer"],
-        activations=acts,
-        logits=logits,
-        comm_buffers=buffers,
-        reserve=reserve,
-        host_optimizer=host_opt,
-    )

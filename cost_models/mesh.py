@@ -3,8 +3,8 @@
 The order string lists dimensions from fastest- to slowest-varying (Megatron-Core's
 `tp-cp-ep-dp-pp`: TP ranks are consecutive, PP ranks furthest apart). Ranks are numbered node-major
 on the cluster (rank r sits on node r // gpus_per_node), so a small stride keeps a group inside a
-node. Expert parallelism is carved out of dp x cp: an EP group is `ep` consecutive ranks of the
-flattened (cp, dp) sub-grid, in the order those two appear.
+node. Expert parallelism is carved out of the non-pipeline ranks: expert layers see them as
+etp x ep x expert-dp, expert-TP fastest (Megatron-Core's `tp-ep-dp-pp` expert order).
 """
 
 from __future__ import annotations
@@ -33,18 +33,29 @@ def mesh_strides(layout: Layout) -> MeshStrides:
     for d in dense_order:
         strides[d] = acc
         acc *= sizes[d]
-    # The (cp, dp) sub-grid is contiguous when cp and dp are adjacent in the order; its innermost
-    # stride is that of whichever of the two comes first.
-    inner = "cp" if dense_order.index("cp") < dense_order.index("dp") else "dp"
-    if sizes[inner] == 1:
-        inner = "dp" if inner == "cp" else "cp"
-    sub_stride = strides[inner]
+    # Expert layers re-split the non-pipeline ranks (tp x cp x dp of one stage) as etp x ep x edp,
+    # in that order (Megatron-Core's expert rank order tp-ep-dp). Position q in that flattened
+    # sub-grid maps to a global rank; `inner` non-pp ranks come before pp in the order.
+    inner = 1
+    for d in dense_order:
+        if d == "pp":
+            break
+        inner *= sizes[d]
+
+    def global_stride(q_stride: int) -> int:
+        return q_stride if q_stride < inner else q_stride * (layout.pp if inner < layout.tp * layout.cp * layout.dp_ else 1)
+
+    etp = layout.etp_
+    # dense data x context group: the (cp, dp) ranks, innermost of the two first
+    first = "cp" if dense_order.index("cp") < dense_order.index("dp") else "dp"
+    if sizes[first] == 1:
+        first = "dp" if first == "cp" else "cp"
     return MeshStrides(
         tp=strides["tp"],
         cp=strides["cp"],
         dp=strides["dp"],
         pp=strides["pp"],
-        ep=sub_stride,
-        dp_cp=sub_stride,
-        expert_dp=sub_stride * layout.ep,
+        ep=global_stride(etp),
+        dp_cp=strides[first],
+        expert_dp=global_stride(etp * layout.ep),
     )

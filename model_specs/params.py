@@ -9,6 +9,7 @@ bias, norm scale (and shift, for LayerNorm), router and learned position table i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from model_specs.spec import ModelSpec
 
@@ -158,7 +159,9 @@ class ParamCounts:
         return self.total - self.embedding - self.lm_head
 
 
+@lru_cache(maxsize=128)
 def count_params(spec: ModelSpec) -> ParamCounts:
+    """Cached: specs are frozen."""
     h = spec.hidden_size
     embedding = spec.vocab_size * h
     if spec.position_embedding == "learned":

@@ -57,6 +57,11 @@ spec).total` (tested). DeepSeek's `expert_bias` is therefore an `nn.Parameter` w
 `requires_grad=False` (HF keeps it as a buffer; `count_params` counts it). Multi-token-prediction
 modules (`mtp_layers`) are not built, as `count_params` does not count them.
 
+Hooks for the parallel runtime: `Attention.core` / `MLAttention.core` (the causal attention kernel,
+default `attention_core`; context parallelism swaps in one that gathers K/V), and `run_region`
+on attention (core + head merge, consumed by `wo`) and `FeedForward` (activation, consumed by
+`w2`): selective activation recompute swaps the runner. Defaults compute exactly as before.
+
 Not supported (raise `NotSupportedError`): MLA combined with `qk_norm`, `qkv_bias` or
 `attention_sinks` (no family has them and `count_params` does not count them for MLA).
 """
@@ -64,6 +69,7 @@ Not supported (raise `NotSupportedError`): MLA combined with `qk_norm`, `qkv_bia
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -216,6 +222,17 @@ def attention_core(
     return torch.matmul(probs, v)
 
 
+def run_region(fn: Callable[..., torch.Tensor], inputs: tuple, consumer: nn.Module) -> torch.Tensor:
+    """`consumer(fn(*inputs))`: the default runner of a recompute region.
+
+    Attention runs its core (scores, softmax, weighted sum and the head merge) and MLPs their
+    activation function as such a region, the output projection (wo, w2) being the consumer.
+    `runtime.parallelize` swaps the runner per module (`module.run_region`) for selective
+    activation recompute, which keeps only the region's inputs for backward.
+    """
+    return consumer(fn(*inputs))
+
+
 # ---- attention ----------------------------------------------------------------------------------
 
 
@@ -244,6 +261,10 @@ class Attention(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(self.n_heads), persistent=False)
         else:
             self.alibi_slopes = None
+        # Swappable by runtime.parallelize: the attention kernel (context parallel replaces it) and
+        # the runner of the core + output projection (selective recompute replaces it).
+        self.core = attention_core
+        self.run_region = run_region
 
     def init_weights(self, std: float, out_std: float) -> None:
         for lin in (self.wq, self.wk, self.wv):
@@ -269,7 +290,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope and rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = attention_core(
+        return self.run_region(self.attend, (q, k, v), self.wo)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention core: q (B, S, H, d), k/v (B, S, K, d) -> merged heads (B, S, H*d)."""
+        b, s = q.shape[:2]
+        out = self.core(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
@@ -277,7 +303,7 @@ class Attention(nn.Module):
             alibi=self.alibi_slopes,
             sinks=self.sinks,
         )
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return out.transpose(1, 2).reshape(b, s, -1)
 
 
 class MLAttention(nn.Module):
@@ -318,6 +344,8 @@ class MLAttention(nn.Module):
         else:
             self.alibi_slopes = None
         self.use_rope = spec.position_embedding == "rope"
+        self.core = attention_core  # swappable, as in Attention
+        self.run_region = run_region
 
     def init_weights(self, std: float, out_std: float) -> None:
         for lin in (self.wq_a, self.wq, self.wkv_a, self.wkv_b):
@@ -348,14 +376,15 @@ class MLAttention(nn.Module):
             q_pe, k_pe = apply_rotary(q_pe, *rope), apply_rotary(k_pe, *rope)
         q = torch.cat([q_nope, q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        out = attention_core(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            window=self.window,
-            alibi=self.alibi_slopes,
+        return self.run_region(self.attend, (q, k, v), self.wo)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention core: q/k (B, S, H, nope+rope), v (B, S, H, v) -> merged heads (B, S, H*v)."""
+        b, s = q.shape[:2]
+        out = self.core(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window=self.window, alibi=self.alibi_slopes
         )
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return out.transpose(1, 2).reshape(b, s, -1)
 
 
 # ---- MLP and MoE --------------------------------------------------------------------------------
@@ -384,6 +413,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(h, width, bias=spec.mlp_bias)
         self.w2 = nn.Linear(width, h, bias=spec.mlp_bias)
         self.w3 = nn.Linear(h, width, bias=spec.mlp_bias) if spec.gated_mlp else None
+        self.run_region = run_region  # swappable: selective recompute of the activation
 
     def init_weights(self, std: float, out_std: float) -> None:
         nn.init.normal_(self.w1.weight, std=std)
@@ -394,11 +424,15 @@ class FeedForward(nn.Module):
             if lin is not None and lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
+    def activation(self, g: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        """act(g) * u (gated) or act(g): the input of w2."""
+        a = _activation(self.kind, g)
+        return a if u is None else a * u
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = _activation(self.kind, self.w1(x))
-        if self.w3 is not None:
-            a = a * self.w3(x)
-        return self.w2(a)
+        g = self.w1(x)
+        u = self.w3(x) if self.w3 is not None else None
+        return self.run_region(self.activation, (g, u), self.w2)
 
 
 class GroupedExperts(nn.Module):

@@ -1,0 +1,115 @@
+"""Cluster presets (`data/clusters.yaml`) and user cluster files, loaded into `ClusterSpec`.
+
+A cluster is written as a mapping of `ClusterSpec` fields, in vendor units or SI:
+
+```yaml
+gpu: H100-80GB                # catalog name or alias, or a mapping (GPUSpec fields in SI, or a
+gpus_per_node: 8              #   catalog-style entry with `peak_dense` in vendor units)
+nvlink_domain_size: 8         # optional, defaults to gpus_per_node
+intra_node: {kind: nvswitch, bus_bandwidth: 368 GB/s, latency: 1.9 us}
+inter_node: {kind: infiniband, nics_per_node: 8, nic_bandwidth: 400 Gb/s, rail_optimized: true,
+             oversubscription: 1.0, nodes_per_leaf: 32, latency: 4 us}
+host_memory: 2 TiB
+host_to_device: 50 GB/s
+```
+
+Short keys take unit strings (`bus_bandwidth: 368 GB/s`); the SI field names take numbers or unit
+strings (`bus_bandwidth_bytes_per_s: 3.68e11`). Rates without a direction are one direction.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster_specs import units
+from cluster_specs.catalog import get_gpu, gpu_from_entry, normalize_name
+from cluster_specs.spec import ClusterSpec, GPUSpec
+
+# short key -> (field, parser); a field name given directly goes through the same parser.
+_Quantity = tuple[str, Callable[[object], float]]
+_INTRA: dict[str, _Quantity] = {
+    "bus_bandwidth": ("bus_bandwidth_bytes_per_s", units.bytes_per_s),
+    "latency": ("latency_s", units.seconds),
+}
+_INTER: dict[str, _Quantity] = {
+    "nic_bandwidth": ("nic_bandwidth_bytes_per_s", units.bytes_per_s),
+    "latency": ("latency_s", units.seconds),
+}
+_TOP: dict[str, _Quantity] = {
+    "host_memory": ("host_memory_bytes", units.n_bytes),
+    "host_to_device": ("host_to_device_bytes_per_s", units.bytes_per_s),
+}
+
+
+def _convert(data: Mapping[str, Any], quantities: dict[str, _Quantity]) -> dict[str, Any]:
+    by_field = {field: parse for field, parse in quantities.values()}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        field, parse = quantities.get(key, (key, by_field.get(key)))
+        if field in out:
+            raise ValueError(f"{key!r} given twice (as {field!r})")
+        out[field] = parse(value) if parse else value
+    return out
+
+
+def _gpu(value: Any) -> GPUSpec:
+    if isinstance(value, GPUSpec):
+        return value
+    if isinstance(value, str):
+        return get_gpu(value)
+    if isinstance(value, Mapping):
+        if "peak_dense" in value:  # catalog style, vendor units
+            entry = dict(value)
+            return gpu_from_entry(str(entry.pop("name", "custom")), entry)
+        return GPUSpec(**value)
+    raise TypeError(f"gpu must be a catalog name, a mapping or a GPUSpec, not {type(value).__name__}")
+
+
+def cluster_from_dict(data: Mapping[str, Any], name: str | None = None) -> ClusterSpec:
+    """Build a `ClusterSpec` from a mapping of its fields (see the module docstring)."""
+    fields = _convert(data, _TOP)
+    if "gpu" not in fields:
+        raise ValueError("a cluster needs a 'gpu'")
+    fields["gpu"] = _gpu(fields["gpu"])
+    if "intra_node" in fields:
+        fields["intra_node"] = _convert(fields["intra_node"], _INTRA)
+    if "inter_node" in fields:
+        fields["inter_node"] = _convert(fields["inter_node"], _INTER)
+    if name is not None:
+        fields["name"] = name
+    return ClusterSpec(**fields)
+
+
+def load_cluster_yaml(path: str | Path) -> ClusterSpec:
+    """A user cluster file: one mapping as above (its `name` defaults to the file's stem)."""
+    path = Path(path)
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: expected a mapping of cluster fields")
+    return cluster_from_dict(data, name=data.get("name", path.stem))
+
+
+@functools.cache
+def _presets() -> dict[str, ClusterSpec]:
+    raw = yaml.safe_load(resources.files("cluster_specs").joinpath("data/clusters.yaml").read_text())
+    return {key: cluster_from_dict(entry, name=key) for key, entry in raw["clusters"].items()}
+
+
+def list_clusters() -> list[str]:
+    """Preset names."""
+    return list(_presets())
+
+
+def get_cluster(name: str) -> ClusterSpec:
+    """The preset called `name` (any case; spaces and underscores read as dashes)."""
+    presets = _presets()
+    key = normalize_name(name)
+    if key not in presets:
+        raise KeyError(f"unknown cluster preset {name!r}; known: {', '.join(presets)}")
+    return presets[key]

@@ -1,0 +1,452 @@
+"""Two-level pricing: per-rank aggregates of a mesh, then knob arithmetic vectorized over settings.
+
+Everything that depends only on the *mesh* (tp, pp, cp, ep, etp, dp, order), the micro-batch and
+the stage partition is summed once per pipeline rank into a `StageTable` of numpy arrays:
+parameters, saved activations per recompute mode, compute and recompute seconds, per-layer
+communication. The *knobs* that leave all of that unchanged (ZeRO stage, sharding group, recompute
+mode, optimizer offload, schedule) are then priced for many settings at once (`price_knobs`),
+with the formulas of `cost_models.memory` (ZeRO states), `cost_models.activations`,
+`cost_models.pipeline` and `cost_models.comm`. `cost_models.estimate.estimate` prices a single
+layout through the same path (one setting), so the planner and `autopar evaluate` agree exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from cluster_specs.spec import ClusterSpec
+from cost_models.activations import ActivationContext, layer_activation_bytes, logits_bytes
+from cost_models.calibration import Calibration
+from cost_models.comm import Group, collective_cost, collective_time
+from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_time
+from cost_models.layout import Layout
+from cost_models.mesh import mesh_strides
+from cost_models.pipeline import in_flight_micro_batches
+from cost_models.stages import StagePartition
+from model_specs.params import count_params
+from model_specs.spec import ModelSpec, TrainingSpec
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+OPTIMIZER_BYTES_PER_PARAM_MOVED = 26
+"""AdamW step HBM traffic per local parameter, gradient excluded: read master, m, v (12), write
+master, m, v (12) and the working bf16 weight (2). The gradient read adds `grad_bytes`."""
+
+
+def layer_key(model: ModelSpec, i: int) -> tuple[bool, bool]:
+    """Layers differ only by being dense/MoE and windowed or not."""
+    return layer_kinds(model)[i]
+
+
+@lru_cache(maxsize=256)
+def layer_kinds(model: ModelSpec) -> tuple[tuple[bool, bool], ...]:
+    """(is MoE, uses a sliding window) of every layer, in order."""
+    return tuple((model.is_moe_layer(i), model.uses_sliding_window(i)) for i in range(model.num_layers))
+
+
+@lru_cache(maxsize=256)
+def layer_kind_counts(model: ModelSpec) -> dict[tuple[bool, bool], int]:
+    counts: dict[tuple[bool, bool], int] = {}
+    for key in layer_kinds(model):
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@lru_cache(maxsize=4096)
+def layer_times(model: ModelSpec, cluster: ClusterSpec, precision: str, act_bytes: int, g: ShardGeometry, cal: Calibration) -> dict[tuple[bool, bool], LayerTime]:
+    """Seconds per layer kind for one shard geometry (cached: many layouts share a geometry)."""
+    kinds: dict[tuple[bool, bool], LayerTime] = {}
+    for i, key in enumerate(layer_kinds(model)):
+        if key not in kinds:
+            kinds[key] = layer_time(model, i, g, cluster.gpu, precision, act_bytes, cal)
+    return kinds
+
+
+@lru_cache(maxsize=4096)
+def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[tuple[bool, bool], tuple[float, float, float]]:
+    """Saved bytes per layer kind and micro-batch under none / selective / full recompute."""
+    out: dict[tuple[bool, bool], tuple[float, float, float]] = {}
+    for i, key in enumerate(layer_kinds(model)):
+        if key not in out:
+            out[key] = tuple(layer_activation_bytes(model, i, actx, mode) for mode in RECOMPUTE_MODES)  # type: ignore[assignment]
+    return out
+
+
+@lru_cache(maxsize=8192)
+def _rank_sums(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    precision: str,
+    g: ShardGeometry,
+    actx: ActivationContext,
+    partition: StagePartition,
+    limit: int | None,
+    cal: Calibration,
+) -> tuple[np.ndarray, ...]:
+    """Per-rank sums over the layers each pipeline rank holds (cached: rank orders and knob
+    settings share them). `limit`: layers per rank that full recompute re-runs (None = all)."""
+    pp = partition.pp
+    tp, ep, etp = g.tp, g.ep, g.etp
+    kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal)
+    acts_by_kind = _layer_acts(model, actx)
+    pc = count_params(model)
+    all_kinds = layer_kinds(model)
+    dense = np.zeros(pp)
+    expert = np.zeros(pp)
+    largest = np.zeros(pp)
+    acts = np.zeros((3, pp))
+    working = np.zeros(pp)
+    layers = np.zeros(pp)
+    moe = np.zeros(pp)
+    compute = np.zeros(pp)
+    reco = np.zeros((3, pp))
+    attn = np.zeros(pp)
+    re_layers = np.zeros(pp)
+    re_moe = np.zeros(pp)
+    for r in range(pp):
+        for j, i in enumerate(partition.rank_layers(r)):
+            lp = pc.layers[i]
+            d = (lp.attention + lp.dense_mlp + lp.shared_experts) / tp + lp.norms + lp.router
+            e = lp.routed_experts / (ep * etp)
+            dense[r] += d
+            expert[r] += e
+            largest[r] = max(largest[r], d + e)
+            key = all_kinds[i]
+            a = acts_by_kind[key]
+            lt = kinds[key]
+            recomputed = limit is None or j < limit
+            acts[0, r] += a[0]
+            acts[1, r] += a[1]
+            acts[2, r] += a[2] if recomputed else a[0]
+            if recomputed:
+                working[r] = max(working[r], a[0])
+                reco[2, r] += lt.forward
+                re_layers[r] += 1
+                re_moe[r] += key[0]
+            compute[r] += lt.forward + lt.backward
+            reco[1, r] += lt.attention_fwd + 0.5 * lt.elementwise_fwd  # selective: core attention + activation
+            attn[r] += lt.attention_fwd
+            layers[r] += 1
+            moe[r] += key[0]
+    return dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, reco, attn
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One knob setting (the planner passes many; `estimate` passes one)."""
+
+    zero_stage: int
+    dp_shard: int
+    recompute: str
+    offload_optimizer: bool
+
+
+@dataclass
+class StageTable:
+    """Per-pipeline-rank aggregates for one mesh, micro-batch and partition (arrays of length pp)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    gpus: int
+    mesh: Layout  # resolved; its knobs (zero, recompute, schedule...) are ignored here
+    partition: StagePartition
+    dense_params: np.ndarray
+    expert_params: np.ndarray
+    largest_layer: np.ndarray
+    acts: np.ndarray  # (3, pp): saved bytes per micro-batch, all layers in none/selective/full mode
+    working: np.ndarray  # one layer's full activations (recompute working set)
+    layers: np.ndarray  # layer count
+    moe_layers: np.ndarray
+    recomputed_layers: np.ndarray  # layers re-run under full recompute (all, or recompute_layers)
+    recomputed_moe: np.ndarray
+    compute: np.ndarray  # forward + backward seconds per micro-batch (LM head on the last rank)
+    recompute: np.ndarray  # (3, pp): extra seconds per micro-batch per mode
+    attention_fwd: np.ndarray  # attention kernel forward seconds per micro-batch
+    logits: float  # bytes on the last rank
+    tp_per_layer: float  # seconds of one layer's forward TP/SP collectives (backward the same)
+    cp_per_layer: float
+    ep_per_moe_layer: float
+    p2p: float  # one boundary send, one direction
+    boundary_bytes: float
+    nccl_groups: int
+
+
+def mesh_comm(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: Layout, cal: Calibration
+) -> tuple[float, float, float, float, float]:
+    """Knob-independent communication of one micro-batch: seconds of a layer's forward TP/SP
+    collectives, of a layer's CP ring exchange (forward and backward), of an MoE layer's
+    all-to-alls (dispatch + combine, forward and backward), of one pipeline boundary send; and
+    the boundary's bytes. `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order."""
+    tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
+    ab = training.activation_bytes
+    st = mesh_strides(mesh)
+    h = model.hidden_size
+    tokens = mesh.micro_batch * training.seq_len / cp
+    act_full = tokens * h * ab
+    tp_per_layer = 0.0
+    if tp > 1:
+        tpg = Group.strided(cluster, tp, st.tp, gpus)
+        if mesh.sp_:
+            one = collective_time("all_gather", act_full, tpg, cal) + collective_time("reduce_scatter", act_full, tpg, cal)
+        else:
+            one = collective_time("all_reduce", act_full, tpg, cal)
+        tp_per_layer = 2 * one  # a layer's forward: attention block and MLP block
+    cp_per_layer = 0.0
+    if cp > 1:
+        kv_heads = model.num_heads / tp if model.attention == "mla" else max(model.kv_heads / tp, 1.0)
+        kv_bytes = mesh.micro_batch * training.seq_len * kv_heads * (model.qk_head_dim + model.v_dim) * ab
+        # ring attention: forward passes K, V around the ring; backward passes K, V and dK, dV
+        cp_per_layer = 3 * collective_time("all_gather", kv_bytes, Group.strided(cluster, cp, st.cp, gpus), cal)
+    ep_per_moe = 0.0
+    if model.is_moe and ep > 1:
+        routed = tokens / (tp if mesh.sp_ else 1) * model.moe_top_k
+        a2a = collective_time("all_to_all", routed * h * ab, Group.strided(cluster, ep, st.ep, gpus), cal)
+        ep_per_moe = 4 * a2a  # dispatch + combine, forward and backward
+    boundary = act_full / (tp if mesh.sp_ else 1)
+    p2p = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal) if mesh.pp > 1 else 0.0
+    return tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary
+
+
+def build_table(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    mesh: Layout,
+    partition: StagePartition,
+    cal: Calibration,
+) -> StageTable:
+    """`mesh` must be resolved (`Layout.resolved`)."""
+    pp, tp, cp = mesh.pp, mesh.tp, mesh.cp
+    ab = training.activation_bytes
+    g = ShardGeometry(mesh.micro_batch * training.seq_len / cp, training.seq_len, cp, tp, mesh.sp_, mesh.ep, mesh.etp_)
+    actx = ActivationContext(training.seq_len // cp, mesh.micro_batch, tp, mesh.sp_, mesh.etp_, ab, mesh.framework)
+    pc = count_params(model)
+    ep = mesh.ep
+    sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)
+    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, reco, attn = (
+        a.copy() for a in sums
+    )
+    dense[0] += pc.embedding / tp
+    dense[pp - 1] += pc.final_norm
+    if pc.lm_head:
+        dense[pp - 1] += pc.lm_head / tp
+    elif pp > 1:  # tied embeddings: the last stage keeps its own copy of the head
+        dense[pp - 1] += model.vocab_size * model.hidden_size / tp
+    compute[pp - 1] += lm_head_time(model, g, cluster.gpu, "bf16", ab, cal)
+
+    comm = mesh_comm(model, training, cluster, gpus, mesh, cal)
+    tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary = comm
+    logits = logits_bytes(model, actx, mesh.framework)
+    groups = sum(1 for d in (tp, pp, cp, ep, mesh.dp_) if d > 1)
+    return StageTable(
+        model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
+        re_layers, re_moe, compute, reco, attn, logits, tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary, groups,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# knob arithmetic
+
+
+@dataclass
+class KnobPrices:
+    """Per setting (axis 0) and, where named, per pipeline rank (axis 1)."""
+
+    parameters: np.ndarray  # (J, pp) bytes
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    logits: np.ndarray
+    comm_buffers: np.ndarray
+    reserve: np.ndarray
+    host_optimizer: np.ndarray
+    stage_time: np.ndarray | None = None  # (J, pp) seconds per micro-batch
+    parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
+    step_s: np.ndarray | None = None  # (J,)
+
+    @property
+    def total(self) -> np.ndarray:
+        return (
+            self.parameters + self.gradients + self.optimizer + self.activations + self.logits
+            + self.comm_buffers + self.reserve
+        )
+
+    @property
+    def peak(self) -> np.ndarray:
+        """(J,) bytes on the worst rank."""
+        return self.total.max(axis=1)
+
+
+def _shards(t: StageTable, shard: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense sharding group (dp_shard x cp) and expert sharding group per setting."""
+    m = t.mesh
+    dense = shard * m.cp
+    expert = np.maximum(1, (shard * m.cp * m.tp) // (m.ep * m.etp_))
+    return dense.astype(float), expert.astype(float)
+
+
+def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int, cal: Calibration) -> KnobPrices:
+    """Bytes per rank for every setting (ZeRO: Rajbhandari et al. 2020; see cost_models.memory)."""
+    tr, m = t.training, t.mesh
+    pp = m.pp
+    zero = np.array([s.zero_stage for s in settings])[:, None]
+    shard = np.array([s.dp_shard for s in settings])[:, None]
+    mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings])
+    offload = np.array([s.offload_optimizer for s in settings])[:, None]
+    ds, es = _shards(t, shard)
+    D, E = t.dense_params[None, :], t.expert_params[None, :]
+    params = tr.param_bytes * (np.where(zero >= 3, D / ds, D) + np.where(zero >= 3, E / es, E))
+    grads = tr.grad_bytes * (np.where(zero >= 2, D / ds, D) + np.where(zero >= 2, E / es, E))
+    opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
+    opt = np.where(offload, 0.0, opt_all)
+    host = np.where(offload, opt_all, 0.0)
+    inflight = np.array([in_flight_micro_batches(schedule, pp, vpp, m.grad_accum_, r) for r in range(pp)])
+    acts = t.acts[mode] * inflight[None, :]
+    logits = np.zeros((len(settings), pp))
+    logits[:, pp - 1] = t.logits
+    buffers = np.where(zero >= 3, (2 * tr.param_bytes + tr.grad_bytes) * t.largest_layer[None, :], 0.0)
+    if pp > 1:
+        buffers = buffers + 2 * t.boundary_bytes
+    buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
+    buffers = buffers + np.where((mode == 2)[:, None], t.working[None, :], 0.0)
+    allocated = params + grads + opt + acts + logits + buffers
+    reserve = cal.cuda_context_bytes + cal.fragmentation * allocated
+    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host)
+
+
+def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
+    """Seconds per step for every setting (see cost_models.estimate for the composition)."""
+    tr, m, cl = t.training, t.mesh, t.cluster
+    ov = cal.overlap(m.framework)
+    pp, mb_count = m.pp, m.grad_accum_
+    J = len(settings)
+    zero = np.array([s.zero_stage for s in settings])
+    shard = np.array([s.dp_shard for s in settings])
+    mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings])
+    offload = np.array([s.offload_optimizer for s in settings])
+    full = (mode == 2)[:, None]
+
+    comp = np.broadcast_to(t.compute[None, :], (J, pp))
+    reco = t.recompute[mode]
+    # TP collectives: forward and backward of every layer, plus the forward again when recomputed
+    tp_c = t.tp_per_layer * (2.0 * t.layers[None, :] + np.where(full, t.recomputed_layers[None, :], 0.0)) * (1 - ov.tp)
+    cp_c = np.broadcast_to(np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * 3.5 * t.attention_fwd)[None, :], (J, pp))
+    # all-to-all: dispatch + combine forward and backward; recompute repeats the forward half
+    ep_c = t.ep_per_moe_layer * (t.moe_layers[None, :] + np.where(full, 0.5 * t.recomputed_moe[None, :], 0.0)) * (1 - ov.ep)
+    pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
+
+    # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting
+    z3 = np.zeros((J, pp))
+    dp_t = np.zeros((J, pp))
+    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for j, s in enumerate(settings):
+        key = (s.zero_stage, s.dp_shard)
+        if key not in cache:
+            cache[key] = _dp_times(t, s.zero_stage, s.dp_shard, cal)
+        z3[j], dp_t[j] = cache[key]
+    z3 = np.maximum(0.0, z3 - ov.zero3 * (comp + reco))
+    total = comp + reco + tp_c + cp_c + ep_c + pp_c + z3
+    slow = total.argmax(axis=1)
+    rows = np.arange(J)
+    t_max = total[rows, slow]
+    bubble = (total.sum(axis=1) - t_max) / vpp if pp > 1 else np.zeros(J)
+    window = comp[rows, slow] * 2.0 / 3.0  # the last micro-batch's backward
+    dp_exposed = np.maximum(0.0, dp_t[rows, slow] - ov.dp * window)
+
+    ds, es = _shards(t, shard)
+    D, E = t.dense_params[slow], t.expert_params[slow]
+    local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)
+    moved = OPTIMIZER_BYTES_PER_PARAM_MOVED + tr.grad_bytes
+    opt_gpu = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    opt_off = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
+    opt_t = np.where(offload, opt_off, opt_gpu)
+
+    def at_slow(a: np.ndarray | float) -> np.ndarray:
+        if np.isscalar(a):
+            return np.full(J, float(a))  # type: ignore[arg-type]
+        return np.asarray(a)[rows, slow]
+
+    parts = {
+        "compute_s": mb_count * at_slow(comp),
+        "recompute_s": mb_count * at_slow(reco),
+        "tp_comm_s": mb_count * at_slow(tp_c),
+        "cp_comm_s": mb_count * at_slow(cp_c),
+        "ep_comm_s": mb_count * at_slow(ep_c),
+        "pp_comm_s": mb_count * at_slow(pp_c),
+        "dp_comm_s": dp_exposed + mb_count * at_slow(z3),
+        "bubble_s": bubble,
+        "optimizer_s": opt_t,
+        "overhead_s": np.full(J, cal.step_overhead_s),
+    }
+    prices.stage_time = total
+    prices.parts = parts
+    prices.step_s = sum(parts.values())  # type: ignore[assignment]
+    return prices
+
+
+def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
+    """Seconds no knob setting of this table can beat: compute and the knob-independent exposed
+    communication (TP without recompute, CP, EP, PP), the pipeline bubble, nothing else. Every
+    knob (recompute, ZeRO traffic, optimizer, offload) only adds to it."""
+    ov = cal.overlap(t.mesh.framework)
+    m = t.mesh
+    per = t.compute + t.tp_per_layer * 2.0 * t.layers * (1 - ov.tp)
+    per = per + np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * 3.5 * t.attention_fwd)
+    per = per + t.ep_per_moe_layer * t.moe_layers * (1 - ov.ep)
+    if m.pp > 1:
+        per = per + 2 * t.p2p * vpp * (1 - ov.pp)
+    worst = float(per.max())
+    bubble = (float(per.sum()) - worst) / vpp if m.pp > 1 else 0.0
+    return m.grad_accum_ * worst + bubble
+
+
+def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    """(per-micro-batch ZeRO gathers/reduce-scatters, once-per-step sync) seconds per rank.
+
+    Once per step: ZeRO-0 all-reduces gradients (2 Psi); ZeRO-1 reduce-scatters gradients and
+    all-gathers updated weights (2 Psi); ZeRO-2 still all-gathers weights once. Per micro-batch:
+    ZeRO-3 all-gathers weights for forward and again for backward, ZeRO-2/3 reduce-scatter
+    gradients (3 Psi per micro-batch for ZeRO-3, the FSDP volume). Hybrid sharding adds an
+    all-reduce of each shard across the replicas. Expert weights use the expert-data-parallel
+    group. Collective time is linear in bytes (`collective_cost`), so ranks are priced at once."""
+    m, tr, cl, gpus = t.mesh, t.training, t.cluster, t.gpus
+    stv = mesh_strides(m)
+    shard_size = dp_shard * m.cp
+    shard_g = Group.strided(cl, shard_size, stv.dp_cp, gpus)
+    full_g = Group.strided(cl, m.dp_ * m.cp, stv.dp_cp, gpus)
+    repl = (m.dp_ * m.cp) // shard_size
+    repl_g = Group.strided(cl, repl, stv.dp_cp * shard_size, gpus)
+    edp_g = Group.strided(cl, m.expert_dp, stv.expert_dp, gpus)
+    many = m.grad_accum_ > 1
+    per_mb = np.zeros(m.pp)
+    once = np.zeros(m.pp)
+
+    def cost(kind: str, nbytes: np.ndarray, group: Group) -> np.ndarray:
+        per_byte, lat = collective_cost(kind, group, cal)  # type: ignore[arg-type]
+        return np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+
+    for params, sg, fg, replicate in (
+        (t.dense_params, shard_g, full_g, repl_g),
+        (t.expert_params, edp_g, edp_g, None),
+    ):
+        gb, wb = params * tr.grad_bytes, params * tr.param_bytes
+        if zero >= 3:
+            per_mb += 2 * cost("all_gather", wb, sg)
+        if zero >= 2 and many:
+            per_mb += cost("reduce_scatter", gb, sg)
+        if zero == 0:
+            once += cost("all_reduce", gb, fg)
+            continue
+        if zero == 1 or not many:
+            once += cost("reduce_scatter", gb, sg)
+        if zero <= 2:
+            once += cost("all_gather", wb, sg)
+        if replicate is not None and replicate.size > 1:
+            once += cost("all_reduce", gb / sg.size, replicate)
+    return per_mb, once

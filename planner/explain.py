@@ -1,0 +1,56 @@
+"""Sentences that explain a Plan: why this layout, what it spends its time on, or why nothing fits."""
+
+from __future__ import annotations
+
+from planner.plan import Plan
+
+GIB = 2**30
+
+
+def explain(plan: Plan, usable_bytes: int) -> list[str]:
+    out: list[str] = []
+    s = plan.stats
+    out.append(
+        f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned:,} pruned by the step-time bound, "
+        f"{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU."
+    )
+    if plan.best is None:
+        if plan.closest_miss is not None:
+            cm = plan.closest_miss
+            out.append(
+                f"No layout fits. The closest miss needs {cm.peak_bytes / GIB:.2f} GiB on pipeline stage "
+                f"{cm.worst_stage}, {cm.over_by_bytes:,} bytes ({cm.over_by_bytes / GIB:.2f} GiB) over the "
+                f"{cm.usable_bytes / GIB:.2f} GiB usable."
+            )
+        else:
+            out.append("No layout is valid for this model on this many GPUs (see the rejections).")
+        if plan.rejections:
+            top = plan.rejections[0]
+            out.append(f"Most common rejection ({top.count:,}x): {top.reason}; e.g. {top.example}.")
+        return out
+    est = plan.best.estimate
+    lay = plan.best.layout
+    br = est["time"]["breakdown"]
+    step = est["step_s"]
+    shares = sorted(((v / step, k.removesuffix("_s")) for k, v in br.items() if v > 0), reverse=True)
+    top3 = ", ".join(f"{name} {100 * share:.0f}%" for share, name in shares[:3])
+    out.append(
+        f"Best: {est['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {100 * est['mfu']:.1f}%, step {step:.3f} s "
+        f"({top3}); peak memory {est['memory']['peak_bytes'] / GIB:.1f} GiB of {usable_bytes / GIB:.1f} GiB usable."
+    )
+    if plan.best.placement is not None:
+        for g in plan.best.placement.groups:
+            if g.dim == "tp" and g.size > 1:
+                out.append(
+                    f"TP={g.size} runs over {g.tier} links ({g.bus_bandwidth_bytes_per_s / 1e9:.0f} GB/s bus bandwidth)."
+                )
+    if lay.pp > 1:
+        out.append(
+            f"PP={lay.pp} with {lay.schedule} (vpp={lay.vpp}) over {lay.grad_accum} micro-batches: "
+            f"bubble {100 * est['bubble_fraction']:.1f}% of the step."
+        )
+    if plan.alternatives:
+        alt = plan.alternatives[0]
+        gap = alt.estimate["step_s"] / step - 1
+        out.append(f"Runner-up is {100 * gap:.1f}% slower.")
+    return out

@@ -1,0 +1,365 @@
+"""Search: enumerate the space, reject what is invalid or does not fit, rank the rest by step time.
+
+Whole space, priced or provably pruned (branch and bound):
+1. Level 1 meshes are validated once; an invalid mesh rejects all its knob settings.
+2. Each (mesh, micro-batch) pair gets a lower bound on its step time: the compute of one micro-
+   batch through all layers divided over the pipeline ranks, times the micro-batches. Every knob
+   only adds to it (recompute, exposed communication, bubble, optimizer), so when the bound is
+   above the k-th best step time found so far, no knob setting of the pair can enter the top k and
+   the pair is counted as pruned. Pairs are visited in increasing bound order.
+3. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
+The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
+topology (`planner.placement`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from cluster_specs.spec import ClusterSpec
+from cost_models.calibration import Calibration, default_calibration
+from cost_models.compute import ShardGeometry
+from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
+from cost_models.layout import Layout, validate_layout
+from cost_models.memory import MemoryBreakdown
+from cost_models.report import estimate_dict
+from cost_models.stage_table import (
+    Setting,
+    build_table,
+    layer_kind_counts,
+    layer_times,
+    mesh_comm,
+    price_memory,
+    price_time,
+    time_lower_bound,
+)
+from cost_models.stages import StagePartition
+from model_specs.spec import ModelSpec, TrainingSpec
+from planner.plan import Candidate, ClosestMiss, Plan, PlanInputs, Rejection, SearchConstraints, SearchStats
+from planner.space import Mesh, meshes, micro_batches, pipeline_options, settings, to_layout
+
+GIB = 2**30
+Progress = Callable[[int, int], None]  # (pairs done, pairs total)
+
+MESH_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "sp", "order"}
+
+
+@dataclass
+class RejectionLog:
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def add(self, reason: str, example: str, n: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + n
+        self.examples.setdefault(reason, example)
+
+    def count(self, reason: str, n: int = 1) -> None:
+        """Count without an example (the caller fills `examples` for new reasons)."""
+        self.counts[reason] = self.counts.get(reason, 0) + n
+
+    def as_list(self) -> list[Rejection]:
+        ordered = sorted(self.counts.items(), key=lambda kv: -kv[1])
+        return [Rejection(reason=r, count=n, example=self.examples.get(r, "")) for r, n in ordered]
+
+
+def describe(layout: Layout) -> str:
+    """Compact one-line layout description."""
+    parts = [f"dp={layout.dp}", f"tp={layout.tp}", f"pp={layout.pp}"]
+    if layout.vpp > 1:
+        parts.append(f"vpp={layout.vpp}")
+    if layout.cp > 1:
+        parts.append(f"cp={layout.cp}")
+    if layout.ep > 1:
+        parts.append(f"ep={layout.ep}")
+    parts.append(f"zero={layout.zero_stage}")
+    if layout.dp_shard is not None and layout.dp is not None and layout.dp_shard < layout.dp:
+        parts.append(f"dp_shard={layout.dp_shard}")
+    parts += [f"mb={layout.micro_batch}", f"recompute={layout.recompute}"]
+    if layout.pp > 1:
+        parts.append(f"schedule={layout.schedule}")
+    if layout.offload_optimizer:
+        parts.append("offload")
+    if layout.pp > 1:
+        parts.append(f"order={layout.order}")
+    return " ".join(parts)
+
+
+def mesh_rejection(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> str | None:
+    """Planner rules on top of validity: tensor parallelism stays inside the NVLink domain."""
+    max_tp = c.max_tp or cluster.domain_size
+    if mesh.tp > max_tp:
+        if mesh.tp > cluster.domain_size:
+            return f"tp: tp={mesh.tp} crosses the NVLink domain ({cluster.domain_size} GPUs)"
+        return f"tp: tp={mesh.tp} above max_tp={max_tp}"
+    return None
+
+
+@dataclass(frozen=True)
+class _LazyLayout:
+    """The parts of a layout; the pydantic Layout is only built for the few that are reported."""
+
+    mesh: Mesh
+    micro_batch: int
+    vpp: int
+    schedule: str
+    setting: Setting
+    framework: str
+
+    def build(self, gpus: int, training: TrainingSpec) -> Layout:
+        return to_layout(self.mesh, self.micro_batch, self.vpp, self.schedule, self.setting, self.framework).resolved(gpus, training)
+
+
+@dataclass(order=True)
+class _Ranked:
+    step_s: float
+    seq: int
+    layout: _LazyLayout = field(compare=False)
+    peak_bytes: int = field(compare=False)
+
+
+def _lower_bounds(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    mesh: Mesh,
+    mbs: list[int],
+    cal: Calibration,
+    framework: str,
+) -> list[float]:
+    """Seconds no layout of this mesh can beat, per micro-batch size: all micro-batches' forward
+    and backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as
+    the calibration says), spread perfectly over the pipeline ranks (the slowest rank is at least
+    the average). Recompute, ZeRO traffic, bubble and optimizer only add to it.
+
+    Communication time is affine in the micro-batch (bytes x seconds-per-byte + latency), so it is
+    priced at micro-batch 1 and 2 and extrapolated exactly."""
+    ov = cal.overlap(framework)
+    c1 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=1), cal)
+    c2 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=2), cal)
+    out = []
+    for mb in mbs:
+        tp_l, cp_l, ep_l = (a + (b - a) * (mb - 1) for a, b in zip(c1[:3], c2[:3], strict=True))
+        g = ShardGeometry(mb * training.seq_len / mesh.cp, training.seq_len, mesh.cp, mesh.tp, mesh.tp > 1, mesh.ep, mesh.etp)
+        kinds = layer_times(model, cluster, training.precision, training.activation_bytes, g, cal)
+        per_mb = 0.0
+        for key, n in layer_kind_counts(model).items():
+            lt = kinds[key]
+            per_mb += n * (lt.forward + lt.backward + 2 * tp_l * (1 - ov.tp) + max(0.0, cp_l - ov.cp * 3.5 * lt.attention_fwd))
+            if key[0]:
+                per_mb += n * ep_l * (1 - ov.ep)
+        m = training.global_batch // (mb * mesh.dp)
+        out.append(m * per_mb / mesh.pp)
+    return out
+
+
+def _memory_reason(s: Setting) -> str:
+    knob = f"ZeRO-{s.zero_stage}"
+    if s.dp_shard and s.zero_stage > 0:
+        knob += f" (shard group {s.dp_shard})"
+    knob += f", {s.recompute} recompute"
+    if s.offload_optimizer:
+        knob += ", optimizer offload"
+    return f"memory: {knob} exceeds the usable GPU memory"
+
+
+def search(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    constraints: SearchConstraints | None = None,
+    *,
+    calibration: Calibration | None = None,
+    progress: Progress | None = None,
+    refine: bool = True,
+) -> Plan:
+    """Find the fastest layouts that fit. Never raises for an impossible job: the Plan then has no
+    `best`, and says why (rejections, closest miss)."""
+    from planner.explain import explain
+    from planner.placement import place
+
+    c = constraints or SearchConstraints()
+    cal = calibration or default_calibration()
+    t0 = time.perf_counter()
+    usable = int(cluster.gpu.memory_bytes * (1.0 - c.memory_headroom))
+    log = RejectionLog()
+    generated = invalid = pruned = priced = feasible = 0
+
+    # --- level 1: meshes --------------------------------------------------------------------------
+    pairs: list[tuple[float, int, Mesh, int]] = []
+    for mesh in meshes(model, cluster, gpus, c):
+        reason = mesh_rejection(mesh, cluster, c)
+        mbs = micro_batches(training, mesh.dp, c)
+        if reason is None and not mbs:
+            reason = f"micro_batch: no micro-batch divides the global batch {training.global_batch} over dp={mesh.dp}"
+        if reason is None:
+            probe = to_layout(mesh, mbs[0], 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework)
+            problems = [v for v in validate_layout(model, training, gpus, probe) if v.field in MESH_FIELDS]
+            if problems:
+                reason = f"{problems[0].field}: {problems[0].message}"
+        if reason is not None:
+            generated += 1
+            invalid += 1
+            log.add(reason, f"tp={mesh.tp} pp={mesh.pp} cp={mesh.cp} dp={mesh.dp} ep={mesh.ep}")
+            continue
+        for mb, lb in zip(mbs, _lower_bounds(model, training, cluster, gpus, mesh, mbs, cal, c.framework), strict=True):
+            pairs.append((lb, len(pairs), mesh, mb))
+    pairs.sort(key=lambda p: (p[0], p[1]))
+
+    # --- level 2: knobs, branch and bound ---------------------------------------------------------
+    k = max(c.top_k, 1) + 1  # keep one spare so alternatives exclude the best
+    top: list[float] = []  # max-heap (negated) of the k best step times
+    ranked: list[_Ranked] = []
+    closest: tuple[int, Layout, MemoryBreakdown] | None = None
+    seq = 0
+    grids: dict[tuple[int, int, int], list[Setting]] = {}
+    for done, (lb, _, mesh, mb) in enumerate(pairs):
+        if progress is not None:
+            progress(done, len(pairs))
+        options = pipeline_options(model, training, mesh, mb, c)
+        grid_key = (mesh.dp, mesh.tp, mesh.cp)
+        if grid_key not in grids:
+            grids[grid_key] = settings(mesh, cluster, c)
+        grid = grids[grid_key]
+        n = len(options) * len(grid)
+        generated += n
+        if len(top) >= k and lb >= -top[0]:
+            pruned += n  # pairs are sorted by bound: every later pair is pruned too
+            for _, _, later_mesh, later_mb in pairs[done + 1 :]:
+                n_later = len(pipeline_options(model, training, later_mesh, later_mb, c))
+                n_later *= len(grids.setdefault((later_mesh.dp, later_mesh.tp, later_mesh.cp), settings(later_mesh, cluster, c)))
+                generated += n_later
+                pruned += n_later
+            break
+        for vpp, schedule in options:
+            base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework).resolved(gpus, training)
+            partition = StagePartition.even(model.num_layers, mesh.pp, vpp)
+            table = build_table(model, training, cluster, gpus, base, partition, cal)
+            if len(top) >= k and time_lower_bound(table, vpp, cal) >= -top[0]:
+                pruned += len(grid)
+                continue
+            prices = price_memory(table, grid, schedule, vpp, cal)
+            peaks = prices.peak
+            priced += len(grid)
+            fits = np.flatnonzero(peaks <= usable)
+            over_idx = np.flatnonzero(peaks > usable)
+            for j in over_idx:
+                log.count(_memory_reason(grid[j]))
+            if len(over_idx):
+                j = int(over_idx[np.argmin(peaks[over_idx])])
+                over = int(peaks[j] - usable)
+                if closest is None or over < closest[0]:
+                    layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework).resolved(gpus, training)
+                    worst = max(memory_breakdowns(prices, j), key=lambda mbd: mbd.total)
+                    closest = (over, layout, worst)
+                for j in over_idx:
+                    reason = _memory_reason(grid[j])
+                    if reason not in log.examples:
+                        layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework).resolved(gpus, training)
+                        worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
+                        log.examples[reason] = (
+                            f"{describe(layout)}: needs {worst.total / GIB:.1f} GiB on stage {worst.stage}, "
+                            f"{usable / GIB:.1f} GiB usable"
+                        )
+            if not len(fits):
+                continue
+            fit_settings = [grid[j] for j in fits]
+            sub = price_memory(table, fit_settings, schedule, vpp, cal)
+            sub = price_time(table, fit_settings, sub, vpp, cal)
+            assert sub.step_s is not None
+            feasible += len(fit_settings)
+            sub_peaks = sub.peak
+            for idx, s_j in enumerate(fit_settings):
+                step = float(sub.step_s[idx])
+                seq += 1
+                if len(top) < k:
+                    heapq.heappush(top, -step)
+                elif step < -top[0]:
+                    heapq.heapreplace(top, -step)
+                ranked.append(_Ranked(step, seq, _LazyLayout(mesh, mb, vpp, schedule, s_j, c.framework), int(sub_peaks[idx])))
+    if progress is not None:
+        progress(len(pairs), len(pairs))
+
+    ranked.sort()
+    inputs = PlanInputs(model=model, cluster=cluster, gpus=gpus, training=training, constraints=c)
+    best_list = [
+        _candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=refine and i == 0)
+        for i, r in enumerate(ranked[: c.top_k + 1])
+    ]
+    best_list.sort(key=lambda cand: cand.step_s)
+    best = best_list[0] if best_list else None
+    if best is not None:
+        best.placement = place(cluster, gpus, best.layout)
+    pareto = _pareto(ranked, usable)
+    plan = Plan(
+        inputs=inputs,
+        best=best,
+        alternatives=best_list[1 : c.top_k + 1],
+        pareto=[_candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=False) for r in pareto],
+        rejections=log.as_list(),
+        closest_miss=None if best is not None or closest is None else _closest(closest, usable),
+        calibration=cal.source,
+        stats=SearchStats(
+            generated=generated,
+            invalid=invalid,
+            pruned=pruned,
+            priced=priced,
+            feasible=feasible,
+            seconds=time.perf_counter() - t0,
+        ),
+    )
+    plan.why = explain(plan, usable)
+    plan.stats.seconds = time.perf_counter() - t0
+    return plan
+
+
+def _candidate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, layout: Layout, cal: Calibration, *, refine: bool) -> Candidate:
+    """Price a layout for the Plan; with `refine`, re-cut its pipeline stages with CP-SAT and keep
+    the better of the even and optimized partitions."""
+    ctx = pricing_context(model, training, cluster, gpus, layout, validate=False)
+    est: Estimate = price(ctx, calibration=cal)
+    if refine and layout.pp > 1:
+        try:
+            from planner.partition import optimize_partition
+
+            better = optimize_partition(model, training, cluster, gpus, layout, cal)
+        except ImportError:  # pragma: no cover - partition module optional during development
+            better = None
+        if better is not None:
+            ctx2 = pricing_context(model, training, cluster, gpus, layout, better, validate=False)
+            est2 = price(ctx2, calibration=cal)
+            if est2.fits and est2.step_s < est.step_s:
+                est = est2
+    return Candidate(layout=layout, partition=list(est.partition.chunk_layers), estimate=estimate_dict(model, cluster.name, est))
+
+
+def _pareto(ranked: list[_Ranked], usable: int, limit: int = 12) -> list[_Ranked]:
+    """Non-dominated layouts on (higher throughput = lower step time, more memory headroom)."""
+    front: list[_Ranked] = []
+    best_peak = None
+    for r in sorted(ranked, key=lambda r: (r.step_s, r.peak_bytes)):
+        if best_peak is None or r.peak_bytes < best_peak:
+            front.append(r)
+            best_peak = r.peak_bytes
+    if len(front) > limit:  # keep the ends and an even spread between them
+        idx = sorted({round(i * (len(front) - 1) / (limit - 1)) for i in range(limit)})
+        front = [front[i] for i in idx]
+    return front
+
+
+def _closest(closest: tuple[int, Layout, MemoryBreakdown], usable: int) -> ClosestMiss:
+    over, layout, worst = closest
+    return ClosestMiss(
+        layout=layout,
+        peak_bytes=int(worst.total),
+        usable_bytes=usable,
+        over_by_bytes=over,
+        worst_stage=worst.stage,
+        breakdown=worst.as_dict(),
+    )

@@ -1,0 +1,156 @@
+"""The search space: every hybrid layout of a job, generated level by level.
+
+Level 1, the *mesh*: every factorization of the GPU count into dp x tp x pp x cp, expert
+parallelism carved out of dp x cp (x tp with expert-TP 1), and the rank order that decides which
+dimension stays inside the NVLink domain. Level 2, the *knobs* that do not change the mesh: micro-
+batch (and so gradient accumulation for the fixed global batch), ZeRO stage and hybrid-sharding
+group, recompute, virtual stages and schedule, optimizer offload.
+
+Everything is enumerated; what is invalid is rejected by `cost_models.layout.validate_layout` (the
+same rules as `autopar evaluate`), counted by reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cluster_specs.spec import ClusterSpec
+from cost_models.layout import Layout
+from cost_models.stage_table import Setting
+from model_specs.spec import ModelSpec, TrainingSpec
+from planner.plan import SearchConstraints
+
+ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-cp-ep-dp")
+"""Rank orders searched: Megatron's default (PP outermost: pipeline stages on different nodes,
+data-parallel groups next), PP inside DP (pipeline neighbours closer, gradient all-reduce across
+pipelines), and PP just outside TP (a pipeline inside one NVLink domain when tp x pp fits)."""
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Level 1: the parallel degrees and rank order."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    ep: int
+    etp: int
+    order: str
+    micro_batch: int = 1  # set per (mesh, micro-batch) pair when pricing communication
+
+    # duck-typed like a resolved Layout for cost_models.mesh / stage_table.mesh_comm
+    @property
+    def dp_(self) -> int:
+        return self.dp
+
+    @property
+    def etp_(self) -> int:
+        return self.etp
+
+    @property
+    def sp_(self) -> bool:
+        return self.tp > 1
+
+
+def _pinned(value: int | None, options: list[int]) -> list[int]:
+    return [value] if value is not None else options
+
+
+def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstraints) -> Iterator[Mesh]:
+    """Every (tp, pp, cp, dp, ep, etp, order) whose degrees multiply to `gpus`."""
+    divs = divisors(gpus)
+    for tp in _pinned(c.tp, divs):
+        for pp in _pinned(c.pp, [d for d in divs if (gpus // tp) % d == 0]):
+            rest = gpus // (tp * pp) if gpus % (tp * pp) == 0 else 0
+            if not rest:
+                continue
+            for cp in _pinned(c.cp, [d for d in divisors(rest)]):
+                if rest % cp:
+                    continue
+                dp = rest // cp
+                if c.dp is not None and dp != c.dp:
+                    continue
+                if model.is_moe:
+                    ep_options = [e for e in divisors(model.num_experts) if (dp * cp * tp) % e == 0]
+                    etps = sorted({tp, 1})
+                else:
+                    ep_options, etps = [1], [tp]
+                for ep in _pinned(c.ep, ep_options):
+                    for etp in etps:
+                        for order in ORDERS if pp > 1 else ORDERS[:1]:
+                            yield Mesh(tp, pp, cp, dp, ep, etp, order)
+
+
+def micro_batches(training: TrainingSpec, dp: int, c: SearchConstraints) -> list[int]:
+    """Micro-batch sizes that divide the per-replica batch (global batch / dp)."""
+    if training.global_batch % dp:
+        return []
+    per_replica = training.global_batch // dp
+    options = [d for d in divisors(per_replica) if d <= 16]
+    return _pinned(c.micro_batch, options)
+
+
+def shard_groups(mesh: Mesh, cluster: ClusterSpec) -> list[int]:
+    """ZeRO sharding groups: the whole dp group, and hybrid groups that keep the shard inside one
+    NVLink domain (and inside one node), the layouts HSDP and ZeRO++ hpZ use."""
+    groups = {mesh.dp}
+    for span in {cluster.gpus_per_node, cluster.domain_size}:
+        per = span // (mesh.tp * mesh.cp)
+        if per >= 1 and mesh.dp % per == 0 and per < mesh.dp and span % (mesh.tp * mesh.cp) == 0:
+            groups.add(per)
+    return sorted(groups)
+
+
+def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: int, c: SearchConstraints) -> list[tuple[int, str]]:
+    """(vpp, schedule) pairs: 1F1B and GPipe without virtual stages; interleaved 1F1B for every vpp
+    that divides the layers per rank (up to 8) when the micro-batches are a multiple of pp."""
+    if mesh.pp == 1:
+        out = [(1, "1f1b")]
+    else:
+        m = training.global_batch // (mb * mesh.dp)
+        out = [(1, "1f1b"), (1, "gpipe")]
+        if model.num_layers % mesh.pp == 0 and m % mesh.pp == 0:
+            per_rank = model.num_layers // mesh.pp
+            out += [(v, "interleaved_1f1b") for v in divisors(per_rank) if 1 < v <= 8]
+    if c.schedule:
+        out = [o for o in out if o[1] == c.schedule]
+    return out
+
+
+def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Setting]:
+    """ZeRO stage x sharding group x recompute x optimizer offload."""
+    out = []
+    for zero in _pinned(c.zero_stage, [0, 1, 2, 3]):
+        for shard in shard_groups(mesh, cluster) if zero > 0 else [mesh.dp]:
+            for recompute in [c.recompute] if c.recompute else ["none", "selective", "full"]:
+                for offload in (False, True) if (c.allow_offload and zero > 0) else (False,):
+                    out.append(Setting(zero, shard, recompute, offload))
+    return out
+
+
+def to_layout(mesh: Mesh, mb: int, vpp: int, schedule: str, s: Setting, framework: str) -> Layout:
+    return Layout(
+        tp=mesh.tp,
+        pp=mesh.pp,
+        cp=mesh.cp,
+        dp=mesh.dp,
+        ep=mesh.ep,
+        etp=mesh.etp,
+        vpp=vpp,
+        dp_shard=s.dp_shard,
+        zero_stage=s.zero_stage,
+        micro_batch=mb,
+        recompute=s.recompute,  # type: ignore[arg-type]
+        sp=mesh.tp > 1,
+        schedule=schedule,  # type: ignore[arg-type]
+        offload_optimizer=s.offload_optimizer,
+        order=mesh.order,
+        framework=framework,  # type: ignore[arg-type]
+    )

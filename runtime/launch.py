@@ -1,0 +1,74 @@
+"""Entry point: run a RunSpec or a Plan under torchrun and write a Profile JSON.
+
+    torchrun --nproc_per_node=G -m runtime.launch PLAN_OR_RUNSPEC.json --steps N --out profile.json
+
+Options: `--checkpoint-dir D` (resume from D if it holds a checkpoint; save there at the end),
+`--peak-flops F` (per-GPU peak FLOP/s for MFU; default the plan's cluster GPU, or `--gpu NAME`
+from the catalog at the training precision), `--seed`, `--lr`, `--warmup-steps`, `--dtype`,
+`--backend`, `--no-track-memory` (skip the CPU live-storage tracker), `--threads` (CPU threads per
+rank, default 1 on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+
+from runtime.spec import load_run_spec
+from runtime.train import init_distributed, make_profile, train, write_profile
+
+
+def _gpu_peak(name: str, precision: str) -> float:
+    from cluster_specs.catalog import get_gpu
+
+    return get_gpu(name).peak(precision)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m runtime.launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("spec", help="RunSpec or Plan JSON")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--out", default="profile.json", help="Profile JSON path (written by rank 0)")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--peak-flops", type=float, default=None, help="per-GPU peak FLOP/s for MFU")
+    p.add_argument("--gpu", default=None, help="catalog GPU whose peak to use for MFU")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup-steps", type=int, default=None)
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default=None)
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
+    p.add_argument("--no-track-memory", action="store_true")
+    p.add_argument("--threads", type=int, default=None)
+    a = p.parse_args(argv)
+
+    run = load_run_spec(
+        a.spec, steps=a.steps, seed=a.seed, lr=a.lr, warmup_steps=a.warmup_steps, dtype=a.dtype, backend=a.backend
+    )
+    peak = a.peak_flops
+    if peak is None and a.gpu:
+        peak = _gpu_peak(a.gpu, run.training.precision)
+    device = init_distributed(run)
+    if device.type == "cpu":
+        torch.set_num_threads(a.threads or 1)
+    try:
+        res = train(run, checkpoint_dir=a.checkpoint_dir, track_memory=not a.no_track_memory, device=device)
+        profile = make_profile(run, res, device, peak)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            write_profile(profile, a.out)
+            last = f"{res.losses[-1]:.4f}" if res.losses else "n/a"
+            print(
+                f"autopar runtime: {len(res.losses)} steps, final loss {last}, "
+                f"step {profile['step_s']}, tokens/s {profile['tokens_per_s']}, profile -> {a.out}",
+                file=sys.stderr,
+            )
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,296 @@
+"""Turn the reference model into this rank's parallel model parts for a RunSpec.
+
+Order (torchtitan's): build the full model from the seed (so every layout starts from the same
+weights as a single-process run), cut this pipeline rank's chunks, then per chunk apply tensor /
+sequence parallel, expert parallel, context parallel, activation recompute and finally FSDP2.
+
+Tensor parallel (DTensor `parallelize_module`, Megatron-style):
+- attention wq/wk/wv column-parallel, wo row-parallel; MLP w1/w3 column-parallel, w2 row-parallel;
+  token embedding row-parallel (vocab-sharded); LM head column-parallel with its logits gathered
+  (`Replicate`) so the loss is the plain cross-entropy (vocab-parallel loss is not used: each TP
+  rank holds the full logits of its micro-batch).
+- Sequence parallel (`sp`): the residual stream between blocks is sharded on the sequence dim;
+  norms run `SequenceParallel`; `PrepareModuleInput` all-gathers the sequence before attention and
+  the MLP; wo/w2 reduce-scatter back to sequence shards. Learned position tables are row-parallel
+  with sequence-sharded output.
+- Heads are split over TP: tp must divide the query and KV heads (KV-head replication for
+  tp > kv_heads is not implemented). Per-head q/k norm weights are replicated; their gradients
+  (partial per TP rank) are all-reduced over TP after backward (`tp_partial_params`). ALiBi slopes
+  are sliced to the local heads.
+- Not supported with tp > 1: MLA attention, attention sinks, MoE layers (expert tensor parallel).
+
+FSDP2 (`fully_shard` per block, then the chunk root), over `Meshes.fsdp` (dp_shard x cp, or HSDP
+(dp_replicate, dp_shard x cp)); ZeRO stages as FSDP2 can express them:
+- ZeRO-3: `reshard_after_forward=True` (parameters re-gathered in backward); gradients
+  reduce-scattered every micro-batch.
+- ZeRO-2: `reshard_after_forward=False` (unsharded parameters kept from forward to backward, freed
+  after backward); gradients reduce-scattered every micro-batch, so they stay sharded.
+- ZeRO-1: as ZeRO-2, but gradient reduction only on the last micro-batch (unsharded gradients
+  accumulate, as ZeRO-1's full gradient buffer does), then reduce-scatter and a sharded optimizer
+  step. Approximation: FSDP2 frees the unsharded parameters after backward and all-gathers them
+  at the next forward, where ZeRO-1 keeps them persistently and all-gathers after the step.
+- ZeRO-0: `replicate` (FSDP2-based DDP), gradients all-reduced on the last micro-batch. Expert
+  weights under EP are still FSDP-sharded over `edp` (approximation).
+Under pipeline parallelism the schedule decides when gradients are reduced (last micro-batch),
+so ZeRO-2/3 behave like ZeRO-1 there except for the resharding choice.
+
+Mixed precision: parameters stay in fp32 (the master copy); with dtype bf16 FSDP2 casts them
+(`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`), or autocast does without FSDP.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from runtime.context_parallel import apply_context_parallel, cp_positions
+from runtime.expert_parallel import apply_expert_parallel, expert_params
+from runtime.mesh import Meshes
+from runtime.model import MLAttention, MoE, NotSupportedError, Transformer, build_model
+from runtime.recompute import apply_recompute
+from runtime.spec import RunSpec
+
+__all__ = ["ModelParts", "apply_fsdp", "apply_tp", "build_parts"]
+
+
+@dataclass
+class ModelParts:
+    """This rank's model chunks (one, or vpp with interleaved pipelines) and their bookkeeping."""
+
+    chunks: list[Transformer]
+    chunk_ids: list[int]  # global pipeline chunk index of each chunk
+    num_chunks: int  # pp x vpp
+    fsdp: bool = False
+    tp_partial_params: list[nn.Parameter] = field(default_factory=list)
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.chunk_ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.num_chunks - 1 in self.chunk_ids
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.chunks for p in m.parameters()]
+
+
+def _param_dtype(run: RunSpec, device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if compute_dtype(run, device) == torch.bfloat16 else torch.float32
+
+
+def compute_dtype(run: RunSpec, device: torch.device) -> torch.dtype:
+    """bf16 for bf16/fp16/fp8 training on GPU, fp32 on CPU or with dtype=fp32."""
+    if run.dtype == "fp32" or (run.dtype == "auto" and (device.type == "cpu" or run.training.precision == "fp32")):
+        return torch.float32
+    return torch.bfloat16
+
+
+def _check_supported(run: RunSpec) -> None:
+    spec, lay = run.model, run.layout
+    if lay.tp > 1:
+        if spec.attention == "mla":
+            raise NotSupportedError("tensor parallel with MLA attention is not implemented")
+        if spec.attention_sinks:
+            raise NotSupportedError("tensor parallel with attention sinks is not implemented")
+        if spec.is_moe:
+            raise NotSupportedError("tensor parallel with MoE layers (expert TP) is not implemented")
+        if spec.num_heads % lay.tp or spec.kv_heads % lay.tp:
+            raise NotSupportedError(
+                f"tp={lay.tp} must divide the {spec.num_heads} query and {spec.kv_heads} KV heads "
+                "(KV-head replication is not implemented)"
+            )
+    if lay.pp > 1 and spec.tie_embeddings:
+        raise NotSupportedError("tied embeddings across pipeline stages are not implemented")
+    if spec.is_moe and lay.ep > 1 and lay.etp_ != 1:
+        raise NotSupportedError("expert tensor parallel (etp > 1) is not implemented")
+
+
+# ---- pipeline chunks ----------------------------------------------------------------------------
+
+
+def _cut_chunk(model: Transformer, layers: range, first: bool, last: bool) -> Transformer:
+    keep = {str(i) for i in layers}
+    for key in list(model.layers.keys()):
+        if key not in keep:
+            del model.layers[key]
+    if not first:
+        model.tok_embeddings = None
+        model.pos_embeddings = None
+    if not last:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def _install_positions(model: Transformer, positions: torch.Tensor) -> None:
+    """Every forward of `model` gets `positions` (the full sequence, or this CP rank's chunks):
+    pipeline stages and sequence-sharded inputs cannot infer them from their input's shape."""
+
+    def hook(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        kwargs = dict(kwargs)
+        kwargs.setdefault("positions", positions)
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+# ---- tensor parallel ----------------------------------------------------------------------------
+
+
+def apply_tp(model: Transformer, tp_mesh, sp: bool) -> list[nn.Parameter]:
+    """Tensor (+ sequence) parallel plan of the module doc. Returns the replicated parameters whose
+    gradients are partial sums over TP ranks (to all-reduce after backward)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
+    seq = Shard(1)
+    plan: dict[str, object] = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sp else Replicate())
+    if model.pos_embeddings is not None:
+        plan["pos_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(0) if sp else Replicate()
+        )
+    if model.norm is not None and sp:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())
+    parallelize_module(model, tp_mesh, plan)  # type: ignore[arg-type]
+    if model.spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
+        model.output.weight = model.tok_embeddings.weight
+
+    partial: list[nn.Parameter] = []
+    for block in model.layers.values():
+        attn, mlp = block.attention, block.mlp
+        if isinstance(attn, MLAttention) or isinstance(mlp, MoE):
+            raise NotSupportedError("tensor parallel supports standard attention and dense MLPs only")
+        bplan: dict[str, object] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq if sp else Replicate()),
+            "mlp.w1": ColwiseParallel(),
+            "mlp.w2": RowwiseParallel(output_layouts=seq if sp else Replicate()),
+        }
+        if mlp.w3 is not None:
+            bplan["mlp.w3"] = ColwiseParallel()
+        if sp:
+            bplan["attention_norm"] = SequenceParallel()
+            bplan["ffn_norm"] = SequenceParallel()
+            bplan["attention"] = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
+            bplan["mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+        parallelize_module(block, tp_mesh, bplan)  # type: ignore[arg-type]
+        attn.n_heads //= tp
+        attn.n_kv_heads //= tp
+        if attn.alibi_slopes is not None:
+            h = attn.alibi_slopes.shape[0] // tp
+            attn.alibi_slopes = attn.alibi_slopes[rank * h : (rank + 1) * h].clone()
+        for norm in (attn.q_norm, attn.k_norm):
+            if norm is not None:
+                partial += list(norm.parameters())
+    return partial
+
+
+def tp_reduce_partial_grads(params: list[nn.Parameter], tp_mesh) -> None:
+    """All-reduce (sum) over TP the gradients of replicated weights used on local heads only."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    group = tp_mesh.get_group()
+    for p in params:
+        if p.grad is not None:
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(g, group=group)
+
+
+# ---- FSDP -------------------------------------------------------------------------------------------
+
+
+def apply_fsdp(model: Transformer, meshes: Meshes, zero_stage: int, mp_dtype: torch.dtype | None, pp: bool) -> None:
+    """FSDP2 per block then the chunk root, per the ZeRO stage (module doc)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else MixedPrecisionPolicy()
+    lay = meshes.layout
+    reshard = zero_stage >= 3
+    experts = set(expert_params(model)) if lay.ep > 1 else set()
+    if experts:
+        emesh = meshes.expert_fsdp
+        for block in model.layers.values():
+            inner = getattr(block, "_checkpoint_wrapped_module", block)
+            if isinstance(inner.mlp, MoE):
+                fully_shard(inner.mlp.experts, mesh=emesh, reshard_after_forward=reshard, mp_policy=mp)
+                inner.mlp.experts.set_gradient_divide_factor(float(lay.dp_ * lay.cp))  # type: ignore[operator]
+                if emesh is not None and emesh.device_type == "cpu" and emesh.size() > 1:
+                    # gloo has no PREMUL_SUM: sum, then divide locally. (Not on one rank, where
+                    # FSDP would divide twice.)
+                    inner.mlp.experts.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+    if zero_stage == 0:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        rmesh = meshes["dp_cp"]
+        for block in model.layers.values():
+            replicate(block, mesh=rmesh, mp_policy=mp)
+        replicate(model, mesh=rmesh, mp_policy=mp)
+        return
+    mesh = meshes.fsdp
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard and not pp, mp_policy=mp)
+
+
+# ---- all together -----------------------------------------------------------------------------------
+
+
+def build_parts(run: RunSpec, meshes: Meshes, device: torch.device) -> ModelParts:
+    """This rank's parallel model chunks for `run` (see module doc)."""
+    _check_supported(run)
+    lay = run.layout
+    part = run.stage_partition
+    torch.manual_seed(run.seed)
+    full = build_model(run.model, device=device, dtype=torch.float32)
+    n_chunks = lay.pp * lay.vpp
+    mine = list(range(meshes.pp_rank, n_chunks, lay.pp))
+    ranges = part.chunk_ranges()
+    chunks: list[Transformer] = []
+    for c in mine:
+        m = copy.deepcopy(full) if len(mine) > 1 else full
+        chunks.append(_cut_chunk(m, ranges[c], first=c == 0, last=c == n_chunks - 1) if lay.pp > 1 else m)
+    del full
+
+    rank_layers = part.rank_layers(meshes.pp_rank)
+    if lay.recompute == "full" and lay.recompute_layers is not None:
+        recomputed = rank_layers[: lay.recompute_layers]
+    else:
+        recomputed = rank_layers
+    positions = cp_positions(run.training.seq_len, lay.cp, meshes.cp_rank, device)
+    parts = ModelParts(chunks, mine, n_chunks)
+    tp_mesh = meshes.get("tp")
+    cp_mesh = meshes.get("cp")
+    ep_mesh = meshes.get("ep") if run.model.is_moe else None
+    use_fsdp = meshes.fsdp is not None
+    mp_dtype = compute_dtype(run, device) if compute_dtype(run, device) != torch.float32 else None
+    for m in chunks:
+        _install_positions(m, positions)
+        if tp_mesh is not None:
+            parts.tp_partial_params += apply_tp(m, tp_mesh, lay.sp_)
+        if ep_mesh is not None:
+            apply_expert_parallel(m, ep_mesh)
+        if cp_mesh is not None:
+            apply_context_parallel(m, cp_mesh, run.training.seq_len, device)
+        apply_recompute(m, lay.recompute, recomputed if lay.recompute == "full" else None)
+        if use_fsdp:
+            apply_fsdp(m, meshes, lay.zero_stage, mp_dtype, pp=lay.pp > 1)
+    parts.fsdp = use_fsdp
+    return parts

@@ -1,0 +1,369 @@
+"""Training loop of a RunSpec: synthetic data, AdamW/SGD, grad accumulation, pipeline schedules,
+distributed checkpoints and a Profile.
+
+Data: step `i` draws the global batch (global_batch sequences of seq_len + 1 tokens) from a
+generator seeded by (seed, i), identically on every rank and for every layout. DP rank d takes
+sequences [d*B/dp, (d+1)*B/dp); micro-batch j of it the next `micro_batch` of those; CP rank r the
+token positions of its load-balanced chunks. Sequences follow x[t+1] = (x[t] + stride) mod V with
+a per-sequence random start and stride and 10% random tokens, so the loss visibly falls.
+
+Loss: mean next-token cross-entropy over the global batch. Each micro-batch's mean loss is divided
+by the number of micro-batches; data-parallel reduction (FSDP/replicate over dp x cp) averages
+the rest. The logged loss of a step is the same global mean, whatever the layout, so runs of one
+RunSpec under different layouts can be compared number by number.
+
+Checkpoints (`torch.distributed.checkpoint`): model and optimizer state dicts keyed by the
+layout-independent parameter names (flattened optimizer state), plus the next step index. A job
+started with the checkpoint directory of an earlier one resumes at that step.
+
+Profile (written by rank 0): step times after warm-up, peak memory per rank (CUDA allocator, or
+the live-storage tracker on CPU), tokens/s, MFU against a given peak, losses, environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from runtime.memory import LiveStorageTracker, peak_memory_bytes, reset_peak_memory
+from runtime.mesh import Meshes, build_meshes
+from runtime.parallelize import ModelParts, build_parts, compute_dtype, tp_reduce_partial_grads
+from runtime.spec import RunSpec
+
+__all__ = ["Trainer", "TrainResult", "global_batch", "init_distributed", "train"]
+
+
+# ---- data -------------------------------------------------------------------------------------------
+
+
+def global_batch(run: RunSpec, step: int) -> torch.Tensor:
+    """The global batch of `step`: (global_batch, seq_len + 1) int64 tokens, layout-independent."""
+    b, s, v = run.training.global_batch, run.training.seq_len, run.model.vocab_size
+    g = torch.Generator().manual_seed(run.seed * 1_000_003 + step)
+    start = torch.randint(0, v, (b, 1), generator=g)
+    stride = torch.randint(1, 8, (b, 1), generator=g)
+    seq = (start + stride * torch.arange(s + 1)[None, :]) % v
+    noise = torch.rand(b, s + 1, generator=g) < 0.1
+    return torch.where(noise, torch.randint(0, v, (b, s + 1), generator=g), seq)
+
+
+def local_batch(run: RunSpec, meshes: Meshes, step: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, targets) of this rank: (grad_accum x micro_batch, local sequence)."""
+    lay = run.layout
+    full = global_batch(run, step)
+    per_dp = run.training.global_batch // lay.dp_
+    rows = full[meshes.dp_rank * per_dp : (meshes.dp_rank + 1) * per_dp]
+    tokens, targets = rows[:, :-1], rows[:, 1:]
+    return tokens[:, positions].contiguous(), targets[:, positions].contiguous()
+
+
+def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+# ---- distributed setup ------------------------------------------------------------------------------
+
+
+def init_distributed(run: RunSpec) -> torch.device:
+    """Initialise the process group from torchrun's environment when the job has several ranks.
+    Returns this rank's device (cuda:LOCAL_RANK with nccl, else cpu)."""
+    backend = run.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != run.world_size:
+        raise ValueError(f"the layout needs {run.world_size} ranks; launched with {world}")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return device
+
+
+# ---- trainer ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    losses: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+    start_step: int = 0
+
+
+class Trainer:
+    """The parallel model, optimizers and (with pp > 1) pipeline schedule of one RunSpec."""
+
+    def __init__(self, run: RunSpec, device: torch.device, meshes: Meshes | None = None):
+        self.run = run
+        self.device = device
+        self.meshes = meshes or build_meshes(run.layout, device.type)
+        self.parts: ModelParts = build_parts(run, self.meshes, device)
+        self.dtype = compute_dtype(run, device)
+        opt_cls = torch.optim.AdamW if run.training.optimizer == "adamw" else torch.optim.SGD
+        kw: dict[str, Any] = {"lr": run.lr, "weight_decay": run.weight_decay}
+        if opt_cls is torch.optim.AdamW:
+            kw["foreach"] = True
+        self.optimizers = [opt_cls(m.parameters(), **kw) for m in self.parts.chunks]
+        from runtime.context_parallel import cp_positions
+
+        self.positions = cp_positions(run.training.seq_len, run.layout.cp, self.meshes.cp_rank)
+        self.schedule = self._build_schedule() if run.layout.pp > 1 else None
+        self.step_index = 0
+
+    # ---- pipeline ------------------------------------------------------------------------------
+    def _build_schedule(self):  # type: ignore[no-untyped-def]
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
+
+        lay = self.run.layout
+        group = self.meshes["pp"].get_group()
+        stages = [
+            PipelineStage(m, stage_index=c, num_stages=self.parts.num_chunks, device=self.device, group=group)
+            for m, c in zip(self.parts.chunks, self.parts.chunk_ids, strict=True)
+        ]
+        n_mb = lay.grad_accum_
+        if lay.schedule_ == "interleaved_1f1b":
+            return ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
+        cls = ScheduleGPipe if lay.schedule_ == "gpipe" else Schedule1F1B
+        return cls(stages[0], n_microbatches=n_mb, loss_fn=_loss_fn)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == torch.float32 or self.parts.fsdp:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    # ---- one optimizer step --------------------------------------------------------------------
+    def train_step(self) -> float:
+        """Run step `self.step_index`; returns its global mean loss."""
+        run, lay = self.run, self.run.layout
+        tokens, targets = local_batch(run, self.meshes, self.step_index, self.positions)
+        tokens, targets = tokens.to(self.device), targets.to(self.device)
+        ga, mb = lay.grad_accum_, lay.micro_batch
+        local_loss = torch.zeros((), device=self.device)
+        if self.schedule is None:
+            model = self.parts.chunks[0]
+            for i in range(ga):
+                if self.parts.fsdp:
+                    # ZeRO-0/1: reduce once per step; ZeRO-2/3: every micro-batch (sharded grads).
+                    sync = i == ga - 1 or lay.zero_stage >= 2
+                    model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+                with self._autocast():
+                    logits = model(tokens[i * mb : (i + 1) * mb])
+                loss = _loss_fn(logits, targets[i * mb : (i + 1) * mb])
+                (loss / ga).backward()
+                local_loss += loss.detach()
+            local_loss /= ga
+        else:
+            losses: list[torch.Tensor] = []
+            args = (tokens,) if self.parts.has_first else ()
+            kwargs: dict[str, Any] = {}
+            if self.parts.has_last:
+                kwargs = {"target": targets, "losses": losses}
+            with self._autocast():
+                self.schedule.step(*args, **kwargs)
+            if losses:
+                local_loss = torch.stack([x.detach().float() for x in losses]).mean()
+        if self.parts.tp_partial_params:
+            tp_reduce_partial_grads(self.parts.tp_partial_params, self.meshes["tp"])
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self.step_index += 1
+        return self._global_loss(local_loss)
+
+    def _global_loss(self, local: torch.Tensor) -> float:
+        if self.meshes.world is None:
+            return float(local)
+        local = local.detach().float().clone()
+        if self.run.layout.pp > 1:  # the last stage holds the loss
+            if not self.parts.has_last:
+                local.zero_()
+            dist.all_reduce(local, group=self.meshes["pp"].get_group())
+        if self.run.layout.dp_ * self.run.layout.cp > 1:
+            dist.all_reduce(local, group=self.meshes["dp_cp"].get_group())
+            local /= self.run.layout.dp_ * self.run.layout.cp
+        return float(local)
+
+    # ---- state ---------------------------------------------------------------------------------
+    def _state_dicts(self) -> tuple[list[dict], list[dict]]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(flatten_optimizer_state_dict=True)
+        models = [get_model_state_dict(m, options=opts) for m in self.parts.chunks]
+        optims = [
+            get_optimizer_state_dict(m, o, options=opts)
+            for m, o in zip(self.parts.chunks, self.optimizers, strict=True)
+        ]
+        return models, optims
+
+    def save(self, path: str | Path) -> None:
+        """Save model, optimizer and the next step index with torch.distributed.checkpoint."""
+        import torch.distributed.checkpoint as dcp
+
+        models, optims = self._state_dicts()
+        state = {
+            "model": {k: v for d in models for k, v in d.items()},
+            "optim": {k: v for d in optims for k, v in d.items()},
+            "train": {"step": torch.tensor(self.step_index)},
+        }
+        dcp.save(state, checkpoint_id=str(path))
+
+    def load(self, path: str | Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        models, optims = self._state_dicts()
+        state = {
+            "model": {k: v for d in models for k, v in d.items()},
+            "optim": {k: v for d in optims for k, v in d.items()},
+            "train": {"step": torch.tensor(0)},
+        }
+        dcp.load(state, checkpoint_id=str(path))
+        opts = StateDictOptions(flatten_optimizer_state_dict=True)
+        for m, o, msd, osd in zip(self.parts.chunks, self.optimizers, models, optims, strict=True):
+            set_model_state_dict(m, {k: state["model"][k] for k in msd}, options=opts)
+            set_optimizer_state_dict(m, o, {k: state["optim"][k] for k in osd}, options=opts)
+        self.step_index = int(state["train"]["step"])
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters this rank's chunks hold, by layout-independent name (a collective)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        out: dict[str, torch.Tensor] = {}
+        for m in self.parts.chunks:
+            sd = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True))
+            out.update({k: v.detach().cpu().clone() for k, v in sd.items()})
+        return out
+
+
+def _has_checkpoint(path: Path) -> bool:
+    return (path / ".metadata").exists()
+
+
+def train(
+    run: RunSpec,
+    *,
+    steps: int | None = None,
+    checkpoint_dir: str | Path | None = None,
+    track_memory: bool = False,
+    device: torch.device | None = None,
+    trainer_hook: Any = None,
+) -> TrainResult:
+    """Train `run` for `steps` (default run.steps) from the checkpoint in `checkpoint_dir` if one is
+    there (then saving it back at the end). Needs the process group when the world is > 1."""
+    device = device or init_distributed(run)
+    steps = run.steps if steps is None else steps
+    tracker = LiveStorageTracker() if track_memory and device.type == "cpu" else None
+    with tracker or contextlib.nullcontext():
+        trainer = Trainer(run, device)
+        res = TrainResult()
+        ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+        if ckpt is not None and _has_checkpoint(ckpt):
+            trainer.load(ckpt)
+        res.start_step = trainer.step_index
+        reset_peak_memory(device, tracker)
+        while trainer.step_index < steps:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            loss = trainer.train_step()  # the loss all-reduce synchronises the ranks
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            res.step_times_s.append(time.perf_counter() - t0)
+            res.losses.append(loss)
+        res.peak_memory_bytes = peak_memory_bytes(device, tracker)
+        if ckpt is not None:
+            trainer.save(ckpt)
+        if trainer_hook is not None:
+            trainer_hook(trainer)
+    return res
+
+
+# ---- profile -----------------------------------------------------------------------------------------
+
+
+def environment(device: torch.device, backend: str) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device.type,
+        "backend": backend,
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["driver"] = getattr(torch.cuda, "driver_version", lambda: None)() if hasattr(torch.cuda, "driver_version") else None
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env
+
+
+def make_profile(run: RunSpec, res: TrainResult, device: torch.device, peak_flops_per_s: float | None) -> dict[str, Any]:
+    """Profile JSON of a finished run (call on every rank: gathers the per-rank peaks)."""
+    from cost_models.flops import step_flops
+
+    peaks: list[int | None] = [res.peak_memory_bytes]
+    if dist.is_initialized():
+        peaks = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, res.peak_memory_bytes)
+    timed = res.step_times_s[run.warmup_steps :] or res.step_times_s
+    step_s = sum(timed) / len(timed) if timed else None
+    tokens = run.training.global_batch * run.training.seq_len
+    flops = step_flops(run.model, run.training.seq_len, run.training.global_batch).model_flops
+    tps = tokens / step_s if step_s else None
+    peak = peak_flops_per_s or run.peak_flops_per_s
+    mfu = flops / (step_s * run.world_size * peak) if (step_s and peak) else None
+    backend = dist.get_backend() if dist.is_initialized() else "none"
+    return {
+        "plan_id": run.plan_id,
+        "layout": run.layout.model_dump(),
+        "partition": list(run.partition or ()),
+        "start_step": res.start_step,
+        "warmup_steps": run.warmup_steps,
+        "step_times_s": res.step_times_s,
+        "step_s": step_s,
+        "peak_memory_bytes_per_rank": peaks,
+        "memory_source": "cuda.max_memory_allocated" if device.type == "cuda" else "live-storage tracker (CPU)",
+        "tokens_per_step": tokens,
+        "tokens_per_s": tps,
+        "model_flops_per_step": flops,
+        "peak_flops_per_s": peak,
+        "mfu": mfu,
+        "mfu_convention": "model FLOPs (6NT + full-attention scores, cost_models.flops.step_flops) / (step_s x GPUs x peak)",
+        "losses": res.losses,
+        "environment": environment(device, backend),
+    }
+
+
+def write_profile(profile: dict[str, Any], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(profile, indent=2))

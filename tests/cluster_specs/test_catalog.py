@@ -1,0 +1,139 @@
+"""GPU catalog: vendor units converted once, aliases, errors."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from cluster_specs import units
+from cluster_specs.catalog import get_gpu, gpu_from_entry, list_gpus
+
+CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "calibration" / "published_runs.csv"
+
+
+def test_h100_units():
+    h100 = get_gpu("H100-80GB")
+    assert h100.peak("bf16") == pytest.approx(989.4e12)
+    assert h100.peak("fp8") == pytest.approx(1978.9e12)
+    assert h100.peak("fp32") == pytest.approx(494.7e12)  # TF32
+    assert h100.link_bandwidth_bytes_per_s == pytest.approx(450e9)  # 900 GB/s bidirectional
+    assert h100.memory_bandwidth_bytes_per_s == pytest.approx(3.35e12)
+    assert h100.memory_bytes == 81559 * 2**20  # nvidia-smi memory.total, not the "80 GB" label
+    assert h100.tdp_w == 700
+
+
+def test_memory_is_driver_reported():
+    assert get_gpu("A100-80GB").memory_bytes == 80 * 2**30
+    assert get_gpu("A100-40GB").memory_bytes == 40 * 2**30
+    assert get_gpu("H200-141GB").memory_bytes == 143771 * 2**20
+    assert get_gpu("MI300X").memory_bytes == 205_822_885_888
+
+
+def test_dense_not_sparse():
+    # datasheets print 2:4-sparse figures at twice the dense rate
+    assert get_gpu("B200").peak("bf16") == pytest.approx(36e15 / 8 / 2)
+    assert get_gpu("GB200").peak("fp8") == pytest.approx(720e15 / 72 / 2)
+    assert get_gpu("A100-80GB").peak("bf16") == pytest.approx(312e12)
+
+
+def test_fp8_falls_back_and_bf16_is_not_invented():
+    a100 = get_gpu("a100-80gb")
+    assert a100.peak("fp8") == a100.peak("bf16")
+    v100 = get_gpu("V100-32GB")
+    assert v100.peak("fp8") == pytest.approx(125e12)  # -> fp16 tensor cores
+    with pytest.raises(KeyError, match="bf16"):
+        v100.peak("bf16")
+
+
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("h100", "H100-80GB"),
+        ("H100-80GB", "H100-80GB"),
+        ("h100_sxm", "H100-80GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("a100-80gb", "A100-80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("grand-teton-h100", "H100-96GB-HBM2e-500W"),
+        ("h200", "H200-141GB"),
+        ("H800", "H800-80GB"),
+        ("gb300", "GB300"),
+        ("4090", "RTX4090"),
+        ("AMD Instinct MI300X", "MI300X"),
+    ],
+)
+def test_aliases(alias, name):
+    assert get_gpu(alias).name == name
+
+
+def test_calibration_gpu_families_resolve():
+    families = [
+        "A100-40GB",
+        "A100-80GB",
+        "H100-80GB",
+        "H100-96GB-HBM2e-500W",
+        "H200-141GB",
+        "H800-80GB",
+        "B200",
+        "B300",
+        "GB200",
+        "GB300",
+        "V100-32GB",
+    ]
+    if CALIBRATION.exists():
+        with CALIBRATION.open() as f:
+            families += [row["gpu_family"] for row in csv.DictReader(f)]
+    for family in set(families):
+        assert get_gpu(family).name == family
+
+
+def test_unknown_gpu_lists_known():
+    with pytest.raises(KeyError) as err:
+        get_gpu("TPUv9")
+    assert "H100-80GB" in str(err.value) and "MI300X" in str(err.value)
+
+
+def test_every_entry_is_complete():
+    for name in list_gpus():
+        gpu = get_gpu(name)
+        assert gpu.source, name
+        assert gpu.memory_bytes > 2**30 and gpu.memory_bandwidth_bytes_per_s > 1e9
+        assert all(v > 1e10 for v in gpu.peak_flops_per_s.values()), name
+        ordered = [gpu.peak_flops_per_s.get(p) for p in ("fp8", "bf16", "fp32")]
+        ordered = [v for v in ordered if v is not None]
+        assert ordered == sorted(ordered, reverse=True), name
+
+
+def test_units():
+    assert units.flops_per_s("1.5 PFLOPS") == 1.5e15
+    assert units.n_bytes("80 GB") == 80_000_000_000
+    assert units.n_bytes("80 GiB") == 80 * 2**30
+    assert units.bytes_per_s("400 Gb/s") == pytest.approx(50e9)  # bits
+    assert units.bytes_per_s("400 GB/s") == pytest.approx(400e9)  # bytes
+    assert units.bytes_per_s("1.8 TB/s bidirectional") == pytest.approx(900e9)
+    assert units.bytes_per_s("64 GB/s unidirectional") == pytest.approx(64e9)
+    assert units.seconds("1.9 us") == pytest.approx(1.9e-6)
+    assert units.bytes_per_s(3.5e9) == 3.5e9  # bare numbers are SI
+    with pytest.raises(ValueError, match="bidirectional"):
+        units.bytes_per_s("900 GB/s", require_direction=True)
+    with pytest.raises(ValueError, match="unknown unit"):
+        units.n_bytes("80 gigs")
+    with pytest.raises(ValueError):
+        units.flops_per_s("989 TFLOPS sparse")
+
+
+def test_entry_errors():
+    entry = {
+        "peak_dense": {"bf16": "1 TFLOPS"},
+        "memory": "1 GB",
+        "memory_bandwidth": "1 TB/s",
+        "gpu_link": "1 GB/s unidirectional",
+        "source": "x",
+    }
+    assert gpu_from_entry("toy", entry).peak("bf16") == 1e12
+    with pytest.raises(ValueError, match="unknown keys"):
+        gpu_from_entry("toy", {**entry, "hbm": "1 GB"})
+    with pytest.raises(ValueError, match="precisions"):
+        gpu_from_entry("toy", {**entry, "peak_dense": {"int8": "1 TFLOPS"}})
+    with pytest.raises(ValueError, match="bidirectional"):
+        gpu_from_entry("toy", {**entry, "gpu_link": "1 GB/s"})
