@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -31,7 +31,7 @@ def _cluster_ref(cluster: str) -> Any:
     return cluster
 
 
-def _gpus(gpus: Optional[int], nodes: Optional[int], cluster_ref: Any) -> int:
+def _gpus(gpus: int | None, nodes: int | None, cluster_ref: Any) -> int:
     if gpus:
         return gpus
     if nodes:
@@ -43,33 +43,33 @@ def _gpus(gpus: Optional[int], nodes: Optional[int], cluster_ref: Any) -> int:
 
 @app.command()
 def evaluate(
-    model: Optional[str] = typer.Option(None, help="model preset or path to a HF config.json"),
-    cluster: Optional[str] = typer.Option(None, help="cluster preset or path to a cluster YAML"),
-    gpus: Optional[int] = typer.Option(None, help="GPUs in the job"),
-    nodes: Optional[int] = typer.Option(None, help="nodes in the job (instead of --gpus)"),
+    model: str | None = typer.Option(None, help="model preset or path to a HF config.json"),
+    cluster: str | None = typer.Option(None, help="cluster preset or path to a cluster YAML"),
+    gpus: int | None = typer.Option(None, help="GPUs in the job"),
+    nodes: int | None = typer.Option(None, help="nodes in the job (instead of --gpus)"),
     seq_len: int = typer.Option(4096, help="tokens per sequence"),
-    global_batch: Optional[int] = typer.Option(None, help="sequences per step"),
-    global_batch_tokens: Optional[int] = typer.Option(None, help="tokens per step (instead of --global-batch)"),
+    global_batch: int | None = typer.Option(None, help="sequences per step"),
+    global_batch_tokens: int | None = typer.Option(None, help="tokens per step (instead of --global-batch)"),
     precision: str = typer.Option("bf16", help="bf16 | fp16 | fp8 | fp32"),
     grad_dtype: str = typer.Option("bf16", help="gradient buffer dtype: bf16 | fp32"),
     tp: int = 1,
     pp: int = 1,
-    dp: Optional[int] = None,
+    dp: int | None = None,
     cp: int = 1,
     ep: int = 1,
-    etp: Optional[int] = None,
+    etp: int | None = None,
     vpp: int = 1,
     zero: int = typer.Option(1, help="ZeRO stage 0-3 (3 = FSDP)"),
-    dp_shard: Optional[int] = typer.Option(None, help="sharding group (< dp: hybrid sharding)"),
+    dp_shard: int | None = typer.Option(None, help="sharding group (< dp: hybrid sharding)"),
     micro_batch: int = 1,
     recompute: str = typer.Option("none", help="none | selective | full"),
-    recompute_layers: Optional[int] = typer.Option(None, help="full recompute: layers per stage"),
-    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
-    schedule: Optional[str] = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b"),
+    recompute_layers: int | None = typer.Option(None, help="full recompute: layers per stage"),
+    sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
+    schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b"),
     offload_optimizer: bool = False,
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
-    jobs: Optional[Path] = typer.Option(None, help="JSONL file of jobs ('-' = stdin); one JSON result per line"),
+    jobs: Path | None = typer.Option(None, help="JSONL file of jobs ('-' = stdin); one JSON result per line"),
 ) -> None:
     """Price one layout: memory per stage, step time breakdown, tokens/s and MFU."""
     from cost_models.jobs import run_job
@@ -122,6 +122,78 @@ def _run_jobs(path: Path) -> None:
             else:
                 result = run_job(raw) if isinstance(raw, dict) else {"ok": False, "error": f"line {lineno}: a job is a JSON object"}
             out.write(json.dumps(result, separators=(",", ":")) + "\n")
+
+
+@app.command()
+def plan(
+    model: str = typer.Option(..., help="model preset or path to a HF config.json"),
+    cluster: str = typer.Option(..., help="cluster preset or path to a cluster YAML"),
+    gpus: int | None = typer.Option(None, help="GPUs in the job"),
+    nodes: int | None = typer.Option(None, help="nodes in the job (instead of --gpus)"),
+    seq_len: int = typer.Option(4096, help="tokens per sequence"),
+    global_batch: int | None = typer.Option(None, help="sequences per step"),
+    global_batch_tokens: int | None = typer.Option(None, help="tokens per step (instead of --global-batch)"),
+    precision: str = typer.Option("bf16", help="bf16 | fp16 | fp8 | fp32"),
+    grad_dtype: str = typer.Option("bf16", help="gradient buffer dtype: bf16 | fp32"),
+    top: int = typer.Option(5, help="alternatives to show"),
+    headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free"),
+    framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
+    tp: int | None = typer.Option(None, help="pin the tensor-parallel degree"),
+    pp: int | None = typer.Option(None, help="pin the pipeline-parallel degree"),
+    cp: int | None = typer.Option(None, help="pin the context-parallel degree"),
+    ep: int | None = typer.Option(None, help="pin the expert-parallel degree"),
+    zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
+    no_offload: bool = typer.Option(False, help="never offload the optimizer"),
+    as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
+    export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
+) -> None:
+    """Search every hybrid layout, rank by step time, explain the choice."""
+    from pydantic import ValidationError
+
+    from cost_models.jobs import JobError, _resolve, resolve_cluster, resolve_model
+    from model_specs.spec import TrainingSpec
+    from planner.plan import SearchConstraints
+    from planner.search import search
+
+    model_ref, cluster_ref = _model_ref(model), _cluster_ref(cluster)
+    try:
+        spec = _resolve("model", resolve_model, model_ref)
+        cl = _resolve("cluster", resolve_cluster, cluster_ref)
+        training = TrainingSpec(
+            seq_len=seq_len, global_batch=global_batch or 0, global_batch_tokens=global_batch_tokens,
+            precision=precision, grad_dtype=grad_dtype,  # type: ignore[arg-type]
+        )
+        constraints = SearchConstraints(
+            memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero,
+            allow_offload=not no_offload, top_k=top,
+        )
+    except (JobError, ValidationError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    n = gpus or (nodes * cl.gpus_per_node if nodes else 0)
+    if not n:
+        raise typer.BadParameter("give --gpus or --nodes")
+    from autopar.render import SearchProgress, print_plan
+
+    with SearchProgress(enabled=not as_json and sys.stderr.isatty()) as progress:
+        result = search(spec, training, cl, n, constraints, progress=progress.update)
+    if export:
+        from planner.exporters import export as export_plan
+
+        if result.best is None:
+            typer.echo("error: no layout fits; nothing to export", err=True)
+            raise typer.Exit(3)
+        exported = export_plan(result, export)
+        typer.echo(exported.text)
+        for item in exported.lost:
+            typer.echo(f"# not expressible in {export}: {item}", err=True)
+        return
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        print_plan(result)
+    if result.best is None:
+        raise typer.Exit(3)
 
 
 @app.command()

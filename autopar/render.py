@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 GIB = 2**30
@@ -35,14 +37,7 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None) -> 
     console.print(
         f"memory: peak {gib(mem['peak_bytes'])} on stage {mem['worst_stage']} of {gib(mem['capacity_bytes'])}: {verdict}"
     )
-    table = Table(title="memory per pipeline stage (worst rank)")
-    keys = ["parameters", "gradients", "optimizer", "activations", "logits", "comm_buffers", "reserve", "total"]
-    table.add_column("stage")
-    for k in keys:
-        table.add_column(k, justify="right")
-    for i, st in enumerate(mem["stages"]):
-        table.add_row(str(i), *(gib(st[f"{k}_bytes"]) for k in keys))
-    console.print(table)
+    console.print(memory_table(mem["stages"]))
     t = Table(title="step time (critical path)")
     t.add_column("component")
     t.add_column("seconds", justify="right")
@@ -57,3 +52,95 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None) -> 
         f"{result['model_flops_per_s_per_gpu'] / 1e12:,.1f} model TFLOP/s/GPU, MFU {100 * result['mfu']:.1f}% "
         f"(HFU {100 * result['hfu']:.1f}%), bubble {100 * result['bubble_fraction']:.1f}%"
     )
+
+
+MEMORY_COLUMNS = [
+    ("params", "parameters"), ("grads", "gradients"), ("optim", "optimizer"), ("acts", "activations"),
+    ("logits", "logits"), ("buffers", "comm_buffers"), ("reserve", "reserve"), ("total", "total"),
+]
+
+
+def memory_table(stages: list[dict[str, int]], limit: int = 8) -> Table:
+    """Memory per pipeline stage in GiB (first and last stages when there are many)."""
+    table = Table(title="memory per pipeline stage, worst rank (GiB)")
+    table.add_column("stage")
+    for short, _ in MEMORY_COLUMNS:
+        table.add_column(short, justify="right")
+    shown = list(range(len(stages)))
+    if len(stages) > limit:
+        shown = shown[: limit // 2] + shown[-limit // 2 :]
+    for i in shown:
+        st = stages[i]
+        table.add_row(str(i), *(f"{st[f'{key}_bytes'] / GIB:.2f}" for _, key in MEMORY_COLUMNS))
+    return table
+
+
+class SearchProgress:
+    """A progress bar that appears only when the search takes longer than a blink (0.3 s)."""
+
+    def __init__(self, enabled: bool = True, delay_s: float = 0.3) -> None:
+        self.enabled = enabled
+        self.delay_s = delay_s
+        self._start = 0.0
+        self._progress: Progress | None = None
+        self._task: int | None = None
+
+    def __enter__(self) -> SearchProgress:
+        self._start = time.perf_counter()
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._progress is None:
+            if time.perf_counter() - self._start < self.delay_s:
+                return
+            self._progress = Progress(
+                TextColumn("searching"), BarColumn(), TextColumn("{task.completed}/{task.total} meshes"),
+                TimeElapsedColumn(), transient=True, console=Console(stderr=True),
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("search", total=total)
+        assert self._task is not None
+        self._progress.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def print_plan(plan: object, console: Console | None = None) -> None:
+    """The best layouts as a table, then the explanation and the main rejections."""
+    from planner.plan import Plan
+    from planner.search import describe
+
+    assert isinstance(plan, Plan)
+    console = console or Console()
+    inp = plan.inputs
+    console.print(
+        f"[bold]{inp.model.name}[/] on {inp.gpus} GPUs of {inp.cluster.name}, seq {inp.training.seq_len}, "
+        f"global batch {inp.training.global_batch} sequences, {inp.training.precision}"
+    )
+    if plan.best is not None:
+        table = Table(title="best layouts (ranked by predicted step time)")
+        for col in ("#", "layout", "step s", "tokens/s/GPU", "MFU", "peak GiB"):
+            table.add_column(col, justify="right" if col != "layout" else "left")
+        for i, cand in enumerate([plan.best, *plan.alternatives]):
+            e = cand.estimate
+            table.add_row(
+                str(i + 1), describe(cand.layout), f"{e['step_s']:.3f}", f"{e['tokens_per_s_per_gpu']:,.0f}",
+                f"{100 * e['mfu']:.1f}%", f"{e['memory']['peak_bytes'] / GIB:.1f}",
+            )
+        console.print(table)
+        console.print(memory_table(plan.best.estimate["memory"]["stages"]))
+    for line in plan.why:
+        console.print(line)
+    if plan.rejections:
+        rej = Table(title="rejected (top reasons)")
+        rej.add_column("count", justify="right")
+        rej.add_column("reason")
+        rej.add_column("example")
+        for r in plan.rejections[:6]:
+            rej.add_row(f"{r.count:,}", r.reason, r.example)
+        console.print(rej)
+    console.print(f"[dim]search: {plan.stats.seconds:.2f} s; calibration: {plan.calibration}[/]")

@@ -55,6 +55,7 @@ search; the status says whether the slowest rank's time was proved minimal ("opt
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -415,10 +416,19 @@ def _memory(m: cp_model.CpModel, v: _Vars, s: _Scaled) -> None:
 
 def _slowest_rank(m: cp_model.CpModel, v: _Vars, s: _Scaled) -> cp_model.IntVar:
     """t_max >= every rank's time."""
-    t_max = m.new_int_var(0, s.time[-1] + s.total_recompute + max(s.fixed_time), "t_max")
+    steps = [b - a for a, b in itertools.pairwise(s.time)] + [b - a for a, b in itertools.pairwise(s.recompute_time)]
+    horizon = sum(max(0, x) for x in steps) + max(0, *s.fixed_time)
+    t_max = m.new_int_var(min(0, *s.fixed_time), horizon, "t_max")
     for t in v.rank_time:
         m.add(t <= t_max)
-    m.add(len(v.rank_time) * t_max >= sum(v.rank_time))  # redundant: the mean bounds the max
+    # Redundant, for the search's bounds: the mean bounds the max, and a rank is at least as slow
+    # as its layer count times the cheapest layer (linear in the cut, unlike the lookups).
+    m.add(len(v.rank_time) * t_max >= sum(v.rank_time))
+    cheapest = min(b - a for a, b in itertools.pairwise(s.time))
+    P, C = len(v.rank_time), len(v.start) - 1
+    for r in range(P):
+        layers = sum(v.start[c + 1] - v.start[c] for c in range(r, C, P))
+        m.add(t_max >= s.fixed_time[r] + cheapest * layers)
     return t_max
 
 

@@ -219,6 +219,7 @@ def search(
     closest: tuple[int, Layout, MemoryBreakdown] | None = None
     seq = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
+    grid_reasons: dict[tuple[int, int, int], list[str]] = {}
     for done, (lb, _, mesh, mb) in enumerate(pairs):
         if progress is not None:
             progress(done, len(pairs))
@@ -227,13 +228,18 @@ def search(
         if grid_key not in grids:
             grids[grid_key] = settings(mesh, cluster, c)
         grid = grids[grid_key]
+        if grid_key not in grid_reasons:
+            grid_reasons[grid_key] = [_memory_reason(x) for x in grid]
+        reasons = grid_reasons[grid_key]
         n = len(options) * len(grid)
         generated += n
         if len(top) >= k and lb >= -top[0]:
             pruned += n  # pairs are sorted by bound: every later pair is pruned too
             for _, _, later_mesh, later_mb in pairs[done + 1 :]:
-                n_later = len(pipeline_options(model, training, later_mesh, later_mb, c))
-                n_later *= len(grids.setdefault((later_mesh.dp, later_mesh.tp, later_mesh.cp), settings(later_mesh, cluster, c)))
+                later_key = (later_mesh.dp, later_mesh.tp, later_mesh.cp)
+                if later_key not in grids:
+                    grids[later_key] = settings(later_mesh, cluster, c)
+                n_later = len(pipeline_options(model, training, later_mesh, later_mb, c)) * len(grids[later_key])
                 generated += n_later
                 pruned += n_later
             break
@@ -250,7 +256,7 @@ def search(
             fits = np.flatnonzero(peaks <= usable)
             over_idx = np.flatnonzero(peaks > usable)
             for j in over_idx:
-                log.count(_memory_reason(grid[j]))
+                log.count(reasons[j])
             if len(over_idx):
                 j = int(over_idx[np.argmin(peaks[over_idx])])
                 over = int(peaks[j] - usable)
@@ -259,7 +265,7 @@ def search(
                     worst = max(memory_breakdowns(prices, j), key=lambda mbd: mbd.total)
                     closest = (over, layout, worst)
                 for j in over_idx:
-                    reason = _memory_reason(grid[j])
+                    reason = reasons[j]
                     if reason not in log.examples:
                         layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework).resolved(gpus, training)
                         worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)

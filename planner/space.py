@@ -13,10 +13,11 @@ same rules as `autopar evaluate`), counted by reason.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import Layout
+from cost_models.mesh import mesh_strides
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import SearchConstraints
@@ -84,8 +85,13 @@ def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstrain
                     ep_options, etps = [1], [tp]
                 for ep in _pinned(c.ep, ep_options):
                     for etp in etps:
+                        seen: set[tuple[int, ...]] = set()
                         for order in ORDERS if pp > 1 else ORDERS[:1]:
-                            yield Mesh(tp, pp, cp, dp, ep, etp, order)
+                            mesh = Mesh(tp, pp, cp, dp, ep, etp, order)
+                            signature = astuple(mesh_strides(mesh))  # type: ignore[arg-type]
+                            if signature not in seen:  # orders that place every group alike are one mesh
+                                seen.add(signature)
+                                yield mesh
 
 
 def micro_batches(training: TrainingSpec, dp: int, c: SearchConstraints) -> list[int]:

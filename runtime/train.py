@@ -320,8 +320,9 @@ def environment(device: torch.device, backend: str) -> dict[str, Any]:
     }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
+        env["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        env["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
         env["cuda"] = torch.version.cuda
-        env["driver"] = getattr(torch.cuda, "driver_version", lambda: None)() if hasattr(torch.cuda, "driver_version") else None
     else:
         env["cpu"] = platform.processor() or platform.machine()
     return env

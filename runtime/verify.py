@@ -5,7 +5,7 @@ single-process run (the runtime's execution tests, design.md "How we verify with
 
 CASES.json is a list of `{"name": str, "run": RunSpec dict, "steps": int, "resume_at": int?}`.
 Cases run one after another in the same process group (start-up is most of a small job's cost).
-Each rank writes `OUTDIR/<name>/rank<r>.pt`: `{"losses": [...], "params": {name: full tensor} of
+Each rank writes `OUTDIR/<name>/rank<r>.pt` (or `rank<r>.error` with the traceback): `{"losses": [...], "params": {name: full tensor} of
 the parameters its pipeline chunks hold, "peak_memory_bytes": int | None, "seconds": float}`.
 With `resume_at = k`, the case trains k steps, saves a distributed checkpoint, builds a fresh
 trainer from it and trains to `steps`; `losses` then holds steps k..steps-1 of the resumed job.
@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args[1])
     try:
         for case in cases:
-            run_case(case, out, track_memory=bool(case.get("track_memory", False)))
+            try:
+                run_case(case, out, track_memory=bool(case.get("track_memory", False)))
+            except Exception as exc:  # record it and go on (a failure on every rank leaves the
+                # group usable; one on some ranks only hangs the others until the launcher's timeout)
+                rank = dist.get_rank() if dist.is_initialized() else 0
+                dest = out / case["name"]
+                dest.mkdir(parents=True, exist_ok=True)
+                (dest / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

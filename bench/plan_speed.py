@@ -1,0 +1,72 @@
+"""Planning time on the issue's reference jobs, one core, median of repeated runs.
+
+    python -m bench.plan_speed [--repeats 5] [--json]
+
+Each case runs `planner.search.search` end to end (including the CP-SAT re-partition of the best
+layout) in a fresh process-warm state: the first run (cold caches) is reported separately from
+the median of the following runs. Run it with `taskset -c 0` to pin it to one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from cluster_specs.presets import get_cluster
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+from planner.search import search
+
+CASES = [
+    # (label, model, cluster, gpus, seq_len, global batch in sequences)
+    ("llama3-405b / 16384 x dgx-h100 / seq 8192 / gbs 2048", "llama3-405b", "dgx-h100", 16384, 8192, 2048),
+    ("deepseek-v3 / 2048 x dgx-h800 / seq 4096 / gbs 15360", "deepseek-v3", "dgx-h800", 2048, 4096, 15360),
+    ("llama3-70b / 512 x dgx-h100 / seq 8192 / gbs 512", "llama3-70b", "dgx-h100", 512, 8192, 512),
+]
+
+
+def run_case(model: str, cluster: str, gpus: int, seq: int, batch: int, repeats: int) -> dict:
+    spec, cl = get_model(model), get_cluster(cluster)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    times = []
+    plan = None
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        plan = search(spec, training, cl, gpus)
+        times.append(time.perf_counter() - t0)
+    assert plan is not None
+    return {
+        "cold_s": times[0],
+        "median_s": statistics.median(times[1:]),
+        "generated": plan.stats.generated,
+        "priced": plan.stats.priced,
+        "pruned": plan.stats.pruned,
+        "feasible": plan.stats.feasible,
+        "priced_per_s": plan.stats.priced / statistics.median(times[1:]),
+        "best": plan.best.estimate["tokens_per_s_per_gpu"] if plan.best else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results = {}
+    for label, *case in CASES:
+        results[label] = run_case(*case, repeats=args.repeats)  # type: ignore[arg-type]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{'case':58s} {'cold s':>7s} {'median s':>9s} {'generated':>10s} {'priced':>8s} {'priced/s':>9s}")
+    for label, r in results.items():
+        print(
+            f"{label:58s} {r['cold_s']:7.2f} {r['median_s']:9.3f} {r['generated']:10,d} {r['priced']:8,d} "
+            f"{r['priced_per_s']:9,.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

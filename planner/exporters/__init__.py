@@ -1,0 +1,46 @@
+"""Exporters: a Plan's chosen layout as launch files for other training stacks.
+
+`export(plan, fmt)` returns an `ExportResult(text, filename, lost)`; `lost` lists, one sentence
+each, what the target cannot express and what the file does instead. Formats (`EXPORTERS`):
+
+- `torchrun`: multi-node launch of our runtime (`python -m runtime.launch plan.json`)
+- `megatron`: Megatron-LM / Megatron-Core `pretrain_gpt.py` arguments (bash array)
+- `deepspeed`: DeepSpeed `ds_config.json`
+- `torchtitan`: torchtitan job config (TOML)
+- `accelerate`: Hugging Face Accelerate config for FSDP2 (YAML)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.exporters.accelerate import export_accelerate
+from planner.exporters.common import ExportError, ExportResult, Job, job_of
+from planner.exporters.deepspeed import export_deepspeed
+from planner.exporters.megatron import export_megatron
+from planner.exporters.torchrun import export_torchrun
+from planner.exporters.torchtitan import export_torchtitan
+from planner.plan import Candidate, Plan
+
+__all__ = ["EXPORTERS", "ExportError", "ExportResult", "export", "formats"]
+
+EXPORTERS: dict[str, Callable[[Job], ExportResult]] = {
+    "torchrun": export_torchrun,
+    "megatron": export_megatron,
+    "deepspeed": export_deepspeed,
+    "torchtitan": export_torchtitan,
+    "accelerate": export_accelerate,
+}
+
+
+def formats() -> list[str]:
+    return list(EXPORTERS)
+
+
+def export(plan: Plan, fmt: str, candidate: Candidate | None = None) -> ExportResult:
+    """Export the plan's best candidate (or `candidate`, e.g. one of its alternatives) as `fmt`.
+    Raises `ExportError` for an unknown format or a plan with no feasible layout."""
+    key = fmt.strip().lower()
+    if key not in EXPORTERS:
+        raise ExportError(f"unknown export format {fmt!r}; choose one of: {', '.join(EXPORTERS)}")
+    return EXPORTERS[key](job_of(plan, candidate))

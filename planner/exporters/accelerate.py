@@ -1,0 +1,110 @@
+"""Hugging Face Accelerate config (YAML) for FSDP2, with Accelerate's N-D `parallelism_config`
+(data-parallel replicate x shard, tensor and context parallelism). Accelerate has no pipeline or
+expert parallelism, and FSDP2 shards weights and gradients (ZeRO-2/3), so those parts of a plan
+are reported as lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from planner.exporters.common import RDZV_PORT, ExportResult, Job, comment_block, nodes_note, summary_lines
+
+DECODER_LAYERS = {
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "qwen2_moe": "Qwen2MoeDecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
+    "qwen3_moe": "Qwen3MoeDecoderLayer",
+    "deepseek_v2": "DeepseekV2DecoderLayer",
+    "deepseek_v3": "DeepseekV3DecoderLayer",
+    "gpt2": "GPT2Block",
+    "gpt_neox": "GPTNeoXLayer",
+    "gpt_oss": "GptOssDecoderLayer",
+    "bloom": "BloomBlock",
+    "nemotron": "NemotronDecoderLayer",
+}
+MIXED = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "no"}
+
+
+def _losses(job: Job, lost: list[str]) -> None:
+    lay = job.lay
+    if lay.pp > 1:
+        cut = " | ".join(str(n) for n in job.chunk_layers)
+        lost.append(
+            f"pipeline parallelism (pp={lay.pp}, cut {cut}): Accelerate has none; the {lay.pp} pipeline "
+            "ranks of each replica become data-parallel shard ranks"
+        )
+    if lay.ep > 1:
+        lost.append(f"expert parallelism (ep={lay.ep}): Accelerate has none; experts are sharded by FSDP")
+    if lay.zero_stage < 2:
+        lost.append(
+            f"ZeRO-{lay.zero_stage}: FSDP2 shards gradients and weights as well "
+            "(written with fsdp_reshard_after_forward: false, ZeRO-2-like)"
+        )
+    if lay.tp > 1 and lay.sp_:
+        lost.append("sequence parallelism with TP: Accelerate's TP follows the model's tp_plan (no SP)")
+    if lay.offload_optimizer:
+        lost.append("optimizer-only CPU offload: fsdp_offload_params offloads parameters and gradients too")
+    if job.partial_recompute:
+        lost.append(
+            f"recompute of {lay.recompute_layers} layers per stage: fsdp_activation_checkpointing "
+            "recomputes every layer"
+        )
+    elif lay.recompute == "selective":
+        lost.append("selective recompute: fsdp_activation_checkpointing recomputes whole layers")
+    if job.model.family not in DECODER_LAYERS:
+        lost.append(f"model family {job.model.family}: set fsdp_transformer_layer_cls_to_wrap to its decoder layer class")
+
+
+def export_accelerate(job: Job) -> ExportResult:
+    lost = nodes_note(job)
+    lay = job.lay
+    _losses(job, lost)
+    # Without pipeline parallelism in Accelerate, the pp dimension folds into the shard group.
+    shard = job.dp_shard * lay.pp
+    fsdp: dict[str, Any] = {
+        "fsdp_activation_checkpointing": lay.recompute != "none",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_offload_params": lay.offload_optimizer,
+        "fsdp_reshard_after_forward": lay.zero_stage == 3,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_transformer_layer_cls_to_wrap": DECODER_LAYERS.get(job.model.family, "DecoderLayer"),
+        "fsdp_version": 2,
+    }
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "FSDP",
+        "downcast_bf16": "no",
+        "fsdp_config": fsdp,
+        "machine_rank": 0,
+        "main_process_ip": "MASTER_ADDR",
+        "main_process_port": RDZV_PORT,
+        "main_training_function": "main",
+        "mixed_precision": MIXED[job.training.precision],
+        "num_machines": job.nodes,
+        "num_processes": job.gpus,
+        "parallelism_config": {
+            "parallelism_config_cp_size": lay.cp,
+            "parallelism_config_dp_replicate_size": job.dp_replicate,
+            "parallelism_config_dp_shard_size": shard,
+            "parallelism_config_tp_size": lay.tp,
+        },
+        "rdzv_backend": "c10d",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    head = comment_block(
+        [
+            "Accelerate config (FSDP2) written by autopar",
+            *summary_lines(job),
+            "On every node set machine_rank (0 .. num_machines - 1) and main_process_ip (the first node's address).",
+        ]
+    )
+    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    return ExportResult(head + "\n" + body, "accelerate_config.yaml", lost)

@@ -1,0 +1,186 @@
+"""What every exporter reads from a Plan: the chosen layout, resolved, with the model, training,
+cluster and stage partition it was planned for, plus small formatting helpers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cluster_specs.spec import ClusterSpec
+from cost_models.layout import Layout
+from cost_models.stages import StagePartition, even_partition
+from model_specs.spec import ModelSpec, TrainingSpec
+from planner.plan import Candidate, Plan
+
+RDZV_PORT = 29500
+LAUNCH_MODULE = "runtime.launch"
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """One exported file: its text, a suggested file name, and what the target cannot express
+    (each entry a sentence naming the planned feature and what the file does instead)."""
+
+    text: str
+    filename: str
+    lost: list[str]
+
+
+class ExportError(ValueError):
+    """The plan cannot be exported (nothing fits, or an unknown format)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """The plan's best candidate with everything an exporter needs."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    gpus: int
+    layout: Layout  # resolved
+    chunk_layers: tuple[int, ...]  # layers per chunk, pp x vpp chunks in model order
+    estimate: dict[str, Any]
+    nodes: int
+    gpus_per_node: int
+
+    # ---- shorthands ---------------------------------------------------------------------------
+    @property
+    def lay(self) -> Layout:
+        return self.layout
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def vpp(self) -> int:
+        return self.layout.vpp
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp_
+
+    @property
+    def dp_shard(self) -> int:
+        return self.layout.dp_shard_
+
+    @property
+    def dp_replicate(self) -> int:
+        return self.dp // self.dp_shard
+
+    @property
+    def partition(self) -> StagePartition:
+        return StagePartition(self.chunk_layers, self.pp, self.vpp)
+
+    @property
+    def even(self) -> bool:
+        """Every chunk holds the same number of layers."""
+        return len(set(self.chunk_layers)) == 1
+
+    @property
+    def default_cut(self) -> bool:
+        """The cut `cost_models.stages.even_partition` makes (remainder in the middle)."""
+        return self.chunk_layers == even_partition(self.model.num_layers, self.pp * self.vpp)
+
+    @property
+    def full_recompute_all(self) -> bool:
+        return self.layout.recompute == "full" and self.layout.recompute_layers is None
+
+    @property
+    def partial_recompute(self) -> bool:
+        return self.layout.recompute == "full" and self.layout.recompute_layers is not None
+
+    @property
+    def nodes_even(self) -> bool:
+        return self.gpus == self.nodes * self.gpus_per_node
+
+
+def job_of(plan: Plan, candidate: Candidate | None = None) -> Job:
+    """The exporters' view of `candidate` (default: the plan's best). Raises `ExportError` when
+    the plan found no feasible layout."""
+    cand = candidate or plan.best
+    if cand is None:
+        raise ExportError("the plan has no feasible layout to export (see its rejections and closest miss)")
+    inp = plan.inputs
+    lay = cand.layout.resolved(inp.gpus, inp.training)
+    chunks = tuple(cand.partition) or even_partition(inp.model.num_layers, lay.pp * lay.vpp)
+    if len(chunks) != lay.pp * lay.vpp or sum(chunks) != inp.model.num_layers:
+        raise ExportError(
+            f"partition {list(chunks)} does not cut {inp.model.num_layers} layers into pp x vpp = "
+            f"{lay.pp} x {lay.vpp} chunks"
+        )
+    if cand.placement is not None:
+        per_node = cand.placement.gpus_per_node
+        nodes = cand.placement.nodes
+    else:
+        per_node = min(inp.cluster.gpus_per_node, inp.gpus)
+        nodes = math.ceil(inp.gpus / per_node)
+    return Job(inp.model, inp.training, inp.cluster, inp.gpus, lay, chunks, cand.estimate, nodes, per_node)
+
+
+# ---- text helpers ---------------------------------------------------------------------------------
+
+
+def summary_lines(job: Job) -> list[str]:
+    """A few plain sentences describing the job (for comment headers)."""
+    lay = job.lay
+    dims = [f"dp={job.dp}"]
+    if job.dp_shard != job.dp:
+        dims.append(f"(shard {job.dp_shard} x replicate {job.dp_replicate})")
+    dims += [f"tp={lay.tp}", f"pp={lay.pp}"]
+    if lay.vpp > 1:
+        dims.append(f"vpp={lay.vpp}")
+    if lay.cp > 1:
+        dims.append(f"cp={lay.cp}")
+    if lay.ep > 1:
+        dims.append(f"ep={lay.ep} etp={lay.etp_}")
+    knobs = [f"ZeRO-{lay.zero_stage}", f"micro-batch {lay.micro_batch} x {lay.grad_accum_} accumulation"]
+    if lay.sp_:
+        knobs.append("sequence parallel")
+    if lay.recompute != "none":
+        what = lay.recompute
+        if job.partial_recompute:
+            what += f" ({lay.recompute_layers} layers per stage)"
+        knobs.append(f"recompute {what}")
+    if lay.pp > 1:
+        knobs.append(f"{lay.schedule_} schedule")
+    if lay.offload_optimizer:
+        knobs.append("optimizer offloaded to CPU")
+    lines = [
+        f"{job.model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name}): "
+        f"{job.nodes} node(s) x {job.gpus_per_node} GPUs",
+        "layout: " + " ".join(dims),
+        "knobs: " + ", ".join(knobs),
+        f"training: seq_len {job.training.seq_len}, global batch {job.training.global_batch} sequences, "
+        f"{job.training.precision}",
+    ]
+    if lay.pp > 1:
+        lines.append("layers per stage: " + " | ".join(str(n) for n in job.chunk_layers))
+    est = job.estimate or {}
+    if "step_s" in est:
+        parts = [f"step {float(est['step_s']):.3f} s"]
+        if "tokens_per_s" in est:
+            parts.append(f"{float(est['tokens_per_s']):,.0f} tokens/s")
+        if "mfu" in est:
+            parts.append(f"MFU {100 * float(est['mfu']):.1f}%")
+        peak = (est.get("memory") or {}).get("peak_bytes")
+        if peak is not None:
+            parts.append(f"peak {int(peak) / 2**30:.1f} GiB per GPU")
+        lines.append("estimate: " + ", ".join(parts))
+    return lines
+
+
+def comment_block(lines: list[str], prefix: str = "# ") -> str:
+    return "\n".join(f"{prefix}{line}".rstrip() for line in lines)
+
+
+def nodes_note(job: Job) -> list[str]:
+    if job.nodes_even:
+        return []
+    return [
+        f"{job.gpus} GPUs do not fill {job.nodes} nodes of {job.gpus_per_node}: the launcher starts "
+        f"{job.gpus_per_node} processes per node; run the last node with fewer or size the job to whole nodes"
+    ]

@@ -1,0 +1,237 @@
+"""Megatron-LM (Megatron-Core `pretrain_gpt.py`) arguments as a bash array.
+
+Stage cuts: an even cut needs nothing (plus `--num-layers-per-virtual-pipeline-stage` with
+interleaving); a cut whose only odd stages are the first and/or last uses
+`--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`; any other cut is
+written as `--pipeline-model-parallel-layout` (stages separated by `|`, `E` the embedding, `L` the
+LM head and loss, `t*N` N decoder layers; virtual stage s runs on pipeline rank s % pp).
+
+ZeRO: stage 1 is the distributed optimizer; stages 2 and 3 are Megatron-FSDP
+(`--data-parallel-sharding-strategy optim_grads` / `optim_grads_params`); hybrid sharding keeps
+`dp / dp_shard` distributed-optimizer instances.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from model_specs.spec import ModelSpec
+from planner.exporters.common import ExportResult, Job, comment_block, summary_lines
+
+Arg = tuple[str, ...]  # a flag and its value(s)
+
+
+def _model_args(m: ModelSpec, seq_len: int, lost: list[str]) -> list[Arg]:
+    args: list[Arg] = [
+        ("--num-layers", str(m.num_layers)),
+        ("--hidden-size", str(m.hidden_size)),
+        ("--ffn-hidden-size", str(m.ffn_hidden_size)),
+        ("--num-attention-heads", str(m.num_heads)),
+    ]
+    if m.attention == "mla":
+        args.append(("--multi-latent-attention",))
+        if m.q_lora_rank:
+            args.append(("--q-lora-rank", str(m.q_lora_rank)))
+        args += [
+            ("--kv-lora-rank", str(m.kv_lora_rank)),
+            ("--qk-head-dim", str(m.qk_nope_head_dim)),
+            ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)),
+            ("--v-head-dim", str(m.v_head_dim)),
+        ]
+    else:
+        if m.qk_head_dim != m.hidden_size // m.num_heads:
+            args.append(("--kv-channels", str(m.qk_head_dim)))
+        if m.kv_heads != m.num_heads:
+            args += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
+    args += [
+        ("--seq-length", str(seq_len)),
+        ("--max-position-embeddings", str(max(seq_len, m.max_position_embeddings))),
+    ]
+    if m.position_embedding == "rope":
+        args.append(("--position-embedding-type", "rope"))
+    elif m.position_embedding == "learned":
+        args.append(("--position-embedding-type", "learned_absolute"))
+    else:
+        lost.append(f"{m.position_embedding} position embeddings: Megatron-Core GPT has rope or learned ones only")
+    if m.mlp == "swiglu":
+        args.append(("--swiglu",))
+    elif m.mlp == "relu2":
+        args.append(("--squared-relu",))
+    elif m.mlp != "gelu":
+        lost.append(f"{m.mlp} MLP activation: Megatron offers gelu (default), swiglu and squared relu")
+    args.append(("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"))
+    if m.qk_norm:
+        args.append(("--qk-layernorm",))
+    if not m.tie_embeddings:
+        args.append(("--untie-embeddings-and-output-weights",))
+    if not (m.attn_out_bias or m.mlp_bias):
+        args.append(("--disable-bias-linear",))
+        if m.qkv_bias:
+            args.append(("--add-qkv-bias",))
+    elif not m.qkv_bias:
+        lost.append("biases on some projections but not on q/k/v: Megatron toggles them together")
+    if m.is_moe:
+        args += [
+            ("--num-experts", str(m.num_experts)),
+            ("--moe-router-topk", str(m.moe_top_k)),
+            ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)),
+        ]
+        if m.num_shared_experts:
+            width = m.num_shared_experts * (m.shared_expert_ffn_hidden_size or m.moe_ffn_hidden_size or 0)
+            args.append(("--moe-shared-expert-intermediate-size", str(width)))
+        if m.moe_layer_count != m.num_layers:
+            args.append(("--moe-layer-freq", _layer_pattern([int(m.is_moe_layer(i)) for i in range(m.num_layers)])))
+        args += [("--moe-grouped-gemm",), ("--moe-token-dispatcher-type", "alltoall")]
+    for flag, what in (
+        (m.sliding_window is not None, "sliding-window attention"),
+        (m.attention_sinks, "attention sinks"),
+        (m.parallel_residual, "parallel attention/MLP residual"),
+        (m.embedding_norm, "the norm after the token embedding"),
+    ):
+        if flag:
+            lost.append(f"{what} ({m.name}): no Megatron-Core GPT argument; the model spec needs a custom layer")
+    return args
+
+
+def _layer_pattern(bits: list[int]) -> str:
+    """Megatron's Python-list form of a per-layer 0/1 pattern, run-length encoded: ([0]*3+[1]*58)."""
+    runs = [f"[{b}]*{len(list(g))}" for b, g in itertools.groupby(bits)]
+    return "(" + "+".join(runs) + ")"
+
+
+def _pipeline_args(job: Job) -> list[Arg]:
+    pp, vpp, chunks = job.pp, job.vpp, job.chunk_layers
+    if pp == 1:
+        return []
+    args: list[Arg] = [("--pipeline-model-parallel-size", str(pp))]
+    if job.even:
+        if vpp > 1:
+            args.append(("--num-layers-per-virtual-pipeline-stage", str(chunks[0])))
+        return args
+    middle = chunks[1:-1]
+    if vpp == 1 and len(set(middle)) <= 1:
+        if pp == 2 or chunks[0] != middle[0]:
+            args.append(("--decoder-first-pipeline-num-layers", str(chunks[0])))
+        if pp == 2 or chunks[-1] != middle[0]:
+            args.append(("--decoder-last-pipeline-num-layers", str(chunks[-1])))
+        return args
+    return args + [("--pipeline-model-parallel-layout", _layout_string(chunks))]
+
+
+def _layout_string(chunks: tuple[int, ...]) -> str:
+    stages = [f"t*{n}" for n in chunks]
+    stages[0] = "E," + stages[0]
+    stages[-1] = stages[-1] + ",L"
+    return "|".join(stages)
+
+
+def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
+    lay = job.lay
+    args: list[Arg] = [("--tensor-model-parallel-size", str(lay.tp))]
+    if lay.sp_:
+        args.append(("--sequence-parallel",))
+    args += _pipeline_args(job)
+    if lay.cp > 1:
+        args += [("--context-parallel-size", str(lay.cp)), ("--cp-comm-type", "p2p")]
+    if lay.ep > 1 or job.model.is_moe:
+        args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.etp_))]
+    if lay.zero_stage == 1:
+        args.append(("--use-distributed-optimizer",))
+    elif lay.zero_stage >= 2:
+        strategy = "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"
+        args += [
+            ("--use-megatron-fsdp",),
+            ("--use-distributed-optimizer",),
+            ("--data-parallel-sharding-strategy", strategy),
+            ("--ckpt-format", "fsdp_dtensor"),
+        ]
+    if lay.zero_stage >= 1 and job.dp_replicate > 1:
+        args.append(("--num-distributed-optimizer-instances", str(job.dp_replicate)))
+    if job.dp > 1:
+        args.append(("--overlap-grad-reduce",))
+        if lay.zero_stage >= 1:
+            args.append(("--overlap-param-gather",))
+    if lay.offload_optimizer:
+        args += [("--optimizer-cpu-offload",), ("--overlap-cpu-optimizer-d2h-h2d",)]
+    if lay.pp > 1 and lay.schedule_ == "gpipe":
+        lost.append("GPipe schedule: Megatron always runs 1F1B (same bubble, fewer micro-batches in flight)")
+    if lay.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
+        lost.append(f"rank order {lay.order}: Megatron-Core orders ranks tp-cp-ep-dp-pp")
+    elif lay.order == "tp-cp-ep-pp-dp":
+        args.append(("--use-tp-pp-dp-mapping",))
+    return args
+
+
+def _recompute_args(job: Job, lost: list[str]) -> list[Arg]:
+    lay = job.lay
+    if lay.recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    if lay.recompute != "full":
+        return []
+    if lay.recompute_layers is None:
+        return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", "1")]
+    if lay.vpp > 1:
+        lost.append(
+            f"recompute of {lay.recompute_layers} layers per pipeline rank: Megatron counts "
+            "--recompute-num-layers per virtual stage, so each of the rank's chunks recomputes that many"
+        )
+    return [
+        ("--recompute-granularity", "full"),
+        ("--recompute-method", "block"),
+        ("--recompute-num-layers", str(lay.recompute_layers)),
+    ]
+
+
+def _precision_args(job: Job) -> list[Arg]:
+    tr = job.training
+    args: list[Arg] = []
+    if tr.precision in ("bf16", "fp8"):
+        args.append(("--bf16",))
+    elif tr.precision == "fp16":
+        args.append(("--fp16",))
+    if tr.precision == "fp8":
+        args += [("--fp8-format", "hybrid")]
+    if tr.precision != "fp32" and tr.grad_dtype == "bf16":
+        args.append(("--grad-reduce-in-bf16",))  # bf16 gradient buffers, as the plan priced them
+    return args
+
+
+def _render(arg: Arg) -> str:
+    if len(arg) == 1:
+        return arg[0]
+    value = arg[1]
+    if any(c in value for c in "|*()[]+, "):
+        value = f'"{value}"'
+    return f"{arg[0]} {value}"
+
+
+def export_megatron(job: Job) -> ExportResult:
+    lost: list[str] = []
+    lay = job.lay
+    sections = [
+        ("model", _model_args(job.model, job.training.seq_len, lost)),
+        ("parallelism", _parallel_args(job, lost)),
+        ("batch", [("--micro-batch-size", str(lay.micro_batch)), ("--global-batch-size", str(job.training.global_batch))]),
+        ("recompute", _recompute_args(job, lost)),
+        ("precision", _precision_args(job)),
+    ]
+    lines = [
+        "#!/usr/bin/env bash",
+        comment_block(["Megatron-LM arguments written by autopar", *summary_lines(job)]),
+        comment_block(
+            [
+                "Add data, tokenizer (vocabulary size "
+                f"{job.model.vocab_size}), optimizer and checkpoint arguments, then on every node:",
+                f"  torchrun --nnodes {job.nodes} --nproc-per-node {job.gpus_per_node} --rdzv-backend c10d \\",
+                '      --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...',
+            ]
+        ),
+        "MEGATRON_ARGS=(",
+    ]
+    for name, args in sections:
+        if not args:
+            continue
+        lines.append(f"    # {name}")
+        lines += [f"    {_render(a)}" for a in args]
+    lines.append(")")
+    return ExportResult("\n".join(lines) + "\n", "megatron_args.sh", lost)

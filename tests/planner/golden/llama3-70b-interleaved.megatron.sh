@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Megatron-LM arguments written by autopar
+# llama3-70b on 128 x H100-80GB (dgx-h100): 16 node(s) x 8 GPUs
+# layout: dp=4 tp=8 pp=4 vpp=5
+# knobs: ZeRO-1, micro-batch 1 x 128 accumulation, sequence parallel, recompute full, interleaved_1f1b schedule
+# training: seq_len 8192, global batch 512 sequences, bf16
+# layers per stage: 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 5 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 3
+# estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
+# Add data, tokenizer (vocabulary size 128256), optimizer and checkpoint arguments, then on every node:
+#   torchrun --nnodes 16 --nproc-per-node 8 --rdzv-backend c10d \
+#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+MEGATRON_ARGS=(
+    # model
+    --num-layers 80
+    --hidden-size 8192
+    --ffn-hidden-size 28672
+    --num-attention-heads 64
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length 8192
+    --max-position-embeddings 131072
+    --position-embedding-type rope
+    --swiglu
+    --normalization RMSNorm
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+    # parallelism
+    --tensor-model-parallel-size 8
+    --sequence-parallel
+    --pipeline-model-parallel-size 4
+    --pipeline-model-parallel-layout "E,t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*5|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*3,L"
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    # batch
+    --micro-batch-size 1
+    --global-batch-size 512
+    # recompute
+    --recompute-granularity full
+    --recompute-method uniform
+    --recompute-num-layers 1
+    # precision
+    --bf16
+    --grad-reduce-in-bf16
+)

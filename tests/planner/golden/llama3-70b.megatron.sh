@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Megatron-LM arguments written by autopar
+# llama3-70b on 64 x H100-80GB (dgx-h100): 8 node(s) x 8 GPUs
+# layout: dp=2 tp=8 pp=4
+# knobs: ZeRO-1, micro-batch 1 x 256 accumulation, sequence parallel, recompute selective, 1f1b schedule
+# training: seq_len 8192, global batch 512 sequences, bf16
+# layers per stage: 19 | 21 | 21 | 19
+# estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
+# Add data, tokenizer (vocabulary size 128256), optimizer and checkpoint arguments, then on every node:
+#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d \
+#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+MEGATRON_ARGS=(
+    # model
+    --num-layers 80
+    --hidden-size 8192
+    --ffn-hidden-size 28672
+    --num-attention-heads 64
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length 8192
+    --max-position-embeddings 131072
+    --position-embedding-type rope
+    --swiglu
+    --normalization RMSNorm
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+    # parallelism
+    --tensor-model-parallel-size 8
+    --sequence-parallel
+    --pipeline-model-parallel-size 4
+    --decoder-first-pipeline-num-layers 19
+    --decoder-last-pipeline-num-layers 19
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    # batch
+    --micro-batch-size 1
+    --global-batch-size 512
+    # recompute
+    --recompute-granularity selective
+    # precision
+    --bf16
+    --grad-reduce-in-bf16
+)

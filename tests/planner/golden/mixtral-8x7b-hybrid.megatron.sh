@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Megatron-LM arguments written by autopar
+# mixtral-8x7b on 64 x H100-80GB (dgx-h100): 8 node(s) x 8 GPUs
+# layout: dp=8 (shard 4 x replicate 2) tp=2 pp=2 cp=2 ep=4 etp=2
+# knobs: ZeRO-3, micro-batch 1 x 64 accumulation, sequence parallel, recompute full (2 layers per stage), gpipe schedule, optimizer offloaded to CPU
+# training: seq_len 8192, global batch 512 sequences, fp8
+# layers per stage: 15 | 17
+# estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
+# Add data, tokenizer (vocabulary size 32000), optimizer and checkpoint arguments, then on every node:
+#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d \
+#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+MEGATRON_ARGS=(
+    # model
+    --num-layers 32
+    --hidden-size 4096
+    --ffn-hidden-size 14336
+    --num-attention-heads 32
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length 8192
+    --max-position-embeddings 32768
+    --position-embedding-type rope
+    --swiglu
+    --normalization RMSNorm
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+    --num-experts 8
+    --moe-router-topk 2
+    --moe-ffn-hidden-size 14336
+    --moe-grouped-gemm
+    --moe-token-dispatcher-type alltoall
+    # parallelism
+    --tensor-model-parallel-size 2
+    --sequence-parallel
+    --pipeline-model-parallel-size 2
+    --decoder-first-pipeline-num-layers 15
+    --decoder-last-pipeline-num-layers 17
+    --context-parallel-size 2
+    --cp-comm-type p2p
+    --expert-model-parallel-size 4
+    --expert-tensor-parallel-size 2
+    --use-megatron-fsdp
+    --use-distributed-optimizer
+    --data-parallel-sharding-strategy optim_grads_params
+    --ckpt-format fsdp_dtensor
+    --num-distributed-optimizer-instances 2
+    --overlap-grad-reduce
+    --overlap-param-gather
+    --optimizer-cpu-offload
+    --overlap-cpu-optimizer-d2h-h2d
+    # batch
+    --micro-batch-size 1
+    --global-batch-size 512
+    # recompute
+    --recompute-granularity full
+    --recompute-method block
+    --recompute-num-layers 2
+    # precision
+    --bf16
+    --fp8-format hybrid
+    --grad-reduce-in-bf16
+)

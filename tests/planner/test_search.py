@@ -1,0 +1,99 @@
+"""The search: consistent with `estimate`, exact against brute force, honest when nothing fits."""
+
+import math
+
+import pytest
+
+from cluster_specs.presets import get_cluster
+from cost_models.estimate import estimate
+from cost_models.layout import validate_layout
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+from planner.plan import Plan, SearchConstraints
+from planner.search import search
+from planner.space import meshes, micro_batches, pipeline_options, settings, to_layout
+
+
+def test_best_matches_evaluate() -> None:
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=8192, global_batch=64)
+    plan = search(model, training, cluster, 16, refine=False)
+    assert plan.best is not None
+    est = estimate(model, training, cluster, 16, plan.best.layout)
+    assert est.step_s == pytest.approx(plan.best.estimate["step_s"], rel=1e-12)
+    assert est.peak_bytes == plan.best.estimate["memory"]["peak_bytes"]
+    assert est.fits
+    steps = [c.estimate["step_s"] for c in [plan.best, *plan.alternatives]]
+    assert steps == sorted(steps)
+
+
+def brute_force_best(model, training, cluster, gpus, c: SearchConstraints) -> float:
+    usable = cluster.gpu.memory_bytes * (1 - c.memory_headroom)
+    best = math.inf
+    for mesh in meshes(model, cluster, gpus, c):
+        if mesh.tp > cluster.domain_size:
+            continue
+        for mb in micro_batches(training, mesh.dp, c):
+            for vpp, schedule in pipeline_options(model, training, mesh, mb, c):
+                for s in settings(mesh, cluster, c):
+                    layout = to_layout(mesh, mb, vpp, schedule, s, c.framework)
+                    if validate_layout(model, training, gpus, layout):
+                        continue
+                    est = estimate(model, training, cluster, gpus, layout)
+                    if est.peak_bytes <= usable:
+                        best = min(best, est.step_s)
+    return best
+
+
+@pytest.mark.parametrize(
+    ("model_name", "cluster_name", "gpus", "seq", "batch"),
+    [("tiny", "local-cpu", 8, 256, 16), ("tiny-moe", "dgx-h100", 8, 512, 16)],
+)
+def test_branch_and_bound_finds_the_brute_force_optimum(model_name, cluster_name, gpus, seq, batch) -> None:
+    model, cluster = get_model(model_name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c = SearchConstraints(top_k=3)
+    plan = search(model, training, cluster, gpus, c, refine=False)
+    assert plan.best is not None
+    assert plan.best.estimate["step_s"] == pytest.approx(brute_force_best(model, training, cluster, gpus, c), rel=1e-9)
+    s = plan.stats
+    assert s.generated == s.invalid + s.pruned + s.priced
+
+
+def test_impossible_job_explains_the_closest_miss() -> None:
+    model, cluster = get_model("llama3-405b"), get_cluster("rtx4090-pcie-8")
+    plan = search(model, TrainingSpec(seq_len=4096, global_batch=64), cluster, 8)
+    assert plan.best is None
+    assert plan.closest_miss is not None
+    assert plan.closest_miss.over_by_bytes > 0
+    assert plan.closest_miss.peak_bytes - plan.closest_miss.usable_bytes == plan.closest_miss.over_by_bytes
+    assert "No layout fits" in plan.why[1]
+    assert any(r.reason.startswith("memory:") for r in plan.rejections)
+    Plan.model_validate_json(plan.model_dump_json())  # serializable round trip
+
+
+def test_tp_beyond_the_nvlink_domain_is_rejected_by_reason() -> None:
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+    plan = search(model, TrainingSpec(seq_len=4096, global_batch=32), cluster, 32, refine=False)
+    reasons = {r.reason for r in plan.rejections}
+    assert "tp: tp=16 crosses the NVLink domain (8 GPUs)" in reasons
+    assert plan.best is not None and plan.best.layout.tp <= 8
+
+
+def test_pinned_degrees_are_respected() -> None:
+    model, cluster = get_model("llama3-70b"), get_cluster("dgx-h100")
+    c = SearchConstraints(tp=8, pp=4, zero_stage=1)
+    plan = search(model, TrainingSpec(seq_len=4096, global_batch=256), cluster, 256, c, refine=False)
+    assert plan.best is not None
+    for cand in [plan.best, *plan.alternatives]:
+        assert (cand.layout.tp, cand.layout.pp, cand.layout.zero_stage) == (8, 4, 1)
+
+
+def test_placement_reports_groups_on_topology() -> None:
+    model, cluster = get_model("llama3-70b"), get_cluster("dgx-h100")
+    c = SearchConstraints(tp=8, pp=4)
+    plan = search(model, TrainingSpec(seq_len=4096, global_batch=256), cluster, 256, c, refine=False)
+    assert plan.best is not None and plan.best.placement is not None
+    groups = {g.dim: g for g in plan.best.placement.groups}
+    assert groups["tp"].tier == "intra_domain"
+    assert groups["tp"].first_group_ranks == list(range(8))

@@ -1,0 +1,190 @@
+"""Real multi-process runs of the runtime's layouts on gloo, checked against one process.
+
+One `torchrun --standalone --nproc_per_node=4 -m runtime.verify` job runs every case below in turn
+(start-up is most of a small job's cost); each test then compares one case with a single-process
+run of the same model, seed, data and optimizer, computed here in-process.
+
+Tolerances (fp32 throughout; the parallel runs reorder sums, so last bits differ):
+- losses: relative 1e-5 (measured: <= 2.3e-7);
+- final parameters after SGD steps: absolute 1e-5 (measured: <= 2e-7);
+- final parameters after AdamW steps: absolute 2e-4. Adam divides by sqrt(v) + eps, so where a
+  gradient is near eps a last-bit difference moves the update by up to lr (1e-3 here); measured
+  <= 4e-5. SGD cases carry the tight parameter check; AdamW cases check that sharded optimizer
+  state is right at all.
+- a checkpoint resumed under the same layout gives bit-identical losses to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from runtime.spec import load_run_spec  # noqa: E402
+from runtime.train import train  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+NPROC = 4
+STEPS = 3
+LOSS_RTOL = 1e-5
+SGD_ATOL = 1e-5
+ADAMW_ATOL = 2e-4
+
+
+def _case(name: str, layout: dict[str, Any], *, model: str = "tiny", opt: str = "sgd", steps: int = STEPS,
+          **extra: Any) -> dict[str, Any]:
+    run = {
+        "model": model,
+        "training": {"seq_len": 32, "global_batch": 8, "optimizer": opt},
+        "gpus": NPROC,
+        "layout": layout,
+        "lr": 0.5 if opt == "sgd" else 1e-3,
+        "seed": 7,
+    }
+    return {"name": name, "run": run, "steps": steps, **extra}
+
+
+CASES: list[dict[str, Any]] = [
+    # data parallel: FSDP2 per ZeRO stage, DDP, HSDP
+    _case("fsdp_dp4_zero3", {"zero_stage": 3}),
+    _case("fsdp_dp4_zero2_mb2", {"zero_stage": 2, "micro_batch": 2}),
+    _case("fsdp_dp4_zero1_adamw", {"zero_stage": 1}, opt="adamw", track_memory=True),
+    _case("ddp_dp4_zero0", {"zero_stage": 0}),
+    _case("hsdp_2x2_zero3", {"dp_shard": 2, "zero_stage": 3}),
+    # tensor (+ sequence) parallel
+    _case("tp2_dp2_sp", {"tp": 2, "zero_stage": 3}),
+    _case("tp2_dp2_nosp_adamw", {"tp": 2, "sp": False}, opt="adamw"),
+    _case("tp2_dp2_sp_selective", {"tp": 2, "recompute": "selective", "zero_stage": 2}),
+    # pipeline parallel
+    _case("pp2_dp2_gpipe", {"pp": 2, "schedule": "gpipe"}),
+    _case("pp2_dp2_1f1b_zero3_full", {"pp": 2, "zero_stage": 3, "recompute": "full", "recompute_layers": 1}),
+    _case("pp2_dp2_interleaved", {"pp": 2, "vpp": 2}),
+    _case("pp4_1f1b", {"pp": 4}),
+    _case("tp2_pp2_1f1b", {"tp": 2, "pp": 2, "micro_batch": 2, "recompute": "selective"}),
+    _case("pp2_dp2_mla_moe_selective", {"pp": 2, "recompute": "selective"}, model="tiny-mla"),
+    # context parallel
+    _case("cp2_dp2", {"cp": 2}),
+    _case("cp2_dp2_mla_full", {"cp": 2, "recompute": "full"}, model="tiny-mla"),
+    _case("cp2_tp2", {"cp": 2, "tp": 2}),
+    # expert parallel (carved out of dp x cp)
+    _case("ep4_dp4_moe", {"ep": 4}, model="tiny-moe"),
+    _case("ep2_dp4_moe_zero2", {"ep": 2, "zero_stage": 2}, model="tiny-moe"),
+    _case("ep4_cp2_dp2_mla", {"ep": 4, "cp": 2}, model="tiny-mla"),
+    _case("ep2_pp2_moe", {"ep": 2, "pp": 2}, model="tiny-moe"),
+    _case("ep2_cp2_moe_selective_zero0", {"ep": 2, "cp": 2, "recompute": "selective", "zero_stage": 0}, model="tiny-moe"),
+    # checkpoint: resume under the same layout (uninterrupted run of 4 steps alongside)
+    _case("ckpt_pp2_dp2_adamw_full_run", {"pp": 2, "zero_stage": 3}, opt="adamw", steps=4),
+    _case("ckpt_pp2_dp2_adamw_resumed", {"pp": 2, "zero_stage": 3}, opt="adamw", steps=4, resume_at=2),
+]
+BY_NAME = {c["name"]: c for c in CASES}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """Run every case in one 4-process gloo job; returns the output dir and its wall time."""
+    tmp = tmp_path_factory.mktemp("parallel")
+    cases_file = tmp / "cases.json"
+    cases_file.write_text(json.dumps(CASES))
+    out = tmp / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
+        "-m", "runtime.verify", str(cases_file), str(out),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return out, wall
+
+
+def _results(out: Path, name: str) -> list[dict[str, Any]]:
+    d = out / name
+    errors = sorted(d.glob("rank*.error"))
+    if errors:
+        pytest.fail(f"{name} failed:\n{errors[0].read_text()}")
+    files = sorted(d.glob("rank*.pt"))
+    assert len(files) == NPROC, f"{name}: {len(files)} rank results"
+    return [torch.load(f, weights_only=False) for f in files]
+
+
+@cache
+def _reference(run_json: str, steps: int) -> tuple[list[float], dict[str, Any]]:
+    """Single-process run of the same model, seed, data and optimizer (micro-batch kept)."""
+    run = json.loads(run_json)
+    spec = load_run_spec(run)
+    ref = load_run_spec({**run, "gpus": 1, "layout": {"micro_batch": spec.layout.micro_batch}})
+    params: dict[str, Any] = {}
+    torch.set_num_threads(1)
+    res = train(ref, steps=steps, trainer_hook=lambda t: params.update(t.full_parameters()))
+    return res.losses, params
+
+
+def _compare(name: str, out: Path) -> tuple[float, float]:
+    case = BY_NAME[name]
+    ranks = _results(out, name)
+    ref_losses, ref_params = _reference(json.dumps(case["run"], sort_keys=True), case["steps"])
+    start = case.get("resume_at", 0)
+    max_loss = max_param = 0.0
+    seen: set[str] = set()
+    for r in ranks:
+        got = r["losses"]
+        assert len(got) == case["steps"] - start
+        for a, b in zip(got, ref_losses[start:], strict=True):
+            max_loss = max(max_loss, abs(a - b) / abs(b))
+        for k, v in r["params"].items():
+            seen.add(k)
+            max_param = max(max_param, (v - ref_params[k]).abs().max().item())
+    assert seen == set(ref_params), f"parameters missing: {sorted(set(ref_params) - seen)[:5]}"
+    atol = SGD_ATOL if case["run"]["training"]["optimizer"] == "sgd" else ADAMW_ATOL
+    assert max_loss <= LOSS_RTOL, f"{name}: loss differs by {max_loss:.3g} (relative)"
+    assert max_param <= atol, f"{name}: parameters differ by {max_param:.3g}"
+    return max_loss, max_param
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CASES if not c["name"].startswith("ckpt_")])
+def test_layout_matches_single_process(job: tuple[Path, float], name: str) -> None:
+    max_loss, max_param = _compare(name, job[0])
+    print(f"{name}: max loss rel diff {max_loss:.2e}, max param abs diff {max_param:.2e}")
+
+
+def test_checkpoint_resume_same_layout(job: tuple[Path, float]) -> None:
+    out = job[0]
+    full = _results(out, "ckpt_pp2_dp2_adamw_full_run")
+    resumed = _results(out, "ckpt_pp2_dp2_adamw_resumed")
+    for f, r in zip(full, resumed, strict=True):
+        assert r["start_step"] == 2
+        assert r["losses"] == f["losses"][2:], "resumed losses differ from the uninterrupted run"
+        for k, v in r["params"].items():
+            assert torch.equal(v, f["params"][k]), k
+    _compare("ckpt_pp2_dp2_adamw_resumed", out)
+
+
+def test_cpu_memory_tracker_reports_a_peak(job: tuple[Path, float]) -> None:
+    ranks = _results(job[0], "fsdp_dp4_zero1_adamw")
+    spec = load_run_spec(BY_NAME["fsdp_dp4_zero1_adamw"]["run"])
+    n_params = sum(v.numel() for v in ranks[0]["params"].values())
+    for r in ranks:
+        peak = r["peak_memory_bytes"]
+        # at least the parameter + AdamW shards (12 bytes per parameter / 4 ranks) and the
+        # unsharded gradients of ZeRO-1 (4 bytes per parameter)
+        assert peak is not None and peak > 4 * n_params + 12 * n_params // NPROC
+        assert peak < 16 * n_params + 64 * 2**20
+    assert spec.layout.zero_stage == 1
+
+
+def test_job_wall_time(job: tuple[Path, float]) -> None:
+    """Keep the bundled job affordable on a 2-core CI runner."""
+    assert job[1] < 240, f"the 4-process job took {job[1]:.0f} s"
