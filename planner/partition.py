@@ -48,9 +48,10 @@ stage of L layers is off by at most L x 5 ns), bytes to `byte_resolution` (defau
 each layer's bytes rounded up and the capacity down, so a cut the solver accepts fits in the float
 model too. `PartitionResult` reports times and bytes re-evaluated in floats (`evaluate`).
 
-Determinism: one search worker and a fixed seed. `time_limit_s` (default 0.5 s) bounds the
-search; the status says whether the slowest rank's time was proved minimal ("optimal") or not
-("feasible"; also when the solver found nothing in time and the even cut is returned).
+Determinism: one search worker and a fixed seed. `time_limit_s` (default 0.5 s of wall clock)
+bounds the search; `work_limit` (CP-SAT deterministic time) makes a cut-short search reproducible
+across machines. The status says whether the slowest rank's time was proved minimal ("optimal")
+or not ("feasible"; also when the solver found nothing in time and the even cut is returned).
 """
 
 from __future__ import annotations
@@ -421,14 +422,7 @@ def _slowest_rank(m: cp_model.CpModel, v: _Vars, s: _Scaled) -> cp_model.IntVar:
     t_max = m.new_int_var(min(0, *s.fixed_time), horizon, "t_max")
     for t in v.rank_time:
         m.add(t <= t_max)
-    # Redundant, for the search's bounds: the mean bounds the max, and a rank is at least as slow
-    # as its layer count times the cheapest layer (linear in the cut, unlike the lookups).
-    m.add(len(v.rank_time) * t_max >= sum(v.rank_time))
-    cheapest = min(b - a for a, b in itertools.pairwise(s.time))
-    P, C = len(v.rank_time), len(v.start) - 1
-    for r in range(P):
-        layers = sum(v.start[c + 1] - v.start[c] for c in range(r, C, P))
-        m.add(t_max >= s.fixed_time[r] + cheapest * layers)
+    m.add(len(v.rank_time) * t_max >= sum(v.rank_time))  # redundant: the mean bounds the max
     return t_max
 
 
@@ -473,9 +467,11 @@ def _build_model(data: PartitionData, s: _Scaled, spread: int, *, fit: bool = Tr
 # =============================================================================================
 
 
-def _solver(time_limit_s: float) -> cp_model.CpSolver:
+def _solver(time_limit_s: float, work_limit: float | None = None) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit_s, 1e-3)
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = SEED
     solver.parameters.cp_model_probing_level = 0  # probing the element encodings costs more than it saves
@@ -510,6 +506,7 @@ def partition_layers(
     time_resolution_s: float = DEFAULT_TIME_RESOLUTION_S,
     byte_resolution: float = DEFAULT_BYTE_RESOLUTION,
     chunk_spread: int = DEFAULT_CHUNK_SPREAD,
+    work_limit: float | None = None,
 ) -> PartitionResult:
     """Cut the layers into chunks (and choose recompute counts) minimizing the slowest rank's
     micro-batch time under every rank's memory capacity.
@@ -530,7 +527,7 @@ def partition_layers(
     s = _scale(data, time_resolution_s, byte_resolution)
     model = _build_model(data, s, chunk_spread)
     model.m.minimize(model.t_max)
-    solver = _solver(time_limit_s)
+    solver = _solver(time_limit_s, work_limit)
     code = solver.solve(model.m)
     if code == cp_model.INFEASIBLE:
         least = _least_peak_bytes(data, time_limit_s, byte_resolution, chunk_spread)
@@ -549,7 +546,7 @@ def partition_layers(
     _fix_hints(model, solver)
     model.m.minimize(model.v.recompute_time * (model.peak.proto.domain[-1] + 1) + model.peak)
     left = max(time_limit_s - (time.perf_counter() - t0), time_limit_s / 5)
-    solver2 = _solver(left)
+    solver2 = _solver(left, work_limit)
     code2 = solver2.solve(model.m)
     if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         best = _read(solver2, model.v, data)
@@ -785,6 +782,7 @@ def optimize_partition(
     *,
     capacity_bytes: float | None = None,
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    work_limit: float | None = None,
 ) -> StagePartition | None:
     """The CP-SAT cut for `layout` with its own recompute setting, or None when pp == 1 or no cut
     fits. (The caller prices it with `cost_models.estimate` and keeps the better of it and the
@@ -793,5 +791,5 @@ def optimize_partition(
     if lay.pp == 1:
         return None
     data = build_partition_data(model, training, cluster, gpus, lay, calibration, capacity_bytes=capacity_bytes)
-    result = partition_layers(data, time_limit_s=time_limit_s)
+    result = partition_layers(data, time_limit_s=time_limit_s, work_limit=work_limit)
     return result.stage_partition(lay.pp, lay.vpp) if result.ok else None

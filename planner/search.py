@@ -295,7 +295,7 @@ def search(
     ranked.sort()
     inputs = PlanInputs(model=model, cluster=cluster, gpus=gpus, training=training, constraints=c)
     best_list = [
-        _candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=refine and i == 0)
+        _candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=refine and i == 0, usable=usable)
         for i, r in enumerate(ranked[: c.top_k + 1])
     ]
     best_list.sort(key=lambda cand: cand.step_s)
@@ -325,22 +325,29 @@ def search(
     return plan
 
 
-def _candidate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, layout: Layout, cal: Calibration, *, refine: bool) -> Candidate:
+def _candidate(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    layout: Layout,
+    cal: Calibration,
+    *,
+    refine: bool,
+    usable: int | None = None,
+) -> Candidate:
     """Price a layout for the Plan; with `refine`, re-cut its pipeline stages with CP-SAT and keep
     the better of the even and optimized partitions."""
     ctx = pricing_context(model, training, cluster, gpus, layout, validate=False)
     est: Estimate = price(ctx, calibration=cal)
     if refine and layout.pp > 1:
-        try:
-            from planner.partition import optimize_partition
+        from planner.partition import optimize_partition
 
-            better = optimize_partition(model, training, cluster, gpus, layout, cal)
-        except ImportError:  # pragma: no cover - partition module optional during development
-            better = None
+        better = optimize_partition(model, training, cluster, gpus, layout, cal, capacity_bytes=usable)
         if better is not None:
             ctx2 = pricing_context(model, training, cluster, gpus, layout, better, validate=False)
             est2 = price(ctx2, calibration=cal)
-            if est2.fits and est2.step_s < est.step_s:
+            if (usable is None or est2.peak_bytes <= usable) and est2.step_s < est.step_s:
                 est = est2
     return Candidate(layout=layout, partition=list(est.partition.chunk_layers), estimate=estimate_dict(model, cluster.name, est))
 

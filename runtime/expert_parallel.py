@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn import Parameter
 
-from runtime.model import GroupedExperts, MoE, NotSupportedError, _activation
+from runtime.model import GroupedExperts, MoE, NotSupportedError, _activation, _is_symbolic
 
 __all__ = ["ExpertParallelMoE", "LocalGroupedExperts", "apply_expert_parallel", "expert_params"]
 
@@ -72,27 +72,37 @@ class ExpertParallelMoE(MoE):
         flat_idx = idx.reshape(-1)
         order = torch.argsort(flat_idx, stable=True)
         token_of = order // self.top_k
-        counts = torch.bincount(flat_idx, minlength=self.num_experts)
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=group)
-        send_splits = counts.view(ep, e_local).sum(1).tolist()
-        recv_by_src = recv_counts.view(ep, e_local)  # [source rank, local expert]
-        recv_splits = recv_by_src.sum(1).tolist()
+        if _is_symbolic(flat_idx):
+            # Fake/meta tensors (memory tracing): balanced routing, every rank alike.
+            counts = self.tokens_per_expert(flat_idx)
+            me = self.ep_mesh.get_local_rank()
+            recv_by_src = [counts[me * e_local : (me + 1) * e_local]] * ep
+        else:
+            counts_t = torch.bincount(flat_idx, minlength=self.num_experts)
+            recv_t = torch.empty_like(counts_t)
+            dist.all_to_all_single(recv_t, counts_t, group=group)
+            counts = counts_t.tolist()
+            flat_recv = recv_t.tolist()
+            recv_by_src = [flat_recv[s * e_local : (s + 1) * e_local] for s in range(ep)]  # [source][local expert]
+        send_splits = [sum(counts[j * e_local : (j + 1) * e_local]) for j in range(ep)]
+        recv_splits = [sum(row) for row in recv_by_src]
 
         sent = flat[token_of]
         received = all_to_all_single_autograd(sent, recv_splits, send_splits, group)
         # Received rows are grouped by source rank, then by local expert: regroup by expert.
-        starts = torch.cumsum(recv_by_src.flatten(), 0) - recv_by_src.flatten()
-        starts = starts.view(ep, e_local)
-        perm = torch.cat(
-            [
-                torch.arange(int(starts[s, e]), int(starts[s, e]) + int(recv_by_src[s, e]))
-                for e in range(e_local)
-                for s in range(ep)
-            ]
-            or [torch.zeros(0, dtype=torch.long)]
-        ).to(flat.device)
-        local_counts = recv_by_src.sum(0).tolist()
+        starts, offset = [], 0
+        for row in recv_by_src:
+            starts.append([])
+            for n in row:
+                starts[-1].append(offset)
+                offset += n
+        pieces = [
+            torch.arange(starts[s][e], starts[s][e] + recv_by_src[s][e], device=flat.device)
+            for e in range(e_local)
+            for s in range(ep)
+        ]
+        perm = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long, device=flat.device)
+        local_counts = [sum(recv_by_src[s][e] for s in range(ep)) for e in range(e_local)]
         out_local = self.experts(received[perm], local_counts)
         back = torch.empty_like(out_local).index_copy(0, perm, out_local)
         returned = all_to_all_single_autograd(back, send_splits, recv_splits, group)

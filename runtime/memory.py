@@ -35,10 +35,9 @@ class LiveStorageTracker(TorchDispatchMode):
         self._seen: dict[int, int] = {}  # storage key -> bytes counted
 
     def _add(self, t: torch.Tensor) -> None:
-        if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
-            local = getattr(t, "_local_tensor", None)  # DTensor: count its local shard
-            if isinstance(local, torch.Tensor):
-                self._add(local)
+        local = getattr(t, "_local_tensor", None)  # DTensor: count its local shard
+        if isinstance(local, torch.Tensor):
+            self._add(local)
             return
         if t.device.type == "meta":
             return

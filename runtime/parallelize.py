@@ -40,6 +40,7 @@ Mixed precision: parameters stay in fp32 (the master copy); with dtype bf16 FSDP
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 
@@ -76,10 +77,6 @@ class ModelParts:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for m in self.chunks for p in m.parameters()]
-
-
-def _param_dtype(run: RunSpec, device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if compute_dtype(run, device) == torch.bfloat16 else torch.float32
 
 
 def compute_dtype(run: RunSpec, device: torch.device) -> torch.dtype:
@@ -253,21 +250,27 @@ def apply_fsdp(model: Transformer, meshes: Meshes, zero_stage: int, mp_dtype: to
 # ---- all together -----------------------------------------------------------------------------------
 
 
-def build_parts(run: RunSpec, meshes: Meshes, device: torch.device) -> ModelParts:
-    """This rank's parallel model chunks for `run` (see module doc)."""
+def build_parts(
+    run: RunSpec, meshes: Meshes, device: torch.device, fake_mode: contextlib.AbstractContextManager | None = None
+) -> ModelParts:
+    """This rank's parallel model chunks for `run` (see module doc). With `fake_mode` (a
+    FakeTensorMode, for memory tracing) the model is built inside it and parallelized outside."""
     _check_supported(run)
     lay = run.layout
     part = run.stage_partition
     torch.manual_seed(run.seed)
-    full = build_model(run.model, device=device, dtype=torch.float32)
     n_chunks = lay.pp * lay.vpp
     mine = list(range(meshes.pp_rank, n_chunks, lay.pp))
     ranges = part.chunk_ranges()
     chunks: list[Transformer] = []
-    for c in mine:
-        m = copy.deepcopy(full) if len(mine) > 1 else full
-        chunks.append(_cut_chunk(m, ranges[c], first=c == 0, last=c == n_chunks - 1) if lay.pp > 1 else m)
-    del full
+    with fake_mode or contextlib.nullcontext():
+        # Built on the CPU (same initial weights whatever the device); sharding (DTensor, FSDP2)
+        # moves the shards to the mesh's device, `.to(device)` below the rest.
+        full = build_model(run.model, device="cpu", dtype=torch.float32)
+        for c in mine:
+            m = copy.deepcopy(full) if len(mine) > 1 else full
+            chunks.append(_cut_chunk(m, ranges[c], first=c == 0, last=c == n_chunks - 1) if lay.pp > 1 else m)
+        del full
 
     rank_layers = part.rank_layers(meshes.pp_rank)
     if lay.recompute == "full" and lay.recompute_layers is not None:
@@ -292,5 +295,7 @@ def build_parts(run: RunSpec, meshes: Meshes, device: torch.device) -> ModelPart
         apply_recompute(m, lay.recompute, recomputed if lay.recompute == "full" else None)
         if use_fsdp:
             apply_fsdp(m, meshes, lay.zero_stage, mp_dtype, pp=lay.pp > 1)
+        elif device.type != "cpu":
+            m.to(device)
     parts.fsdp = use_fsdp
     return parts

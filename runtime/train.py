@@ -107,11 +107,20 @@ class TrainResult:
 class Trainer:
     """The parallel model, optimizers and (with pp > 1) pipeline schedule of one RunSpec."""
 
-    def __init__(self, run: RunSpec, device: torch.device, meshes: Meshes | None = None):
+    def __init__(
+        self,
+        run: RunSpec,
+        device: torch.device,
+        meshes: Meshes | None = None,
+        fake_mode: contextlib.AbstractContextManager | None = None,
+    ):
+        """`fake_mode`: a FakeTensorMode to build the model in (memory tracing with a fake process
+        group, `runtime.fake_world`); pipeline stages then get static shapes."""
         self.run = run
         self.device = device
+        self.fake = fake_mode is not None
         self.meshes = meshes or build_meshes(run.layout, device.type)
-        self.parts: ModelParts = build_parts(run, self.meshes, device)
+        self.parts: ModelParts = build_parts(run, self.meshes, device, fake_mode)
         self.dtype = compute_dtype(run, device)
         opt_cls = torch.optim.AdamW if run.training.optimizer == "adamw" else torch.optim.SGD
         kw: dict[str, Any] = {"lr": run.lr, "weight_decay": run.weight_decay}
@@ -136,14 +145,57 @@ class Trainer:
         lay = self.run.layout
         group = self.meshes["pp"].get_group()
         stages = [
-            PipelineStage(m, stage_index=c, num_stages=self.parts.num_chunks, device=self.device, group=group)
+            PipelineStage(
+                m,
+                stage_index=c,
+                num_stages=self.parts.num_chunks,
+                device=self.device,
+                group=group,
+                **(self._static_stage_args(c) if self.fake else {}),
+            )
             for m, c in zip(self.parts.chunks, self.parts.chunk_ids, strict=True)
         ]
         n_mb = lay.grad_accum_
         if lay.schedule_ == "interleaved_1f1b":
-            return ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
-        cls = ScheduleGPipe if lay.schedule_ == "gpipe" else Schedule1F1B
-        return cls(stages[0], n_microbatches=n_mb, loss_fn=_loss_fn)
+            schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
+        else:
+            cls = ScheduleGPipe if lay.schedule_ == "gpipe" else Schedule1F1B
+            schedule = cls(stages[0], n_microbatches=n_mb, loss_fn=_loss_fn)
+        if self.fake:
+            # The warm-up vote on static vs dynamic shapes reads a tensor's value, which fake
+            # tensors do not have: every stage here has static shapes.
+            from torch.distributed.pipelining._utils import InferenceMode
+
+            def static_warmup(stages: list, has_backward: bool, p2p_done: bool) -> None:
+                for st in stages:
+                    st._inference_mode = InferenceMode.STATIC
+
+            schedule._warmup_p2p = static_warmup  # type: ignore[method-assign]
+        return schedule
+
+    def _static_stage_args(self, chunk: int) -> dict[str, Any]:
+        """Example input/output of pipeline chunk `chunk` on the meta device (a fake process group
+        cannot exchange the shapes at run time)."""
+        run, lay = self.run, self.run.layout
+        mb, s = lay.micro_batch, run.training.seq_len // lay.cp
+        s_hidden = s // lay.tp if lay.tp > 1 and lay.sp_ else s
+        h, v = run.model.hidden_size, run.model.vocab_size
+        act = self.dtype
+        meta = torch.device("meta")
+
+        def hidden() -> torch.Tensor:
+            return torch.empty(mb, s_hidden, h, dtype=act, device=meta)
+
+        first, last = chunk == 0, chunk == self.parts.num_chunks - 1
+        out: dict[str, Any] = {
+            "input_args": torch.empty(mb, s, dtype=torch.long, device=meta) if first else hidden(),
+            "output_args": torch.empty(mb, s, v, dtype=act, device=meta) if last else hidden(),
+        }
+        if not last:
+            out["output_grads"] = hidden()
+        if not first:
+            out["input_grads"] = hidden()
+        return out
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32 or self.parts.fsdp:
@@ -151,10 +203,11 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     # ---- one optimizer step --------------------------------------------------------------------
-    def train_step(self) -> float:
-        """Run step `self.step_index`; returns its global mean loss."""
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
+        """Run step `self.step_index` on its data (or on `batch`: this rank's tokens and targets);
+        returns the global mean loss (NaN when tracing with fake tensors)."""
         run, lay = self.run, self.run.layout
-        tokens, targets = local_batch(run, self.meshes, self.step_index, self.positions)
+        tokens, targets = batch or local_batch(run, self.meshes, self.step_index, self.positions)
         tokens, targets = tokens.to(self.device), targets.to(self.device)
         ga, mb = lay.grad_accum_, lay.micro_batch
         local_loss = torch.zeros((), device=self.device)
@@ -190,6 +243,8 @@ class Trainer:
         return self._global_loss(local_loss)
 
     def _global_loss(self, local: torch.Tensor) -> float:
+        if self.fake:
+            return float("nan")
         if self.meshes.world is None:
             return float(local)
         local = local.detach().float().clone()

@@ -26,8 +26,8 @@ def test_matmul_flops_are_6nt_over_gemm_weights() -> None:
 
 def test_megatron_gpt_formula() -> None:
     # Narayanan et al. 2021 without recompute: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) per step
-    b, s, l, h, v = 8, 2048, GPT.num_layers, GPT.hidden_size, GPT.vocab_size
-    expected = 72 * b * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h))
+    b, s, layers, h, v = 8, 2048, GPT.num_layers, GPT.hidden_size, GPT.vocab_size
+    expected = 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
     assert step_flops(GPT, s, b).model_flops == pytest.approx(expected, rel=1e-12)
 
 

@@ -428,3 +428,22 @@ def test_per_rank_recompute_on_a_preset_fits_a_smaller_gpu() -> None:
     ks = res.recompute_per_rank
     assert ks[0] > 0 and ks[-1] == 0
     assert list(ks) == sorted(ks, reverse=True)
+
+
+def test_even_cut_is_the_fallback_when_the_search_finds_nothing() -> None:
+    from planner.partition import _even_fallback
+
+    data = tiny(8, in_flight=(2.0, 1.0), recompute="per_rank", capacity=700)
+    res = _even_fallback(data, 0.1, "the solver found no cut within 0.5 s")
+    assert res.status == "feasible" and res.ok
+    assert res.chunk_layers == (4, 4) and res.recompute_per_rank == (2, 0)
+    assert "returning the even cut" in res.message
+    tight = dataclasses.replace(data, capacity_bytes=400)
+    assert _even_fallback(tight, 0.1, "no cut").status == "unknown"
+
+
+def test_work_limit_is_reproducible() -> None:
+    data = tiny(12, pp=3, vpp=2, in_flight=(3.0, 2.0, 1.0), recompute="per_rank", capacity=1500, head_time_s=8 * MS)
+    a = partition_layers(data, byte_resolution=1, work_limit=0.5, time_limit_s=30)
+    b = partition_layers(data, byte_resolution=1, work_limit=0.5, time_limit_s=30)
+    assert (a.status, a.chunk_layers, a.recompute_per_rank) == (b.status, b.chunk_layers, b.recompute_per_rank)

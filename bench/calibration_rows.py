@@ -1,0 +1,485 @@
+"""Turn the rows of `../shared/calibration/published_runs.csv` into priced-layout inputs.
+
+Each usable row becomes a `CalibrationRow`: (ModelSpec, TrainingSpec, cluster preset, GPUs, Layout,
+measured tokens/s/GPU, source id) plus the list of assumptions made where the source is silent.
+Rows that cannot be used become an `Unusable` with the reason. Nothing here is fitted; every
+assumption is written down next to the row it applies to (see `CalibrationRow.assumptions`).
+
+Conventions applied per source (the CSV's README lists the sources):
+
+- Shapes. GPT-style rows (Megatron README, Narayanan 2021, Korthikanti 2022, NeMo GPT3): GeLU MLP
+  of width 4h unless given, LayerNorm, learned absolute positions, MHA, biases on every linear,
+  tied input/output embeddings (Megatron's default). Narayanan Table 1 has no head counts: h/128
+  heads (head dim 128) is assumed; attention FLOPs and time do not depend on the head count.
+  Korthikanti rows have no vocabulary: 51200 (calculon's model files; it reproduces the printed
+  MFU to 0.1 point). llm-foundry MPT: ALiBi, vocabulary 50368, expansion 4, no biases, tied
+  embeddings, LayerNorm. Llama rows: SwiGLU, RMSNorm, RoPE, GQA from `kv_heads`, untied. Nemotron
+  rows: squared-ReLU MLP, LayerNorm, RoPE, untied (vocabulary 256000 where blank, the Nemotron
+  tokenizer of the 340B row). Mixtral: SwiGLU experts, `ffn_hidden` is the expert width.
+- Precision: BF16/amp_bf16/bf16 -> bf16; FP8/amp_fp8 -> fp8; FP16/"mixed (16-bit)" -> fp16
+  (bf16 where the catalog GPU has no separate fp16 peak: Ampere's fp16 and bf16 tensor-core rates
+  are equal). Megatron/NeMo keep fp32 main gradients (`grad_dtype="fp32"`); llm-foundry's
+  `amp_bf16` (FSDP mixed precision DEFAULT) reduces gradients in fp32, `bf16` (PURE) in bf16;
+  DeepSpeed fp16 keeps fp16 gradients.
+- Framework: Megatron-LM / Megatron-Core / NeMo -> "megatron"; llm-foundry -> "fsdp" (ZeRO-3 for
+  FULL_SHARD, ZeRO-2 for SHARD_GRAD_OP); DeepSpeed -> "deepspeed".
+- Measured tokens/s/GPU: the `tokens_per_s_per_gpu` column when present; else from `step_time_s`
+  (global batch tokens / step / GPUs); else `tflops_per_gpu` divided by the FLOPs per token of the
+  source's own convention: Megatron README / NeMo / Megatron-Core = `cost_models.flops.step_flops`
+  model FLOPs (full-attention, LM head included: NeMo rows that print both TFLOP/s and tokens/s
+  agree with it to <1%, see `flops_check`); Narayanan 2021 Eq. 3 =
+  96 l h^2 (1 + s/(6h) + V/(16 l h)) per token (counts the recompute forward).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from cluster_specs.catalog import get_gpu
+from cost_models.flops import step_flops
+from cost_models.layout import Layout
+from model_specs.spec import ModelSpec, TrainingSpec
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = Path(os.environ.get("AUTOPAR_CALIBRATION_CSV", REPO.parent / "shared" / "calibration" / "published_runs.csv"))
+
+CLUSTER_FOR_FAMILY = {
+    "A100-40GB": "dgx-a100-40g",
+    "A100-80GB": "dgx-a100-80g",
+    "H100-80GB": "dgx-h100",
+    "H100-96GB-HBM2e-500W": "grand-teton-h100",
+}
+
+
+@dataclass(frozen=True)
+class CalibrationRow:
+    """One published configuration, ready for `cost_models.estimate.estimate`."""
+
+    row_id: int
+    source_id: str
+    label: str  # the model name as the source prints it
+    model: ModelSpec
+    training: TrainingSpec
+    cluster_name: str
+    gpus: int
+    layout: Layout
+    measured_tokens_per_s_per_gpu: float | None  # None: a layout-only row (fit check only)
+    measured_from: str  # which column the throughput comes from (and the FLOP convention)
+    confidence: str
+    assumptions: tuple[str, ...] = ()
+    reported_tflops_per_gpu: float | None = None
+    reported_memory_gib: float | None = None
+    memory_kind: str = ""
+    flops_check: float | None = None
+    """Reported TFLOP/s / (reported tokens/s x our model FLOPs per token), where the row prints both:
+    1.0 means the source's FLOP convention equals `cost_models.flops` model FLOPs."""
+
+    @cached_property
+    def cluster(self) -> Any:
+        from cluster_specs.presets import get_cluster
+
+        return get_cluster(self.cluster_name)
+
+    @property
+    def has_throughput(self) -> bool:
+        return self.measured_tokens_per_s_per_gpu is not None
+
+    def layout_str(self) -> str:
+        lay = self.layout
+        parts = [f"tp{lay.tp}", f"pp{lay.pp}"]
+        if lay.vpp > 1:
+            parts.append(f"v{lay.vpp}")
+        parts.append(f"dp{lay.dp}")
+        if lay.cp > 1:
+            parts.append(f"cp{lay.cp}")
+        if lay.ep > 1:
+            parts.append(f"ep{lay.ep}")
+        parts.append(f"mb{lay.micro_batch}")
+        parts.append(f"z{lay.zero_stage}")
+        if lay.recompute != "none":
+            parts.append({"full": "rcF", "selective": "rcS"}[lay.recompute])
+        if lay.sp:
+            parts.append("sp")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Unusable:
+    row_id: int
+    source_id: str
+    label: str
+    reason: str
+
+
+@dataclass
+class _Ctx:
+    raw: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    def s(self, col: str) -> str:
+        return (self.raw.get(col) or "").strip()
+
+    def i(self, col: str) -> int | None:
+        v = self.s(col)
+        if not v:
+            return None
+        return int(float(v))
+
+    def f(self, col: str) -> float | None:
+        v = self.s(col)
+        return float(v) if v else None
+
+
+class _Skip(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------------
+# model shapes
+# --------------------------------------------------------------------------------------------------
+
+
+def _style(c: _Ctx) -> str:
+    sid, name = c.s("source_id"), c.s("model").lower()
+    if sid == "llmfoundry_mpt":
+        return "mpt"
+    if c.i("moe_experts"):
+        return "mixtral"
+    if "llama" in name:
+        return "llama"
+    if "nemotron" in name:
+        return "nemotron"
+    return "gpt"
+
+
+def _model(c: _Ctx) -> ModelSpec:
+    layers, hidden, seq = c.i("layers"), c.i("hidden"), c.i("seq_len")
+    if not (layers and hidden and seq):
+        raise _Skip("no model shape (layers / hidden / seq_len blank)")
+    style = _style(c)
+    heads = c.i("heads")
+    vocab = c.i("vocab")
+    ffn = c.i("ffn_hidden")
+    sid = c.s("source_id")
+    if heads is None:
+        if sid == "narayanan2021_table1":
+            heads = hidden // 128
+            c.notes.append(f"heads not in the source: h/128 = {heads} assumed (head dim 128)")
+        else:
+            raise _Skip("no attention head count")
+    if vocab is None:
+        if sid.startswith("korthikanti2022"):
+            vocab = 51200
+            c.notes.append("vocab not in the row: 51200 (calculon's model files; reproduces the printed MFU)")
+        elif style == "nemotron":
+            vocab = 256000
+            c.notes.append("vocab not in the row: 256000 assumed (Nemotron tokenizer, as the 340B row)")
+        else:
+            raise _Skip("no vocabulary size")
+    kv = c.i("kv_heads") or heads
+    name = f"{c.s('model')} (row {c.s('row_id')})"
+    common: dict[str, Any] = dict(
+        name=name, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
+        max_position_embeddings=max(seq, 2048),
+    )
+    if style == "gpt":
+        if ffn is None:
+            ffn = 4 * hidden
+            c.notes.append("ffn_hidden blank: 4h assumed")
+        return ModelSpec(
+            **common, family="gpt", num_kv_heads=kv, ffn_hidden_size=ffn, mlp="gelu", norm="layernorm",
+            qkv_bias=True, attn_out_bias=True, mlp_bias=True, tie_embeddings=True, position_embedding="learned",
+        )
+    if style == "mpt":
+        return ModelSpec(
+            **common, family="mpt", num_kv_heads=kv, ffn_hidden_size=ffn or 4 * hidden, mlp="gelu",
+            norm="layernorm", tie_embeddings=True, position_embedding="alibi",
+        )
+    if style == "llama":
+        if ffn is None:
+            raise _Skip("no ffn_hidden for a Llama row")
+        return ModelSpec(**common, family="llama", num_kv_heads=kv, ffn_hidden_size=ffn, mlp="swiglu", norm="rmsnorm")
+    if style == "nemotron":
+        if ffn is None:
+            raise _Skip("no ffn_hidden for a Nemotron row")
+        return ModelSpec(**common, family="nemotron", num_kv_heads=kv, ffn_hidden_size=ffn, mlp="relu2", norm="layernorm")
+    # mixtral
+    experts, topk = c.i("moe_experts"), c.i("moe_topk")
+    if ffn is None or not topk:
+        raise _Skip("MoE row without expert width or top-k")
+    return ModelSpec(
+        **common, family="mixtral", num_kv_heads=kv, ffn_hidden_size=ffn, mlp="swiglu", norm="rmsnorm",
+        num_experts=experts or 0, moe_top_k=topk, moe_ffn_hidden_size=ffn,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# precision, framework, layout
+# --------------------------------------------------------------------------------------------------
+
+
+def _framework(c: _Ctx) -> str:
+    fw = c.s("framework").lower()
+    if "llm-foundry" in fw or "composer" in fw:
+        return "fsdp"
+    if "deepspeed" in fw:
+        return "deepspeed"
+    if "megatron" in fw or "nemo" in fw:
+        return "megatron"
+    raise _Skip(f"unknown framework {c.s('framework')!r}")
+
+
+def _precision(c: _Ctx, gpu_family: str, framework: str) -> tuple[str, str]:
+    """(compute precision, gradient dtype)."""
+    p = c.s("precision").lower()
+    if "fp8" in p:
+        prec = "fp8"
+    elif "bf16" in p:
+        prec = "bf16"
+    elif "fp16" in p or "16-bit" in p or "float16" in p:
+        prec = "fp16"
+    else:
+        raise _Skip(f"precision not stated ({c.s('precision')!r})")
+    if prec == "fp16" and "fp16" not in get_gpu(gpu_family).peak_flops_per_s:
+        c.notes.append(f"fp16 priced as bf16: the {gpu_family} catalog entry has no fp16 peak (equal rates on Ampere)")
+        prec = "bf16"
+    if framework == "megatron":
+        grad = "fp32"
+    elif framework == "fsdp":
+        # FSDP keeps fp32 sharded weights + fp32 sharded grads + Adam m, v = 16 B/param under both
+        # DEFAULT and PURE mixed precision, which `grad_dtype="bf16"` reproduces (2 + 2 + 12). The
+        # DEFAULT mode's fp32 gradient reduce-scatter (2x the bytes) is therefore priced at bf16.
+        grad = "bf16"
+        if "default" in p:
+            c.notes.append("FSDP DEFAULT reduces grads in fp32; priced as bf16 (keeps the 16 B/param total exact)")
+    else:
+        grad = "bf16"
+    return prec, grad
+
+
+def _recompute(c: _Ctx, default: str) -> str:
+    r = c.s("recompute").lower()
+    if not r:
+        c.notes.append(f"recompute not stated: {default}")
+        return default
+    if r.startswith("full"):
+        return "full"
+    if r.startswith("selective"):
+        return "selective"
+    if r.startswith("none"):
+        return "none"
+    raise _Skip(f"unknown recompute {r!r}")
+
+
+def _sp(c: _Ctx, tp: int, default: bool | None) -> bool:
+    s = c.s("sequence_parallel").lower()
+    if s in ("yes", "true", "on"):
+        return tp > 1
+    if s in ("no", "false", "off"):
+        return False
+    value = (tp > 1) if default is None else (default and tp > 1)
+    if tp > 1:
+        c.notes.append(f"sequence parallel not stated: {'on' if value else 'off'}")
+    return value
+
+
+_VPP_FROM_PAIRED_ROW: dict[tuple[str, int], int] = {}
+
+
+def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, gpus: int) -> Layout:
+    sid = c.s("source_id")
+    tp, pp, cp, ep, vpp = c.i("tp"), c.i("pp"), c.i("cp") or 1, c.i("ep") or 1, c.i("vpp") or 1
+    mp = c.i("mp_size")
+    if tp is None and pp is None:
+        if sid == "narayanan2021_table2" and mp:
+            tp, pp = 8, mp // 8
+            c.notes.append(f"model-parallel size {mp} split as TP8 x PP{pp} (cli99/llm-analysis reproduction)")
+        elif framework == "fsdp":
+            tp = pp = 1
+        else:
+            raise _Skip("parallel layout not stated")
+    tp, pp = tp or 1, pp or 1
+    if gpus % (tp * pp * cp):
+        raise _Skip(f"tp x pp x cp = {tp * pp * cp} does not divide {gpus} GPUs")
+    dp = gpus // (tp * pp * cp)
+    if c.i("dp") is not None and c.i("dp") != dp:
+        c.notes.append(f"dp column {c.i('dp')} != GPUs/(tp pp cp) = {dp}; using {dp}")
+    mb = c.i("micro_batch")
+    if mb is None:
+        mb = 1
+        c.notes.append("micro-batch not stated: 1")
+    ga = c.i("grad_accum")
+    if ga is not None and ga * mb * dp != training.global_batch:
+        c.notes.append(f"grad_accum column {ga} inconsistent with batch; derived")
+        ga = None
+    zero_col = c.s("zero_or_fsdp").upper()
+    if framework == "fsdp":
+        zero = 2 if "SHARD_GRAD_OP" in zero_col else 3
+    elif framework == "deepspeed":
+        m = re.search(r"ZERO-(\d)", zero_col)
+        zero = int(m.group(1)) if m else 3
+    elif sid in ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022"):
+        zero = 0
+        c.notes.append("no distributed optimizer (Megatron-LM 2021/22): ZeRO-0")
+    else:
+        zero = 1
+        c.notes.append("distributed optimizer assumed: ZeRO-1")
+    if sid == "korthikanti2022" and vpp == 1 and pp > 1:
+        paired = _VPP_FROM_PAIRED_ROW.get((c.s("model"), gpus))
+        if paired and paired > 1:
+            vpp = paired
+            c.notes.append(f"vpp {vpp} taken from the paired selective-recompute row (same pipeline)")
+    if vpp > 1 and model.num_layers % (pp * vpp):
+        raise _Skip(f"vpp={vpp} x pp={pp} does not divide {model.num_layers} layers")
+    if pp > 1 and vpp == 1 and not c.s("vpp"):
+        c.notes.append("vpp not stated: plain 1F1B")
+    if sid in ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022"):
+        recompute = _recompute(c, "full")
+        sp = _sp(c, tp, False)
+    elif framework == "deepspeed":
+        recompute = _recompute(c, "full")
+        sp = False
+    else:
+        recompute = _recompute(c, "none")
+        sp = _sp(c, tp, None)
+    return Layout(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero_stage=zero, micro_batch=mb, grad_accum=ga,
+        recompute=recompute, sp=sp, framework=framework,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# throughput
+# --------------------------------------------------------------------------------------------------
+
+
+def our_model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    return step_flops(model, seq_len, 1).model_flops / seq_len
+
+
+def narayanan_eq3_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Narayanan et al. 2021 Eq. 3 divided by B*s: 96 l h^2 (1 + s/(6h) + V/(16 l h))."""
+    n, h, v = model.num_layers, model.hidden_size, model.vocab_size
+    return 96.0 * n * h * h * (1 + seq_len / (6 * h) + v / (16 * n * h))
+
+
+def _throughput(c: _Ctx, model: ModelSpec, training: TrainingSpec, gpus: int) -> tuple[float | None, str]:
+    tok = c.f("tokens_per_s_per_gpu")
+    if tok:
+        return tok, "tokens_per_s_per_gpu"
+    step = c.f("step_time_s")
+    if step:
+        return training.tokens_per_step / step / gpus, "step_time_s"
+    tflops = c.f("tflops_per_gpu")
+    if tflops:
+        kind = c.s("tflops_kind").lower()
+        if "eq.3" in kind or c.s("source_id").startswith("narayanan2021"):
+            per_tok = narayanan_eq3_flops_per_token(model, training.seq_len)
+            return tflops * 1e12 / per_tok, "tflops_per_gpu / Narayanan Eq.3 FLOPs per token"
+        if c.s("source_id") == "llmfoundry_mpt":
+            raise _Skip("llm-foundry row without tokens/s")
+        per_tok = our_model_flops_per_token(model, training.seq_len)
+        return tflops * 1e12 / per_tok, "tflops_per_gpu / model FLOPs per token (Megatron convention)"
+    return None, ""
+
+
+# --------------------------------------------------------------------------------------------------
+# rows
+# --------------------------------------------------------------------------------------------------
+
+
+def _unusable_reason(c: _Ctx) -> str | None:
+    sid = c.s("source_id")
+    if sid == "zero2020_fig1":
+        return "memory-only analytical row (ZeRO Fig. 1), no model shape or throughput"
+    if sid in ("megatron_readme_h100_strong", "korthikanti2022_abstract"):
+        return "layout (TP/PP/DP, batch) not stated by the source"
+    if sid == "korthikanti2022" and not c.f("step_time_s"):
+        return "memory-only row (no-recompute variant, analytical Fig. 1 memory; the source says it does not fit)"
+    if c.s("gpu_family") not in CLUSTER_FOR_FAMILY:
+        return f"no cluster preset for GPU family {c.s('gpu_family')!r}"
+    return None
+
+
+def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
+    c = _Ctx(raw)
+    row_id, sid, label = int(c.s("row_id")), c.s("source_id"), c.s("model")
+    reason = _unusable_reason(c)
+    if reason:
+        return Unusable(row_id, sid, label, reason)
+    try:
+        model = _model(c)
+        seq = c.i("seq_len")
+        assert seq
+        gpus = c.i("gpu_count")
+        if not gpus:
+            raise _Skip("no GPU count")
+        gbs = c.i("global_batch_seqs")
+        if gbs is None:
+            tokens = c.i("global_batch_tokens")
+            if not tokens:
+                raise _Skip("no global batch")
+            gbs = tokens // seq
+        framework = _framework(c)
+        family = c.s("gpu_family")
+        prec, grad = _precision(c, family, framework)
+        training = TrainingSpec(seq_len=seq, global_batch=gbs, precision=prec, grad_dtype=grad)  # type: ignore[arg-type]
+        layout = _layout(c, model, training, framework, gpus)
+        measured, measured_from = _throughput(c, model, training, gpus)
+    except _Skip as exc:
+        return Unusable(row_id, sid, label, str(exc))
+    flops_check = None
+    tok, tfl = c.f("tokens_per_s_per_gpu"), c.f("tflops_per_gpu")
+    if tok and tfl:
+        flops_check = tfl * 1e12 / (tok * our_model_flops_per_token(model, training.seq_len))
+    if measured is None:
+        c.notes.append("no throughput: layout-only row (memory-fit check only)")
+    return CalibrationRow(
+        row_id=row_id, source_id=sid, label=label, model=model, training=training,
+        cluster_name=CLUSTER_FOR_FAMILY[family], gpus=gpus, layout=layout,
+        measured_tokens_per_s_per_gpu=measured, measured_from=measured_from, confidence=c.s("confidence"),
+        assumptions=tuple(c.notes), reported_tflops_per_gpu=tfl, reported_memory_gib=c.f("memory_per_gpu_gib"),
+        memory_kind=c.s("memory_kind"), flops_check=flops_check,
+    )
+
+
+def read_csv(path: Path | str = DEFAULT_CSV) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def load_rows(path: Path | str = DEFAULT_CSV) -> tuple[list[CalibrationRow], list[Unusable]]:
+    """Every row of the CSV: (parsed rows, unusable rows with reasons). Parsed rows include
+    layout-only rows (`has_throughput` False), which only take part in the memory-fit check."""
+    raws = read_csv(path)
+    _VPP_FROM_PAIRED_ROW.clear()
+    for r in raws:
+        if r["source_id"] == "korthikanti2022" and r.get("vpp"):
+            _VPP_FROM_PAIRED_ROW[(r["model"], int(r["gpu_count"]))] = int(r["vpp"])
+    rows: list[CalibrationRow] = []
+    bad: list[Unusable] = []
+    for raw in raws:
+        out = parse_row(raw)
+        (rows if isinstance(out, CalibrationRow) else bad).append(out)  # type: ignore[arg-type]
+    return rows, bad
+
+
+def reason_counts(bad: list[Unusable]) -> Counter[str]:
+    return Counter(u.reason for u in bad)
+
+
+if __name__ == "__main__":
+    rows, bad = load_rows()
+    print(f"{len(rows)} parsed rows ({sum(r.has_throughput for r in rows)} with throughput), {len(bad)} unusable")
+    for reason, n in reason_counts(bad).most_common():
+        print(f"  {n:4d}  {reason}")
+    for r in rows:
+        if r.source_id != "llmfoundry_mpt":
+            print(r.row_id, r.source_id, r.label, r.layout_str(), r.measured_tokens_per_s_per_gpu, r.flops_check)

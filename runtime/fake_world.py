@@ -1,0 +1,167 @@
+"""Memory of a layout at its planned world size, without the GPUs: a fake process group and fake
+tensors (design.md "How we verify without a GPU" 2; verification-notes.md "Memory").
+
+For one simulated rank of each pipeline stage (the first rank of the stage: all coordinates 0 but
+`pp`), this process joins a `fake` process group of `layout.world_size` ranks, builds the meshes,
+builds the model inside `FakeTensorMode`, parallelizes it outside the mode (DeviceMesh and FSDP2
+cannot be set up inside it), then runs `steps` training steps inside the mode under the
+live-storage tracker (`runtime.memory`). The peak of the steps, after the model is built, is
+what the runtime would allocate on that rank: parameters, gradients, optimizer states,
+activations, logits and the communication buffers torch allocates (FSDP all-gather /
+reduce-scatter, all-to-all, pipeline send/receive), without the CUDA caching allocator's rounding
+and NCCL's own buffers.
+
+Workarounds (torch 2.13): DTensor must not reuse the outer fake mode for sharding propagation
+(`_sharding_prop.detect_fake_mode` is patched to return None while tracing), pipeline stages get
+static shapes, and expert parallelism routes tokens evenly (the data-dependent routing cannot run
+on fake tensors; `MoE.tokens_per_expert` does the same).
+
+    python -m runtime.fake_world RUNSPEC_OR_PLAN.json [--cluster dgx-h100] [--steps 2] [--dtype bf16]
+
+prints, per stage, the measured peak next to `cost_models.estimate.estimate(...).memory` and
+writes JSON with `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.memory import LiveStorageTracker
+from runtime.spec import RunSpec, load_run_spec
+
+__all__ = ["StageMemory", "compare_with_estimate", "measure_stage", "measure_stages"]
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    rank: int
+    peak_bytes: int  # peak over the traced steps
+    steady_bytes: int  # live bytes between steps (parameters, gradients?, optimizer states)
+    seconds: float
+
+
+@contextlib.contextmanager
+def _no_dtensor_fake_reuse() -> Iterator[None]:
+    import torch.distributed.tensor._sharding_prop as sp
+
+    orig = sp.detect_fake_mode
+    sp.detect_fake_mode = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sp.detect_fake_mode = orig  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _fake_group(rank: int, world: int) -> Iterator[None]:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def stage_rank(run: RunSpec, stage: int) -> int:
+    """Global rank of the first rank of pipeline stage `stage` (all other coordinates 0)."""
+    from cost_models.mesh import mesh_strides
+
+    return stage * mesh_strides(run.layout).pp
+
+
+def measure_stage(run: RunSpec, stage: int, steps: int = 2) -> StageMemory:
+    """Trace `steps` training steps of the first rank of pipeline stage `stage` (module doc)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runtime.mesh import build_meshes
+    from runtime.train import Trainer
+
+    t0 = time.perf_counter()
+    rank = stage_rank(run, stage)
+    lay = run.layout
+    device = torch.device("cpu")
+    with _fake_group(rank, lay.world_size), _no_dtensor_fake_reuse():
+        meshes = build_meshes(lay, "cpu")
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        trainer = Trainer(run, device, meshes=meshes, fake_mode=fake)
+        tracker = LiveStorageTracker()
+        rows = lay.grad_accum_ * lay.micro_batch
+        s_local = run.training.seq_len // lay.cp
+        steady = 0
+        with fake, tracker:
+            for m in trainer.parts.chunks:
+                tracker.track(m)
+            tracker.reset_peak()
+            for _ in range(steps):
+                tokens = torch.zeros(rows, s_local, dtype=torch.long)
+                trainer.train_step((tokens, tokens.clone()))
+                steady = tracker.live_bytes
+        return StageMemory(stage, rank, tracker.peak_bytes, steady, time.perf_counter() - t0)
+
+
+def measure_stages(run: RunSpec, steps: int = 2) -> list[StageMemory]:
+    """`measure_stage` for every pipeline stage."""
+    return [measure_stage(run, s, steps) for s in range(run.layout.pp)]
+
+
+def compare_with_estimate(run: RunSpec, measured: list[StageMemory], cluster: str = "dgx-h100") -> list[dict[str, Any]]:
+    """Rows of stage, measured peak and the cost model's breakdown for that stage."""
+    from cluster_specs.presets import get_cluster
+    from cost_models.estimate import estimate
+
+    est = estimate(run.model, run.training, get_cluster(cluster), run.gpus, run.layout, run.stage_partition)
+    rows = []
+    for m in measured:
+        b = est.memory[m.stage]
+        modelled = b.total - b.reserve
+        rows.append(
+            {
+                **asdict(m),
+                "estimate": b.as_dict(),
+                "estimate_without_reserve_bytes": int(modelled),
+                "ratio_measured_to_estimate": m.peak_bytes / modelled if modelled else None,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m runtime.fake_world", description=__doc__.split("\n\n")[0])
+    p.add_argument("spec", help="RunSpec or Plan JSON")
+    p.add_argument("--cluster", default="dgx-h100", help="cluster preset for the estimate")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="bf16")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    run = load_run_spec(a.spec, dtype=a.dtype)
+    rows = compare_with_estimate(run, measure_stages(run, a.steps), a.cluster)
+    gib = 2**30
+    for r in rows:
+        print(
+            f"stage {r['stage']} (rank {r['rank']}): measured {r['peak_bytes'] / gib:.3f} GiB, "
+            f"estimate {r['estimate_without_reserve_bytes'] / gib:.3f} GiB without reserve "
+            f"(ratio {r['ratio_measured_to_estimate']:.3f}), {r['seconds']:.1f} s",
+            file=sys.stderr,
+        )
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
