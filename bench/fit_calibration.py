@@ -26,9 +26,11 @@ Fitted constants (a small set: each one is identified by a visible contrast in t
     hbm_efficiency         memory-bound ops (the H100/A100 contrast: same code, 2x the FLOP/byte)
     inter_bus_efficiency   scale-out collectives (DP/FSDP rows over many nodes)
     step_overhead_s        fixed per-step cost (small, fast steps: Megatron 1.7B, MPT at 8 GPUs)
-    overlaps.fsdp.zero3    FSDP prefetch overlap (llm-foundry, small micro-batches)
-    overlaps.megatron.tp   TP communication overlap (TP=8 Megatron/NeMo rows)
-Each is bounded to stay physical (efficiencies and overlap fractions in (0, 1]).
+Each is bounded to stay physical (efficiencies in (0, 1], overhead >= 0). Overlap fractions
+(`--params overlaps.fsdp.zero3,...`) were tried and left out: they changed the hold-out error by
+less than a point, and FSDP's ZeRO-3 overlap ran to 0 (it absorbs unmodelled per-micro-batch cost
+rather than measuring overlap). Nonlinear least squares is local, so it starts from the priors and
+from three more deterministic points (bounds' midpoints and two seeded draws); the best wins.
 
 Rows excluded from the fit (still reported): the DeepSpeed ZeRO-3 rows of Narayanan 2021 Table 2.
 Their per-GPU throughput halves each time the micro-batch halves at fixed global batch (144 ->
@@ -152,8 +154,6 @@ DEFAULT_PARAMS = (
     "hbm_efficiency",
     "inter_bus_efficiency",
     "step_overhead_s",
-    "overlaps.fsdp.zero3",
-    "overlaps.megatron.tp",
 )
 
 
@@ -215,9 +215,18 @@ def fit(
             print(f"  eval {calls['n']:4d}  loss {float(np.sum(r**2)):.5f}  ({time.time() - calls['t']:.0f} s)", flush=True)
         return r
 
-    sol = least_squares(
-        residuals, x0, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=max_nfev, method="trf", verbose=0
-    )
+    rng = np.random.default_rng(20240715)
+    starts = [x0, (lo + hi) / 2] + [lo + (hi - lo) * rng.uniform(0.2, 0.8, len(params)) for _ in range(2)]
+    sol = None
+    for i, start in enumerate(starts):
+        cand = least_squares(
+            residuals, start, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=max_nfev, method="trf", verbose=0
+        )
+        if verbose:
+            print(f"  start {i}: loss {2 * cand.cost:.5f} ({cand.message})", flush=True)
+        if sol is None or cand.cost < sol.cost:
+            sol = cand
+    assert sol is not None
     cal = make_calibration(base, params, sol.x)
     # rough 1-sigma from the Gauss-Newton Hessian (residuals are already weighted; the loss is not a
     # likelihood, so these are indicative of identifiability, not confidence intervals)

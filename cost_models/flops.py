@@ -20,6 +20,7 @@ Source: Narayanan et al. 2021 (Eq. 3), Korthikanti et al. 2022 (Sec. 5), PaLM ap
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from model_specs.params import count_params
@@ -126,6 +127,7 @@ def forward_flops_per_sequence(model: ModelSpec, seq_len: int, convention: Atten
     return total
 
 
+@lru_cache(maxsize=4096)
 def step_flops(
     model: ModelSpec,
     seq_len: int,
@@ -133,7 +135,7 @@ def step_flops(
     recompute: Literal["none", "selective", "full"] = "none",
     recomputed_layer_fraction: float = 1.0,
 ) -> StepFlops:
-    """FLOPs of a step over `sequences` sequences of `seq_len` tokens.
+    """FLOPs of a step over `sequences` sequences of `seq_len` tokens (cached: specs are frozen).
 
     `recomputed_layer_fraction` is the share of layers that full recompute re-runs (1.0 = all).
     """

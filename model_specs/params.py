@@ -9,7 +9,7 @@ bias, norm scale (and shift, for LayerNorm), router and learned position table i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from model_specs.spec import ModelSpec
 
@@ -146,11 +146,11 @@ class ParamCounts:
     final_norm: int
     layers: tuple[LayerParams, ...]
 
-    @property
+    @cached_property
     def total(self) -> int:
         return self.embedding + self.lm_head + self.final_norm + sum(layer.total for layer in self.layers)
 
-    @property
+    @cached_property
     def active(self) -> int:
         return self.embedding + self.lm_head + self.final_norm + sum(layer.active for layer in self.layers)
 

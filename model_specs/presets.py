@@ -46,7 +46,13 @@ class UnknownModelError(KeyError):
 
 def list_models() -> list[str]:
     """Names of all presets, sorted."""
-    return sorted(p.name.removesuffix(".json") for p in _DATA.iterdir() if p.name.endswith(".json"))
+    return list(_names())
+
+
+@cache
+def _names() -> tuple[str, ...]:
+    """The packaged preset files are read once per process."""
+    return tuple(sorted(p.name.removesuffix(".json") for p in _DATA.iterdir() if p.name.endswith(".json")))
 
 
 @cache
@@ -60,7 +66,7 @@ class _Presets(Mapping[str, ModelSpec]):
     def __getitem__(self, name: str) -> ModelSpec:
         key = name.lower()
         key = ALIASES.get(key, key)
-        if key not in list_models():
+        if key not in _names():
             raise KeyError(name)
         return _load(key)
 
