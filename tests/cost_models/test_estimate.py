@@ -1,0 +1,72 @@
+"""Directional properties of the estimate that any correct cost model must have."""
+
+import pytest
+
+from cluster_specs.presets import get_cluster
+from cost_models.estimate import estimate
+from cost_models.layout import Layout, LayoutError
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+
+MODEL = get_model("llama3-70b")
+CLUSTER = get_cluster("dgx-h100")
+TRAIN = TrainingSpec(seq_len=4096, global_batch=256)
+
+
+def est(**kw: object):
+    return estimate(MODEL, TRAIN, CLUSTER, 256, Layout(**kw))
+
+
+def test_recompute_trades_time_for_memory() -> None:
+    none, sel, full = (est(tp=8, pp=4, recompute=r) for r in ("none", "selective", "full"))
+    assert none.peak_memory.activations > sel.peak_memory.activations > full.peak_memory.activations
+    assert none.step_s < sel.step_s < full.step_s
+    assert full.time.recompute > sel.time.recompute > 0 == none.time.recompute
+
+
+def test_zero_stages_shrink_model_states() -> None:
+    states = []
+    for z in range(4):
+        m = est(tp=8, zero_stage=z).peak_memory
+        states.append(m.parameters + m.gradients + m.optimizer)
+    assert states == sorted(states, reverse=True)
+
+
+def test_more_micro_batches_shrink_the_bubble() -> None:
+    small = estimate(MODEL, TrainingSpec(seq_len=4096, global_batch=64), CLUSTER, 256, Layout(tp=8, pp=8))
+    large = estimate(MODEL, TrainingSpec(seq_len=4096, global_batch=1024), CLUSTER, 256, Layout(tp=8, pp=8))
+    assert small.bubble_fraction == pytest.approx(7 / (16 + 7))
+    assert large.bubble_fraction < small.bubble_fraction
+
+
+def test_interleaving_cuts_the_bubble_but_holds_more_activations() -> None:
+    plain = est(tp=8, pp=4)
+    inter = est(tp=8, pp=4, vpp=5)
+    assert inter.time.bubble < plain.time.bubble
+    assert inter.memory[0].activations > plain.memory[0].activations
+
+
+def test_tp_across_nodes_is_slower_than_inside() -> None:
+    inside = est(tp=8, pp=2)
+    across = est(tp=8, pp=2, order="pp-tp-cp-ep-dp")  # TP ranks strided across nodes
+    assert across.time.tp_comm > inside.time.tp_comm
+
+
+def test_offload_moves_optimizer_to_host() -> None:
+    on = est(tp=8, zero_stage=1, offload_optimizer=True)
+    off = est(tp=8, zero_stage=1)
+    assert on.peak_memory.optimizer == 0 and on.peak_memory.host_optimizer == pytest.approx(off.peak_memory.optimizer)
+    assert on.time.optimizer > off.time.optimizer
+
+
+def test_mfu_is_model_flops_over_peak() -> None:
+    e = est(tp=8, pp=2)
+    assert e.mfu == pytest.approx(e.flops.model_flops / (e.step_s * 256 * 989.4e12))
+    assert 0 < e.mfu < 1
+
+
+def test_invalid_layout_raises_with_every_violation() -> None:
+    with pytest.raises(LayoutError) as info:
+        est(tp=16, vpp=2)
+    fields = {v.field for v in info.value.violations}
+    assert {"vpp"} <= fields
