@@ -18,7 +18,7 @@ runs; they are priors with sources, and measured profiles refine them.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -98,9 +98,6 @@ class Calibration:
         if "overlaps" in kwargs:
             kwargs["overlaps"] = {k: Overlap(**v) for k, v in kwargs["overlaps"].items()}
         return cls(**kwargs)
-
-    def with_values(self, **changes: float) -> Calibration:
-        return replace(self, **changes)
 
 
 @lru_cache(maxsize=1)

@@ -10,8 +10,31 @@ etp x ep x expert-dp, expert-TP fastest (Megatron-Core's `tp-ep-dp-pp` expert or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from cost_models.layout import Layout
+
+class MeshLike(Protocol):
+    """What placement needs of a layout: degrees and rank order (a resolved `Layout`, or the
+    planner's lighter `Mesh`)."""
+
+    @property
+    def tp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def dp_(self) -> int: ...
+    @property
+    def etp_(self) -> int: ...
+    @property
+    def sp_(self) -> bool: ...
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def order(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -25,7 +48,7 @@ class MeshStrides:
     expert_dp: int  # stride of the expert-data-parallel group
 
 
-def mesh_strides(layout: Layout) -> MeshStrides:
+def mesh_strides(layout: MeshLike) -> MeshStrides:
     sizes = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp_, "pp": layout.pp}
     dense_order = [d for d in layout.order.split("-") if d != "ep"]
     strides: dict[str, int] = {}

@@ -23,7 +23,7 @@ from cost_models.calibration import Calibration
 from cost_models.comm import Group, collective_cost, collective_time
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_time
 from cost_models.layout import Layout
-from cost_models.mesh import mesh_strides
+from cost_models.mesh import MeshLike, mesh_strides
 from cost_models.pipeline import in_flight_micro_batches
 from cost_models.stages import StagePartition
 from model_specs.params import count_params
@@ -176,7 +176,7 @@ class StageTable:
 
 
 def mesh_comm(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: Layout, cal: Calibration
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: MeshLike, cal: Calibration
 ) -> tuple[float, float, float, float, float]:
     """Knob-independent communication of one micro-batch: seconds of a layer's forward TP/SP
     collectives, of a layer's CP ring exchange (forward and backward), of an MoE layer's

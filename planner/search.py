@@ -244,6 +244,12 @@ def search(
                 pruned += n_later
             break
         for vpp, schedule in options:
+            if schedule == "gpipe" and c.schedule != "gpipe":
+                # Dominated: GPipe has exactly 1F1B's step time (same bubble, same work) and holds
+                # all micro-batches' activations instead of at most pp, so it never ranks higher.
+                pruned += len(grid)
+                log.count("dominated: GPipe has 1F1B's step time and more activation memory", len(grid))
+                continue
             base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework).resolved(gpus, training)
             partition = StagePartition.even(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
@@ -258,11 +264,11 @@ def search(
             for j in over_idx:
                 log.count(reasons[j])
             if len(over_idx):
-                j = int(over_idx[np.argmin(peaks[over_idx])])
-                over = int(peaks[j] - usable)
+                jm = int(over_idx[np.argmin(peaks[over_idx])])
+                over = int(peaks[jm] - usable)
                 if closest is None or over < closest[0]:
-                    layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework).resolved(gpus, training)
-                    worst = max(memory_breakdowns(prices, j), key=lambda mbd: mbd.total)
+                    layout = to_layout(mesh, mb, vpp, schedule, grid[jm], c.framework).resolved(gpus, training)
+                    worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
                     closest = (over, layout, worst)
                 for j in over_idx:
                     reason = reasons[j]

@@ -6,9 +6,11 @@ sequence parallel, expert parallel, context parallel, activation recompute and f
 
 Tensor parallel (DTensor `parallelize_module`, Megatron-style):
 - attention wq/wk/wv column-parallel, wo row-parallel; MLP w1/w3 column-parallel, w2 row-parallel;
-  token embedding row-parallel (vocab-sharded); LM head column-parallel with its logits gathered
-  (`Replicate`) so the loss is the plain cross-entropy (vocab-parallel loss is not used: each TP
-  rank holds the full logits of its micro-batch).
+  token embedding row-parallel (vocab-sharded); LM head column-parallel with its logits left
+  sharded on the vocabulary (a DTensor), and the cross-entropy computed vocab-parallel under
+  `loss_parallel` (Megatron's vocab-parallel loss: each TP rank keeps 1/tp of the logits).
+- DTensor saves the all-gathered (full-sequence) input of the column-parallel layers under SP,
+  where Megatron saves the sequence shard and re-gathers it in backward.
 - Sequence parallel (`sp`): the residual stream between blocks is sharded on the sequence dim;
   norms run `SequenceParallel`; `PrepareModuleInput` all-gathers the sequence before attention and
   the MLP; wo/w2 reduce-scatter back to sequence shards. Learned position tables are row-parallel
@@ -162,7 +164,10 @@ def apply_tp(model: Transformer, tp_mesh, sp: bool) -> list[nn.Parameter]:
     if model.norm is not None and sp:
         plan["norm"] = SequenceParallel()
     if model.output is not None:
-        plan["output"] = ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())
+        # Logits stay sharded on the vocabulary (a DTensor); the loss runs under `loss_parallel`.
+        plan["output"] = ColwiseParallel(
+            input_layouts=seq if sp else Replicate(), output_layouts=Shard(-1), use_local_output=False
+        )
     parallelize_module(model, tp_mesh, plan)  # type: ignore[arg-type]
     if model.spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
         model.output.weight = model.tok_embeddings.weight

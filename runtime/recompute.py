@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from runtime.model import Attention, FeedForward, MLAttention, run_region
+from runtime.model import Attention, FeedForward, MLAttention, _is_symbolic, run_region
 
 __all__ = ["apply_recompute", "selective_region"]
 
@@ -51,7 +51,8 @@ class _Region:
             if self.output is not None:  # refill the freed storage (no version bump)
                 st = self.output.untyped_storage()
                 st.resize_(out.untyped_storage().nbytes())
-                st.copy_(out.detach().untyped_storage())
+                if not _is_symbolic(out):  # fake tensors have no data (and the copy's
+                    st.copy_(out.detach().untyped_storage())  # temporaries would pin them)
         return self.recomputed
 
     def discard_output(self, consumer_out: torch.Tensor) -> None:

@@ -67,6 +67,11 @@ def local_batch(run: RunSpec, meshes: Meshes, step: int, positions: torch.Tensor
     return tokens[:, positions].contiguous(), targets[:, positions].contiguous()
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The value of a (replicated) DTensor loss as a plain tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -197,6 +202,14 @@ class Trainer:
             out["input_grads"] = hidden()
         return out
 
+    def _loss_parallel(self) -> contextlib.AbstractContextManager:
+        """Vocabulary-parallel cross-entropy when the logits are TP-sharded (forward and backward)."""
+        if self.run.layout.tp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32 or self.parts.fsdp:
             return contextlib.nullcontext()
@@ -218,11 +231,12 @@ class Trainer:
                     # ZeRO-0/1: reduce once per step; ZeRO-2/3: every micro-batch (sharded grads).
                     sync = i == ga - 1 or lay.zero_stage >= 2
                     model.set_requires_gradient_sync(sync)  # type: ignore[operator]
-                with self._autocast():
-                    logits = model(tokens[i * mb : (i + 1) * mb])
-                loss = _loss_fn(logits, targets[i * mb : (i + 1) * mb])
-                (loss / ga).backward()
-                local_loss += loss.detach()
+                with self._loss_parallel():
+                    with self._autocast():
+                        logits = model(tokens[i * mb : (i + 1) * mb])
+                    loss = _loss_fn(logits, targets[i * mb : (i + 1) * mb])
+                    (loss / ga).backward()
+                local_loss += _local(loss.detach())
             local_loss /= ga
         else:
             losses: list[torch.Tensor] = []
@@ -230,10 +244,10 @@ class Trainer:
             kwargs: dict[str, Any] = {}
             if self.parts.has_last:
                 kwargs = {"target": targets, "losses": losses}
-            with self._autocast():
+            with self._loss_parallel(), self._autocast():
                 self.schedule.step(*args, **kwargs)
             if losses:
-                local_loss = torch.stack([x.detach().float() for x in losses]).mean()
+                local_loss = torch.stack([_local(x.detach()).float() for x in losses]).mean()
         if self.parts.tp_partial_params:
             tp_reduce_partial_grads(self.parts.tp_partial_params, self.meshes["tp"])
         for opt in self.optimizers:

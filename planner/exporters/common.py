@@ -141,7 +141,7 @@ def summary_lines(job: Job) -> list[str]:
     if lay.sp_:
         knobs.append("sequence parallel")
     if lay.recompute != "none":
-        what = lay.recompute
+        what: str = lay.recompute
         if job.partial_recompute:
             what += f" ({lay.recompute_layers} layers per stage)"
         knobs.append(f"recompute {what}")
