@@ -22,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.calibration_rows import CalibrationRow, Unusable, load_rows, reason_counts  # noqa: E402
+from bench.calibration_rows import CalibrationRow, Unusable, load_rows, reason_counts, stratum  # noqa: E402
 from cost_models.calibration import Calibration, default_calibration  # noqa: E402
 from cost_models.estimate import Estimate, estimate  # noqa: E402
 
@@ -86,8 +86,9 @@ def error_stats(results: list[Result]) -> dict[str, float | int]:
 
 
 def by_source(results: list[Result]) -> dict[str, dict[str, float | int]]:
-    sources = sorted({r.row.source_id for r in results})
-    out = {s: error_stats([r for r in results if r.row.source_id == s]) for s in sources}
+    """Error statistics per stratum (source; Narayanan Table 2 split by framework) and overall."""
+    sources = sorted({stratum(r.row) for r in results})
+    out = {s: error_stats([r for r in results if stratum(r.row) == s]) for s in sources}
     out["ALL"] = error_stats(results)
     return out
 
@@ -118,13 +119,13 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
 
 def print_summary(stats: dict[str, dict[str, float | int]], title: str, out=sys.stdout) -> None:
     print(f"\n{title}", file=out)
-    print(f"  {'source':<24} {'n':>4} {'median APE':>11} {'MAPE':>7} {'max APE':>8} {'median signed':>14}", file=out)
+    print(f"  {'source':<32} {'n':>4} {'median APE':>11} {'MAPE':>7} {'max APE':>8} {'median signed':>14}", file=out)
     for src, s in stats.items():
         if not s.get("n"):
-            print(f"  {src:<24} {0:>4}", file=out)
+            print(f"  {src:<32} {0:>4}", file=out)
             continue
         print(
-            f"  {src:<24} {s['n']:>4} {s['median_ape']:>10.1f}% {s['mape']:>6.1f}% {s['max_ape']:>7.1f}% "
+            f"  {src:<32} {s['n']:>4} {s['median_ape']:>10.1f}% {s['mape']:>6.1f}% {s['max_ape']:>7.1f}% "
             f"{s['median_signed_pct']:>+13.1f}%",
             file=out,
         )
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(by_source(thr), f"tokens/s/GPU error by source ({args.split} rows)", out)
     print(f"\nunusable rows: {len(bad)}", file=out)
     for reason, n in reason_counts(bad).most_common():
-        print(f"  {n:4d}  {reason}", file=out)
+        ids = ", ".join(str(u.row_id) for u in bad if u.reason == reason)
+        print(f"  {n:4d}  {reason}: rows {ids}", file=out)
     errs = [r for r in results if r.error]
     if errs:
         print(f"\nrows that failed to price: {len(errs)}", file=out)

@@ -250,7 +250,13 @@ def _precision(c: _Ctx, gpu_family: str, framework: str) -> tuple[str, str]:
     if prec == "fp16" and "fp16" not in get_gpu(gpu_family).peak_flops_per_s:
         c.notes.append(f"fp16 priced as bf16: the {gpu_family} catalog entry has no fp16 peak (equal rates on Ampere)")
         prec = "bf16"
-    if framework == "megatron":
+    if framework == "megatron" and c.s("source_id") == "nemo_perf_2407" and prec == "fp8":
+        # NeMo 24.07's FP8 performance recipes: the Nemotron-340B row (TP8 PP8 DP2) cannot hold
+        # fp32 main gradients (21.5 GiB/GPU on top of 43 GiB of weights and optimizer), yet it ran;
+        # bf16 gradient buffers (grad_reduce_in_fp32=False) is the configuration consistent with it.
+        grad = "bf16"
+        c.notes.append("NeMo FP8 perf recipe: bf16 gradient buffers (the published 340B run needs them to fit)")
+    elif framework == "megatron":
         grad = "fp32"
     elif framework == "fsdp":
         # FSDP keeps fp32 sharded weights + fp32 sharded grads + Adam m, v = 16 B/param under both
@@ -349,9 +355,15 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
     else:
         recompute = _recompute(c, "none")
         sp = _sp(c, tp, None)
+    cross_entropy = None
+    if sid == "llmfoundry_mpt":
+        # llm-foundry's default loss is flash-attn's fused cross-entropy (gradient written into the
+        # bf16 logits), not PyTorch's eager upcast
+        cross_entropy = "fused"
+        c.notes.append("loss: fused cross-entropy (llm-foundry default)")
     return Layout(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero_stage=zero, micro_batch=mb, grad_accum=ga,
-        recompute=recompute, sp=sp, framework=framework,
+        recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,  # type: ignore[arg-type]
     )
 
 
@@ -448,6 +460,14 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         assumptions=tuple(c.notes), reported_tflops_per_gpu=tfl, reported_memory_gib=c.f("memory_per_gpu_gib"),
         memory_kind=c.s("memory_kind"), flops_check=flops_check,
     )
+
+
+def stratum(row: CalibrationRow) -> str:
+    """Reporting / split group: the source, except that Narayanan 2021 Table 2 is split by
+    framework (Megatron PTD-P rows vs DeepSpeed ZeRO-3 rows measure different software)."""
+    if row.source_id == "narayanan2021_table2":
+        return f"{row.source_id}/{row.layout.framework}"
+    return row.source_id
 
 
 def read_csv(path: Path | str = DEFAULT_CSV) -> list[dict[str, str]]:

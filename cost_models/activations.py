@@ -51,6 +51,7 @@ class ActivationContext:
     etp: int
     act_bytes: int  # bytes per activation element (2 for bf16/fp16/fp8 training)
     framework: Framework
+    gemm_input_bytes: int = 2  # saved GEMM inputs: 1 under FP8 (Transformer Engine keeps the FP8 cast)
 
     @property
     def tokens(self) -> int:
@@ -81,7 +82,7 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     rep = ctx.replicated_divisor
     h = model.hidden_size
     heads = model.num_heads / ctx.tp
-    total = 2 * t * h * ab / rep  # norm input + QKV (or MLA down-projection) input
+    total = t * h * (ab + ctx.gemm_input_bytes) / rep  # norm input + QKV (or MLA down-projection) input
     if model.attention == "mla":
         assert model.kv_lora_rank and model.qk_rope_head_dim
         ql = model.q_lora_rank or 0
@@ -106,9 +107,11 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     rep = ctx.replicated_divisor
     full_w, sel_w = _mlp_act_widths(model, ctx.framework)
     widths = sel_w if recompute == "selective" else full_w
-    total = 2 * t * h * ab / rep  # norm input + first GEMM input
+    total = t * h * (ab + ctx.gemm_input_bytes) / rep  # norm input + first GEMM input
+    # one of the saved f-wide tensors is the second GEMM's input (kept in FP8 under FP8 training)
+    f_bytes = (widths - 1) * ab + ctx.gemm_input_bytes if recompute != "selective" else widths * ab
     if not model.is_moe_layer(index):
-        return total + widths * t * model.ffn_hidden_size / ctx.tp * ab
+        return total + t * model.ffn_hidden_size / ctx.tp * f_bytes
     assert model.moe_ffn_hidden_size
     t_local = t / rep  # tokens this rank routes (sequence-sharded under SP)
     total += 2 * t_local * model.num_experts * ROUTER_BYTES  # router logits + probabilities
@@ -134,11 +137,14 @@ def layer_activation_bytes(model: ModelSpec, index: int, ctx: ActivationContext,
     return attention_bytes(model, ctx, recompute) + mlp_bytes(model, ctx, recompute, index)
 
 
-def logits_bytes(model: ModelSpec, ctx: ActivationContext, framework: Framework) -> float:
-    """Peak bytes of the LM head output and loss for one micro-batch on the last stage.
+LOGIT_BYTES = {"eager": 10, "vocab_parallel": 6, "fused": 2}
+"""Peak bytes per logit of the loss. eager PyTorch: bf16 logits, the float32 upcast and the float32
+log-softmax saved for backward (2 + 4 + 4). Megatron's vocab-parallel cross-entropy: bf16 logits
+and one float32 copy overwritten in place with the softmax gradient (2 + 4). A fused, chunked
+kernel (flash-attn's / Liger's cross-entropy, llm-foundry's default) writes the gradient into the
+bf16 logits (2)."""
 
-    Megatron's vocab-parallel cross-entropy keeps the bf16 logits and one float32 copy it overwrites
-    in place with the softmax gradient (2 + 4 bytes per logit). Eager PyTorch keeps bf16 logits, the
-    float32 upcast and the float32 log-softmax output (2 + 4 + 4)."""
-    per_logit = 6 if framework == "megatron" else 10
-    return ctx.tokens * model.vocab_size / ctx.tp * per_logit
+
+def logits_bytes(model: ModelSpec, ctx: ActivationContext, cross_entropy: str) -> float:
+    """Peak bytes of the LM head output and loss for one micro-batch on the last stage."""
+    return ctx.tokens * model.vocab_size / ctx.tp * LOGIT_BYTES[cross_entropy]

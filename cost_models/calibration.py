@@ -36,6 +36,8 @@ class Overlap:
     cp: float = 0.9  # ring attention overlaps KV exchange with attention compute
     ep: float = 0.0  # MoE all-to-all on the critical path (no dispatcher overlap)
     pp: float = 0.5  # p2p send/recv batched with compute in the steady state
+    bus_efficiency: float = 1.0  # share of the NCCL bus bandwidth the framework's data-parallel /
+    # ZeRO collectives reach (DeepSpeed ZeRO-3 gathers many small partitions, far below NCCL's peak)
 
 
 def _default_overlaps() -> dict[str, Overlap]:

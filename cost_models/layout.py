@@ -18,6 +18,7 @@ from model_specs.spec import ModelSpec, TrainingSpec
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Framework = Literal["megatron", "fsdp", "deepspeed"]
+CrossEntropy = Literal["eager", "vocab_parallel", "fused"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 """Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
@@ -50,6 +51,11 @@ class Layout(BaseModel):
     order: str = DEFAULT_ORDER
     framework: Framework = Field(
         "megatron", description="execution framework whose overlap and kernels are assumed (calibration)"
+    )
+    cross_entropy: CrossEntropy | None = Field(
+        None,
+        description="loss kernel: eager (fp32 upcast + log-softmax), vocab_parallel (Megatron's fused "
+        "fp32), fused (chunked, gradient written into the bf16 logits); default by framework",
     )
 
     # ---- resolved values ----------------------------------------------------------------------
@@ -114,6 +120,12 @@ class Layout(BaseModel):
     @property
     def schedule_(self) -> Schedule:
         return self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b")
+
+    @property
+    def cross_entropy_(self) -> CrossEntropy:
+        if self.cross_entropy is not None:
+            return self.cross_entropy
+        return "vocab_parallel" if self.framework == "megatron" else "eager"
 
     @property
     def world_size(self) -> int:

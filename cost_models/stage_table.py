@@ -212,6 +212,20 @@ def mesh_comm(
     return tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary
 
 
+def activation_context(training: TrainingSpec, mesh: Layout) -> ActivationContext:
+    fp8_inputs = training.precision == "fp8" and mesh.framework == "megatron"
+    return ActivationContext(
+        training.seq_len // mesh.cp, mesh.micro_batch, mesh.tp, mesh.sp_, mesh.etp_, training.activation_bytes,
+        mesh.framework, gemm_input_bytes=1 if fp8_inputs else training.activation_bytes,
+    )
+
+
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1e9
+"""DeepSpeed ZeRO-3 `stage3_max_live_parameters` default: parameters gathered at once."""
+DEEPSPEED_REDUCE_BUCKET = 5e8
+"""DeepSpeed ZeRO `reduce_bucket_size` default (elements)."""
+
+
 def build_table(
     model: ModelSpec,
     training: TrainingSpec,
@@ -225,7 +239,7 @@ def build_table(
     pp, tp, cp = mesh.pp, mesh.tp, mesh.cp
     ab = training.activation_bytes
     g = ShardGeometry(mesh.micro_batch * training.seq_len / cp, training.seq_len, cp, tp, mesh.sp_, mesh.ep, mesh.etp_)
-    actx = ActivationContext(training.seq_len // cp, mesh.micro_batch, tp, mesh.sp_, mesh.etp_, ab, mesh.framework)
+    actx = activation_context(training, mesh)
     pc = count_params(model)
     ep = mesh.ep
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)
@@ -242,7 +256,7 @@ def build_table(
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)
     tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary = comm
-    logits = logits_bytes(model, actx, mesh.framework)
+    logits = logits_bytes(model, actx, mesh.cross_entropy_)
     groups = sum(1 for d in (tp, pp, cp, ep, mesh.dp_) if d > 1)
     return StageTable(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
@@ -310,7 +324,13 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     acts = t.acts[mode] * inflight[None, :]
     logits = np.zeros((len(settings), pp))
     logits[:, pp - 1] = t.logits
-    buffers = np.where(zero >= 3, (2 * tr.param_bytes + tr.grad_bytes) * t.largest_layer[None, :], 0.0)
+    if m.framework == "deepspeed":  # gathers bounded by max_live_parameters, gradients by the bucket
+        gathered = np.minimum(2 * t.largest_layer, DEEPSPEED_MAX_LIVE_PARAMETERS)
+        reducing = np.minimum(t.largest_layer, DEEPSPEED_REDUCE_BUCKET)
+        z3_buffers = tr.param_bytes * gathered + tr.grad_bytes * reducing
+    else:  # FSDP: the current and the prefetched layer, and one layer's unsharded gradient
+        z3_buffers = (2 * tr.param_bytes + tr.grad_bytes) * t.largest_layer
+    buffers = np.where(zero >= 3, z3_buffers[None, :], 0.0)
     if pp > 1:
         buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
@@ -343,21 +363,26 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
 
     # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting
     z3 = np.zeros((J, pp))
-    dp_t = np.zeros((J, pp))
-    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    dp_reduce = np.zeros((J, pp))
+    dp_gather = np.zeros((J, pp))
+    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for j, s in enumerate(settings):
         key = (s.zero_stage, s.dp_shard)
         if key not in cache:
             cache[key] = _dp_times(t, s.zero_stage, s.dp_shard, cal)
-        z3[j], dp_t[j] = cache[key]
+        z3[j], dp_reduce[j], dp_gather[j] = cache[key]
     z3 = np.maximum(0.0, z3 - ov.zero3 * (comp + reco))
     total = comp + reco + tp_c + cp_c + ep_c + pp_c + z3
     slow = total.argmax(axis=1)
     rows = np.arange(J)
     t_max = total[rows, slow]
     bubble = (total.sum(axis=1) - t_max) / vpp if pp > 1 else np.zeros(J)
-    window = comp[rows, slow] * 2.0 / 3.0  # the last micro-batch's backward
-    dp_exposed = np.maximum(0.0, dp_t[rows, slow] - ov.dp * window)
+    # Gradient reduction hides behind the last micro-batch's backward; the weight all-gather of a
+    # sharded optimizer behind the next step's first forward (Megatron's --overlap-param-gather).
+    backward_window = comp[rows, slow] * 2.0 / 3.0
+    forward_window = comp[rows, slow] / 3.0
+    dp_exposed = np.maximum(0.0, dp_reduce[rows, slow] - ov.dp * backward_window)
+    dp_exposed += np.maximum(0.0, dp_gather[rows, slow] - ov.dp * forward_window)
 
     ds, es = _shards(t, shard)
     D, E = t.dense_params[slow], t.expert_params[slow]
@@ -406,8 +431,9 @@ def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     return m.grad_accum_ * worst + bubble
 
 
-def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
-    """(per-micro-batch ZeRO gathers/reduce-scatters, once-per-step sync) seconds per rank.
+def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per-micro-batch ZeRO gathers/reduce-scatters, once-per-step gradient reduction, once-per-
+    step weight all-gather) seconds per rank.
 
     Once per step: ZeRO-0 all-reduces gradients (2 Psi); ZeRO-1 reduce-scatters gradients and
     all-gathers updated weights (2 Psi); ZeRO-2 still all-gathers weights once. Per micro-batch:
@@ -426,10 +452,13 @@ def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tupl
     many = m.grad_accum_ > 1
     per_mb = np.zeros(m.pp)
     once = np.zeros(m.pp)
+    gather = np.zeros(m.pp)
+
+    framework_eff = cal.overlap(m.framework).bus_efficiency
 
     def cost(kind: str, nbytes: np.ndarray, group: Group) -> np.ndarray:
         per_byte, lat = collective_cost(kind, group, cal)  # type: ignore[arg-type]
-        return np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+        return np.where(nbytes > 0, nbytes * per_byte / framework_eff + lat, 0.0)
 
     for params, sg, fg, replicate in (
         (t.dense_params, shard_g, full_g, repl_g),
@@ -446,7 +475,7 @@ def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tupl
         if zero == 1 or not many:
             once += cost("reduce_scatter", gb, sg)
         if zero <= 2:
-            once += cost("all_gather", wb, sg)
+            gather += cost("all_gather", wb, sg)
         if replicate is not None and replicate.size > 1:
             once += cost("all_reduce", gb / sg.size, replicate)
-    return per_mb, once
+    return per_mb, once, gather

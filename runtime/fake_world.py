@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -113,17 +114,38 @@ def measure_stage(run: RunSpec, stage: int, steps: int = 2) -> StageMemory:
         return StageMemory(stage, rank, tracker.peak_bytes, steady, time.perf_counter() - t0)
 
 
-def measure_stages(run: RunSpec, steps: int = 2) -> list[StageMemory]:
-    """`measure_stage` for every pipeline stage."""
-    return [measure_stage(run, s, steps) for s in range(run.layout.pp)]
+def measure_stages(run: RunSpec, steps: int = 2, isolate: bool = True) -> list[StageMemory]:
+    """`measure_stage` for every pipeline stage, each in a fresh Python process by default: torch
+    caches DTensor redistribution plans and process-group names across process groups, so a
+    second fake world in one process can trip over the first one's (stale group names)."""
+    if not isolate:
+        return [measure_stage(run, s, steps) for s in range(run.layout.pp)]
+    out = []
+    for stage in range(run.layout.pp):
+        proc = subprocess.run(
+            [sys.executable, "-m", "runtime.fake_world", "--child", str(stage), "--steps", str(steps), "-"],
+            input=run.model_dump_json(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"fake-world trace of stage {stage} failed:\n{proc.stderr[-6000:]}")
+        out.append(StageMemory(**json.loads(proc.stdout.strip().splitlines()[-1])))
+    return out
 
 
-def compare_with_estimate(run: RunSpec, measured: list[StageMemory], cluster: str = "dgx-h100") -> list[dict[str, Any]]:
-    """Rows of stage, measured peak and the cost model's breakdown for that stage."""
+def compare_with_estimate(
+    run: RunSpec, measured: list[StageMemory], cluster: str = "dgx-h100", framework: str = "fsdp"
+) -> list[dict[str, Any]]:
+    """Rows of stage, measured peak and the cost model's breakdown for that stage. The layout is
+    priced as `framework` (default fsdp: this runtime is eager PyTorch with FSDP2, not Megatron's
+    fused kernels)."""
     from cluster_specs.presets import get_cluster
     from cost_models.estimate import estimate
 
-    est = estimate(run.model, run.training, get_cluster(cluster), run.gpus, run.layout, run.stage_partition)
+    layout = run.layout.model_copy(update={"framework": framework})
+    est = estimate(run.model, run.training, get_cluster(cluster), run.gpus, layout, run.stage_partition)
     rows = []
     for m in measured:
         b = est.memory[m.stage]
@@ -146,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="bf16")
     p.add_argument("--out", default=None)
+    p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.child is not None:  # one stage, RunSpec JSON on stdin, StageMemory JSON on stdout
+        run = RunSpec.model_validate_json(sys.stdin.read())
+        print(json.dumps(asdict(measure_stage(run, a.child, a.steps))))
+        return 0
     run = load_run_spec(a.spec, dtype=a.dtype)
     rows = compare_with_estimate(run, measure_stages(run, a.steps), a.cluster)
     gib = 2**30

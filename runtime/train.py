@@ -241,9 +241,11 @@ class Trainer:
         else:
             losses: list[torch.Tensor] = []
             args = (tokens,) if self.parts.has_first else ()
-            kwargs: dict[str, Any] = {}
+            # return_outputs=False: the last stage would otherwise keep every micro-batch's
+            # logits until the end of the step, to merge them for the caller.
+            kwargs: dict[str, Any] = {"return_outputs": False}
             if self.parts.has_last:
-                kwargs = {"target": targets, "losses": losses}
+                kwargs.update(target=targets, losses=losses)
             with self._loss_parallel(), self._autocast():
                 self.schedule.step(*args, **kwargs)
             if losses:
