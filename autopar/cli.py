@@ -143,6 +143,7 @@ def plan(
     cp: int | None = typer.Option(None, help="pin the context-parallel degree"),
     ep: int | None = typer.Option(None, help="pin the expert-parallel degree"),
     zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
+    schedule: str | None = typer.Option(None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b"),
     no_offload: bool = typer.Option(False, help="never offload the optimizer"),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
     export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
@@ -164,7 +165,7 @@ def plan(
             precision=precision, grad_dtype=grad_dtype,  # type: ignore[arg-type]
         )
         constraints = SearchConstraints(
-            memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero,
+            memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
             allow_offload=not no_offload, top_k=top,
         )
     except (JobError, ValidationError) as exc:

@@ -107,6 +107,7 @@ class SearchStats(BaseModel):
     priced: int  # estimates computed
     feasible: int  # priced and fitting
     seconds: float
+    faster_than_reference: int | None = None  # fitting layouts strictly faster than a reference step time
 
 
 class Plan(BaseModel):

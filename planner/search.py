@@ -178,9 +178,14 @@ def search(
     calibration: Calibration | None = None,
     progress: Progress | None = None,
     refine: bool = True,
+    reference_step_s: float | None = None,
 ) -> Plan:
     """Find the fastest layouts that fit. Never raises for an impossible job: the Plan then has no
-    `best`, and says why (rejections, closest miss)."""
+    `best`, and says why (rejections, closest miss).
+
+    With `reference_step_s` (e.g. a published layout's predicted step time) the search also counts,
+    exactly, the fitting layouts strictly faster than it (`stats.faster_than_reference`): nothing
+    whose bound is below the reference is pruned."""
     from planner.explain import explain
     from planner.placement import place
 
@@ -218,6 +223,7 @@ def search(
     ranked: list[_Ranked] = []
     closest: tuple[int, Layout, MemoryBreakdown] | None = None
     seq = 0
+    faster = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
     grid_reasons: dict[tuple[int, int, int], list[str]] = {}
     for done, (lb, _, mesh, mb) in enumerate(pairs):
@@ -233,7 +239,7 @@ def search(
         reasons = grid_reasons[grid_key]
         n = len(options) * len(grid)
         generated += n
-        if len(top) >= k and lb >= -top[0]:
+        if len(top) >= k and lb >= max(-top[0], reference_step_s or 0.0):
             pruned += n  # pairs are sorted by bound: every later pair is pruned too
             for _, _, later_mesh, later_mb in pairs[done + 1 :]:
                 later_key = (later_mesh.dp, later_mesh.tp, later_mesh.cp)
@@ -248,12 +254,16 @@ def search(
                 # Dominated: GPipe has exactly 1F1B's step time (same bubble, same work) and holds
                 # all micro-batches' activations instead of at most pp, so it never ranks higher.
                 pruned += len(grid)
-                log.count("dominated: GPipe has 1F1B's step time and more activation memory", len(grid))
+                log.add(
+                    "dominated: GPipe has 1F1B's step time and more activation memory",
+                    "every pipelined mesh; pin --schedule gpipe to price it",
+                    len(grid),
+                )
                 continue
             base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework).resolved(gpus, training)
             partition = StagePartition.even(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
-            if len(top) >= k and time_lower_bound(table, vpp, cal) >= -top[0]:
+            if len(top) >= k and time_lower_bound(table, vpp, cal) >= max(-top[0], reference_step_s or 0.0):
                 pruned += len(grid)
                 continue
             prices = price_memory(table, grid, schedule, vpp, cal)
@@ -287,6 +297,8 @@ def search(
             assert sub.step_s is not None
             feasible += len(fit_settings)
             sub_peaks = sub.peak
+            if reference_step_s is not None:
+                faster += int(np.count_nonzero(sub.step_s < reference_step_s * (1 - 1e-9)))
             for idx, s_j in enumerate(fit_settings):
                 step = float(sub.step_s[idx])
                 seq += 1
@@ -324,6 +336,7 @@ def search(
             priced=priced,
             feasible=feasible,
             seconds=time.perf_counter() - t0,
+            faster_than_reference=faster if reference_step_s is not None else None,
         ),
     )
     plan.why = explain(plan, usable)

@@ -116,7 +116,7 @@ def shard_groups(mesh: Mesh, cluster: ClusterSpec) -> list[int]:
 
 def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: int, c: SearchConstraints) -> list[tuple[int, str]]:
     """(vpp, schedule) pairs: 1F1B and GPipe without virtual stages; interleaved 1F1B for every vpp
-    that divides the layers per rank (up to 8) when the micro-batches are a multiple of pp."""
+    that divides the layers per rank when the micro-batches are a multiple of pp."""
     if mesh.pp == 1:
         out = [(1, "1f1b")]
     else:
@@ -124,7 +124,7 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
         out = [(1, "1f1b"), (1, "gpipe")]
         if model.num_layers % mesh.pp == 0 and m % mesh.pp == 0:
             per_rank = model.num_layers // mesh.pp
-            out += [(v, "interleaved_1f1b") for v in divisors(per_rank) if 1 < v <= 8]
+            out += [(v, "interleaved_1f1b") for v in divisors(per_rank) if v > 1]
     if c.schedule:
         out = [o for o in out if o[1] == c.schedule]
     return out

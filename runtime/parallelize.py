@@ -17,7 +17,7 @@ Tensor parallel (DTensor `parallelize_module`, Megatron-style):
   with sequence-sharded output.
 - Heads are split over TP: tp must divide the query and KV heads (KV-head replication for
   tp > kv_heads is not implemented). Per-head q/k norm weights are replicated; their gradients
-  (partial per TP rank) are all-reduced over TP after backward (`tp_partial_params`). ALiBi slopes
+  (partial per TP rank) are all-reduced over TP after backward (`tp_partial_modules`). ALiBi slopes
   are sliced to the local heads.
 - Not supported with tp > 1: MLA attention, attention sinks, MoE layers (expert tensor parallel).
 
@@ -67,7 +67,9 @@ class ModelParts:
     chunk_ids: list[int]  # global pipeline chunk index of each chunk
     num_chunks: int  # pp x vpp
     fsdp: bool = False
-    tp_partial_params: list[nn.Parameter] = field(default_factory=list)
+    # modules whose replicated weights get partial gradients per TP rank (their parameters are
+    # looked up when reducing: FSDP replaces the parameter objects)
+    tp_partial_modules: list[nn.Module] = field(default_factory=list)
 
     @property
     def has_first(self) -> bool:
@@ -140,9 +142,9 @@ def _install_positions(model: Transformer, positions: torch.Tensor) -> None:
 # ---- tensor parallel ----------------------------------------------------------------------------
 
 
-def apply_tp(model: Transformer, tp_mesh, sp: bool) -> list[nn.Parameter]:
-    """Tensor (+ sequence) parallel plan of the module doc. Returns the replicated parameters whose
-    gradients are partial sums over TP ranks (to all-reduce after backward)."""
+def apply_tp(model: Transformer, tp_mesh, sp: bool) -> list[nn.Module]:
+    """Tensor (+ sequence) parallel plan of the module doc. Returns the modules whose replicated
+    weights get gradients that are partial sums over TP ranks (to all-reduce after backward)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -172,7 +174,7 @@ def apply_tp(model: Transformer, tp_mesh, sp: bool) -> list[nn.Parameter]:
     if model.spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
         model.output.weight = model.tok_embeddings.weight
 
-    partial: list[nn.Parameter] = []
+    partial: list[nn.Module] = []
     for block in model.layers.values():
         attn, mlp = block.attention, block.mlp
         if isinstance(attn, MLAttention) or isinstance(mlp, MoE):
@@ -200,17 +202,18 @@ def apply_tp(model: Transformer, tp_mesh, sp: bool) -> list[nn.Parameter]:
             attn.alibi_slopes = attn.alibi_slopes[rank * h : (rank + 1) * h].clone()
         for norm in (attn.q_norm, attn.k_norm):
             if norm is not None:
-                partial += list(norm.parameters())
+                partial.append(norm)
     return partial
 
 
-def tp_reduce_partial_grads(params: list[nn.Parameter], tp_mesh) -> None:
-    """All-reduce (sum) over TP the gradients of replicated weights used on local heads only."""
+def tp_reduce_partial_grads(modules: list[nn.Module], tp_mesh) -> None:
+    """All-reduce (sum) over TP the gradients of replicated weights used on local heads only
+    (after FSDP's reduction, which is linear, so the order does not matter)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     group = tp_mesh.get_group()
-    for p in params:
+    for p in (p for m in modules for p in m.parameters()):
         if p.grad is not None:
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             dist.all_reduce(g, group=group)
@@ -292,7 +295,7 @@ def build_parts(
     for m in chunks:
         _install_positions(m, positions)
         if tp_mesh is not None:
-            parts.tp_partial_params += apply_tp(m, tp_mesh, lay.sp_)
+            parts.tp_partial_modules += apply_tp(m, tp_mesh, lay.sp_)
         if ep_mesh is not None:
             apply_expert_parallel(m, ep_mesh)
         if cp_mesh is not None:

@@ -250,8 +250,8 @@ class Trainer:
                 self.schedule.step(*args, **kwargs)
             if losses:
                 local_loss = torch.stack([_local(x.detach()).float() for x in losses]).mean()
-        if self.parts.tp_partial_params:
-            tp_reduce_partial_grads(self.parts.tp_partial_params, self.meshes["tp"])
+        if self.parts.tp_partial_modules:
+            tp_reduce_partial_grads(self.parts.tp_partial_modules, self.meshes["tp"])
         for opt in self.optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)

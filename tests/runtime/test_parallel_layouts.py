@@ -43,8 +43,23 @@ SGD_ATOL = 1e-5
 ADAMW_ATOL = 2e-4
 
 
-def _case(name: str, layout: dict[str, Any], *, model: str = "tiny", opt: str = "sgd", steps: int = STEPS,
-          **extra: Any) -> dict[str, Any]:
+def _variant(**changes: Any) -> dict[str, Any]:
+    """The tiny preset with some ModelSpec fields changed (features the presets lack)."""
+    from model_specs.presets import get_model
+
+    return {**get_model("tiny").model_dump(mode="json"), "name": "tiny-variant", **changes}
+
+
+QK_NORM = _variant(qk_norm=True)
+GPT2_LIKE = _variant(
+    family="gpt2", mlp="gelu", norm="layernorm", qkv_bias=True, attn_out_bias=True, mlp_bias=True,
+    tie_embeddings=True, position_embedding="learned", max_position_embeddings=64, num_kv_heads=None,
+)
+SINKS_WINDOW = _variant(attention_sinks=True, sliding_window=8, sliding_window_every=2)
+
+
+def _case(name: str, layout: dict[str, Any], *, model: str | dict[str, Any] = "tiny", opt: str = "sgd",
+          steps: int = STEPS, **extra: Any) -> dict[str, Any]:
     run = {
         "model": model,
         "training": {"seq_len": 32, "global_batch": 8, "optimizer": opt},
@@ -67,6 +82,8 @@ CASES: list[dict[str, Any]] = [
     _case("tp2_dp2_sp", {"tp": 2, "zero_stage": 3}),
     _case("tp2_dp2_nosp_adamw", {"tp": 2, "sp": False}, opt="adamw"),
     _case("tp2_dp2_sp_selective", {"tp": 2, "recompute": "selective", "zero_stage": 2}, track_memory=True),
+    _case("tp2_dp2_qk_norm", {"tp": 2}, model=QK_NORM),
+    _case("tp2_dp2_sp_gpt2_like", {"tp": 2}, model=GPT2_LIKE),
     # pipeline parallel
     _case("pp2_dp2_gpipe", {"pp": 2, "schedule": "gpipe"}, track_memory=True),
     _case("pp2_dp2_1f1b_zero3_full", {"pp": 2, "zero_stage": 3, "recompute": "full", "recompute_layers": 1}),
@@ -78,6 +95,7 @@ CASES: list[dict[str, Any]] = [
     _case("cp2_dp2", {"cp": 2}),
     _case("cp2_dp2_mla_full", {"cp": 2, "recompute": "full"}, model="tiny-mla"),
     _case("cp2_tp2", {"cp": 2, "tp": 2}),
+    _case("cp2_pp2_sinks_window", {"cp": 2, "pp": 2}, model=SINKS_WINDOW),
     # expert parallel (carved out of dp x cp)
     _case("ep4_dp4_moe", {"ep": 4}, model="tiny-moe"),
     _case("ep2_dp4_moe_zero2", {"ep": 2, "zero_stage": 2}, model="tiny-moe"),
