@@ -197,6 +197,46 @@ def plan(
         raise typer.Exit(3)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    plan_file: Path = typer.Argument(..., help="Plan JSON (autopar plan --json) or RunSpec JSON"),
+    steps: int = typer.Option(10, help="training steps"),
+    nproc_per_node: int | None = typer.Option(None, help="processes per node (default: the plan's GPUs, one node)"),
+    backend: str = typer.Option("auto", help="auto | gloo | nccl"),
+    out: Path = typer.Option(Path("profile.json"), help="Profile JSON written by rank 0"),
+    checkpoint_dir: Path | None = typer.Option(None, help="save/resume with torch.distributed.checkpoint"),
+    dry_run: bool = typer.Option(False, help="print the launch line and exit"),
+) -> None:
+    """Execute a plan through torchrun (standalone on one host; extra torchrun flags pass through,
+    e.g. --nnodes 4 --rdzv-endpoint host:29500 for multi-node)."""
+    import os
+    import shlex
+    import subprocess
+
+    try:
+        data = json.loads(plan_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise typer.BadParameter(f"cannot read {plan_file}: {exc}") from exc
+    gpus = data.get("inputs", {}).get("gpus") or data.get("gpus")
+    nproc = nproc_per_node or gpus
+    if not nproc:
+        raise typer.BadParameter("the file names no GPU count; pass --nproc-per-node")
+    extra = list(ctx.args)
+    rendezvous = [] if any(a.startswith("--nnodes") for a in extra) else ["--standalone"]
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={nproc}", *extra,
+        "-m", "runtime.launch", str(plan_file), "--steps", str(steps), "--out", str(out), "--backend", backend,
+    ]
+    if checkpoint_dir is not None:
+        argv += ["--checkpoint-dir", str(checkpoint_dir)]
+    if dry_run:
+        typer.echo(shlex.join(argv))
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    raise typer.Exit(subprocess.run(argv, env=env, check=False).returncode)  # argv list: no shell
+
+
 @app.command()
 def models() -> None:
     """List model presets with their parameter counts."""

@@ -60,3 +60,15 @@ def test_plan_export_megatron() -> None:
                             "--seq-len", "4096", "--global-batch", "64", "--export", "megatron"])
     assert r.exit_code == 0, r.output
     assert "--tensor-model-parallel-size" in r.stdout
+
+
+def test_run_dry_run_prints_a_torchrun_line(tmp_path) -> None:
+    r = runner.invoke(app, ["plan", "--model", "tiny", "--cluster", "local-cpu", "--gpus", "4",
+                            "--seq-len", "128", "--global-batch", "8", "--json"])
+    plan = tmp_path / "plan.json"
+    plan.write_text(r.stdout)
+    r = runner.invoke(app, ["run", str(plan), "--dry-run", "--steps", "2"])
+    assert r.exit_code == 0, r.output
+    line = r.stdout.strip()
+    assert "torch.distributed.run --standalone --nproc-per-node=4" in line
+    assert line.endswith("--backend auto") and "-m runtime.launch" in line
