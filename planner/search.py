@@ -131,6 +131,7 @@ def _lower_bounds(
     mbs: list[int],
     cal: Calibration,
     framework: str,
+    compute_memo: dict[tuple[int, ...], tuple[float, float]],
 ) -> list[float]:
     """Seconds no layout of this mesh can beat, per micro-batch size: all micro-batches' forward
     and backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as
@@ -143,16 +144,23 @@ def _lower_bounds(
     c1 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=1), cal)
     c2 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=2), cal)
     out = []
+    counts = layer_kind_counts(model)
     for mb in mbs:
         tp_l, cp_l, ep_l = (a + (b - a) * (mb - 1) for a, b in zip(c1[:3], c2[:3], strict=True))
-        g = ShardGeometry(mb * training.seq_len / mesh.cp, training.seq_len, mesh.cp, mesh.tp, mesh.tp > 1, mesh.ep, mesh.etp)
-        kinds = layer_times(model, cluster, training.precision, training.activation_bytes, g, cal)
-        per_mb = 0.0
-        for key, n in layer_kind_counts(model).items():
-            lt = kinds[key]
-            per_mb += n * (lt.forward + lt.backward + 2 * tp_l * (1 - ov.tp) + max(0.0, cp_l - ov.cp * 3.5 * lt.attention_fwd))
-            if key[0]:
-                per_mb += n * ep_l * (1 - ov.ep)
+        key_g = (mesh.tp, mesh.cp, mesh.ep, mesh.etp, mb)
+        if key_g not in compute_memo:
+            g = ShardGeometry(mb * training.seq_len / mesh.cp, training.seq_len, mesh.cp, mesh.tp, mesh.tp > 1, mesh.ep, mesh.etp)
+            kinds = layer_times(model, cluster, training.precision, training.activation_bytes, g, cal)
+            compute_memo[key_g] = (
+                sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items()),
+                sum(n * kinds[k].attention_fwd for k, n in counts.items()),
+            )
+        compute, attention = compute_memo[key_g]
+        layers = model.num_layers
+        moe_layers = sum(n for k, n in counts.items() if k[0])
+        # CP exposure summed over all layers is at least its sum's positive part
+        per_mb = compute + layers * 2 * tp_l * (1 - ov.tp) + max(0.0, layers * cp_l - ov.cp * 3.5 * attention)
+        per_mb += moe_layers * ep_l * (1 - ov.ep)
         m = training.global_batch // (mb * mesh.dp)
         out.append(m * per_mb / mesh.pp)
     return out
@@ -198,6 +206,7 @@ def search(
 
     # --- level 1: meshes --------------------------------------------------------------------------
     pairs: list[tuple[float, int, Mesh, int]] = []
+    compute_memo: dict[tuple[int, ...], tuple[float, float]] = {}
     for mesh in meshes(model, cluster, gpus, c):
         reason = mesh_rejection(mesh, cluster, c)
         mbs = micro_batches(training, mesh.dp, c)
@@ -213,7 +222,8 @@ def search(
             invalid += 1
             log.add(reason, f"tp={mesh.tp} pp={mesh.pp} cp={mesh.cp} dp={mesh.dp} ep={mesh.ep}")
             continue
-        for mb, lb in zip(mbs, _lower_bounds(model, training, cluster, gpus, mesh, mbs, cal, c.framework), strict=True):
+        bounds = _lower_bounds(model, training, cluster, gpus, mesh, mbs, cal, c.framework, compute_memo)
+        for mb, lb in zip(mbs, bounds, strict=True):
             pairs.append((lb, len(pairs), mesh, mb))
     pairs.sort(key=lambda p: (p[0], p[1]))
 

@@ -13,11 +13,10 @@ same rules as `autopar evaluate`), counted by reason.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import Layout
-from cost_models.mesh import mesh_strides
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import SearchConstraints
@@ -26,6 +25,11 @@ ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-cp-ep-dp")
 """Rank orders searched: Megatron's default (PP outermost: pipeline stages on different nodes,
 data-parallel groups next), PP inside DP (pipeline neighbours closer, gradient all-reduce across
 pipelines), and PP just outside TP (a pipeline inside one NVLink domain when tp x pp fits)."""
+
+
+MAX_MICRO_BATCH = 64
+"""Largest micro-batch (sequences) searched. llm-foundry runs small models at up to 32 per GPU;
+beyond 64 the GEMMs are saturated and only memory grows."""
 
 
 def divisors(n: int) -> list[int]:
@@ -85,13 +89,8 @@ def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstrain
                     ep_options, etps = [1], [tp]
                 for ep in _pinned(c.ep, ep_options):
                     for etp in etps:
-                        seen: set[tuple[int, ...]] = set()
                         for order in ORDERS if pp > 1 else ORDERS[:1]:
-                            mesh = Mesh(tp, pp, cp, dp, ep, etp, order)
-                            signature = astuple(mesh_strides(mesh))  # type: ignore[arg-type]
-                            if signature not in seen:  # orders that place every group alike are one mesh
-                                seen.add(signature)
-                                yield mesh
+                            yield Mesh(tp, pp, cp, dp, ep, etp, order)
 
 
 def micro_batches(training: TrainingSpec, dp: int, c: SearchConstraints) -> list[int]:
@@ -99,7 +98,7 @@ def micro_batches(training: TrainingSpec, dp: int, c: SearchConstraints) -> list
     if training.global_batch % dp:
         return []
     per_replica = training.global_batch // dp
-    options = [d for d in divisors(per_replica) if d <= 16]
+    options = [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH]
     return _pinned(c.micro_batch, options)
 
 
