@@ -108,12 +108,7 @@ class ExpertParallelMoE(MoE):
         returned = all_to_all_single_autograd(back, send_splits, recv_splits, group)
         routed = returned * w.reshape(-1)[order].unsqueeze(-1).to(returned.dtype)
         out = torch.zeros_like(flat).index_add(0, token_of, routed)
-        if self.shared_experts is not None:
-            shared = sum(ff(flat) for ff in self.shared_experts)
-            if self.shared_gate is not None:
-                shared = torch.sigmoid(self.shared_gate(flat)) * shared
-            out = out + shared
-        return out.view(shape)
+        return self.add_shared(flat, out).view(shape)
 
 
 def expert_params(model: torch.nn.Module) -> list[Parameter]:

@@ -557,12 +557,16 @@ class MoE(nn.Module):
         routed = self.experts(flat[token_of], counts)  # (T*k, h)
         routed = routed * w.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
         out = torch.zeros_like(flat).index_add(0, token_of, routed)
-        if self.shared_experts is not None:
-            shared = sum(ff(flat) for ff in self.shared_experts)
-            if self.shared_gate is not None:
-                shared = torch.sigmoid(self.shared_gate(flat)) * shared
-            out = out + shared
-        return out.view(shape)
+        return self.add_shared(flat, out).view(shape)
+
+    def add_shared(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Add the shared experts' output (gated by a sigmoid when the spec has a shared gate)."""
+        if self.shared_experts is None:
+            return out
+        shared = sum(ff(flat) for ff in self.shared_experts)
+        if self.shared_gate is not None:
+            shared = torch.sigmoid(self.shared_gate(flat)) * shared
+        return out + shared
 
 
 # ---- blocks and model ---------------------------------------------------------------------------
