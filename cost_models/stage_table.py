@@ -89,6 +89,8 @@ def _rank_sums(
     """Per-rank sums over the layers each pipeline rank holds (cached: rank orders and knob
     settings share them). `limit`: layers per rank that full recompute re-runs (None = all)."""
     pp = partition.pp
+    if limit is None:
+        return _rank_sums_all_recomputed(model, cluster, precision, g, actx, partition, cal)
     tp, ep, etp = g.tp, g.ep, g.etp
     kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal)
     acts_by_kind = _layer_acts(model, actx)
@@ -132,6 +134,68 @@ def _rank_sums(
             layers[r] += 1
             moe[r] += key[0]
     return dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, reco, attn
+
+
+@lru_cache(maxsize=4096)
+def _layer_arrays(
+    model: ModelSpec, cluster: ClusterSpec, precision: str, g: ShardGeometry, actx: ActivationContext, cal: Calibration
+) -> dict[str, np.ndarray]:
+    """Per-layer quantities (arrays over the model's layers) for one shard geometry."""
+    kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal)
+    acts_by_kind = _layer_acts(model, actx)
+    pc = count_params(model)
+    tp, ep, etp = g.tp, g.ep, g.etp
+    out: dict[str, list[float]] = {k: [] for k in ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn", "moe")}
+    for i, key in enumerate(layer_kinds(model)):
+        lp = pc.layers[i]
+        lt = kinds[key]
+        a = acts_by_kind[key]
+        out["dense"].append((lp.attention + lp.dense_mlp + lp.shared_experts) / tp + lp.norms + lp.router)
+        out["expert"].append(lp.routed_experts / (ep * etp))
+        out["a0"].append(a[0])
+        out["a1"].append(a[1])
+        out["a2"].append(a[2])
+        out["fwd"].append(lt.forward)
+        out["fb"].append(lt.forward + lt.backward)
+        out["sel"].append(lt.attention_fwd + 0.5 * lt.elementwise_fwd)  # selective: core attention + activation
+        out["attn"].append(lt.attention_fwd)
+        out["moe"].append(float(key[0]))
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def _rank_sums_all_recomputed(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    precision: str,
+    g: ShardGeometry,
+    actx: ActivationContext,
+    partition: StagePartition,
+    cal: Calibration,
+) -> tuple[np.ndarray, ...]:
+    """`_rank_sums` when full recompute re-runs every layer: bincount over each layer's owner."""
+    pp = partition.pp
+    owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
+    # chunks cover layers 0..n-1 in model order (a probe partition may cover fewer than all)
+    arr = {k: v[: len(owner)] for k, v in _layer_arrays(model, cluster, precision, g, actx, cal).items()}
+
+    def total(x: np.ndarray) -> np.ndarray:
+        return np.bincount(owner, weights=x, minlength=pp)
+
+    def peak(x: np.ndarray) -> np.ndarray:
+        out = np.zeros(pp)
+        np.maximum.at(out, owner, x)
+        return out
+
+    dense, expert = total(arr["dense"]), total(arr["expert"])
+    largest = peak(arr["dense"] + arr["expert"])
+    acts = np.stack([total(arr["a0"]), total(arr["a1"]), total(arr["a2"])])
+    working = peak(arr["a0"])
+    layers = np.bincount(owner, minlength=pp).astype(float)
+    moe = total(arr["moe"])
+    compute = total(arr["fb"])
+    reco = np.stack([np.zeros(pp), total(arr["sel"]), total(arr["fwd"])])
+    attn = total(arr["attn"])
+    return dense, expert, largest, acts, working, layers, moe, layers.copy(), moe.copy(), compute, reco, attn
 
 
 @dataclass(frozen=True)
