@@ -28,7 +28,9 @@ from planner.search import search
 def compare(row, cal) -> dict:
     published = estimate(row.model, row.training, row.cluster, row.gpus, row.layout, calibration=cal)
     usable = row.cluster.gpu.memory_bytes * 0.95
-    c = SearchConstraints(framework=row.layout.framework, memory_headroom=0.0, top_k=3)
+    c = SearchConstraints(
+        framework=row.layout.framework, cross_entropy=row.layout.cross_entropy, memory_headroom=0.0, top_k=3
+    )
     t0 = time.perf_counter()
     plan = search(row.model, row.training, row.cluster, row.gpus, c, calibration=cal, refine=False,
                   reference_step_s=published.step_s)

@@ -36,6 +36,9 @@ class SearchConstraints(BaseModel):
     recompute: str | None = Field(None, pattern="^(none|selective|full)$")
     schedule: str | None = Field(None, pattern="^(gpipe|1f1b|interleaved_1f1b)$")
     framework: str = Field("megatron", pattern="^(megatron|fsdp|deepspeed)$")
+    cross_entropy: str | None = Field(
+        None, pattern="^(eager|vocab_parallel|fused)$", description="loss kernel; default by framework"
+    )
     allow_offload: bool = True
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")

@@ -109,9 +109,12 @@ class _LazyLayout:
     schedule: str
     setting: Setting
     framework: str
+    cross_entropy: str | None = None
 
     def build(self, gpus: int, training: TrainingSpec) -> Layout:
-        return to_layout(self.mesh, self.micro_batch, self.vpp, self.schedule, self.setting, self.framework).resolved(gpus, training)
+        return to_layout(
+            self.mesh, self.micro_batch, self.vpp, self.schedule, self.setting, self.framework, self.cross_entropy
+        ).resolved(gpus, training)
 
 
 @dataclass(order=True)
@@ -213,7 +216,7 @@ def search(
         if reason is None and not mbs:
             reason = f"micro_batch: no micro-batch divides the global batch {training.global_batch} over dp={mesh.dp}"
         if reason is None:
-            probe = to_layout(mesh, mbs[0], 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework)
+            probe = to_layout(mesh, mbs[0], 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy)
             problems = [v for v in validate_layout(model, training, gpus, probe) if v.field in MESH_FIELDS]
             if problems:
                 reason = f"{problems[0].field}: {problems[0].message}"
@@ -270,7 +273,7 @@ def search(
                     len(grid),
                 )
                 continue
-            base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework).resolved(gpus, training)
+            base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy).resolved(gpus, training)
             partition = StagePartition.even(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
             if len(top) >= k and time_lower_bound(table, vpp, cal) >= max(-top[0], reference_step_s or 0.0):
@@ -287,13 +290,13 @@ def search(
                 jm = int(over_idx[np.argmin(peaks[over_idx])])
                 over = int(peaks[jm] - usable)
                 if closest is None or over < closest[0]:
-                    layout = to_layout(mesh, mb, vpp, schedule, grid[jm], c.framework).resolved(gpus, training)
+                    layout = to_layout(mesh, mb, vpp, schedule, grid[jm], c.framework, c.cross_entropy).resolved(gpus, training)
                     worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
                     closest = (over, layout, worst)
                 for j in over_idx:
                     reason = reasons[j]
                     if reason not in log.examples:
-                        layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework).resolved(gpus, training)
+                        layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
                         worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
                         log.examples[reason] = (
                             f"{describe(layout)}: needs {worst.total / GIB:.1f} GiB on stage {worst.stage}, "
@@ -316,7 +319,7 @@ def search(
                     heapq.heappush(top, -step)
                 elif step < -top[0]:
                     heapq.heapreplace(top, -step)
-                ranked.append(_Ranked(step, seq, _LazyLayout(mesh, mb, vpp, schedule, s_j, c.framework), int(sub_peaks[idx])))
+                ranked.append(_Ranked(step, seq, _LazyLayout(mesh, mb, vpp, schedule, s_j, c.framework, c.cross_entropy), int(sub_peaks[idx])))
     if progress is not None:
         progress(len(pairs), len(pairs))
 

@@ -140,7 +140,9 @@ def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Set
     return out
 
 
-def to_layout(mesh: Mesh, mb: int, vpp: int, schedule: str, s: Setting, framework: str) -> Layout:
+def to_layout(
+    mesh: Mesh, mb: int, vpp: int, schedule: str, s: Setting, framework: str, cross_entropy: str | None = None
+) -> Layout:
     return Layout(
         tp=mesh.tp,
         pp=mesh.pp,
@@ -158,4 +160,5 @@ def to_layout(mesh: Mesh, mb: int, vpp: int, schedule: str, s: Setting, framewor
         offload_optimizer=s.offload_optimizer,
         order=mesh.order,
         framework=framework,  # type: ignore[arg-type]
+        cross_entropy=cross_entropy,  # type: ignore[arg-type]
     )

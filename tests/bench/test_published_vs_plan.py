@@ -1,0 +1,25 @@
+"""Issue requirement: for published layouts, our best plan is predicted at least as fast, and the
+published layout itself is feasible in our model (checked here on a small, fast sample; the full
+table is `python -m bench.published_vs_plan`)."""
+
+import pytest
+
+from bench.calibration_rows import load_rows
+from bench.published_vs_plan import compare
+from cost_models.calibration import default_calibration
+
+SAMPLE = (12, 151, 502, 513)  # Narayanan 2021 GPT-1.7B, MPT-1b on A100-40GB, NeMo Llama-2-7B, NeMo CP=2
+
+
+@pytest.fixture(scope="module")
+def rows():
+    parsed, _ = load_rows()
+    return {r.row_id: r for r in parsed}
+
+
+@pytest.mark.parametrize("row_id", SAMPLE)
+def test_best_plan_at_least_published(rows, row_id: int) -> None:
+    result = compare(rows[row_id], default_calibration())
+    assert result["published_fits"]
+    assert result["best_at_least_published"], result
+    assert result["published_rank"] >= 1
