@@ -24,7 +24,6 @@ from cost_models.memory import MemoryBreakdown
 from cost_models.pipeline import bubble_fraction
 from cost_models.stage_table import KnobPrices, Setting, StageTable, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
-from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec
 
 
@@ -212,8 +211,3 @@ def estimate(
     """Price `layout`. Raises `LayoutError` listing every violated constraint."""
     ctx = pricing_context(model, training, cluster, gpus, layout, partition)
     return price(ctx, calibration=calibration)
-
-
-def model_summary(model: ModelSpec) -> dict[str, int]:
-    pc = count_params(model)
-    return {"params": pc.total, "active_params": pc.active}

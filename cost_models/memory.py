@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.context import PricingContext
-from model_specs.params import count_params
 from model_specs.spec import TrainingSpec
 
 
@@ -31,43 +29,6 @@ def model_state_bytes(params: float, zero_stage: int, shard: int, training: Trai
     grads = training.grad_bytes * params / (shard if zero_stage >= 2 else 1)
     opt = training.optimizer_bytes * params / (shard if zero_stage >= 1 else 1)
     return {"parameters": weights, "gradients": grads, "optimizer": 0.0 if offload else opt}
-
-
-@dataclass(frozen=True)
-class RankParams:
-    """Parameters held by one pipeline rank before data-parallel sharding (elements)."""
-
-    dense: float  # sharded by TP where the op is TP-sharded; replicated over dp x cp
-    expert: float  # routed experts, sharded by ep x etp; replicated over the expert-DP group
-    largest_layer: float  # biggest single layer on this rank (dense + expert), for FSDP gathers
-
-    @property
-    def total(self) -> float:
-        return self.dense + self.expert
-
-
-def rank_params(ctx: PricingContext, rank: int) -> RankParams:
-    lay, model = ctx.layout, ctx.model
-    pc = count_params(model)
-    tp, ep, etp = lay.tp, lay.ep, lay.etp_
-    dense = expert = largest = 0.0
-    for i in ctx.partition.rank_layers(rank):
-        lp = pc.layers[i]
-        d = (lp.attention + lp.dense_mlp + lp.shared_experts) / tp + lp.norms + lp.router
-        e = lp.routed_experts / (ep * etp)
-        dense += d
-        expert += e
-        largest = max(largest, d + e)
-    if rank == 0:
-        dense += pc.embedding / tp
-    if rank == lay.pp - 1:
-        dense += pc.final_norm
-        # The LM head; with tied embeddings and pp > 1 the last stage keeps its own copy.
-        if pc.lm_head:
-            dense += pc.lm_head / tp
-        elif lay.pp > 1:
-            dense += model.vocab_size * model.hidden_size / tp
-    return RankParams(dense, expert, largest)
 
 
 @dataclass(frozen=True)

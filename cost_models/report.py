@@ -17,10 +17,6 @@ FLOP_CONVENTION = (
 )
 
 
-def layout_dict(est: Estimate) -> dict[str, Any]:
-    return est.layout.model_dump()
-
-
 def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate) -> dict[str, Any]:
     pc = count_params(model)
     worst = est.peak_memory
@@ -30,7 +26,7 @@ def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate) -> dict[st
         "model": {"name": model.name, "params": pc.total, "active_params": pc.active},
         "cluster": cluster_name,
         "gpus": est.gpus,
-        "layout": layout_dict(est),
+        "layout": est.layout.model_dump(),
         "partition": {"chunk_layers": list(est.partition.chunk_layers), "pp": est.partition.pp, "vpp": est.partition.vpp},
         "memory": {
             "peak_bytes": est.peak_bytes,
