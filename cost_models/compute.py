@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from cluster_specs.spec import GPUSpec
 from cost_models.calibration import Calibration
 from cost_models.flops import attention_pairs, flash_backward_factor
+from cost_models.mesh import MeshLike
 from model_specs.spec import ModelSpec
 
 
@@ -46,6 +47,11 @@ class ShardGeometry:
     sp: bool
     ep: int
     etp: int
+
+    @classmethod
+    def of(cls, mesh: MeshLike, micro_batch: int, seq_len: int) -> ShardGeometry:
+        """The geometry of a layout (or the planner's mesh) at `micro_batch` sequences of `seq_len`."""
+        return cls(micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_)
 
 
 def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:

@@ -75,67 +75,6 @@ def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[tuple[bool, b
     return out
 
 
-@lru_cache(maxsize=8192)
-def _rank_sums(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    precision: str,
-    g: ShardGeometry,
-    actx: ActivationContext,
-    partition: StagePartition,
-    limit: int | None,
-    cal: Calibration,
-) -> tuple[np.ndarray, ...]:
-    """Per-rank sums over the layers each pipeline rank holds (cached: rank orders and knob
-    settings share them). `limit`: layers per rank that full recompute re-runs (None = all)."""
-    pp = partition.pp
-    if limit is None:
-        return _rank_sums_all_recomputed(model, cluster, precision, g, actx, partition, cal)
-    tp, ep, etp = g.tp, g.ep, g.etp
-    kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal)
-    acts_by_kind = _layer_acts(model, actx)
-    pc = count_params(model)
-    all_kinds = layer_kinds(model)
-    dense = np.zeros(pp)
-    expert = np.zeros(pp)
-    largest = np.zeros(pp)
-    acts = np.zeros((3, pp))
-    working = np.zeros(pp)
-    layers = np.zeros(pp)
-    moe = np.zeros(pp)
-    compute = np.zeros(pp)
-    reco = np.zeros((3, pp))
-    attn = np.zeros(pp)
-    re_layers = np.zeros(pp)
-    re_moe = np.zeros(pp)
-    for r in range(pp):
-        for j, i in enumerate(partition.rank_layers(r)):
-            lp = pc.layers[i]
-            d = (lp.attention + lp.dense_mlp + lp.shared_experts) / tp + lp.norms + lp.router
-            e = lp.routed_experts / (ep * etp)
-            dense[r] += d
-            expert[r] += e
-            largest[r] = max(largest[r], d + e)
-            key = all_kinds[i]
-            a = acts_by_kind[key]
-            lt = kinds[key]
-            recomputed = limit is None or j < limit
-            acts[0, r] += a[0]
-            acts[1, r] += a[1]
-            acts[2, r] += a[2] if recomputed else a[0]
-            if recomputed:
-                working[r] = max(working[r], a[0])
-                reco[2, r] += lt.forward
-                re_layers[r] += 1
-                re_moe[r] += key[0]
-            compute[r] += lt.forward + lt.backward
-            reco[1, r] += lt.attention_fwd + 0.5 * lt.elementwise_fwd  # selective: core attention + activation
-            attn[r] += lt.attention_fwd
-            layers[r] += 1
-            moe[r] += key[0]
-    return dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, reco, attn
-
-
 @lru_cache(maxsize=4096)
 def _layer_arrays(
     model: ModelSpec, cluster: ClusterSpec, precision: str, g: ShardGeometry, actx: ActivationContext, cal: Calibration
@@ -163,20 +102,32 @@ def _layer_arrays(
     return {k: np.array(v) for k, v in out.items()}
 
 
-def _rank_sums_all_recomputed(
+@lru_cache(maxsize=8192)
+def _rank_sums(
     model: ModelSpec,
     cluster: ClusterSpec,
     precision: str,
     g: ShardGeometry,
     actx: ActivationContext,
     partition: StagePartition,
+    limit: int | None,
     cal: Calibration,
 ) -> tuple[np.ndarray, ...]:
-    """`_rank_sums` when full recompute re-runs every layer: bincount over each layer's owner."""
+    """Per-rank sums over the layers each pipeline rank holds (cached: rank orders and knob
+    settings share them). `limit`: layers per rank that full recompute re-runs, the first ones in
+    the rank's order (None = all). The partition's chunks cover layers 0..n-1 in model order (a
+    probe partition may cover fewer than all)."""
     pp = partition.pp
     owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
-    # chunks cover layers 0..n-1 in model order (a probe partition may cover fewer than all)
     arr = {k: v[: len(owner)] for k, v in _layer_arrays(model, cluster, precision, g, actx, cal).items()}
+    if limit is None:
+        recomputed = np.ones(len(owner), dtype=bool)
+    else:  # position of each layer within its rank: chunks of a rank come in model order
+        position = np.empty(len(owner))
+        for r in range(pp):
+            mine = np.flatnonzero(owner == r)
+            position[mine] = np.arange(len(mine))
+        recomputed = position < limit
 
     def total(x: np.ndarray) -> np.ndarray:
         return np.bincount(owner, weights=x, minlength=pp)
@@ -188,14 +139,16 @@ def _rank_sums_all_recomputed(
 
     dense, expert = total(arr["dense"]), total(arr["expert"])
     largest = peak(arr["dense"] + arr["expert"])
-    acts = np.stack([total(arr["a0"]), total(arr["a1"]), total(arr["a2"])])
-    working = peak(arr["a0"])
+    acts = np.stack([total(arr["a0"]), total(arr["a1"]), total(np.where(recomputed, arr["a2"], arr["a0"]))])
+    working = peak(np.where(recomputed, arr["a0"], 0.0))
     layers = np.bincount(owner, minlength=pp).astype(float)
     moe = total(arr["moe"])
     compute = total(arr["fb"])
-    reco = np.stack([np.zeros(pp), total(arr["sel"]), total(arr["fwd"])])
+    reco = np.stack([np.zeros(pp), total(arr["sel"]), total(np.where(recomputed, arr["fwd"], 0.0))])
     attn = total(arr["attn"])
-    return dense, expert, largest, acts, working, layers, moe, layers.copy(), moe.copy(), compute, reco, attn
+    re_layers = total(recomputed.astype(float))
+    re_moe = total(np.where(recomputed, arr["moe"], 0.0))
+    return dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, reco, attn
 
 
 @dataclass(frozen=True)
@@ -302,7 +255,7 @@ def build_table(
     """`mesh` must be resolved (`Layout.resolved`)."""
     pp, tp, cp = mesh.pp, mesh.tp, mesh.cp
     ab = training.activation_bytes
-    g = ShardGeometry(mesh.micro_batch * training.seq_len / cp, training.seq_len, cp, tp, mesh.sp_, mesh.ep, mesh.etp_)
+    g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
     actx = activation_context(training, mesh)
     pc = count_params(model)
     ep = mesh.ep
@@ -347,6 +300,13 @@ class KnobPrices:
     stage_time: np.ndarray | None = None  # (J, pp) seconds per micro-batch
     parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
     step_s: np.ndarray | None = None  # (J,)
+
+    def take(self, rows: np.ndarray) -> KnobPrices:
+        """The memory prices of a subset of the settings (before `price_time`)."""
+        return KnobPrices(
+            self.parameters[rows], self.gradients[rows], self.optimizer[rows], self.activations[rows],
+            self.logits[rows], self.comm_buffers[rows], self.reserve[rows], self.host_optimizer[rows],
+        )
 
     @property
     def total(self) -> np.ndarray:

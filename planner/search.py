@@ -152,7 +152,7 @@ def _lower_bounds(
         tp_l, cp_l, ep_l = (a + (b - a) * (mb - 1) for a, b in zip(c1[:3], c2[:3], strict=True))
         key_g = (mesh.tp, mesh.cp, mesh.ep, mesh.etp, mb)
         if key_g not in compute_memo:
-            g = ShardGeometry(mb * training.seq_len / mesh.cp, training.seq_len, mesh.cp, mesh.tp, mesh.tp > 1, mesh.ep, mesh.etp)
+            g = ShardGeometry.of(mesh, mb, training.seq_len)
             kinds = layer_times(model, cluster, training.precision, training.activation_bytes, g, cal)
             compute_memo[key_g] = (
                 sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items()),
@@ -305,8 +305,7 @@ def search(
             if not len(fits):
                 continue
             fit_settings = [grid[j] for j in fits]
-            sub = price_memory(table, fit_settings, schedule, vpp, cal)
-            sub = price_time(table, fit_settings, sub, vpp, cal)
+            sub = price_time(table, fit_settings, prices.take(fits), vpp, cal)
             assert sub.step_s is not None
             feasible += len(fit_settings)
             sub_peaks = sub.peak
