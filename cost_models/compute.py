@@ -113,13 +113,18 @@ def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes:
     rep = tp if g.sp else 1
     per_token = (2 * 2 * h + 2 * 3 * h) / rep
     per_token += 2 * (model.num_heads + max(model.kv_heads, 1)) * model.qk_head_dim / tp
+    return per_token * g.tokens * act_bytes + activation_function_bytes(model, index, g, act_bytes)
+
+
+def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> float:
+    """HBM bytes of the MLP activation function, forward: gated reads 2f and writes f per token,
+    non-gated reads f and writes f (the part of `elementwise_bytes` selective recompute re-runs)."""
     if model.is_moe_layer(index):
         assert model.moe_ffn_hidden_size
         f = model.moe_top_k * model.moe_ffn_hidden_size / g.etp
     else:
-        f = model.ffn_hidden_size / tp
-    per_token += (3 if model.gated_mlp else 2) * f
-    return per_token * g.tokens * act_bytes
+        f = model.ffn_hidden_size / g.tp
+    return (3 if model.gated_mlp else 2) * f * g.tokens * act_bytes
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,17 @@ class LayerTime:
     attention_fwd: float
     elementwise_fwd: float
     attention_bwd_factor: float  # flash backward / forward FLOPs (`flops.flash_backward_factor`)
+    activation_fwd: float  # the MLP activation function's share of elementwise_fwd
+
+    @property
+    def attention(self) -> float:
+        """Attention kernel forward + backward: the window ring attention hides its exchange in."""
+        return (1.0 + self.attention_bwd_factor) * self.attention_fwd
+
+    @property
+    def selective_recompute(self) -> float:
+        """What selective recompute re-runs: the attention core and the MLP activation function."""
+        return self.attention_fwd + self.activation_fwd
 
     @property
     def forward(self) -> float:
@@ -150,16 +166,25 @@ def layer_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, pre
     seqs = g.tokens / (g.seq_len / g.cp)
     attn_flops = 2.0 * pairs * seqs * model.num_heads / g.tp * (model.qk_head_dim + model.v_dim)
     attn = attn_flops / (gpu.peak("bf16") * cal.attention_efficiency)
-    elem = elementwise_bytes(model, index, g, act_bytes) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    return LayerTime(gemm, attn, elem, flash_backward_factor(model))
+    bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    elem = elementwise_bytes(model, index, g, act_bytes) / bandwidth
+    act = activation_function_bytes(model, index, g, act_bytes) / bandwidth
+    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act)
+
+
+def lm_head_times(
+    model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration
+) -> tuple[float, float]:
+    """(forward, backward) seconds of the LM head GEMM and the cross-entropy (memory-bound:
+    forward reads the logits and writes float32 probabilities, backward reads them and writes
+    the logits' gradient)."""
+    peak = gpu.peak(precision)
+    eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
+    gemm = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
+    per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    return gemm + per_pass, 2.0 * gemm + per_pass
 
 
 def lm_head_time(model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration) -> float:
-    """Forward + backward seconds of the LM head GEMM and the cross-entropy (memory-bound)."""
-    peak = gpu.peak(precision)
-    eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
-    fwd = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
-    # softmax + loss: read logits, write fp32 probabilities, read them back for the gradient
-    ce_bytes = g.tokens * model.vocab_size / g.tp * (act_bytes + 4 + 4 + act_bytes)
-    ce = ce_bytes / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    return 3.0 * fwd + ce
+    """Forward + backward seconds of the LM head and the cross-entropy."""
+    return sum(lm_head_times(model, g, gpu, precision, act_bytes, cal))

@@ -21,7 +21,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.activations import ActivationContext, layer_activation_bytes, logits_bytes
 from cost_models.calibration import Calibration
 from cost_models.comm import Group, collective_cost, collective_time
-from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_time
+from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.layout import Layout
 from cost_models.mesh import MeshLike, mesh_strides
 from cost_models.pipeline import in_flight_micro_batches
@@ -85,6 +85,7 @@ def _layer_arrays(
     pc = count_params(model)
     tp, ep, etp = g.tp, g.ep, g.etp
     out: dict[str, list[float]] = {k: [] for k in ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn", "moe")}
+    # attn: the attention kernel's forward + backward seconds
     for i, key in enumerate(layer_kinds(model)):
         lp = pc.layers[i]
         lt = kinds[key]
@@ -96,8 +97,8 @@ def _layer_arrays(
         out["a2"].append(a[2])
         out["fwd"].append(lt.forward)
         out["fb"].append(lt.forward + lt.backward)
-        out["sel"].append(lt.attention_fwd + 0.5 * lt.elementwise_fwd)  # selective: core attention + activation
-        out["attn"].append(lt.attention_fwd)
+        out["sel"].append(lt.selective_recompute)
+        out["attn"].append(lt.attention)
         out["moe"].append(float(key[0]))
     return {k: np.array(v) for k, v in out.items()}
 
@@ -144,11 +145,12 @@ def _rank_sums(
     layers = np.bincount(owner, minlength=pp).astype(float)
     moe = total(arr["moe"])
     compute = total(arr["fb"])
+    forward = total(arr["fwd"])
     reco = np.stack([np.zeros(pp), total(arr["sel"]), total(np.where(recomputed, arr["fwd"], 0.0))])
     attn = total(arr["attn"])
     re_layers = total(recomputed.astype(float))
     re_moe = total(np.where(recomputed, arr["moe"], 0.0))
-    return dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, reco, attn
+    return dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, attn
 
 
 @dataclass(frozen=True)
@@ -181,8 +183,9 @@ class StageTable:
     recomputed_layers: np.ndarray  # layers re-run under full recompute (all, or recompute_layers)
     recomputed_moe: np.ndarray
     compute: np.ndarray  # forward + backward seconds per micro-batch (LM head on the last rank)
+    forward: np.ndarray  # the forward part of `compute`
     recompute: np.ndarray  # (3, pp): extra seconds per micro-batch per mode
-    attention_fwd: np.ndarray  # attention kernel forward seconds per micro-batch
+    attention: np.ndarray  # attention kernel forward + backward seconds per micro-batch
     logits: float  # bytes on the last rank
     tp_per_layer: float  # seconds of one layer's forward TP/SP collectives (backward the same)
     cp_per_layer: float
@@ -260,7 +263,7 @@ def build_table(
     pc = count_params(model)
     ep = mesh.ep
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)
-    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, reco, attn = (
+    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, attn = (
         a.copy() for a in sums
     )
     dense[0] += pc.embedding / tp
@@ -269,7 +272,9 @@ def build_table(
         dense[pp - 1] += pc.lm_head / tp
     elif pp > 1:  # tied embeddings: the last stage keeps its own copy of the head
         dense[pp - 1] += model.vocab_size * model.hidden_size / tp
-    compute[pp - 1] += lm_head_time(model, g, cluster.gpu, "bf16", ab, cal)
+    head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # LM head stays bf16 under FP8
+    compute[pp - 1] += head_fwd + head_bwd
+    forward[pp - 1] += head_fwd
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)
     tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary = comm
@@ -277,7 +282,7 @@ def build_table(
     groups = sum(1 for d in (tp, pp, cp, ep, mesh.dp_) if d > 1)
     return StageTable(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
-        re_layers, re_moe, compute, reco, attn, logits, tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary, groups,
+        re_layers, re_moe, compute, forward, reco, attn, logits, tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary, groups,
     )
 
 
@@ -380,7 +385,8 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     reco = t.recompute[mode]
     # TP collectives: forward and backward of every layer, plus the forward again when recomputed
     tp_c = t.tp_per_layer * (2.0 * t.layers[None, :] + np.where(full, t.recomputed_layers[None, :], 0.0)) * (1 - ov.tp)
-    cp_c = np.broadcast_to(np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * 3.5 * t.attention_fwd)[None, :], (J, pp))
+    # ring attention hides its exchange behind the attention kernels (forward and backward)
+    cp_c = np.broadcast_to(np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)[None, :], (J, pp))
     # all-to-all: dispatch + combine forward and backward; recompute repeats the forward half
     ep_c = t.ep_per_moe_layer * (t.moe_layers[None, :] + np.where(full, 0.5 * t.recomputed_moe[None, :], 0.0)) * (1 - ov.ep)
     pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
@@ -403,8 +409,8 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     bubble = (total.sum(axis=1) - t_max) / vpp if pp > 1 else np.zeros(J)
     # Gradient reduction hides behind the last micro-batch's backward; the weight all-gather of a
     # sharded optimizer behind the next step's first forward (Megatron's --overlap-param-gather).
-    backward_window = comp[rows, slow] * 2.0 / 3.0
-    forward_window = comp[rows, slow] / 3.0
+    forward_window = t.forward[slow]
+    backward_window = comp[rows, slow] - forward_window
     dp_exposed = np.maximum(0.0, dp_reduce[rows, slow] - ov.dp * backward_window)
     dp_exposed += np.maximum(0.0, dp_gather[rows, slow] - ov.dp * forward_window)
 
@@ -446,7 +452,7 @@ def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     ov = cal.overlap(t.mesh.framework)
     m = t.mesh
     per = t.compute + t.tp_per_layer * 2.0 * t.layers * (1 - ov.tp)
-    per = per + np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * 3.5 * t.attention_fwd)
+    per = per + np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)
     per = per + t.ep_per_moe_layer * t.moe_layers * (1 - ov.ep)
     if m.pp > 1:
         per = per + 2 * t.p2p * vpp * (1 - ov.pp)

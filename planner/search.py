@@ -156,13 +156,13 @@ def _lower_bounds(
             kinds = layer_times(model, cluster, training.precision, training.activation_bytes, g, cal)
             compute_memo[key_g] = (
                 sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items()),
-                sum(n * kinds[k].attention_fwd for k, n in counts.items()),
+                sum(n * kinds[k].attention for k, n in counts.items()),
             )
         compute, attention = compute_memo[key_g]
         layers = model.num_layers
         moe_layers = sum(n for k, n in counts.items() if k[0])
         # CP exposure summed over all layers is at least its sum's positive part
-        per_mb = compute + layers * 2 * tp_l * (1 - ov.tp) + max(0.0, layers * cp_l - ov.cp * 3.5 * attention)
+        per_mb = compute + layers * 2 * tp_l * (1 - ov.tp) + max(0.0, layers * cp_l - ov.cp * attention)
         per_mb += moe_layers * ep_l * (1 - ov.ep)
         m = training.global_batch // (mb * mesh.dp)
         out.append(m * per_mb / mesh.pp)
