@@ -36,7 +36,7 @@ def compare(row, cal) -> dict:
                   reference_step_s=published.step_s)
     best = plan.best.estimate["tokens_per_s_per_gpu"] if plan.best else None
     return {
-        "row_id": row.row.row_id if hasattr(row, "row") else row.row_id,
+        "row_id": row.row_id,
         "source": row.source_id,
         "model": row.label,
         "published_fits": published.fits,

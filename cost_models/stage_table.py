@@ -31,19 +31,9 @@ from model_specs.spec import ModelSpec, TrainingSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
-OPTIMIZER_BYTES_PER_PARAM_MOVED = 26
-"""AdamW step HBM traffic per local parameter, gradient excluded: read master, m, v (12), write
-master, m, v (12) and the working bf16 weight (2). The gradient read adds `grad_bytes`."""
-
-
-def layer_key(model: ModelSpec, i: int) -> tuple[bool, bool]:
-    """Layers differ only by being dense/MoE and windowed or not."""
-    return layer_kinds(model)[i]
-
-
 @lru_cache(maxsize=256)
 def layer_kinds(model: ModelSpec) -> tuple[tuple[bool, bool], ...]:
-    """(is MoE, uses a sliding window) of every layer, in order."""
+    """(is MoE, uses a sliding window) of every layer, in order: layers differ only in these."""
     return tuple((model.is_moe_layer(i), model.uses_sliding_window(i)) for i in range(model.num_layers))
 
 
@@ -417,7 +407,9 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     ds, es = _shards(t, shard)
     D, E = t.dense_params[slow], t.expert_params[slow]
     local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)
-    moved = OPTIMIZER_BYTES_PER_PARAM_MOVED + tr.grad_bytes
+    # optimizer step HBM traffic per local parameter: read and write the optimizer states (master,
+    # m, v: 2 x 12 bytes for AdamW), read the gradient, write the working weight
+    moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
     opt_gpu = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
     opt_off = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
     opt_t = np.where(offload, opt_off, opt_gpu)

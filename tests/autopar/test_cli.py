@@ -48,7 +48,8 @@ def test_plan_json_and_impossible_job() -> None:
                             "--seq-len", "128", "--global-batch", "8", "--json"])
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)
-    assert plan["schema_version"] == 1 and plan["best"]["layout"]["dp"] * plan["best"]["layout"]["tp"] >= 1
+    lay = plan["best"]["layout"]
+    assert plan["schema_version"] == 1 and lay["dp"] * lay["tp"] * lay["pp"] * lay["cp"] == 4
     r = runner.invoke(app, ["plan", "--model", "llama3-405b", "--cluster", "rtx4090-pcie-8", "--gpus", "8",
                             "--seq-len", "4096", "--global-batch", "64"])
     assert r.exit_code == 3
