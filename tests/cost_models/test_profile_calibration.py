@@ -1,0 +1,135 @@
+"""Refit of a cluster's calibration from profiles (cost_models.profile_calibration).
+
+"Measured" step times come from re-pricing real plans under a known ground-truth calibration (a
+CPU three times slower than the global fit says, a different fixed cost), so the fit has a right
+answer to recover; the end-to-end test in tests/agent feeds it profiles of real runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from functools import cache
+
+import pytest
+
+from cost_models.calibration import Calibration, default_calibration
+from cost_models.jobs import resolve_cluster, resolve_model
+from cost_models.profile_calibration import ProfilePair, fit_cluster_calibration, reprice_step_s
+from model_specs.spec import TrainingSpec
+from planner.plan import SearchConstraints
+from planner.search import search
+
+SHAPES = [(64, 4), (128, 8), (256, 8), (64, 16)]  # (seq_len, global_batch): compute spans x5
+
+
+def slow_truth(base: Calibration, factor: float = 3.0, overhead_s: float = 0.02) -> Calibration:
+    return replace(
+        base,
+        gemm_efficiency=base.gemm_efficiency / factor,
+        fp8_gemm_efficiency=base.fp8_gemm_efficiency / factor,
+        attention_efficiency=base.attention_efficiency / factor,
+        hbm_efficiency=base.hbm_efficiency / factor,
+        step_overhead_s=overhead_s,
+        source="ground truth of the test",
+    )
+
+
+@cache
+def plan_json(seq_len: int, global_batch: int, cluster: str = "local-cpu", gpus: int = 2) -> str:
+    plan = search(
+        resolve_model("tiny"), TrainingSpec(seq_len=seq_len, global_batch=global_batch),
+        resolve_cluster(cluster), gpus, SearchConstraints(top_k=1),
+    )
+    assert plan.best is not None
+    return plan.model_dump_json()
+
+
+def measured_pair(seq_len: int, global_batch: int, truth: Calibration, preflight: float | None = None) -> ProfilePair:
+    plan = json.loads(plan_json(seq_len, global_batch))
+    probe = ProfilePair.from_plan_and_profile(plan, {"step_s": 1.0})
+    assert probe.job is not None
+    profile: dict = {"step_s": reprice_step_s(probe.job, truth)}
+    if preflight is not None:
+        profile["preflight"] = {"bus_bandwidth_bytes_per_s": preflight, "collective": "all_reduce"}
+    return ProfilePair.from_plan_and_profile(plan, profile)
+
+
+def test_slow_profiles_recover_compute_scale_and_overhead() -> None:
+    base = default_calibration()
+    truth = slow_truth(base)
+    pairs = [measured_pair(s, b, truth) for s, b in SHAPES]
+    fit = fit_cluster_calibration("local-cpu", pairs)
+    print(
+        f"\ncalibration local-cpu, {fit.n_profiles} profiles: error before {fit.error_before.mape:.1f}% "  # type: ignore[union-attr]
+        f"-> after {fit.error_after.mape:.1f}% (in-sample), {fit.error_loo.mape:.1f}% (leave-one-out); "  # type: ignore[union-attr]
+        f"{fit.calibration.source}"
+    )
+    assert fit.n_profiles == 4
+    assert fit.multipliers["compute"] == pytest.approx(3.0, rel=0.05)
+    assert fit.calibration.gemm_efficiency == pytest.approx(truth.gemm_efficiency, rel=0.05)
+    assert fit.calibration.step_overhead_s == pytest.approx(0.02, abs=0.008)
+    assert fit.error_before is not None and fit.error_after is not None and fit.error_loo is not None
+    assert fit.error_before.mape > 40.0 and fit.error_before.mean_signed_pct < -40.0  # predicted too fast
+    assert fit.error_after.mape < 3.0
+    assert fit.error_loo.mape < 6.0 and fit.error_loo.n == 4
+    assert "re-priced" in fit.error_after.method
+    factors = {f.name: f for f in fit.factors}
+    assert factors["gemm_efficiency"].identified and factors["step_overhead_s"].identified
+    assert not factors["intra_bus_efficiency"].identified  # no comm share, no pre-flight
+    assert fit.calibration.intra_bus_efficiency == base.intra_bus_efficiency
+    assert fit.calibration.source.startswith("cluster local-cpu: fitted from 4 profiles")
+
+
+def test_fit_moves_an_unseen_plan_toward_its_measurement_and_leaves_the_global_calibration() -> None:
+    base = default_calibration()
+    snapshot = base.to_json()
+    truth = slow_truth(base, factor=2.0, overhead_s=0.06)
+    fit = fit_cluster_calibration("local-cpu", [measured_pair(s, b, truth) for s, b in SHAPES[:3]])
+    unseen = measured_pair(*SHAPES[3], truth)
+    assert unseen.job is not None
+    before = unseen.predicted_step_s
+    after = reprice_step_s(unseen.job, fit.calibration)
+    y = unseen.measured_step_s
+    print(f"\nunseen plan: measured {y * 1e3:.1f} ms, predicted {before * 1e3:.1f} -> {after * 1e3:.1f} ms")
+    assert before < y  # the global calibration predicts too fast
+    assert abs(after - y) < 0.25 * abs(before - y)
+    # the global calibration is untouched: other clusters keep their predictions
+    assert default_calibration() is base and base.to_json() == snapshot
+    other = json.loads(plan_json(64, 4, cluster="dgx-h100", gpus=8))
+    other_pair = ProfilePair.from_plan_and_profile(other, {"step_s": 1.0})
+    assert other_pair.job is not None
+    assert reprice_step_s(other_pair.job, base) == pytest.approx(other_pair.predicted_step_s, rel=1e-9)
+
+
+def test_preflight_bandwidth_identifies_the_intra_domain_tier() -> None:
+    base = default_calibration()
+    catalog = resolve_cluster("local-cpu").intra_node.bus_bandwidth_bytes_per_s
+    measured = 0.25 * catalog * base.intra_bus_efficiency  # the host reaches a quarter of the catalog
+    pair = measured_pair(64, 4, base, preflight=measured)
+    fit = fit_cluster_calibration("local-cpu", [pair])
+    factors = {f.name: f for f in fit.factors}
+    assert factors["intra_bus_efficiency"].identified
+    assert "pre-flight" in factors["intra_bus_efficiency"].reason
+    # the step time agrees with the global calibration, the pre-flight says the link is 4x slower:
+    # the fit lands between, close to the pre-flight (sigma 0.10 each; TP comm is ~2% of the step)
+    assert fit.multipliers["intra"] == pytest.approx(4.0, rel=0.15)
+    assert not factors["step_overhead_s"].identified  # one profile
+    assert fit.error_loo is None
+
+
+def test_one_profile_moves_compute_only_and_no_profile_changes_nothing() -> None:
+    base = default_calibration()
+    fit = fit_cluster_calibration("local-cpu", [measured_pair(64, 4, slow_truth(base))])
+    assert fit.calibration.step_overhead_s == base.step_overhead_s
+    assert fit.multipliers["compute"] > 1.5
+    assert fit.error_after is not None and fit.error_after.mape < 5.0
+    empty = fit_cluster_calibration("local-cpu", [])
+    assert empty.calibration is base and empty.n_profiles == 0 and empty.error_before is None
+
+
+def test_pair_needs_a_breakdown_and_a_positive_step() -> None:
+    plan = json.loads(plan_json(64, 4))
+    with pytest.raises(ValueError):
+        ProfilePair.from_plan_and_profile(plan, {"step_s": None})
+    with pytest.raises(ValueError):
+        ProfilePair.from_plan_and_profile({"best": None}, {"step_s": 0.1})
