@@ -258,6 +258,16 @@ def clusters() -> None:
         typer.echo(f"{name:18s} {c.gpu.name:22s} {c.gpus_per_node} GPUs/node  domain {c.domain_size}")
 
 
+from autopar.cli_agent import agent as _agent  # noqa: E402  (typer only; the agent loads when it runs)
+
+app.command(name="agent")(_agent)
+
+
+from autopar.cli_service import register as _register_service  # noqa: E402  (serve, tokens)
+
+_register_service(app)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

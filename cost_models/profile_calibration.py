@@ -439,10 +439,12 @@ def fit_cluster_calibration(
     pairs: Sequence[ProfilePair],
     base: Calibration | None = None,
     *,
+    errors: bool = True,
     loo: bool = True,
 ) -> CalibrationFit:
     """Refit `cluster`'s calibration from its profile pairs (module docstring: method and rules).
-    With no pairs, returns `base` (default: the global calibration) unchanged."""
+    With no pairs, returns `base` (default: the global calibration) unchanged. `errors=False`
+    skips the error report (re-pricing every pair, n more fits for leave-one-out): the fit alone."""
     base = base or default_calibration()
     pairs = [p for p in pairs if p.measured_step_s > 0 and p.predicted_step_s > 0]
     n = len(pairs)
@@ -453,6 +455,10 @@ def fit_cluster_calibration(
     prob, reasons = _problem(pairs, base)
     theta = _solve(prob)
     cal = _apply(base, theta, _source(cluster, n, theta, prob.free))
+    mult = {k: float(math.exp(v)) for k, v in zip(("compute", "intra", "inter"), theta[:3], strict=True)}
+    factors = _factor_reports(base, cal, prob.free, reasons)
+    if not errors:
+        return CalibrationFit(cluster, cal, n, factors, mult, None, None, None, METHOD)
     measured = [p.measured_step_s for p in pairs]
     before = ErrorStats.of([p.predicted_step_s for p in pairs], measured, "stored prediction (global calibration)")
     pred, how = _score(pairs, cal, theta)
@@ -469,10 +475,7 @@ def fit_cluster_calibration(
             held.append(pi[0])
             hows.add(h)
         loo_stats = ErrorStats.of(held, measured, f"leave-one-out, {' + '.join(sorted(hows))}")
-    mult = {k: float(math.exp(v)) for k, v in zip(("compute", "intra", "inter"), theta[:3], strict=True)}
-    return CalibrationFit(
-        cluster, cal, n, _factor_reports(base, cal, prob.free, reasons), mult, before, after, loo_stats, METHOD
-    )
+    return CalibrationFit(cluster, cal, n, factors, mult, before, after, loo_stats, METHOD)
 
 
 def _factor_reports(base: Calibration, cal: Calibration, free: np.ndarray, reasons: list[str]) -> list[FactorReport]:

@@ -6,12 +6,15 @@ Options: `--checkpoint-dir D` (resume from D if it holds a checkpoint; save ther
 `--peak-flops F` (per-GPU peak FLOP/s for MFU; default the plan's cluster GPU, or `--gpu NAME`
 from the catalog at the training precision), `--seed`, `--lr`, `--warmup-steps`, `--dtype`,
 `--backend`, `--no-track-memory` (skip the CPU live-storage tracker), `--threads` (CPU threads per
-rank, default 1 on CPU).
+rank, default 1 on CPU), `--progress-file P` (rank 0 rewrites P after every step with
+{"step", "steps", "loss", "step_s"}: the runner agent's progress source).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 import torch
@@ -25,6 +28,18 @@ def _gpu_peak(name: str, precision: str) -> float:
     from cluster_specs.catalog import get_gpu
 
     return get_gpu(name).peak(precision)
+
+
+def _progress_writer(path: str):  # type: ignore[no-untyped-def]
+    """A step callback that atomically replaces `path` with the progress of the run."""
+
+    def write(step: int, steps: int, loss: float, step_s: float) -> None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"step": step, "steps": steps, "loss": loss, "step_s": step_s}, f)
+        os.replace(tmp, path)
+
+    return write
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
     p.add_argument("--no-track-memory", action="store_true")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--progress-file", default=None, help="JSON progress rewritten by rank 0 after every step")
     a = p.parse_args(argv)
 
     run = load_run_spec(
@@ -53,8 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     device = init_distributed(run)
     if device.type == "cpu":
         torch.set_num_threads(a.threads or 1)
+    on_step = None
+    if a.progress_file and (not dist.is_initialized() or dist.get_rank() == 0):
+        on_step = _progress_writer(a.progress_file)
     try:
-        res = train(run, checkpoint_dir=a.checkpoint_dir, track_memory=not a.no_track_memory, device=device)
+        res = train(
+            run, checkpoint_dir=a.checkpoint_dir, track_memory=not a.no_track_memory, device=device, on_step=on_step
+        )
         profile = make_profile(run, res, device, peak)
         if not dist.is_initialized() or dist.get_rank() == 0:
             write_profile(profile, a.out)

@@ -345,9 +345,11 @@ def train(
     track_memory: bool = False,
     device: torch.device | None = None,
     trainer_hook: Any = None,
+    on_step: Any = None,
 ) -> TrainResult:
     """Train `run` for `steps` (default run.steps) from the checkpoint in `checkpoint_dir` if one is
-    there (then saving it back at the end). Needs the process group when the world is > 1."""
+    there (then saving it back at the end). Needs the process group when the world is > 1.
+    `on_step(step, steps, loss, step_s)` is called after every step (progress reporting)."""
     device = device or init_distributed(run)
     steps = run.steps if steps is None else steps
     tracker = LiveStorageTracker() if track_memory and device.type == "cpu" else None
@@ -368,6 +370,8 @@ def train(
                 torch.cuda.synchronize(device)
             res.step_times_s.append(time.perf_counter() - t0)
             res.losses.append(loss)
+            if on_step is not None:
+                on_step(trainer.step_index, steps, loss, res.step_times_s[-1])
         res.peak_memory_bytes = peak_memory_bytes(device, tracker)
         if ckpt is not None:
             trainer.save(ckpt)

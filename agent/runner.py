@@ -1,0 +1,294 @@
+"""The runner agent: register, lease, launch, heartbeat, upload, finish (contract: /tmp/brief/contract.md).
+
+One attempt of a run, in the agent's work dir `WORKDIR/run-<id>/attempt-<n>/`:
+    plan.json          the leased Plan, written as data (the runtime reads it; nothing interprets it)
+    child.log          stdout + stderr of torchrun and its workers (the log tail sent on finish)
+    child.pid          process group of the running child tree
+    progress.json      step progress, rewritten by the runtime after every step
+    preflight.json     the pre-flight all-reduce result (when asked for)
+    profile.json       the runtime's Profile
+    idempotency_key    the key of the profile upload, derived from (server, run id, attempt) and
+                       kept, so a retried or resumed upload reuses it
+    outcome.json       what the agent reported at the end
+
+While the child runs, a heartbeat thread posts progress every lease/3 seconds; an answer with
+`cancel_requested` or a 409 (the lease is no longer this attempt's) stops the child's whole
+process group. A lost lease is not reported further: the run belongs to another attempt now.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.client import ApiClient, ProtocolError, RetryPolicy, ServerUnavailable
+from agent.launcher import (
+    Child,
+    LaunchError,
+    LaunchSpec,
+    log_tail,
+    preflight_argv,
+    read_progress,
+    runtime_argv,
+    safe_id,
+)
+
+log = logging.getLogger("autopar.agent")
+
+PREFLIGHT_KEYS = ("bus_bandwidth_bytes_per_s", "collective", "bytes", "ranks")
+
+
+@dataclass
+class AgentConfig:
+    server: str
+    token: str
+    cluster: str
+    workdir: Path
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    poll_s: float = 2.0
+    once: bool = False
+    preflight: bool = False
+    preflight_bytes: int = 4 * 2**20
+    preflight_iters: int = 10
+    preflight_timeout_s: float = 120.0
+    heartbeat_s: float | None = None  # default: a third of the run's lease
+    stop_grace_s: float = 5.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    report_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(tries=16, max_elapsed_s=300.0))
+
+
+def idempotency_key(adir: Path, server: str, run_id: str, attempt: int) -> str:
+    """The profile upload's key: uuid5 of (server, run, attempt), persisted in the attempt dir."""
+    path = adir / "idempotency_key"
+    if path.exists():
+        return path.read_text().strip()
+    key = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{server}/v1/runs/{run_id}/attempts/{attempt}"))
+    path.write_text(key)
+    return key
+
+
+class Heartbeat(threading.Thread):
+    """Posts the attempt's progress until stopped; records why the child must stop, if it must."""
+
+    def __init__(self, client: ApiClient, run_id: str, agent_id: Any, attempt: int, interval_s: float,
+                 progress_file: Path, steps: int):
+        super().__init__(name=f"heartbeat-{run_id}", daemon=True)
+        self.client, self.run_id, self.agent_id, self.attempt = client, run_id, agent_id, attempt
+        self.interval_s = interval_s
+        self.progress_file, self.steps = progress_file, steps
+        self.message = "starting"
+        self.stop_reason: str | None = None  # "cancelled" | "lease_lost"
+        self.beats = 0
+        self._halt = threading.Event()
+        self.first_done = threading.Event()
+        # a heartbeat must not outlive its own period in retries: a late beat is worth nothing
+        self._retry = RetryPolicy(tries=4, max_elapsed_s=max(1.0, interval_s), base_s=0.25, cap_s=2.0)
+
+    def progress(self) -> dict[str, Any]:
+        p = read_progress(self.progress_file)
+        if p is None:
+            return {"step": 0, "steps": self.steps, "loss": None, "message": self.message}
+        return {**p, "message": self.message}
+
+    def beat(self) -> None:
+        try:
+            r = self.client.heartbeat(self.run_id, self.agent_id, self.attempt, self.progress(), retry=self._retry)
+        except ServerUnavailable as exc:
+            log.warning("heartbeat: %s", exc)
+            return
+        if r.status_code == 200:
+            self.beats += 1
+            if r.json().get("cancel_requested"):
+                self.stop_reason = "cancelled"
+        elif r.status_code in (404, 409):
+            self.stop_reason = "lease_lost"
+        else:
+            log.warning("heartbeat: HTTP %s %s", r.status_code, r.text[:200])
+
+    def run(self) -> None:
+        while not self._halt.is_set() and self.stop_reason is None:
+            self.beat()
+            self.first_done.set()
+            self._halt.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=self._retry.max_elapsed_s + 35.0)
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN/Infinity: replace them (recursively) with null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, client: ApiClient | None = None):
+        self.cfg = cfg
+        self.client = client or ApiClient(cfg.server, cfg.token, retry=cfg.retry)
+        self.agent_id: Any = None
+        self.terminate = threading.Event()  # set by SIGTERM / SIGINT: stop the child, report, exit
+
+    # ---- loop ------------------------------------------------------------------------------------
+    def register(self) -> Any:
+        while True:
+            try:
+                info = self.client.register(self.cfg.name, self.cfg.cluster, socket.gethostname())
+                self.agent_id = info["id"]
+                log.info("registered as agent %s for cluster %s", self.agent_id, self.cfg.cluster)
+                return self.agent_id
+            except ServerUnavailable as exc:
+                if self.cfg.once or self.terminate.is_set():
+                    raise
+                log.warning("register: %s; trying again", exc)
+                self.terminate.wait(self.cfg.poll_s)
+
+    def run_forever(self) -> int:
+        """Lease and execute runs until terminated (or, with `once`, after one poll/run).
+        Returns the process exit code: 0, or 1 when `once` ended in a failure to talk to the server."""
+        self.cfg.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.register()
+        except (ServerUnavailable, ProtocolError) as exc:
+            log.error("cannot register: %s", exc)
+            return 1
+        while not self.terminate.is_set():
+            try:
+                leased = self.client.lease(self.agent_id)
+            except ServerUnavailable as exc:
+                log.warning("lease: %s", exc)
+                if self.cfg.once:
+                    return 1
+                self.terminate.wait(self.cfg.poll_s)
+                continue
+            except ProtocolError as exc:
+                log.error("lease: %s", exc)
+                if self.cfg.once or exc.status_code in (401, 403):
+                    return 1
+                self.terminate.wait(self.cfg.poll_s)
+                continue
+            if leased is not None:
+                outcome = self.execute(leased)
+                log.info("run %s attempt %s: %s", leased["run"].get("id"), leased.get("attempt"), outcome)
+            if self.cfg.once:
+                return 0
+            if leased is None:
+                self.terminate.wait(self.cfg.poll_s)
+        return 0
+
+    # ---- one attempt ---------------------------------------------------------------------------
+    def execute(self, leased: dict[str, Any]) -> str:
+        """Run one leased attempt to its end; returns the outcome reported (or "lease_lost")."""
+        run, plan = leased["run"], leased["plan"]
+        attempt = int(leased["attempt"])
+        run_id = safe_id(run["id"])
+        adir = self.cfg.workdir / f"run-{run_id}" / f"attempt-{attempt}"
+        adir.mkdir(parents=True, exist_ok=True)
+        plan_file = adir / "plan.json"
+        plan_file.write_text(json.dumps(plan))
+        try:
+            spec = LaunchSpec.from_run(run, plan)
+        except LaunchError as exc:
+            return self._finish(adir, run_id, attempt, "failed", f"agent refused to launch: {exc}\n", None)
+        lease_s = float(run.get("lease_seconds") or 60.0)
+        interval = self.cfg.heartbeat_s or max(0.5, lease_s / 3.0)
+        progress_file = adir / "progress.json"
+        hb = Heartbeat(self.client, run_id, self.agent_id, attempt, interval, progress_file, spec.steps)
+        hb.start()
+        hb.first_done.wait(timeout=interval + 5.0)
+        preflight: dict[str, Any] | None = None
+        code: int | None = None
+        reason: str | None = hb.stop_reason
+        try:
+            if reason is None and self.cfg.preflight and spec.nproc_per_node > 1:
+                hb.message = "pre-flight all-reduce"
+                out = adir / "preflight.json"
+                argv = preflight_argv(spec, out, self.cfg.preflight_bytes, self.cfg.preflight_iters)
+                pcode, reason = self._supervise(argv, adir, "preflight.log", hb, self.cfg.preflight_timeout_s)
+                if pcode == 0 and out.exists():
+                    data = json.loads(out.read_text())
+                    preflight = {k: data[k] for k in PREFLIGHT_KEYS}
+                    hb.message = f"pre-flight bus bandwidth {data['bus_bandwidth_bytes_per_s'] / 1e9:.3f} GB/s"
+            if reason is None:
+                hb.message = "training"
+                argv = runtime_argv(spec, plan_file, adir / "profile.json", progress_file)
+                code, reason = self._supervise(argv, adir, "child.log", hb, None)
+        finally:
+            hb.stop()
+        reason = reason or hb.stop_reason
+        tail = log_tail(adir / "child.log")
+        if reason == "lease_lost":
+            (adir / "outcome.json").write_text(json.dumps({"outcome": "lease_lost", "exit_code": code}))
+            log.warning("run %s attempt %d: lease lost; child stopped, nothing reported", run_id, attempt)
+            return "lease_lost"
+        if reason == "cancelled":
+            return self._finish(adir, run_id, attempt, "cancelled", tail, code)
+        if reason == "terminated":
+            return self._finish(adir, run_id, attempt, "failed", tail + "\nagent terminated by signal\n", code)
+        profile_file = adir / "profile.json"
+        if code == 0 and profile_file.exists():
+            profile = json.loads(profile_file.read_text())
+            if preflight is not None:
+                profile["preflight"] = preflight
+            try:
+                self._upload(adir, run_id, attempt, _finite(profile))
+            except (ServerUnavailable, ProtocolError) as exc:
+                return self._finish(adir, run_id, attempt, "failed", tail + f"\nprofile upload failed: {exc}\n", code)
+            return self._finish(adir, run_id, attempt, "succeeded", tail, code)
+        return self._finish(adir, run_id, attempt, "failed", tail, code)
+
+    def _supervise(
+        self, argv: list[str], adir: Path, log_name: str, hb: Heartbeat, timeout_s: float | None
+    ) -> tuple[int | None, str | None]:
+        """Run a child until it exits, the heartbeat says stop, the agent is terminated, or the
+        timeout passes. Returns (exit code, stop reason or None)."""
+        child = Child(argv, adir, log_name)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while True:
+                code = child.wait(0.2)
+                if code is not None:
+                    return code, None
+                why = hb.stop_reason or ("terminated" if self.terminate.is_set() else None)
+                if why is None and deadline is not None and time.monotonic() > deadline:
+                    why = "timeout"
+                if why is not None:
+                    code = child.stop(self.cfg.stop_grace_s)
+                    return code, (None if why == "timeout" else why)
+        finally:
+            child.close()
+
+    def _upload(self, adir: Path, run_id: str, attempt: int, profile: dict[str, Any]) -> dict[str, Any]:
+        key = idempotency_key(adir, self.cfg.server, run_id, attempt)
+        stored = self.client.put_profile(run_id, profile, key, retry=self.cfg.report_retry)
+        (adir / "profile_uploaded").write_text(key)
+        return stored
+
+    def _finish(self, adir: Path, run_id: str, attempt: int, status: str, tail: str, code: int | None) -> str:
+        outcome: dict[str, Any] = {"outcome": status, "exit_code": code}
+        try:
+            r = self.client.finish(run_id, self.agent_id, attempt, status, tail, code, retry=self.cfg.report_retry)
+            outcome["finish_http"] = r.status_code
+            if r.status_code == 409:
+                status = "lease_lost"
+            elif r.status_code != 200:
+                log.error("finish: HTTP %s %s", r.status_code, r.text[:300])
+        except ServerUnavailable as exc:
+            outcome["finish_error"] = str(exc)
+            log.error("finish: %s", exc)
+        (adir / "outcome.json").write_text(json.dumps(outcome))
+        return status

@@ -1,0 +1,108 @@
+"""Shared helpers of the agent tests: a stdlib HTTP server that speaks the runner contract
+(/tmp/brief/contract.md) from a dict, for tests of the agent alone; the end-to-end test uses the
+real service (`autopar serve`)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class FakeServer:
+    """Contract server state; `calls` records (method, path, headers, body) of every request."""
+
+    port: int
+    queue: list[dict[str, Any]] = field(default_factory=list)  # lease answers, popped in order
+    calls: list[tuple[str, str, dict[str, str], Any]] = field(default_factory=list)
+    heartbeat_answer: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]] | None = None
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    httpd: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def paths(self, method: str | None = None) -> list[str]:
+        return [p for m, p, _, _ in self.calls if method in (None, m)]
+
+    def bodies(self, suffix: str) -> list[Any]:
+        return [b for _, p, _, b in self.calls if p.endswith(suffix)]
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any]:
+        with self.lock:
+            self.calls.append((method, path, headers, body))
+            if path == "/v1/agents":
+                return 201, {"id": 7, "name": body["name"], "cluster": body["cluster"]}
+            if path == "/v1/runs/lease":
+                return (200, self.queue.pop(0)) if self.queue else (204, None)
+            if path.endswith("/heartbeat"):
+                if self.heartbeat_answer is not None:
+                    return self.heartbeat_answer(body)
+                return 200, {"lease_deadline": "2099-01-01T00:00:00+00:00", "cancel_requested": False}
+            if path.endswith("/profile"):
+                run = path.split("/")[3]
+                if run in self.profiles:
+                    return 200, self.profiles[run]
+                self.profiles[run] = {"id": len(self.profiles) + 1, "key": headers.get("idempotency-key")}
+                return 201, self.profiles[run]
+            if path.endswith("/finish"):
+                return 200, {"id": path.split("/")[3], "status": body["status"]}
+        return 404, {"detail": "no such path"}
+
+    def start(self) -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self, method: str) -> None:
+                n = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                body = json.loads(raw) if raw else None
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                code, out = server.handle(method, self.path, headers, body)
+                data = b"" if out is None else json.dumps(out).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._any("POST")
+
+            def do_PUT(self) -> None:  # noqa: N802
+                self._any("PUT")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+
+
+@pytest.fixture
+def fake_server() -> Iterator[FakeServer]:
+    srv = FakeServer(free_port())
+    srv.start()
+    yield srv
+    srv.stop()

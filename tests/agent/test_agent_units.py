@@ -1,0 +1,264 @@
+"""The agent alone: retries through a server that comes up late, launch validation, process-tree
+stop, and one attempt's life (heartbeats with progress, idempotent upload, cancel, lost lease)
+against a stdlib contract server. Children are real processes; a stand-in for the runtime (a
+Python child that forks a grandchild and writes progress) keeps these fast; the real runtime runs
+in test_runtime_progress_file and the end-to-end test."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import runner as runner_mod
+from agent.client import ApiClient, RetryPolicy, ServerUnavailable
+from agent.launcher import Child, LaunchError, LaunchSpec, log_tail, read_progress, runtime_argv, safe_id
+from agent.runner import Agent, AgentConfig
+
+from .conftest import FakeServer, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A stand-in runtime: forks a grandchild (recorded in grandchild.pid), writes progress.json after
+# each of STEPS steps of STEP_S seconds, then profile.json. argv: STEPS STEP_S
+FAKE_RUNTIME = r"""
+import json, os, subprocess, sys, time
+steps, step_s = int(sys.argv[1]), float(sys.argv[2])
+g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open("grandchild.pid", "w").write(str(g.pid))
+for i in range(1, steps + 1):
+    time.sleep(step_s)
+    json.dump({"step": i, "steps": steps, "loss": 5.0 / i, "step_s": step_s}, open("progress.tmp", "w"))
+    os.replace("progress.tmp", "progress.json")
+    print(f"step {i}", flush=True)
+json.dump({"step_s": step_s, "step_times_s": [step_s] * steps, "tokens_per_s": 1.0, "mfu": float("nan")},
+          open("profile.json", "w"))
+g.kill()
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def lease_answer(run_id: int = 11, attempt: int = 1, steps: int = 6, **launch: Any) -> dict[str, Any]:
+    return {
+        "run": {"id": run_id, "steps": steps, "lease_seconds": 3, "launch": {"nproc_per_node": 2, "backend": "gloo", **launch}},
+        "plan": {"inputs": {"gpus": 2, "model": {"name": "$(touch /tmp/autopar-pwned-unit)"}}},
+        "attempt": attempt,
+        "lease_deadline": "2099-01-01T00:00:00+00:00",
+    }
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    script = tmp_path / "fake_runtime.py"
+    script.write_text(FAKE_RUNTIME)
+
+    def argv(spec: LaunchSpec, plan_file: Path, profile_file: Path, progress_file: Path) -> list[str]:
+        assert plan_file.parent == profile_file.parent == progress_file.parent
+        return [sys.executable, str(script), str(spec.steps), "0.3"]
+
+    monkeypatch.setattr(runner_mod, "runtime_argv", argv)
+    return script
+
+
+def make_agent(srv: FakeServer, workdir: Path) -> Agent:
+    cfg = AgentConfig(
+        server=srv.url, token="apt_test", cluster="local-cpu", workdir=workdir, once=True, heartbeat_s=0.3,
+        stop_grace_s=2.0, retry=RetryPolicy(tries=3, max_elapsed_s=5.0, base_s=0.1, cap_s=0.5),
+    )
+    return Agent(cfg)
+
+
+# ---- client -------------------------------------------------------------------------------------
+
+
+def test_backoff_is_exponential_capped_and_jittered() -> None:
+    p = RetryPolicy(base_s=0.5, cap_s=8.0)
+    rng = random.Random(1)
+    for k, d in enumerate([0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]):
+        draws = [p.delay(k, rng) for _ in range(200)]
+        assert d / 2 <= min(draws) and max(draws) <= d
+        assert max(draws) - min(draws) > 0.3 * d / 2  # really jittered
+
+
+def test_client_waits_for_a_server_that_comes_up_late(tmp_path: Path) -> None:
+    srv = FakeServer(free_port())
+    starter = threading.Timer(1.5, srv.start)
+    starter.start()
+    client = ApiClient(srv.url, "apt_x", retry=RetryPolicy(tries=10, max_elapsed_s=20.0, base_s=0.2, cap_s=1.0))
+    try:
+        t0 = time.monotonic()
+        info = client.register("a", "local-cpu", "host")
+        assert info["id"] == 7 and time.monotonic() - t0 >= 1.4
+        assert srv.calls[0][2]["authorization"] == "Bearer apt_x"
+    finally:
+        client.close()
+        starter.join()
+        srv.stop()
+
+
+def test_client_gives_up_within_its_budget() -> None:
+    client = ApiClient(f"http://127.0.0.1:{free_port()}", "t", retry=RetryPolicy(tries=50, max_elapsed_s=1.0, base_s=0.2))
+    t0 = time.monotonic()
+    with pytest.raises(ServerUnavailable):
+        client.lease(1)
+    assert time.monotonic() - t0 < 3.0
+    client.close()
+
+
+# ---- launch ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        {"steps": 3, "launch": {"backend": "gloo; touch /tmp/autopar-pwned-unit"}},
+        {"steps": 3, "launch": {"nproc_per_node": "2 && touch /tmp/autopar-pwned-unit"}},
+        {"steps": "3; touch /tmp/autopar-pwned-unit", "launch": {}},
+        {"steps": True, "launch": {}},
+        {"steps": 3, "launch": {"nproc_per_node": 0}},
+    ],
+)
+def test_launch_spec_refuses_anything_but_typed_values(run: dict[str, Any]) -> None:
+    with pytest.raises(LaunchError):
+        LaunchSpec.from_run(run, {"inputs": {"gpus": 2}})
+
+
+def test_launch_argv_is_the_autopar_run_line() -> None:
+    spec = LaunchSpec.from_run({"steps": 4, "launch": {"nproc_per_node": None, "backend": "gloo"}}, {"inputs": {"gpus": 2}})
+    argv = runtime_argv(spec, Path("/w/plan.json"), Path("/w/profile.json"), Path("/w/progress.json"))
+    assert argv[1:] == [
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "runtime.launch", "/w/plan.json",
+        "--steps", "4", "--out", "/w/profile.json", "--backend", "gloo", "--progress-file", "/w/progress.json",
+    ]
+    with pytest.raises(LaunchError):
+        safe_id("../../etc")
+
+
+def test_stop_kills_the_whole_process_tree(tmp_path: Path) -> None:
+    script = tmp_path / "tree.py"
+    script.write_text(FAKE_RUNTIME)
+    child = Child([sys.executable, str(script), "100", "0.2"], tmp_path)
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "grandchild.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    assert alive(grandchild) and int((tmp_path / "child.pid").read_text()) == child.pgid
+    child.stop(grace_s=1.0)
+    child.close()
+    time.sleep(0.2)
+    assert not alive(child.proc.pid) and not alive(grandchild)
+
+
+def test_log_tail_is_bounded_utf8(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_bytes(("é" * 50_000).encode() + b"\xff\xfe end")
+    tail = log_tail(log, 1000)
+    assert len(tail.encode()) <= 1000 and tail.endswith(" end")
+
+
+# ---- one attempt against the contract server --------------------------------------------------------
+
+
+def test_attempt_reports_progress_uploads_once_and_finishes(fake_server: FakeServer, fake_runtime: Path, tmp_path: Path) -> None:
+    fake_server.queue.append(lease_answer(steps=6))
+    agent = make_agent(fake_server, tmp_path / "w")
+    assert agent.run_forever() == 0
+    beats = fake_server.bodies("/heartbeat")
+    steps_seen = [b["progress"]["step"] for b in beats]
+    assert steps_seen[0] == 0 and max(steps_seen) >= 3  # progress from the child's progress file
+    assert all(b["attempt"] == 1 and b["agent_id"] == 7 for b in beats)
+    (profile,) = fake_server.bodies("/profile")
+    assert profile["mfu"] is None  # NaN is not JSON: sent as null
+    finish = fake_server.bodies("/finish")[0]
+    assert finish["status"] == "succeeded" and finish["exit_code"] == 0 and "step 6" in finish["log_tail"]
+    adir = tmp_path / "w" / "run-11" / "attempt-1"
+    key = (adir / "idempotency_key").read_text()
+    put_headers = [h for m, p, h, _ in fake_server.calls if m == "PUT"][0]
+    assert put_headers["idempotency-key"] == key
+    # the plan is data in a file: its "$(...)" model name was never run
+    assert "$(touch" in (adir / "plan.json").read_text()
+    assert not Path("/tmp/autopar-pwned-unit").exists()
+    # a retried upload of the same attempt reuses the key: the server answers 200, no second profile
+    again = agent.client.put_profile("11", profile, runner_mod.idempotency_key(adir, fake_server.url, "11", 1))
+    assert again == fake_server.profiles["11"] and len(fake_server.profiles) == 1
+    assert [h["idempotency-key"] for m, p, h, _ in fake_server.calls if m == "PUT"] == [key, key]
+
+
+@pytest.mark.parametrize("answer", ["cancel", "lease_lost"])
+def test_cancel_or_lost_lease_stops_the_child_tree(answer: str, fake_server: FakeServer, fake_runtime: Path, tmp_path: Path) -> None:
+    def heartbeat(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body["progress"]["step"] >= 2:
+            if answer == "cancel":
+                return 200, {"lease_deadline": "2099-01-01T00:00:00+00:00", "cancel_requested": True}
+            return 409, {"detail": "lease held by another attempt"}
+        return 200, {"lease_deadline": "2099-01-01T00:00:00+00:00", "cancel_requested": False}
+
+    fake_server.heartbeat_answer = heartbeat
+    fake_server.queue.append(lease_answer(steps=200))
+    agent = make_agent(fake_server, tmp_path / "w")
+    t0 = time.monotonic()
+    assert agent.run_forever() == 0
+    assert time.monotonic() - t0 < 20  # 200 steps x 0.3 s would take a minute
+    adir = tmp_path / "w" / "run-11" / "attempt-1"
+    grandchild = int((adir / "grandchild.pid").read_text())
+    time.sleep(0.2)
+    assert not alive(grandchild)
+    assert read_progress(adir / "progress.json")["step"] < 200  # type: ignore[index]
+    assert not fake_server.bodies("/profile")
+    outcome = json.loads((adir / "outcome.json").read_text())
+    if answer == "cancel":
+        assert fake_server.bodies("/finish")[0]["status"] == "cancelled" and outcome["outcome"] == "cancelled"
+    else:
+        assert not fake_server.bodies("/finish") and outcome["outcome"] == "lease_lost"
+
+
+def test_refused_launch_is_reported_failed_without_running(fake_server: FakeServer, tmp_path: Path) -> None:
+    fake_server.queue.append(lease_answer(backend="gloo; touch /tmp/autopar-pwned-unit"))
+    agent = make_agent(fake_server, tmp_path / "w")
+    assert agent.run_forever() == 0
+    finish = fake_server.bodies("/finish")[0]
+    assert finish["status"] == "failed" and "launch.backend" in finish["log_tail"]
+    assert not (tmp_path / "w" / "run-11" / "attempt-1" / "child.log").exists()
+    assert not Path("/tmp/autopar-pwned-unit").exists()
+
+
+# ---- the real runtime ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_runtime_progress_file_with_torchrun(tmp_path: Path) -> None:
+    """The real launch line on the tiny plan: progress file after every step, a Profile at the end."""
+    import subprocess
+
+    plan = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "plan", "--model", "tiny", "--cluster", "local-cpu", "--gpus", "2",
+         "--seq-len", "64", "--global-batch", "4", "--json"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout
+    (tmp_path / "plan.json").write_text(plan)
+    spec = LaunchSpec.from_run({"steps": 3, "launch": {"backend": "gloo"}}, json.loads(plan))
+    argv = runtime_argv(spec, tmp_path / "plan.json", tmp_path / "profile.json", tmp_path / "progress.json")
+    child = Child(argv, tmp_path)
+    code = child.wait(240)
+    child.close()
+    assert code == 0, child.log_tail()
+    assert read_progress(tmp_path / "progress.json") == {"step": 3, "steps": 3, "loss": pytest.approx(
+        json.loads((tmp_path / "profile.json").read_text())["losses"][-1])}
