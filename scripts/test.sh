@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # Install everything (torch 2.13.0 CPU wheel is on every machine's disk) and run all tests.
+# The API tests run on SQLite and on a real PostgreSQL server: when AUTOPAR_TEST_POSTGRES_URL is not
+# set, this script installs PostgreSQL (Debian package, needs root), starts it and sets the variable;
+# it fails loudly if it cannot. Set AUTOPAR_TEST_POSTGRES=skip to run without PostgreSQL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[runtime,api,dev]'
+
+if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "skip" ]]; then
+    AUTOPAR_TEST_POSTGRES_URL="$(bash scripts/postgres.sh)" || {
+        echo "scripts/test.sh: could not start PostgreSQL for the API tests (see above);" \
+             "set AUTOPAR_TEST_POSTGRES=skip to run without it" >&2
+        exit 1
+    }
+    export AUTOPAR_TEST_POSTGRES_URL
+fi
+
 python -m pytest -n 2 "$@"

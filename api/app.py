@@ -1,0 +1,184 @@
+"""The FastAPI application: `create_app(settings)`; `autopar serve` runs it under uvicorn.
+
+On start it migrates the database (Alembic, scripts inside the package), opens the planner pool and
+starts the lease reaper; every request body is capped at `max_body_bytes` (413 beyond)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import runs as lifecycle
+from api.db import Database
+from api.errors import install_handlers
+from api.metrics import Metrics
+from api.planning import PlannerPool
+from api.routes import plans, runs, specs, system
+from api.settings import Settings
+
+log = logging.getLogger("autopar.api")
+VERSION = "1"
+
+
+class BodyLimit:
+    """Refuse request bodies over `limit` bytes with 413, whether announced by Content-Length or
+    streamed in chunks (the body is read up to the limit before the app sees it)."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                announced = int(length)
+            except ValueError:
+                await _error(send, 400, "Content-Length is not an integer", ["header", "content-length"])
+                return
+            if announced > self.limit:
+                await _error(send, 413, f"request body of {announced} bytes exceeds the {self.limit}-byte limit",
+                             ["body"])
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.limit:
+                await _error(send, 413, f"request body exceeds the {self.limit}-byte limit", ["body"])
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _error(send: Send, status: int, msg: str, loc: list[str]) -> None:
+    import json
+
+    body = json.dumps({"detail": [{"loc": loc, "msg": msg, "type": "body_too_large" if status == 413 else "bad_request"}]})
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")],
+    })
+    await send({"type": "http.response.body", "body": body.encode()})
+
+
+class RequestMetrics:
+    """Count requests and time them, labelled by route template."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.observe(scope["method"], template, status, started)
+
+
+async def _reaper(db: Database, metrics: Metrics, interval_s: float) -> None:
+    """Requeue or fail runs whose lease deadline passed, even while no agent asks for work."""
+
+    def sweep() -> list[str]:
+        with db.write_session() as session:
+            return lifecycle.expire_leases(session)
+
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            for outcome in await run_in_threadpool(sweep):
+                metrics.lease_expirations.labels(outcome).inc()
+        except Exception:  # keep sweeping; a transient database error must not stop the reaper
+            log.exception("lease reaper sweep failed")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    db = Database(settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(db.migrate)
+        pool = PlannerPool(settings.plan_workers, settings.max_pending_plans, metrics)
+        app.state.pool = pool
+        reaper = None
+        if settings.reaper_interval_s > 0:
+            reaper = asyncio.create_task(_reaper(db, metrics, settings.reaper_interval_s))
+        try:
+            yield
+        finally:
+            if reaper is not None:
+                reaper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reaper
+            pool.shutdown()
+            db.dispose()
+
+    app = FastAPI(
+        title="autopar",
+        version=VERSION,
+        summary="Auto-parallelism planner for LLM training: plans, evaluations, runs and profiles.",
+        description=(
+            "Write endpoints need `Authorization: Bearer <token>` (`autopar tokens create`). Every error "
+            "is `{\"detail\": [{\"loc\", \"msg\", \"type\"}]}`; `loc` is the path of the offending field. "
+            "Units: bytes are integers (`*_bytes`), times in seconds (`*_s`), rates per second (`*_per_s`)."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = db
+    app.state.metrics = metrics
+    metrics.watch_runs(db.read_session)
+    install_handlers(app)
+    for module in (system, plans, specs, runs):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
+    app.add_middleware(RequestMetrics, metrics=metrics)  # type: ignore[arg-type]
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory: `uvicorn --factory api.app:app_from_env` (settings from AUTOPAR_* variables)."""
+    return create_app(Settings())

@@ -1,0 +1,71 @@
+"""FastAPI dependencies: the database, the planner pool, and the caller's token."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.auth import Principal, principal_for
+from api.db import Database
+from api.errors import forbidden, unauthorized
+from api.metrics import Metrics
+from api.planning import PlannerPool
+from api.settings import Settings
+
+bearer = HTTPBearer(auto_error=False, description="a token from `autopar tokens create`")
+
+
+def get_db(request: Request) -> Database:
+    db: Database = request.app.state.db
+    return db
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_pool(request: Request) -> PlannerPool:
+    pool: PlannerPool = request.app.state.pool
+    return pool
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def authenticated(
+    db: Annotated[Database, Depends(get_db)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+        raise unauthorized()
+    with db.read_session() as session:
+        principal = principal_for(session, creds.credentials)
+    if principal is None:
+        raise unauthorized("unknown or revoked token")
+    return principal
+
+
+def user(principal: Annotated[Principal, Depends(authenticated)]) -> Principal:
+    if principal.role != "user":
+        raise forbidden(f"this needs a user token; agent tokens (cluster {principal.cluster!r}) may only run jobs")
+    return principal
+
+
+def agent(principal: Annotated[Principal, Depends(authenticated)]) -> Principal:
+    if principal.role != "agent":
+        raise forbidden("this needs an agent token (autopar tokens create --role agent --cluster NAME)")
+    return principal
+
+
+DB = Annotated[Database, Depends(get_db)]
+Authenticated = Annotated[Principal, Depends(authenticated)]
+User = Annotated[Principal, Depends(user)]
+Agent = Annotated[Principal, Depends(agent)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+Pool = Annotated[PlannerPool, Depends(get_pool)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -1,0 +1,244 @@
+"""Plans, exports, what-if evaluations, and the profiles measured for a plan."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from api.calibration import calibration_for
+from api.deps import DB, MetricsDep, Pool, SettingsDep, User
+from api.errors import ERROR_RESPONSES, ApiError, conflict, not_found
+from api.models import EvaluationRow, PlanRow, ProfileRow
+from api.planning import request_sha256, run_evaluation, run_search
+from api.resolve import resolve_cluster_ref, resolve_model_ref
+from api.schemas import EvaluationOut, ExportOut, Page, PlanProfileOut, PlanRecord, PlanRequest, PlanSummary
+from api.views import plan_profile, plan_record, plan_summary
+from cost_models.jobs import Job
+from planner.exporters import ExportError, export, formats
+from planner.plan import Plan
+
+router = APIRouter(prefix="/v1", tags=["plans"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+
+ExportFormat = Enum("ExportFormat", {f: f for f in formats()}, type=str)  # type: ignore[misc]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+        description="a retried POST with the same key returns the plan stored the first time (200)",
+    ),
+]
+PlanId = Annotated[int, Path(ge=1, le=2**62)]
+
+
+def _check_gpus(gpus: int, limit: int) -> None:
+    if gpus > limit:
+        raise ApiError(422, f"{gpus} GPUs: this service plans at most {limit}", ["body", "gpus"], "too_large")
+
+
+@router.post(
+    "/plans", status_code=201, response_model=PlanRecord,
+    responses={200: {"model": PlanRecord, "description": "the plan stored earlier under this Idempotency-Key"}},
+    summary="Search every layout and store the Plan",
+)
+async def create_plan(
+    body: PlanRequest, principal: User, db: DB, pool: Pool, metrics: MetricsDep, settings: SettingsDep,
+    response: Response, idempotency_key: IdempotencyKey = None,
+) -> PlanRecord:
+    """Runs `planner.search.search` on the planner pool (never on the event loop). A job that does
+    not fit is stored too: its Plan has no `best`, and `why`, `rejections` and `closest_miss` say
+    which constraint failed and by how many bytes."""
+    _check_gpus(body.gpus, settings.max_gpus)
+    digest = request_sha256(body.model_dump(mode="json"))
+
+    def replay(session: Any) -> PlanRecord | None:
+        if idempotency_key is None:
+            return None
+        row = session.scalar(select(PlanRow).where(PlanRow.idempotency_key == idempotency_key))
+        if row is None:
+            return None
+        if row.request_sha256 != digest:
+            raise conflict(
+                f"Idempotency-Key {idempotency_key!r} was used for a different request (plan {row.id})",
+                ["header", "idempotency-key"],
+            )
+        return plan_record(row)
+
+    def prepare() -> tuple[PlanRecord | None, Any]:
+        with db.read_session() as session:
+            earlier = replay(session)
+            if earlier is not None:
+                return earlier, None
+            model = resolve_model_ref(session, body.model, ["body", "model"])
+            cluster = resolve_cluster_ref(session, body.cluster, ["body", "cluster"])
+            return None, (model, cluster, calibration_for(session, cluster.name))
+
+    earlier, resolved = await run_in_threadpool(prepare)
+    if earlier is not None:
+        response.status_code = 200
+        return earlier
+    model, cluster, calibration = resolved
+    plan: Plan = await pool.run(
+        lambda: run_search(model, body.training, cluster, body.gpus, body.constraints, calibration, metrics)
+    )
+
+    def store() -> tuple[PlanSummary | PlanRecord, bool]:
+        best = plan.best
+        row = PlanRow(
+            created_by=principal.token_id, model_name=model.name[:256], cluster_name=cluster.name[:256],
+            gpus=body.gpus, seq_len=body.training.seq_len, global_batch=body.training.global_batch,
+            precision=body.training.precision, feasible=best is not None,
+            step_s=best.step_s if best else None, tokens_per_s=best.tokens_per_s if best else None,
+            mfu=float(best.estimate["mfu"]) if best else None, calibration=plan.calibration[:256],
+            idempotency_key=idempotency_key, request_sha256=digest, plan=plan.model_dump(mode="json"),
+        )
+        try:
+            with db.write_session() as session:
+                session.add(row)
+                session.flush()
+                summary = plan_summary(row)
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            with db.read_session() as session:  # the same key stored concurrently: return that plan
+                earlier = replay(session)
+            if earlier is None:
+                raise
+            return earlier, False
+        return summary, True
+
+    stored, created = await run_in_threadpool(store)
+    if not created:
+        response.status_code = 200
+        assert isinstance(stored, PlanRecord)
+        return stored
+    metrics.plans.labels(str(plan.best is not None).lower()).inc()
+    return PlanRecord(**stored.model_dump(), plan=plan)
+
+
+SortKey = Literal["-created_at", "created_at", "-tokens_per_s", "tokens_per_s", "-mfu", "mfu"]
+
+
+@router.get("/plans", response_model=Page[PlanSummary], summary="List stored plans")
+def list_plans(
+    db: DB,
+    model: Annotated[str | None, Query(max_length=256, description="model name")] = None,
+    cluster: Annotated[str | None, Query(max_length=256, description="cluster name")] = None,
+    gpus: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+    feasible: bool | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    sort: Annotated[SortKey, Query(description="'-' = descending; tokens_per_s = predicted throughput")] = "-created_at",
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> Page[PlanSummary]:
+    conds: list[Any] = []
+    if model is not None:
+        conds.append(PlanRow.model_name == model)
+    if cluster is not None:
+        conds.append(PlanRow.cluster_name == cluster)
+    if gpus is not None:
+        conds.append(PlanRow.gpus == gpus)
+    if feasible is not None:
+        conds.append(PlanRow.feasible.is_(feasible))
+    if created_after is not None:
+        conds.append(PlanRow.created_at >= created_after)
+    if created_before is not None:
+        conds.append(PlanRow.created_at < created_before)
+    column = {"created_at": PlanRow.created_at, "tokens_per_s": PlanRow.tokens_per_s, "mfu": PlanRow.mfu}[
+        sort.lstrip("-")
+    ]
+    order = column.desc().nulls_last() if sort.startswith("-") else column.asc().nulls_last()
+    id_order = PlanRow.id.desc() if sort.startswith("-") else PlanRow.id.asc()
+    with db.read_session() as session:
+        total = session.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
+        rows = session.scalars(
+            select(PlanRow).where(*conds).order_by(order, id_order).limit(limit).offset(offset)
+        ).all()
+        items = [plan_summary(r) for r in rows]
+    return Page[PlanSummary](items=items, total=total, limit=limit, offset=offset)
+
+
+def _plan_row(session: Any, plan_id: int) -> PlanRow:
+    row = session.get(PlanRow, plan_id)
+    if row is None:
+        raise not_found("plan", plan_id, ["path", "plan_id"])
+    return row  # type: ignore[no-any-return]
+
+
+@router.get("/plans/{plan_id}", response_model=PlanRecord, summary="One stored plan")
+def get_plan(plan_id: PlanId, db: DB) -> PlanRecord:
+    with db.read_session() as session:
+        return plan_record(_plan_row(session, plan_id))
+
+
+@router.get("/plans/{plan_id}/export/{format}", response_model=ExportOut, summary="Export a plan's layout")
+def export_plan(plan_id: PlanId, format: ExportFormat, db: DB) -> ExportOut:  # type: ignore[valid-type]
+    """Launch files for torchrun, Megatron-LM, DeepSpeed, torchtitan or Accelerate
+    (`planner.exporters.export`); `lost` lists what the target cannot express."""
+    with db.read_session() as session:
+        plan = Plan.model_validate(_plan_row(session, plan_id).plan)
+    if plan.best is None:
+        raise conflict(f"plan {plan_id} has no layout that fits: nothing to export ({'; '.join(plan.why[:1])})",
+                       ["path", "plan_id"])
+    fmt = format.value  # type: ignore[attr-defined]
+    try:
+        out = export(plan, fmt)
+    except ExportError as exc:
+        raise ApiError(422, str(exc), ["path", "format"], "export") from exc
+    return ExportOut(plan_id=plan_id, format=fmt, filename=out.filename, text=out.text, lost=list(out.lost))
+
+
+@router.get(
+    "/plans/{plan_id}/profiles", response_model=Page[PlanProfileOut],
+    summary="Profiles measured for a plan, predicted beside measured",
+)
+def plan_profiles(
+    plan_id: PlanId, db: DB,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> Page[PlanProfileOut]:
+    with db.read_session() as session:
+        plan = _plan_row(session, plan_id).plan
+        cond = ProfileRow.plan_id == plan_id
+        total = session.scalar(select(func.count()).select_from(ProfileRow).where(cond)) or 0
+        rows = session.scalars(select(ProfileRow).where(cond).order_by(ProfileRow.id).limit(limit).offset(offset))
+        items = [plan_profile(plan, r) for r in rows]
+    return Page[PlanProfileOut](items=items, total=total, limit=limit, offset=offset)
+
+
+@router.post(
+    "/evaluate", response_model=EvaluationOut, summary="Price one layout (what-if)",
+    responses={201: {"model": EvaluationOut, "description": "priced and stored (?store=true)"}},
+)
+def evaluate(
+    job: Job, principal: User, db: DB, metrics: MetricsDep, settings: SettingsDep, response: Response,
+    store: Annotated[bool, Query(description="keep the evaluation in the database")] = False,
+) -> EvaluationOut:
+    """The batch contract's job (`cost_models.jobs.Job`): memory per stage, time breakdown,
+    tokens/s and MFU for one layout. Not stored unless `store=true`."""
+    if job.gpus > settings.max_gpus:
+        raise ApiError(422, f"{job.gpus} GPUs: this service prices at most {settings.max_gpus}", ["body", "gpus"],
+                       "too_large")
+    with db.read_session() as session:
+        model = resolve_model_ref(session, job.model, ["body", "model"])
+        cluster = resolve_cluster_ref(session, job.cluster, ["body", "cluster"])
+        calibration = calibration_for(session, cluster.name)
+    result = run_evaluation(job, model, cluster, calibration, metrics)
+    if not store:
+        return EvaluationOut(id=None, result=result)
+    with db.write_session() as session:
+        row = EvaluationRow(
+            created_by=principal.token_id, model_name=model.name[:256], cluster_name=cluster.name[:256],
+            gpus=job.gpus, job=job.model_dump(mode="json"), result=result,
+        )
+        session.add(row)
+        session.flush()
+        ident = row.id
+    response.status_code = 201
+    return EvaluationOut(id=ident, result=result)

@@ -1,0 +1,106 @@
+"""`autopar serve` and `autopar tokens create|list|revoke`. The web stack (fastapi, uvicorn,
+sqlalchemy) is imported inside the commands, so `autopar plan` never loads it."""
+
+from __future__ import annotations
+
+import typer
+
+from api.settings import DEFAULT_DATABASE_URL, database_url_from_env
+
+tokens_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Create, list and revoke API tokens.")
+
+DATABASE_HELP = f"SQLAlchemy URL (default: $AUTOPAR_DATABASE_URL, else {DEFAULT_DATABASE_URL})"
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", help="interface to listen on (0.0.0.0: all)"),
+    port: int = typer.Option(8000, help="TCP port"),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    """Serve the planning API (migrates the database first)."""
+    import uvicorn
+
+    from api.app import create_app
+    from api.settings import Settings
+
+    settings = Settings(database_url=database_url or database_url_from_env())
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+
+
+def _database(database_url: str | None):  # type: ignore[no-untyped-def]
+    from api.db import Database
+
+    db = Database(database_url or database_url_from_env())
+    db.migrate()
+    return db
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: str = typer.Option(..., help="who or what holds the token"),
+    role: str = typer.Option("user", help="user | agent"),
+    cluster: str | None = typer.Option(None, help="agent tokens: the cluster whose runs it may lease"),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """Create a token and print it (shown this once; only its sha256 digest is stored)."""
+    from api.auth import create_token
+
+    db = _database(database_url)
+    try:
+        with db.write_session() as session:
+            row, secret = create_token(session, name, role, cluster)  # type: ignore[arg-type]
+            ident = row.id
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    finally:
+        db.dispose()
+    typer.echo(f"created token {ident} ({role}{' for cluster ' + cluster if cluster else ''}); it is shown only once:",
+               err=True)
+    typer.echo(secret)
+
+
+@tokens_app.command("list")
+def tokens_list(database_url: str | None = typer.Option(None, help=DATABASE_HELP)) -> None:
+    """List tokens (id, prefix, role, cluster, created, revoked); never the secrets."""
+    from api.auth import list_tokens
+
+    db = _database(database_url)
+    try:
+        with db.read_session() as session:
+            rows = list_tokens(session)
+            typer.echo(f"{'id':>5}  {'prefix':10}  {'role':5}  {'cluster':16}  {'created (UTC)':19}  {'revoked':19}  name")
+            for r in rows:
+                revoked = r.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if r.revoked_at else "-"
+                typer.echo(
+                    f"{r.id:>5}  {r.prefix:10}  {r.role:5}  {r.cluster or '-':16}  "
+                    f"{r.created_at.strftime('%Y-%m-%d %H:%M:%S'):19}  {revoked:19}  {r.name}"
+                )
+    finally:
+        db.dispose()
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    token_id: int = typer.Argument(..., help="id from `autopar tokens list`"),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """Revoke a token: requests with it are refused from now on."""
+    from api.auth import revoke_token
+
+    db = _database(database_url)
+    try:
+        with db.write_session() as session:
+            row = revoke_token(session, token_id)
+    finally:
+        db.dispose()
+    if row is None:
+        typer.echo(f"error: no token {token_id}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"revoked token {token_id} ({row.name})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
+    app.add_typer(tokens_app, name="tokens")
