@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api import routes_calibration
 from api import runs as lifecycle
 from api.db import Database
 from api.errors import install_handlers
@@ -174,6 +175,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_handlers(app)
     for module in (system, plans, specs, runs):
         app.include_router(module.router)
+    app.include_router(routes_calibration.router)  # GET /v1/clusters/{name}/calibration (issue 6)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
     app.add_middleware(RequestMetrics, metrics=metrics)  # type: ignore[arg-type]
     return app

@@ -1,0 +1,64 @@
+"""`GET /v1/clusters/{name}/calibration`: the factors fitted for a cluster from its profiles, how
+many profiles they rest on, and the prediction error before and after (in-sample, and leave-one-out
+from three profiles on). Method: `cost_models.profile_calibration`; which profiles: `api.calibration`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from api.calibration import cluster_fit
+from api.deps import DB
+from api.errors import ERROR_RESPONSES
+
+router = APIRouter(prefix="/v1", tags=["calibration"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+ClusterName = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="cluster name runs are queued on")]
+
+
+class FactorOut(BaseModel):
+    name: str
+    prior: float = Field(description="global calibration value")
+    fitted: float = Field(description="value used for this cluster")
+    identified: bool = Field(description="false: the profiles do not identify it; held at the prior")
+    reason: str
+    unit: str
+
+
+class ErrorOut(BaseModel):
+    n: int
+    median_ape_pct: float
+    mape_pct: float
+    mean_signed_pct: float = Field(description="mean of 100 x (predicted - measured) / measured")
+    method: str
+
+
+class CalibrationOut(BaseModel):
+    cluster: str
+    source: str = Field(description="what plans priced for this cluster record in Plan.calibration")
+    n_profiles: int
+    factors: list[FactorOut]
+    time_multipliers: dict[str, float] = Field(description="step-time multipliers vs global (compute, intra, inter)")
+    error_before: ErrorOut | None
+    error_after: ErrorOut | None
+    error_leave_one_out: ErrorOut | None
+    method: str
+    calibration: dict[str, Any] = Field(description="the full cost_models.calibration.Calibration")
+
+
+@router.get(
+    "/clusters/{name}/calibration",
+    response_model=CalibrationOut,
+    summary="Calibration fitted for a cluster from its measured profiles",
+)
+async def get_cluster_calibration(name: ClusterName, db: DB) -> CalibrationOut:
+    """Factors refitted from the profiles of runs on this cluster (the global calibration with
+    `n_profiles = 0` when it has none); plans and evaluations for the cluster are priced with them."""
+
+    def fit() -> dict[str, Any]:
+        with db.read_session() as session:
+            return cluster_fit(session, name, errors=True).as_dict()
+
+    return CalibrationOut.model_validate(await run_in_threadpool(fit))
