@@ -262,3 +262,17 @@ def test_runtime_progress_file_with_torchrun(tmp_path: Path) -> None:
     assert code == 0, child.log_tail()
     assert read_progress(tmp_path / "progress.json") == {"step": 3, "steps": 3, "loss": pytest.approx(
         json.loads((tmp_path / "profile.json").read_text())["losses"][-1])}
+
+
+@pytest.mark.slow
+def test_preflight_all_reduce_bus_bandwidth(tmp_path: Path) -> None:
+    """The pre-flight under torchrun (2 gloo ranks): NCCL-convention bus bandwidth of a 1 MiB all-reduce."""
+    from agent.launcher import preflight_argv, run_to_completion
+
+    spec = LaunchSpec.from_run({"steps": 1, "launch": {"nproc_per_node": 2, "backend": "gloo"}}, {})
+    out = tmp_path / "preflight.json"
+    assert run_to_completion(preflight_argv(spec, out, 2**20, 5), tmp_path, "preflight.log", 120) == 0
+    r = json.loads(out.read_text())
+    assert (r["collective"], r["bytes"], r["ranks"], r["backend"]) == ("all_reduce", 2**20, 2, "gloo")
+    assert r["time_s"] > 0
+    assert r["bus_bandwidth_bytes_per_s"] == pytest.approx(2 * (2 - 1) / 2 * 2**20 / r["time_s"], rel=1e-9)
