@@ -17,6 +17,10 @@ NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 MAX_GPUS = 131_072
 """Largest GPU count a request may name (2**17)."""
 
+MAX_ID = 2**31 - 1
+"""Row ids are 32-bit integers (PostgreSQL `integer`); larger ids are refused as malformed."""
+RowId = Annotated[int, Field(ge=1, le=MAX_ID)]
+
 T = TypeVar("T")
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -151,7 +155,7 @@ class RunCreate(BaseModel):
 
 class RunAttemptOut(BaseModel):
     attempt: int
-    agent_id: int
+    agent_id: RowId
     leased_at: datetime
     ended_at: datetime | None
     outcome: Literal["running", "lease_expired", "succeeded", "failed", "cancelled"]
@@ -209,7 +213,7 @@ class AgentOut(BaseModel):
 class LeaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    agent_id: int
+    agent_id: RowId
 
 
 class LeaseOut(BaseModel):
@@ -222,8 +226,8 @@ class LeaseOut(BaseModel):
 class HeartbeatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    agent_id: int
-    attempt: int = Field(ge=1)
+    agent_id: RowId
+    attempt: int = Field(ge=1, le=MAX_ID)
     progress: Progress | None = None
 
 
@@ -236,8 +240,8 @@ class HeartbeatOut(BaseModel):
 class FinishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    agent_id: int
-    attempt: int = Field(ge=1)
+    agent_id: RowId
+    attempt: int = Field(ge=1, le=MAX_ID)
     status: Literal["succeeded", "failed", "cancelled"]
     log_tail: str = Field("", max_length=65_536, description="last lines of the run's log (<= 64 KiB)")
     exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)

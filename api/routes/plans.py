@@ -17,7 +17,16 @@ from api.errors import ERROR_RESPONSES, ApiError, conflict, not_found
 from api.models import EvaluationRow, PlanRow, ProfileRow
 from api.planning import request_sha256, run_evaluation, run_search
 from api.resolve import resolve_cluster_ref, resolve_model_ref
-from api.schemas import EvaluationOut, ExportOut, Page, PlanProfileOut, PlanRecord, PlanRequest, PlanSummary
+from api.schemas import (
+    MAX_ID,
+    EvaluationOut,
+    ExportOut,
+    Page,
+    PlanProfileOut,
+    PlanRecord,
+    PlanRequest,
+    PlanSummary,
+)
 from api.views import plan_profile, plan_record, plan_summary
 from cost_models.jobs import Job
 from planner.exporters import ExportError, export, formats
@@ -33,7 +42,7 @@ IdempotencyKey = Annotated[
         description="a retried POST with the same key returns the plan stored the first time (200)",
     ),
 ]
-PlanId = Annotated[int, Path(ge=1, le=2**62)]
+PlanId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 def _check_gpus(gpus: int, limit: int) -> None:

@@ -16,6 +16,7 @@ from api.deps import DB, Agent, Authenticated, MetricsDep, User
 from api.errors import ERROR_RESPONSES, conflict, forbidden, not_found
 from api.models import AgentRow, PlanRow, ProfileRow, RunRow, utcnow
 from api.schemas import (
+    MAX_ID,
     AgentCreate,
     AgentOut,
     FinishRequest,
@@ -34,7 +35,7 @@ from api.views import profile_out, run_out
 from planner.plan import Plan
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
-Id = Annotated[int, Path(ge=1, le=2**62)]
+Id = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 def _agent_out(a: AgentRow) -> AgentOut:
@@ -66,7 +67,7 @@ def create_run(plan_id: Id, body: RunCreate, principal: User, db: DB) -> RunOut:
 @router.get("/runs", response_model=Page[RunOut], summary="List runs (agent tokens: their cluster's)")
 def list_runs(
     principal: Authenticated, db: DB,
-    plan_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    plan_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     cluster: Annotated[str | None, Query(max_length=64)] = None,
     status: RunStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,

@@ -1,0 +1,177 @@
+"""Plans, exports and evaluations over HTTP, on every backend."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from planner.exporters import formats
+
+PLAN_BODY: dict[str, Any] = {
+    "model": "tiny", "cluster": "local-cpu", "gpus": 4, "training": {"seq_len": 128, "global_batch": 8},
+}
+
+
+def test_create_plan_returns_the_stored_plan(user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    assert tiny_plan["feasible"] is True and tiny_plan["model"] == "tiny" and tiny_plan["cluster"] == "local-cpu"
+    best = tiny_plan["plan"]["best"]
+    world = best["layout"]["dp"] * best["layout"]["tp"] * best["layout"]["pp"] * best["layout"]["cp"]
+    assert world == 4
+    assert tiny_plan["tokens_per_s"] == pytest.approx(best["estimate"]["tokens_per_s"])
+    assert tiny_plan["plan"]["calibration"] == tiny_plan["calibration"] != ""
+    r = user.get(f"/v1/plans/{tiny_plan['id']}")
+    assert r.status_code == 200
+    assert r.json() == tiny_plan
+
+
+def test_list_filters_sorts_and_paginates(user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    small = user.post("/v1/plans", json={**PLAN_BODY, "gpus": 2})
+    assert small.status_code == 201, small.text
+    r = user.get("/v1/plans", params={"model": "tiny", "cluster": "local-cpu", "gpus": 2})
+    body = r.json()
+    assert r.status_code == 200 and body["total"] >= 1
+    assert all(p["gpus"] == 2 and p["model"] == "tiny" for p in body["items"])
+    assert "plan" not in body["items"][0]  # summaries only
+
+    r = user.get("/v1/plans", params={"model": "tiny", "sort": "-tokens_per_s", "limit": 200})
+    speeds = [p["tokens_per_s"] for p in r.json()["items"] if p["tokens_per_s"] is not None]
+    assert speeds == sorted(speeds, reverse=True) and len(speeds) >= 2
+
+    first = user.get("/v1/plans", params={"limit": 1, "offset": 0}).json()
+    second = user.get("/v1/plans", params={"limit": 1, "offset": 1}).json()
+    assert first["total"] == second["total"] >= 2
+    assert first["items"][0]["id"] != second["items"][0]["id"]
+
+    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    assert user.get("/v1/plans", params={"created_after": future}).json()["total"] == 0
+    assert user.get("/v1/plans", params={"created_before": future}).json()["total"] == first["total"]
+
+
+@pytest.mark.parametrize("fmt", formats())
+def test_export_every_format(user: httpx.Client, tiny_plan: dict[str, Any], fmt: str) -> None:
+    r = user.get(f"/v1/plans/{tiny_plan['id']}/export/{fmt}")
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["format"] == fmt and out["text"].strip() and out["filename"]
+
+
+def test_export_unknown_format_names_the_field(user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    r = user.get(f"/v1/plans/{tiny_plan['id']}/export/slurm")
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["path", "format"]
+
+
+def test_impossible_job_is_stored_with_the_closest_miss_in_bytes(user: httpx.Client) -> None:
+    body = {"model": "llama3-70b", "cluster": "local-cpu", "gpus": 1, "training": {"seq_len": 4096, "global_batch": 8}}
+    r = user.post("/v1/plans", json=body)
+    assert r.status_code == 201, r.text
+    rec = r.json()
+    assert rec["feasible"] is False and rec["plan"]["best"] is None and rec["tokens_per_s"] is None
+    miss = rec["plan"]["closest_miss"]
+    assert miss["over_by_bytes"] == miss["peak_bytes"] - miss["usable_bytes"] > 0
+    assert any(f"{miss['over_by_bytes']:,} bytes" in line for line in rec["plan"]["why"])
+    exported = user.get(f"/v1/plans/{rec['id']}/export/torchrun")
+    assert exported.status_code == 409 and "no layout that fits" in exported.json()["detail"][0]["msg"]
+    queued = user.post(f"/v1/plans/{rec['id']}/runs", json={"cluster": "c1"})
+    assert queued.status_code == 409
+
+
+def test_idempotency_key_replays_without_duplicating(user: httpx.Client) -> None:
+    key = uuid.uuid4().hex
+    body = {**PLAN_BODY, "gpus": 1}
+    first = user.post("/v1/plans", json=body, headers={"Idempotency-Key": key})
+    again = user.post("/v1/plans", json=body, headers={"Idempotency-Key": key})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    other = user.post("/v1/plans", json={**body, "gpus": 2}, headers={"Idempotency-Key": key})
+    assert other.status_code == 409 and other.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
+
+
+def test_pinned_constraints_are_honoured(user: httpx.Client) -> None:
+    r = user.post("/v1/plans", json={**PLAN_BODY, "constraints": {"pp": 2, "memory_headroom": 0.2}})
+    assert r.status_code == 201, r.text
+    plan = r.json()["plan"]
+    assert plan["best"]["layout"]["pp"] == 2 and plan["inputs"]["constraints"]["memory_headroom"] == 0.2
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "needle"),
+    [
+        ({**PLAN_BODY, "model": "gpt-7"}, ["body", "model"], "unknown model 'gpt-7'"),
+        ({**PLAN_BODY, "cluster": "moon-base"}, ["body", "cluster"], "unknown cluster 'moon-base'"),
+        ({**PLAN_BODY, "gpus": 0}, ["body", "gpus"], "greater than 0"),
+        ({**PLAN_BODY, "training": {"seq_len": 128}}, ["body", "training"], "global_batch"),
+        ({**PLAN_BODY, "training": {"seq_len": "long", "global_batch": 8}}, ["body", "training", "seq_len"], "integer"),
+        ({**PLAN_BODY, "constraints": {"tp": 0}}, ["body", "constraints", "tp"], "greater than or equal to 1"),
+        ({**PLAN_BODY, "constraints": {"schedule": "zigzag"}}, ["body", "constraints", "schedule"], "pattern"),
+        ({**PLAN_BODY, "surprise": 1}, ["body", "surprise"], "Extra inputs"),
+        ({**PLAN_BODY, "model": {"hidden_size": 64}}, ["body", "model", "vocab_size"], "Field required"),
+        ({**PLAN_BODY, "model": {"hf_config": []}}, ["body", "model", "hf_config"], "JSON object"),
+        ({**PLAN_BODY, "cluster": {"gpu": "h100-sxm", "gpus_per_node": 0, "intra_node": {"kind": "nvlink"}}},
+         ["body", "cluster", "gpus_per_node"], "greater than 0"),
+        ({**PLAN_BODY, "cluster": {"gpu": "no-such-gpu", "gpus_per_node": 8}}, ["body", "cluster", "gpu"], "no-such-gpu"),
+        ({**PLAN_BODY, "gpus": 10**9}, ["body", "gpus"], "less than or equal"),
+    ],
+)
+def test_bad_plan_request_names_the_field(user: httpx.Client, body: dict[str, Any], loc: list[Any], needle: str) -> None:
+    r = user.post("/v1/plans", json=body)
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    hit = [e for e in errors if e["loc"][: len(loc)] == loc]
+    assert hit, errors
+    assert any(needle in e["msg"] for e in hit), errors
+
+
+def test_malformed_json_gives_422_with_position(user: httpx.Client) -> None:
+    r = user.post("/v1/plans", content=b'{"model": "tiny", ', headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    err = r.json()["detail"][0]
+    assert err["type"] == "json_invalid" and err["loc"][0] == "body" and isinstance(err["loc"][1], int)
+
+
+def test_huge_body_gives_413(user: httpx.Client, server: Any) -> None:
+    big = b'{"model": "' + b"x" * (2 << 20) + b'"}'
+    r = user.post("/v1/plans", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["detail"][0]["msg"]
+
+    def chunks():  # no Content-Length: the limit holds for streamed bodies too
+        for _ in range(40):
+            yield b"x" * 65536
+
+    with server.client(user.headers["Authorization"].split()[1]) as c:
+        r = c.post("/v1/plans", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_unknown_plan_is_404(user: httpx.Client) -> None:
+    r = user.get("/v1/plans/987654321")
+    assert r.status_code == 404 and r.json()["detail"][0]["loc"] == ["path", "plan_id"]
+
+
+def test_evaluate_is_not_stored_unless_asked(user: httpx.Client) -> None:
+    job = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 16},
+           "layout": {"tp": 2}}
+    r = user.post("/v1/evaluate", json=job)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] is None and r.json()["result"]["ok"] is True
+    assert r.json()["result"]["layout"]["tp"] == 2 and r.json()["result"]["layout"]["dp"] == 4
+    stored = user.post("/v1/evaluate", params={"store": "true"}, json=job)
+    assert stored.status_code == 201 and isinstance(stored.json()["id"], int)
+    assert stored.json()["result"] == r.json()["result"]
+
+
+def test_evaluate_bad_layout_names_the_field(user: httpx.Client) -> None:
+    job = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 16},
+           "layout": {"tp": 3}}
+    r = user.post("/v1/evaluate", json=job)
+    assert r.status_code == 422
+    errs = r.json()["detail"]
+    assert errs[0]["loc"][:2] == ["body", "layout"] and "does not divide the 8 GPUs" in errs[0]["msg"]
+    r = user.post("/v1/evaluate", json={**job, "layout": {"tp": 2}, "partition": [1, 2, 3]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "partition"]
+    r = user.post("/v1/evaluate", json={**job, "model": "../../etc/passwd"})
+    assert r.status_code == 422 and "unknown model" in r.json()["detail"][0]["msg"]
