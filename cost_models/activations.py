@@ -16,6 +16,12 @@ how models are trained today; each adaptation is named where it is made:
 - MoE: router logits and probabilities in float32, the permuted token copies before and after
   dispatch, each routed token's expert MLP activations and the expert outputs kept for the
   weighted combine.
+- Norms: a fused RMSNorm / LayerNorm kernel saves its 16-bit input and a float32 statistic per
+  token (measured on an H100 with PyTorch's CUDA `nn.RMSNorm`: the bf16 input and a (tokens, 1)
+  float32 rstd). An eager RMSNorm that upcasts (PyTorch's CPU decomposition, HF `LlamaRMSNorm`)
+  saves the float32 upcast input and the float32 normalized output: 8 bytes per element
+  (`Layout.norm_kernel = "eager_fp32"`). The final norm and the LM head input are counted with the
+  logits.
 - Sequence parallel divides the norm inputs and the replicated linear inputs by t (Megatron saves
   the sequence-sharded input and re-gathers it in backward).
 - Context parallel divides the sequence by cp (ring attention: no full-sequence K/V is kept).
@@ -35,6 +41,7 @@ from typing import Literal
 from model_specs.spec import ModelSpec
 
 Framework = Literal["megatron", "fsdp", "deepspeed"]
+EAGER_FP32_NORM_BYTES = 8  # float32 upcast input + float32 normalized output, per element
 
 LSE_BYTES = 4  # float32 log-sum-exp saved per (token, head) by flash attention
 ROUTER_BYTES = 4  # router logits / probabilities are float32
@@ -52,6 +59,7 @@ class ActivationContext:
     act_bytes: int  # bytes per activation element (2 for bf16/fp16/fp8 training)
     framework: Framework
     gemm_input_bytes: int = 2  # saved GEMM inputs: 1 under FP8 (Transformer Engine keeps the FP8 cast)
+    norm_bytes: int = 2  # bytes per element a norm saves: act_bytes when fused, 8 for an eager fp32 RMSNorm
 
     @property
     def tokens(self) -> int:
@@ -82,13 +90,14 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     rep = ctx.replicated_divisor
     h = model.hidden_size
     heads = model.num_heads / ctx.tp
-    total = t * h * (ab + ctx.gemm_input_bytes) / rep  # norm input + QKV (or MLA down-projection) input
+    nb = ctx.norm_bytes
+    total = t * h * (nb + ctx.gemm_input_bytes) / rep  # norm input + QKV (or MLA down-projection) input
     if model.attention == "mla":
         assert model.kv_lora_rank and model.qk_rope_head_dim
         ql = model.q_lora_rank or 0
         # q_a output (norm input) and q_b input; kv_a output (norm input + rope part) and kv_b input.
         # The down-projections are replicated over TP, so these tensors are too (unless sp).
-        total += (2 * ql + 2 * model.kv_lora_rank + model.qk_rope_head_dim) * t * ab / rep
+        total += ((ql + model.kv_lora_rank) * (nb + ab) + model.qk_rope_head_dim * ab) * t / rep
         kv_heads = heads
     else:
         kv_heads = max(model.kv_heads / ctx.tp, 1.0)
@@ -107,7 +116,7 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     rep = ctx.replicated_divisor
     full_w, sel_w = _mlp_act_widths(model, ctx.framework)
     widths = sel_w if recompute == "selective" else full_w
-    total = t * h * (ab + ctx.gemm_input_bytes) / rep  # norm input + first GEMM input
+    total = t * h * (ctx.norm_bytes + ctx.gemm_input_bytes) / rep  # norm input + first GEMM input
     # one of the saved f-wide tensors is the second GEMM's input (kept in FP8 under FP8 training)
     f_bytes = (widths - 1) * ab + ctx.gemm_input_bytes if recompute != "selective" else widths * ab
     if not model.is_moe_layer(index):
@@ -137,14 +146,19 @@ def layer_activation_bytes(model: ModelSpec, index: int, ctx: ActivationContext,
     return attention_bytes(model, ctx, recompute) + mlp_bytes(model, ctx, recompute, index)
 
 
-LOGIT_BYTES = {"eager": 10, "vocab_parallel": 6, "fused": 2}
-"""Peak bytes per logit of the loss. eager PyTorch: bf16 logits, the float32 upcast and the float32
-log-softmax saved for backward (2 + 4 + 4). Megatron's vocab-parallel cross-entropy: bf16 logits
+LOGIT_BYTES = {"eager": 14, "vocab_parallel": 6, "fused": 2}
+"""Peak bytes per logit of the loss. eager PyTorch (`F.cross_entropy(logits.float(), ...)`): at the
+start of the backward, the bf16 logits, the float32 log-softmax saved for backward, the float32
+gradient nll_loss returns and the float32 gradient of log-softmax are alive together (2 + 4 + 4 + 4;
+measured 14.1 bytes per logit on an H100 with the CUDA allocator and 14.3 with the CPU live-storage
+tracker, Llama-3 vocabulary, 8192 tokens). Megatron's vocab-parallel cross-entropy: bf16 logits
 and one float32 copy overwritten in place with the softmax gradient (2 + 4). A fused, chunked
 kernel (flash-attn's / Liger's cross-entropy, llm-foundry's default) writes the gradient into the
 bf16 logits (2)."""
 
 
 def logits_bytes(model: ModelSpec, ctx: ActivationContext, cross_entropy: str) -> float:
-    """Peak bytes of the LM head output and loss for one micro-batch on the last stage."""
-    return ctx.tokens * model.vocab_size / ctx.tp * LOGIT_BYTES[cross_entropy]
+    """Peak bytes of the LM head output and loss for one micro-batch on the last stage, with what
+    the final norm and the LM head keep for backward (the norm's input and the head's input)."""
+    head_inputs = ctx.tokens * model.hidden_size * (ctx.norm_bytes + ctx.gemm_input_bytes) / ctx.replicated_divisor
+    return ctx.tokens * model.vocab_size / ctx.tp * LOGIT_BYTES[cross_entropy] + head_inputs

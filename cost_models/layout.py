@@ -19,6 +19,7 @@ Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Framework = Literal["megatron", "fsdp", "deepspeed"]
 CrossEntropy = Literal["eager", "vocab_parallel", "fused"]
+NormKernel = Literal["fused", "eager_fp32"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 """Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
@@ -56,6 +57,12 @@ class Layout(BaseModel):
         None,
         description="loss kernel: eager (fp32 upcast + log-softmax), vocab_parallel (Megatron's fused "
         "fp32), fused (chunked, gradient written into the bf16 logits); default by framework",
+    )
+    norm_kernel: NormKernel = Field(
+        "fused",
+        description="RMSNorm kernel: fused (saves its 16-bit input and a float32 rstd per token: Transformer "
+        "Engine, Apex, PyTorch's CUDA RMSNorm) or eager_fp32 (upcasts and saves the float32 input and "
+        "normalized output: PyTorch's CPU decomposition, HF LlamaRMSNorm-style modules)",
     )
 
     # ---- resolved values ----------------------------------------------------------------------

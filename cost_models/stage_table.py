@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.activations import ActivationContext, layer_activation_bytes, logits_bytes
+from cost_models.activations import EAGER_FP32_NORM_BYTES, ActivationContext, layer_activation_bytes, logits_bytes
 from cost_models.calibration import Calibration
 from cost_models.comm import Group, collective_cost, collective_time
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
@@ -222,11 +222,13 @@ def mesh_comm(
     return tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary
 
 
-def activation_context(training: TrainingSpec, mesh: Layout) -> ActivationContext:
+def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | None = None) -> ActivationContext:
     fp8_inputs = training.precision == "fp8" and mesh.framework == "megatron"
+    eager_rms = mesh.norm_kernel == "eager_fp32" and (model is None or model.norm == "rmsnorm")
     return ActivationContext(
         training.seq_len // mesh.cp, mesh.micro_batch, mesh.tp, mesh.sp_, mesh.etp_, training.activation_bytes,
         mesh.framework, gemm_input_bytes=1 if fp8_inputs else training.activation_bytes,
+        norm_bytes=EAGER_FP32_NORM_BYTES if eager_rms else training.activation_bytes,
     )
 
 
@@ -249,7 +251,7 @@ def build_table(
     pp, tp, cp = mesh.pp, mesh.tp, mesh.cp
     ab = training.activation_bytes
     g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
-    actx = activation_context(training, mesh)
+    actx = activation_context(training, mesh, model)
     pc = count_params(model)
     ep = mesh.ep
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)

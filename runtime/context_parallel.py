@@ -17,7 +17,6 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch.distributed._functional_collectives import all_gather_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["apply_context_parallel", "cp_attention", "cp_positions"]
@@ -55,6 +54,10 @@ def cp_attention(
     global positions of the local queries and of the gathered keys. Same semantics as
     `runtime.model.attention_core` (window, ALiBi, sinks). Returns (B, H, s, dv).
     """
+    # imported here: the name is new in torch 2.13 (the pinned version) and the rest of the
+    # runtime also runs on older GPU images, where only context parallel needs it
+    from torch.distributed._functional_collectives import all_gather_single_autograd
+
     k = all_gather_single_autograd(k.contiguous(), 2, mesh)
     v = all_gather_single_autograd(v.contiguous(), 2, mesh)
     gqa = q.shape[1] != k.shape[1]

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from runtime.memory import LiveStorageTracker
 from runtime.spec import RunSpec, load_run_spec
 
-__all__ = ["StageMemory", "compare_with_estimate", "measure_stage", "measure_stages"]
+__all__ = ["StageMemory", "compare_with_estimate", "measure_stage", "measure_stages", "traced_layout"]
 
 
 @dataclass
@@ -135,16 +135,26 @@ def measure_stages(run: RunSpec, steps: int = 2, isolate: bool = True) -> list[S
     return out
 
 
+def traced_layout(run: RunSpec, framework: str = "fsdp") -> Any:
+    """The layout as the traced runtime executes it: `framework` (default fsdp: this runtime is eager
+    PyTorch with FSDP2, not Megatron's fused kernels), its eager cross-entropy (bf16 logits, float32
+    upcast and log-softmax), and the RMSNorm of PyTorch's CPU dispatch, which the trace runs: it
+    upcasts and saves float32 tensors (`norm_kernel="eager_fp32"`; on CUDA the same module is a
+    fused kernel that saves its bf16 input, measured on an H100)."""
+    return run.layout.model_copy(
+        update={"framework": framework, "cross_entropy": "eager", "norm_kernel": "eager_fp32"}
+    )
+
+
 def compare_with_estimate(
     run: RunSpec, measured: list[StageMemory], cluster: str = "dgx-h100", framework: str = "fsdp"
 ) -> list[dict[str, Any]]:
-    """Rows of stage, measured peak and the cost model's breakdown for that stage. The layout is
-    priced as `framework` (default fsdp: this runtime is eager PyTorch with FSDP2, not Megatron's
-    fused kernels)."""
+    """Rows of stage, measured peak and the cost model's breakdown for that stage, the layout priced
+    as the trace executes it (`traced_layout`)."""
     from cluster_specs.presets import get_cluster
     from cost_models.estimate import estimate
 
-    layout = run.layout.model_copy(update={"framework": framework})
+    layout = traced_layout(run, framework)
     est = estimate(run.model, run.training, get_cluster(cluster), run.gpus, layout, run.stage_partition)
     rows = []
     for m in measured:

@@ -121,11 +121,24 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
         "-m", "runtime.verify", str(cases_file), str(out),
     ]
+    env["PYTHONFAULTHANDLER"] = "1"  # a native crash prints every thread's Python stack
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        pytest.fail(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        # runtime.verify records every Python exception per case and goes on, so torchrun fails only
+        # when a process died. One CI run saw a rank abort inside glibc ("malloc(): unaligned tcache
+        # chunk detected", gloo + torch 2.13 CPU; not reproduced in 6 local runs): run the job once
+        # more, fresh, and fail if it dies again, with both outputs.
+        first = f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        warnings.warn(f"the 4-process layout job died; running it once more. First failure:\n{first}", stacklevel=1)
+        out = tmp / "out-retry"
+        cmd[-1] = str(out)
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            pytest.fail(f"{first}\n--- retry ---\ntorchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return out, wall
 
 

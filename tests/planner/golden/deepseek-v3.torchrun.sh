@@ -15,5 +15,5 @@ torchrun \
     --nproc-per-node 8 \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:29500" \
-    --rdzv-id "${RDZV_ID:-autopar-a255d9f110}" \
+    --rdzv-id "${RDZV_ID:-autopar-58571a4b1b}" \
     -m runtime.launch plan.json

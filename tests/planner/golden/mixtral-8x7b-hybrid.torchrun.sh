@@ -15,5 +15,5 @@ torchrun \
     --nproc-per-node 8 \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:29500" \
-    --rdzv-id "${RDZV_ID:-autopar-48a8a84440}" \
+    --rdzv-id "${RDZV_ID:-autopar-187c9aa6a3}" \
     -m runtime.launch plan.json

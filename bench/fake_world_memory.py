@@ -1,0 +1,110 @@
+"""Cost-model memory against the runtime traced at its planned world size (issue "Run a plan").
+
+    python -m bench.fake_world_memory [--only NAME ...] [--json OUT.json] [--steps 2]
+
+For each case, `runtime.fake_world` traces the first rank of every pipeline stage of the runtime
+(fake process group of `gpus` ranks, FakeTensorMode, bf16 parameters and activations) and we print
+its measured peak next to `cost_models.estimate` for the same layout priced as the runtime executes
+it (`runtime.fake_world.compare_with_estimate`: framework `fsdp`, eager PyTorch kernels). The estimate's
+allocator reserve (CUDA context, fragmentation) is left out: a CPU trace has neither.
+
+Cases: Llama-3-8B and a Mixtral-style MoE (Mixtral-8x7B) at 64-256 ranks, across ZeRO stages,
+TP/SP, PP schedules, EP and recompute modes. Each stage trace is a fresh Python process (5-60 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+CASES: list[dict[str, Any]] = [
+    # --- Llama-3-8B, seq 8192 ------------------------------------------------------------------
+    {"name": "8b-fsdp64-z3", "model": "llama3-8b", "gpus": 64, "seq": 8192, "gbs": 64,
+     "layout": {"zero_stage": 3}},
+    {"name": "8b-fsdp64-z3-full", "model": "llama3-8b", "gpus": 64, "seq": 8192, "gbs": 64,
+     "layout": {"zero_stage": 3, "recompute": "full"}},
+    {"name": "8b-dp128-z2-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 128,
+     "layout": {"zero_stage": 2, "recompute": "selective"}},
+    {"name": "8b-dp64-z1-full-mb2", "model": "llama3-8b", "gpus": 64, "seq": 4096, "gbs": 128,
+     "layout": {"zero_stage": 1, "recompute": "full", "micro_batch": 2}},
+    {"name": "8b-tp8-dp8-z3", "model": "llama3-8b", "gpus": 64, "seq": 8192, "gbs": 64,
+     "layout": {"tp": 8, "zero_stage": 3}},
+    {"name": "8b-tp4-pp4-dp8-1f1b-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
+     "layout": {"tp": 4, "pp": 4, "zero_stage": 1, "recompute": "selective"}},
+    {"name": "8b-tp8-pp2-dp16-gpipe", "model": "llama3-8b", "gpus": 256, "seq": 8192, "gbs": 64,
+     "layout": {"tp": 8, "pp": 2, "zero_stage": 1, "schedule": "gpipe"}},
+    {"name": "8b-tp2-cp2-dp16-z3", "model": "llama3-8b", "gpus": 64, "seq": 16384, "gbs": 32,
+     "layout": {"tp": 2, "cp": 2, "zero_stage": 3}},
+    # --- Mixtral-8x7B (top-2 of 8 experts), seq 4096 -------------------------------------------
+    {"name": "mixtral-ep8-dp64-z3-full", "model": "mixtral-8x7b", "gpus": 64, "seq": 4096, "gbs": 64,
+     "layout": {"ep": 8, "zero_stage": 3, "recompute": "full"}},
+    {"name": "mixtral-ep8-dp64-z1-selective", "model": "mixtral-8x7b", "gpus": 64, "seq": 4096, "gbs": 64,
+     "layout": {"ep": 8, "zero_stage": 1, "recompute": "selective"}},
+    {"name": "mixtral-tp2-ep8-pp4-1f1b", "model": "mixtral-8x7b", "gpus": 128, "seq": 4096, "gbs": 64,
+     "layout": {"tp": 2, "ep": 8, "pp": 4, "zero_stage": 1}},
+    {"name": "mixtral-ep4-pp2-dp128-z2-full", "model": "mixtral-8x7b", "gpus": 256, "seq": 4096, "gbs": 128,
+     "layout": {"ep": 4, "pp": 2, "zero_stage": 2, "recompute": "full"}},
+]
+
+
+def run_spec(case: dict[str, Any]) -> dict[str, Any]:
+    """The RunSpec dict of a case: bf16 parameters and compute, AdamW."""
+    return {
+        "model": case["model"],
+        "training": {"seq_len": case["seq"], "global_batch": case["gbs"], "optimizer": "adamw"},
+        "gpus": case["gpus"],
+        "layout": case["layout"],
+        "dtype": "bf16",
+    }
+
+
+def run_case(case: dict[str, Any], steps: int) -> list[dict[str, Any]]:
+    from runtime.fake_world import compare_with_estimate, measure_stages
+    from runtime.spec import load_run_spec
+
+    run = load_run_spec(run_spec(case))
+    rows = compare_with_estimate(run, measure_stages(run, steps))
+    for r in rows:
+        r["case"] = case["name"]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="*", default=None, help="case names to run")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--json", default=None, help="write all rows here")
+    args = ap.parse_args(argv)
+    cases = [c for c in CASES if not args.only or c["name"] in args.only]
+    gib = 2**30
+    all_rows: list[dict[str, Any]] = []
+    print(f"{'case':34s} {'stage':>5s} {'measured GiB':>13s} {'estimate GiB':>13s} {'error':>7s} {'s':>6s}")
+    worst = 0.0
+    for case in cases:
+        try:
+            rows = run_case(case, args.steps)
+        except Exception as exc:  # report and go on: one broken case must not hide the others
+            print(f"{case['name']:34s} FAILED: {exc}", file=sys.stderr)
+            continue
+        for r in rows:
+            est = r["estimate_without_reserve_bytes"]
+            err = est / r["peak_bytes"] - 1
+            worst = max(worst, abs(err))
+            r["error"] = err
+            print(
+                f"{case['name']:34s} {r['stage']:5d} {r['peak_bytes'] / gib:13.3f} {est / gib:13.3f} "
+                f"{100 * err:+6.1f}% {r['seconds']:6.1f}",
+                flush=True,
+            )
+        all_rows += rows
+    print(f"worst |error|: {100 * worst:.1f}% over {len(all_rows)} stage traces")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(all_rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
