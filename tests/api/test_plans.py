@@ -111,7 +111,7 @@ def test_pinned_constraints_are_honoured(user: httpx.Client) -> None:
         ({**PLAN_BODY, "surprise": 1}, ["body", "surprise"], "Extra inputs"),
         ({**PLAN_BODY, "model": {"hidden_size": 64}}, ["body", "model", "vocab_size"], "Field required"),
         ({**PLAN_BODY, "model": {"hf_config": []}}, ["body", "model", "hf_config"], "JSON object"),
-        ({**PLAN_BODY, "cluster": {"gpu": "h100-sxm", "gpus_per_node": 0, "intra_node": {"kind": "nvlink"}}},
+        ({**PLAN_BODY, "cluster": {"gpu": "H100-80GB", "gpus_per_node": 0, "intra_node": {"kind": "nvswitch", "bus_bandwidth": "368 GB/s"}}},
          ["body", "cluster", "gpus_per_node"], "greater than 0"),
         ({**PLAN_BODY, "cluster": {"gpu": "no-such-gpu", "gpus_per_node": 8}}, ["body", "cluster", "gpu"], "no-such-gpu"),
         ({**PLAN_BODY, "gpus": 10**9}, ["body", "gpus"], "less than or equal"),
