@@ -174,7 +174,8 @@ def _rows_per_key(database_url: str, keys: list[str]) -> dict[str, list[int]]:
         db.dispose()
     out: dict[str, list[int]] = {k: [] for k in keys}
     for key, ident in rows:
-        out[key].append(ident)
+        if key is not None:
+            out[key].append(ident)
     return out
 
 
