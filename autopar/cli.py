@@ -207,6 +207,12 @@ def run(
     out: Path = typer.Option(Path("profile.json"), help="Profile JSON written by rank 0"),
     checkpoint_dir: Path | None = typer.Option(None, help="save/resume with torch.distributed.checkpoint"),
     dry_run: bool = typer.Option(False, help="print the launch line and exit"),
+    fake_world: int | None = typer.Option(
+        None, help="trace one rank per pipeline stage at this world size (fake process group, fake "
+        "tensors; no GPUs) and print measured peak memory next to the cost model's"
+    ),
+    fake_steps: int = typer.Option(2, help="with --fake-world: training steps traced"),
+    as_json: bool = typer.Option(False, "--json", help="with --fake-world: print the rows as JSON"),
 ) -> None:
     """Execute a plan through torchrun (standalone on one host; extra torchrun flags pass through,
     e.g. --nnodes 4 --rdzv-endpoint host:29500 for multi-node)."""
@@ -218,6 +224,9 @@ def run(
         data = json.loads(plan_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise typer.BadParameter(f"cannot read {plan_file}: {exc}") from exc
+    if fake_world is not None:
+        _fake_world(data, fake_world, fake_steps, as_json)
+        return
     gpus = data.get("inputs", {}).get("gpus") or data.get("gpus")
     nproc = nproc_per_node or gpus
     if not nproc:
@@ -235,6 +244,40 @@ def run(
         return
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     raise typer.Exit(subprocess.run(argv, env=env, check=False).returncode)  # argv list: no shell
+
+
+def _fake_world(data: dict[str, Any], world: int, steps: int, as_json: bool) -> None:
+    """`autopar run --fake-world N`: runtime.fake_world on the plan's layout at N ranks (the data-
+    parallel degree re-derived when N differs from the plan's GPU count)."""
+    from pydantic import ValidationError
+
+    from cost_models.layout import LayoutError
+    from runtime.spec import load_run_spec
+
+    try:
+        run = load_run_spec(data, dtype="bf16")
+        if world != run.gpus:
+            layout = run.layout.model_dump(exclude={"dp", "dp_shard", "grad_accum"})
+            run = load_run_spec({**run.model_dump(mode="json"), "gpus": world, "layout": layout})
+    except (LayoutError, ValidationError, ValueError) as exc:
+        typer.echo(f"error: the layout cannot run on {world} ranks: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    from runtime.fake_world import compare_with_estimate, measure_stages
+
+    rows = compare_with_estimate(run, measure_stages(run, steps))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    gib = 2**30
+    typer.echo(f"{'stage':>5s} {'rank':>6s} {'measured GiB':>13s} {'estimate GiB':>13s} {'error':>7s}")
+    for r in rows:
+        est = r["estimate_without_reserve_bytes"]
+        typer.echo(
+            f"{r['stage']:5d} {r['rank']:6d} {r['peak_bytes'] / gib:13.3f} {est / gib:13.3f} "
+            f"{100 * (est / r['peak_bytes'] - 1):+6.1f}%"
+        )
+    typer.echo("measured: live tensor storage under FakeTensorMode (CPU dispatch); estimate: "
+               "cost_models without the allocator reserve (runtime.fake_world.traced_layout)")
 
 
 @app.command()

@@ -23,7 +23,9 @@ how models are trained today; each adaptation is named where it is made:
   (`Layout.norm_kernel = "eager_fp32"`). The final norm and the LM head input are counted with the
   logits.
 - Sequence parallel divides the norm inputs and the replicated linear inputs by t (Megatron saves
-  the sequence-sharded input and re-gathers it in backward).
+  the sequence-sharded input and re-gathers it in backward). PyTorch-native TP (DTensor
+  `PrepareModuleInput`, torchtitan; framework `fsdp`) saves the all-gathered full-sequence input of
+  the column-parallel GEMMs (QKV, the MLP's first GEMMs) instead: those two are not divided.
 - Context parallel divides the sequence by cp (ring attention: no full-sequence K/V is kept).
 
 Recompute:
@@ -66,6 +68,12 @@ class ActivationContext:
         return self.seq_len_local * self.micro_batch
 
     @property
+    def gathered_input_divisor(self) -> int:
+        """Divisor of the saved input of the column-parallel GEMMs: the sequence shard under
+        Megatron's SP (re-gathered in backward), the all-gathered sequence under DTensor's SP."""
+        return self.replicated_divisor if self.framework != "fsdp" else 1
+
+    @property
     def replicated_divisor(self) -> int:
         """Divisor of tensors that are replicated across TP ranks unless sequence parallel is on."""
         return self.tp if self.sp else 1
@@ -91,7 +99,7 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     h = model.hidden_size
     heads = model.num_heads / ctx.tp
     nb = ctx.norm_bytes
-    total = t * h * (nb + ctx.gemm_input_bytes) / rep  # norm input + QKV (or MLA down-projection) input
+    total = t * h * (nb / rep + ctx.gemm_input_bytes / ctx.gathered_input_divisor)  # norm input + QKV input
     if model.attention == "mla":
         assert model.kv_lora_rank and model.qk_rope_head_dim
         ql = model.q_lora_rank or 0
@@ -116,7 +124,7 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     rep = ctx.replicated_divisor
     full_w, sel_w = _mlp_act_widths(model, ctx.framework)
     widths = sel_w if recompute == "selective" else full_w
-    total = t * h * (ctx.norm_bytes + ctx.gemm_input_bytes) / rep  # norm input + first GEMM input
+    total = t * h * (ctx.norm_bytes / rep + ctx.gemm_input_bytes / ctx.gathered_input_divisor)  # norm + GEMM input
     # one of the saved f-wide tensors is the second GEMM's input (kept in FP8 under FP8 training)
     f_bytes = (widths - 1) * ab + ctx.gemm_input_bytes if recompute != "selective" else widths * ab
     if not model.is_moe_layer(index):
@@ -146,12 +154,14 @@ def layer_activation_bytes(model: ModelSpec, index: int, ctx: ActivationContext,
     return attention_bytes(model, ctx, recompute) + mlp_bytes(model, ctx, recompute, index)
 
 
-LOGIT_BYTES = {"eager": 14, "vocab_parallel": 6, "fused": 2}
+LOGIT_BYTES = {"eager": 14, "loss_parallel": 10, "vocab_parallel": 6, "fused": 2}
 """Peak bytes per logit of the loss. eager PyTorch (`F.cross_entropy(logits.float(), ...)`): at the
 start of the backward, the bf16 logits, the float32 log-softmax saved for backward, the float32
 gradient nll_loss returns and the float32 gradient of log-softmax are alive together (2 + 4 + 4 + 4;
 measured 14.1 bytes per logit on an H100 with the CUDA allocator and 14.3 with the CPU live-storage
-tracker, Llama-3 vocabulary, 8192 tokens). Megatron's vocab-parallel cross-entropy: bf16 logits
+tracker, Llama-3 vocabulary, 8192 tokens). DTensor's `loss_parallel` on vocabulary-sharded logits: the
+bf16 logits, the float32 log-softmax it saves and one float32 gradient (2 + 4 + 4; measured 10.0 per
+local logit with a fake 4-rank TP mesh and the live-storage tracker). Megatron's vocab-parallel cross-entropy: bf16 logits
 and one float32 copy overwritten in place with the softmax gradient (2 + 4). A fused, chunked
 kernel (flash-attn's / Liger's cross-entropy, llm-foundry's default) writes the gradient into the
 bf16 logits (2)."""

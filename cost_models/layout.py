@@ -18,7 +18,7 @@ from model_specs.spec import ModelSpec, TrainingSpec
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Framework = Literal["megatron", "fsdp", "deepspeed"]
-CrossEntropy = Literal["eager", "vocab_parallel", "fused"]
+CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
 NormKernel = Literal["fused", "eager_fp32"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -55,7 +55,8 @@ class Layout(BaseModel):
     )
     cross_entropy: CrossEntropy | None = Field(
         None,
-        description="loss kernel: eager (fp32 upcast + log-softmax), vocab_parallel (Megatron's fused "
+        description="loss kernel: eager (fp32 upcast + log-softmax), loss_parallel (DTensor's vocabulary-"
+        "sharded log-softmax), vocab_parallel (Megatron's fused "
         "fp32), fused (chunked, gradient written into the bf16 logits); default by framework",
     )
     norm_kernel: NormKernel = Field(
@@ -132,7 +133,10 @@ class Layout(BaseModel):
     def cross_entropy_(self) -> CrossEntropy:
         if self.cross_entropy is not None:
             return self.cross_entropy
-        return "vocab_parallel" if self.framework == "megatron" else "eager"
+        if self.framework == "megatron":
+            return "vocab_parallel"
+        # PyTorch-native TP keeps the logits vocabulary-sharded under `loss_parallel` (torchtitan)
+        return "loss_parallel" if self.framework == "fsdp" and self.tp > 1 else "eager"
 
     @property
     def world_size(self) -> int:

@@ -337,7 +337,13 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     ds, es = _shards(t, shard)
     D, E = t.dense_params[None, :], t.expert_params[None, :]
     params = tr.param_bytes * (np.where(zero >= 3, D / ds, D) + np.where(zero >= 3, E / es, E))
-    grads = tr.grad_bytes * (np.where(zero >= 2, D / ds, D) + np.where(zero >= 2, E / es, E))
+    # PyTorch FSDP has no ZeRO-1 of its own: with one micro-batch per step it reduces each layer's
+    # unsharded gradient right after that layer's backward, as ZeRO-2 does; with several it keeps
+    # the unsharded gradients until the last one (runtime.parallelize)
+    grads_sharded_from = 1 if (m.framework == "fsdp" and m.grad_accum_ == 1) else 2
+    grads = tr.grad_bytes * (
+        np.where(zero >= grads_sharded_from, D / ds, D) + np.where(zero >= grads_sharded_from, E / es, E)
+    )
     opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
     opt = np.where(offload, 0.0, opt_all)
     host = np.where(offload, opt_all, 0.0)
@@ -351,11 +357,17 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
         z3_buffers = tr.param_bytes * gathered + tr.grad_bytes * reducing
     else:  # FSDP: the current and the prefetched layer, and one layer's unsharded gradient
         z3_buffers = (2 * tr.param_bytes + tr.grad_bytes) * t.largest_layer
-    buffers = np.where(zero >= 3, z3_buffers[None, :], 0.0)
+    # Two transient peaks that do not coincide: a layer's backward (ZeRO-3 gathered parameters and
+    # unsharded gradient, and under full recompute that layer's activations re-created) and the
+    # loss on the last stage (logits and their float32 gradients, freed before the LM head's
+    # backward gathers its weight). The rank holds the larger; `comm_buffers` reports what the
+    # layer phase adds beyond the logits, so the breakdown still sums to the total.
+    layer_phase = np.where(zero >= 3, z3_buffers[None, :], 0.0)
+    layer_phase = layer_phase + np.where((mode == 2)[:, None], t.working[None, :], 0.0)
+    buffers = np.maximum(0.0, layer_phase - logits)
     if pp > 1:
         buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
-    buffers = buffers + np.where((mode == 2)[:, None], t.working[None, :], 0.0)
     allocated = params + grads + opt + acts + logits + buffers
     reserve = cal.cuda_context_bytes + cal.fragmentation * allocated
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host)

@@ -741,6 +741,11 @@ def build_partition_data(
         notes.append(
             "ZeRO-2/3 per-micro-batch collectives and the CP ring's exposed time are linearized around the even cut"
         )
+    if lay.zero_stage >= 3 or lay.recompute == "full":
+        notes.append(
+            "the last rank's loss peak and a layer's backward peak (ZeRO-3 buffers, recompute working set) "
+            "are summed: an upper bound of the cost model, which takes the larger"
+        )
     if lay.zero_stage >= 3 and len({r[2] for r in rows}) > 1:
         notes.append("ZeRO-3 gather buffers sized for the model's largest layer on every rank")
     return PartitionData(

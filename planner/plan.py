@@ -37,7 +37,7 @@ class SearchConstraints(BaseModel):
     schedule: str | None = Field(None, pattern="^(gpipe|1f1b|interleaved_1f1b)$")
     framework: str = Field("megatron", pattern="^(megatron|fsdp|deepspeed)$")
     cross_entropy: str | None = Field(
-        None, pattern="^(eager|vocab_parallel|fused)$", description="loss kernel; default by framework"
+        None, pattern="^(eager|loss_parallel|vocab_parallel|fused)$", description="loss kernel; default by framework"
     )
     allow_offload: bool = True
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")

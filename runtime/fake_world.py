@@ -137,12 +137,16 @@ def measure_stages(run: RunSpec, steps: int = 2, isolate: bool = True) -> list[S
 
 def traced_layout(run: RunSpec, framework: str = "fsdp") -> Any:
     """The layout as the traced runtime executes it: `framework` (default fsdp: this runtime is eager
-    PyTorch with FSDP2, not Megatron's fused kernels), its eager cross-entropy (bf16 logits, float32
-    upcast and log-softmax), and the RMSNorm of PyTorch's CPU dispatch, which the trace runs: it
+    PyTorch with FSDP2, not Megatron's fused kernels), its cross-entropy (eager, or DTensor's
+    `loss_parallel` under TP), and the RMSNorm of PyTorch's CPU dispatch, which the trace runs: it
     upcasts and saves float32 tensors (`norm_kernel="eager_fp32"`; on CUDA the same module is a
     fused kernel that saves its bf16 input, measured on an H100)."""
     return run.layout.model_copy(
-        update={"framework": framework, "cross_entropy": "eager", "norm_kernel": "eager_fp32"}
+        update={
+            "framework": framework,
+            "cross_entropy": "loss_parallel" if run.layout.tp > 1 else "eager",
+            "norm_kernel": "eager_fp32",
+        }
     )
 
 
@@ -150,16 +154,23 @@ def compare_with_estimate(
     run: RunSpec, measured: list[StageMemory], cluster: str = "dgx-h100", framework: str = "fsdp"
 ) -> list[dict[str, Any]]:
     """Rows of stage, measured peak and the cost model's breakdown for that stage, the layout priced
-    as the trace executes it (`traced_layout`)."""
+    as the trace executes it (`traced_layout`). The compared estimate leaves out what a CPU trace
+    cannot hold: the allocator reserve (CUDA context, fragmentation) and NCCL's buffers."""
     from cluster_specs.presets import get_cluster
     from cost_models.estimate import estimate
 
+    from cost_models.calibration import default_calibration
+
     layout = traced_layout(run, framework)
     est = estimate(run.model, run.training, get_cluster(cluster), run.gpus, layout, run.stage_partition)
+    lay = est.layout
+    # NCCL's communicator buffers (one per parallel dimension of more than one rank) are GPU-only
+    groups = sum(1 for d in (lay.tp, lay.pp, lay.cp, lay.ep, lay.dp_) if d > 1)
+    nccl = groups * default_calibration().nccl_buffer_bytes_per_group
     rows = []
     for m in measured:
         b = est.memory[m.stage]
-        modelled = b.total - b.reserve
+        modelled = b.total - b.reserve - nccl
         rows.append(
             {
                 **asdict(m),

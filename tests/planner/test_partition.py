@@ -332,7 +332,10 @@ CONSISTENCY = [
 @pytest.mark.parametrize(("model", "gpus", "kw"), CONSISTENCY)
 def test_data_reproduces_the_cost_model(model: str, gpus: int, kw: dict) -> None:
     """The linear model prices the even cut, and every cut one layer away from it, exactly as
-    `cost_models.estimate` does (time per micro-batch and memory of every rank)."""
+    `cost_models.estimate` does (time per micro-batch and memory of every rank but the last). The
+    last rank's loss peak (logits) and a layer's backward peak (ZeRO-3 buffers, recompute working
+    set) do not coincide; the cost model takes the larger, the linear model sums them: there it is
+    an upper bound, above the cost model by at most the smaller of the two."""
     m = get_model(model)
     lay = _layout(model, gpus, **kw)
     data = build_partition_data(m, TRAIN, H100, gpus, lay)
@@ -350,7 +353,12 @@ def test_data_reproduces_the_cost_model(model: str, gpus: int, kw: dict) -> None
         est = estimate(m, TRAIN, H100, gpus, lay, StagePartition(cut, res.pp, res.vpp))
         times, mem = evaluate(data, cut, ks)
         assert times == pytest.approx(list(est.stage_times_s), rel=1e-9)
-        assert mem == pytest.approx([x.total for x in est.memory], rel=1e-9)
+        want = [x.total for x in est.memory]
+        assert mem[:-1] == pytest.approx(want[:-1], rel=1e-9)
+        last = est.memory[-1]
+        layer_phase = max(data.layer_working_bytes, default=0.0) + max(x.comm_buffers for x in est.memory)
+        slack = min(last.logits, layer_phase) * 1.1 + 1.0  # x (1 + fragmentation)
+        assert want[-1] * (1 - 1e-9) <= mem[-1] <= want[-1] + slack
 
 
 UNEVEN = [
