@@ -14,9 +14,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Auto-paralle
 
 
 def _model_ref(model: str) -> Any:
-    """A preset name, or a path to a HuggingFace config.json."""
+    """A preset name, or a path to a HuggingFace config.json (or a folder holding one)."""
     path = Path(model)
-    if path.suffix == ".json" and path.exists():
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.suffix == ".json" and path.is_file():
         return {"hf_config": json.loads(path.read_text()), "name": path.parent.name or path.stem}
     return model
 

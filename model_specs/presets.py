@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from model_specs.hf import from_hf_config, load_hf_config, load_hf_spec
+from model_specs.hf import from_hf_config, load_hf_config
 from model_specs.spec import ModelSpec
 
 __all__ = ["PRESETS", "UnknownModelError", "get_model", "list_models"]
@@ -81,14 +81,14 @@ PRESETS: Mapping[str, ModelSpec] = _Presets()
 
 
 def get_model(name: str) -> ModelSpec:
-    """The preset called `name` (case-insensitive), or the spec of a `config.json` at path `name`."""
+    """The preset called `name` (case-insensitive). Never a file path: a name may come from a request
+    (the API, a --jobs line), and reading the server's files is not ours to offer; the CLI reads a
+    local `config.json` itself (`model_specs.hf.load_hf_spec`)."""
     try:
         return PRESETS[name]
     except KeyError:
         pass
-    path = Path(name)
-    if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
-        return load_hf_spec(path)
     raise UnknownModelError(
-        f"unknown model {name!r}: not a preset ({', '.join(list_models())}) nor a path to a config.json"
+        f"unknown model {name!r}: not a preset ({', '.join(list_models())}); "
+        "pass a HuggingFace config as {\"hf_config\": {...}} or, on the command line, a path to config.json"
     )

@@ -43,12 +43,25 @@ def test_unknown_name_lists_presets():
     assert str(err.value).startswith("unknown model 'nope'")
 
 
-def test_get_model_reads_a_config_path(tmp_path):
+def test_get_model_never_reads_a_path(tmp_path):
+    """A name may come from a request: a path to a config.json on the server is not a preset."""
     cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "intermediate_size": 128, "vocab_size": 100}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert get_model(str(tmp_path)).hidden_size == 64
-    assert get_model(str(tmp_path / "config.json")).num_layers == 2
+    for ref in (str(tmp_path), str(tmp_path / "config.json")):
+        with pytest.raises(UnknownModelError, match="not a preset"):
+            get_model(ref)
+
+
+def test_cli_reads_a_local_config_path(tmp_path):
+    from autopar.cli import _model_ref
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 128, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for ref in (str(tmp_path), str(tmp_path / "config.json")):
+        assert _model_ref(ref)["hf_config"]["hidden_size"] == 64
+    assert _model_ref("llama3-8b") == "llama3-8b"
 
 
 # ---- published totals (HF num_parameters) -------------------------------------------------------
