@@ -42,10 +42,10 @@ CASES: list[dict[str, Any]] = [
      "layout": {"ep": 8, "zero_stage": 3, "recompute": "full"}},
     {"name": "mixtral-ep8-dp64-z1-selective", "model": "mixtral-8x7b", "gpus": 64, "seq": 4096, "gbs": 64,
      "layout": {"ep": 8, "zero_stage": 1, "recompute": "selective"}},
-    {"name": "mixtral-tp2-ep8-pp4-1f1b", "model": "mixtral-8x7b", "gpus": 128, "seq": 4096, "gbs": 64,
-     "layout": {"tp": 2, "ep": 8, "pp": 4, "zero_stage": 1}},
-    {"name": "mixtral-ep4-pp2-dp128-z2-full", "model": "mixtral-8x7b", "gpus": 256, "seq": 4096, "gbs": 128,
-     "layout": {"ep": 4, "pp": 2, "zero_stage": 2, "recompute": "full"}},
+    {"name": "mixtral-ep8-pp2-dp32-1f1b", "model": "mixtral-8x7b", "gpus": 64, "seq": 4096, "gbs": 128,
+     "layout": {"ep": 8, "pp": 2, "zero_stage": 1, "recompute": "full"}},
+    {"name": "mixtral-ep4-dp128-z2-selective", "model": "mixtral-8x7b", "gpus": 128, "seq": 4096, "gbs": 128,
+     "layout": {"ep": 4, "zero_stage": 2, "recompute": "selective"}},
 ]
 
 

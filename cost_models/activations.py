@@ -26,11 +26,23 @@ how models are trained today; each adaptation is named where it is made:
   the sequence-sharded input and re-gathers it in backward). PyTorch-native TP (DTensor
   `PrepareModuleInput`, torchtitan; framework `fsdp`) saves the all-gathered full-sequence input of
   the column-parallel GEMMs (QKV, the MLP's first GEMMs) instead: those two are not divided.
-- Context parallel divides the sequence by cp (ring attention: no full-sequence K/V is kept).
+- Context parallel divides the sequence by cp. Ring attention (`Layout.cp_attention = "ring"`:
+  Megatron-Core, torch's `context_parallel`) keeps no full-sequence K/V. All-gather attention with a
+  mask (`"allgather_mask"`: `runtime.context_parallel`, which runs on gloo) saves the all-gathered
+  full-sequence K and V (the all-gather's output is SDPA's saved input) and the (s/cp x s) position
+  mask, which SDPA converts from bool to an additive bias in the activation dtype and saves for
+  backward (per layer, shared by the micro-batch's sequences). Measured under FakeTensorMode with
+  the saved-tensor hooks: q (1,16,8192,128), K/V (1,4,16384,128), bool mask (8192,16384) -> saved
+  K, V at 16 MiB each and a (8192,16384) bf16 bias of 256 MiB; Llama-3-8B TP2 x CP2, seq 16384,
+  2 vs 4 layers traced: 1.21 GiB per layer, 0.27 GiB above the ring-attention count.
 
 Recompute:
 - "selective": the attention core (O and the log-sum-exp) and the MLP activation function are
   recomputed, so those tensors are not kept (Megatron-Core `recompute_modules=[core_attn, mlp act]`).
+  Under framework `fsdp` (runtime.recompute, as torchtitan) the routed experts' activation is not
+  recomputed (it runs per expert inside the grouped-experts module): routed tokens keep the full
+  widths. Measured: Mixtral-8x7B EP8 over 64 ranks, selective, traced 71.1 GiB against 56.4 GiB
+  priced with recomputed expert activations; 2 x 8192 routed rows x 14336 x 2 bytes per layer.
 - "full": only the layer input is kept; one layer's full activations exist again during its
   backward (counted once per rank as the recompute working set).
 """
@@ -62,6 +74,8 @@ class ActivationContext:
     framework: Framework
     gemm_input_bytes: int = 2  # saved GEMM inputs: 1 under FP8 (Transformer Engine keeps the FP8 cast)
     norm_bytes: int = 2  # bytes per element a norm saves: act_bytes when fused, 8 for an eager fp32 RMSNorm
+    cp: int = 1  # context-parallel degree (seq_len_local = seq_len / cp)
+    cp_attention: str = "ring"  # ring | allgather_mask (module doc)
 
     @property
     def tokens(self) -> int:
@@ -112,6 +126,9 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     q = heads * model.qk_head_dim
     kv = kv_heads * (model.qk_head_dim + model.v_dim)
     total += t * (q + kv) * ab  # Q, K, V saved by the attention kernel
+    if ctx.cp > 1 and ctx.cp_attention == "allgather_mask":
+        total += t * kv * ab * (ctx.cp - 1)  # K, V saved at the all-gathered (full) sequence
+        total += ctx.seq_len_local * ctx.seq_len_local * ctx.cp * ab  # SDPA's bias from the bool mask
     if recompute != "selective":
         total += t * heads * model.v_dim * ab  # O: kernel output = output-projection input
         total += t * heads * LSE_BYTES
@@ -138,7 +155,8 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     routed = t_local * model.moe_top_k * (ctx.etp if ctx.sp else 1)  # token copies at this rank's experts
     # permuted input before dispatch, received input (expert GEMM input), expert output for combine
     total += 3 * routed * h * ab
-    total += widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
+    routed_widths = full_w if ctx.framework == "fsdp" else widths  # module doc: not recomputed
+    total += routed_widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
     return total
 
 
@@ -172,3 +190,18 @@ def logits_bytes(model: ModelSpec, ctx: ActivationContext, cross_entropy: str) -
     the final norm and the LM head keep for backward (the norm's input and the head's input)."""
     head_inputs = ctx.tokens * model.hidden_size * (ctx.norm_bytes + ctx.gemm_input_bytes) / ctx.replicated_divisor
     return ctx.tokens * model.vocab_size / ctx.tp * LOGIT_BYTES[cross_entropy] + head_inputs
+
+
+RETAINED_LOGIT_BYTES = {"eager": 6, "loss_parallel": 6}
+"""Bytes per logit a micro-batch keeps between its loss (computed in the forward) and its backward on
+the last stage of a torch.distributed.pipelining schedule: the bf16 logits (the stage output, kept
+for the stage's backward) and the float32 log-softmax the loss saves (2 + 4). Other kernels: their
+full peak (`LOGIT_BYTES`) as an upper bound."""
+
+
+def retained_logits_bytes(model: ModelSpec, ctx: ActivationContext, cross_entropy: str) -> float:
+    """What one micro-batch's loss keeps until its backward (see `RETAINED_LOGIT_BYTES`), with the
+    final norm's and the LM head's saved inputs."""
+    head_inputs = ctx.tokens * model.hidden_size * (ctx.norm_bytes + ctx.gemm_input_bytes) / ctx.replicated_divisor
+    per_logit = RETAINED_LOGIT_BYTES.get(cross_entropy, LOGIT_BYTES[cross_entropy])
+    return ctx.tokens * model.vocab_size / ctx.tp * per_logit + head_inputs

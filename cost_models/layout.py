@@ -20,6 +20,7 @@ Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Framework = Literal["megatron", "fsdp", "deepspeed"]
 CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
 NormKernel = Literal["fused", "eager_fp32"]
+CpAttention = Literal["ring", "allgather_mask"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 """Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
@@ -64,6 +65,13 @@ class Layout(BaseModel):
         description="RMSNorm kernel: fused (saves its 16-bit input and a float32 rstd per token: Transformer "
         "Engine, Apex, PyTorch's CUDA RMSNorm) or eager_fp32 (upcasts and saves the float32 input and "
         "normalized output: PyTorch's CPU decomposition, HF LlamaRMSNorm-style modules)",
+    )
+
+    cp_attention: CpAttention = Field(
+        "ring",
+        description="context-parallel attention: ring (K/V blocks passed around the CP group, no "
+        "full-sequence K/V kept: Megatron-Core, torch's context_parallel) or allgather_mask (K/V "
+        "all-gathered over the CP group and a dense (s/cp x s) mask passed to SDPA: runtime.context_parallel)",
     )
 
     # ---- resolved values ----------------------------------------------------------------------

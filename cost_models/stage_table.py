@@ -18,7 +18,13 @@ from functools import lru_cache
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.activations import EAGER_FP32_NORM_BYTES, ActivationContext, layer_activation_bytes, logits_bytes
+from cost_models.activations import (
+    EAGER_FP32_NORM_BYTES,
+    ActivationContext,
+    layer_activation_bytes,
+    logits_bytes,
+    retained_logits_bytes,
+)
 from cost_models.calibration import Calibration
 from cost_models.comm import Group, collective_cost, collective_time
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
@@ -229,6 +235,7 @@ def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | 
         training.seq_len // mesh.cp, mesh.micro_batch, mesh.tp, mesh.sp_, mesh.etp_, training.activation_bytes,
         mesh.framework, gemm_input_bytes=1 if fp8_inputs else training.activation_bytes,
         norm_bytes=EAGER_FP32_NORM_BYTES if eager_rms else training.activation_bytes,
+        cp=mesh.cp, cp_attention=getattr(mesh, "cp_attention", "ring") if mesh.cp > 1 else "ring",
     )
 
 
@@ -341,9 +348,31 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     # unsharded gradient right after that layer's backward, as ZeRO-2 does; with several it keeps
     # the unsharded gradients until the last one (runtime.parallelize)
     grads_sharded_from = 1 if (m.framework == "fsdp" and m.grad_accum_ == 1) else 2
-    grads = tr.grad_bytes * (
-        np.where(zero >= grads_sharded_from, D / ds, D) + np.where(zero >= grads_sharded_from, E / es, E)
+    grad_bytes = tr.grad_bytes
+    if m.framework == "fsdp" and m.grad_accum_ > 1:
+        # FSDP2 accumulating without reduction keeps each unsharded gradient in its reduce dtype
+        # (float32: `FSDPParam.to_accumulated_grad_if_needed`), not the bf16 compute dtype. The
+        # runtime accumulates so under ZeRO-0/1, and torch.distributed.pipelining does under every
+        # ZeRO stage (`backward_maybe_with_nosync` turns gradient sync off for every micro-batch;
+        # the reduction runs once after the schedule). Measured: Llama-3-8B TP4 x PP4 x DP8, ZeRO-1,
+        # 8 micro-batches, last stage with 2 vs 4 layers: 0.768 GiB per layer traced, 0.663
+        # priced with bf16 gradients (+0.102 = one more bf16 copy of a layer's TP shard).
+        if m.pp > 1:
+            grads_sharded_from = 4  # never sharded during the step
+        grad_bytes = max(tr.grad_bytes, 4)
+    grads = np.where(
+        zero >= grads_sharded_from,
+        tr.grad_bytes * (D / ds + E / es),
+        grad_bytes * (D + E),
     )
+    if m.framework == "fsdp" and m.tp > 1 and m.grad_accum_ > 1:
+        # DTensor's backward of the row-wise (vocabulary-sharded) token embedding all-gathers the
+        # output gradient and returns a Replicate gradient of the whole vocabulary on every TP rank;
+        # FSDP2 accumulates it as is (float32), so the first stage keeps V x h, not V x h / tp
+        # (measured: (128256, 4096) float32 accumulated gradient, 1.96 GiB, on stage 0 of Llama-3-8B
+        # TP4 x PP4; a fake 4-rank TP mesh gives a Replicate (1024, 64) gradient for a 1024-row table).
+        emb = count_params(t.model).embedding
+        grads[:, 0] += np.where(zero[:, 0] >= grads_sharded_from, 0.0, grad_bytes * emb * (1 - 1 / m.tp))
     opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
     opt = np.where(offload, 0.0, opt_all)
     host = np.where(offload, opt_all, 0.0)
@@ -351,6 +380,19 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     acts = t.acts[mode] * inflight[None, :]
     logits = np.zeros((len(settings), pp))
     logits[:, pp - 1] = t.logits
+    if m.framework == "fsdp" and pp > 1 and schedule == "gpipe" and m.grad_accum_ > 1:
+        # torch.distributed.pipelining's GPipe runs every forward, then every backward. Gradients
+        # do not exist before the first backward (zero_grad sets them to None; FSDP2 allocates the
+        # accumulated ones lazily) and that backward frees its micro-batch's activations while
+        # creating them: the peak is (m-1) micro-batches plus the larger of one micro-batch and
+        # the gradients, not m plus the gradients. The last stage computes each micro-batch's loss
+        # in the forward and keeps it (bf16 logits + float32 log-softmax) until its backward.
+        # Measured: Llama-3-8B TP8 x PP2 x DP16, 4 micro-batches: stage 0 22.0 GiB traced against
+        # 25.2 priced with gradients on top of 4 micro-batches; stage 1 25.6 against 24.7.
+        one = t.acts[mode]  # (J, pp): one micro-batch
+        acts = acts - np.minimum(one, grads)
+        actx = activation_context(tr, m, t.model)
+        logits[:, pp - 1] += (m.grad_accum_ - 1) * retained_logits_bytes(t.model, actx, m.cross_entropy_)
     if m.framework == "deepspeed":  # gathers bounded by max_live_parameters, gradients by the bucket
         gathered = np.minimum(2 * t.largest_layer, DEEPSPEED_MAX_LIVE_PARAMETERS)
         reducing = np.minimum(t.largest_layer, DEEPSPEED_REDUCE_BUCKET)
@@ -366,7 +408,17 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     layer_phase = layer_phase + np.where((mode == 2)[:, None], t.working[None, :], 0.0)
     buffers = np.maximum(0.0, layer_phase - logits)
     if pp > 1:
-        buffers = buffers + 2 * t.boundary_bytes
+        if m.framework == "fsdp":
+            # torch.distributed.pipelining allocates, at stage set-up, one receive buffer per
+            # micro-batch and model chunk: activations from the previous stage (not on the first)
+            # and gradients from the next (not on the last), kept for the whole step (measured:
+            # Llama-3-8B TP4 x PP4, 8 micro-batches: 8 + 8 (1, 2048, 4096) bf16 buffers on
+            # stages 1-2, 8 on stages 0 and 3). The sends reuse the stage outputs.
+            ranks = np.arange(pp)
+            chunks = 2 * vpp - (ranks == 0) - (ranks == pp - 1)
+            buffers = buffers + (chunks * m.grad_accum_ * t.boundary_bytes)[None, :]
+        else:
+            buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
     reserve = cal.cuda_context_bytes + cal.fragmentation * allocated

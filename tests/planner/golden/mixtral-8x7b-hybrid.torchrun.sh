@@ -15,5 +15,5 @@ torchrun \
     --nproc-per-node 8 \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:29500" \
-    --rdzv-id "${RDZV_ID:-autopar-187c9aa6a3}" \
+    --rdzv-id "${RDZV_ID:-autopar-f5a427709c}" \
     -m runtime.launch plan.json
