@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from cluster_specs.spec import GPUSpec
 from cost_models.calibration import Calibration
 from cost_models.flops import attention_pairs, flash_backward_factor
@@ -40,7 +42,8 @@ class Gemm:
 class ShardGeometry:
     """How one micro-batch of one layer is split on a rank."""
 
-    tokens: float  # tokens on this rank: micro_batch x seq_len / cp
+    tokens: float | np.ndarray  # tokens on this rank: micro_batch x seq_len / cp (an array prices
+    # several micro-batch sizes at once: every time below is then an array over them)
     seq_len: int  # full sequence length
     cp: int
     tp: int
@@ -49,8 +52,9 @@ class ShardGeometry:
     etp: int
 
     @classmethod
-    def of(cls, mesh: MeshLike, micro_batch: int, seq_len: int) -> ShardGeometry:
-        """The geometry of a layout (or the planner's mesh) at `micro_batch` sequences of `seq_len`."""
+    def of(cls, mesh: MeshLike, micro_batch: int | np.ndarray, seq_len: int) -> ShardGeometry:
+        """The geometry of a layout (or the planner's mesh) at `micro_batch` sequences of `seq_len`
+        (an integer array of micro-batch sizes gives an array of token counts)."""
         return cls(micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_)
 
 
@@ -93,14 +97,21 @@ def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
 
 
 def gemm_time(gemm: Gemm, peak: float, gpu: GPUSpec, act_bytes: int, efficiency: float, cal: Calibration) -> float:
-    """Seconds for one forward GEMM group."""
+    """Seconds for one forward GEMM group (elementwise when the GEMM's dimensions are arrays)."""
     shape = 1.0
     for d in (gemm.m, gemm.n, gemm.k):
         shape *= d / (d + cal.gemm_half_dim)
     compute = gemm.flops / (peak * efficiency * shape)
     traffic = act_bytes * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n) * gemm.count
     memory = traffic / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    return max(compute, memory)
+    return _larger(compute, memory)
+
+
+def _larger(a: float | np.ndarray, b: float | np.ndarray) -> float | np.ndarray:
+    """max(a, b) of two floats, elementwise for arrays (the builtin keeps the scalar path fast)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
 
 
 def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, default_calibration
-from cost_models.compute import ShardGeometry
+from cost_models.compute import LayerTime, ShardGeometry, layer_time
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
 from cost_models.layout import Layout, validate_layout
 from cost_models.memory import MemoryBreakdown
@@ -32,7 +32,7 @@ from cost_models.stage_table import (
     Setting,
     build_table,
     layer_kind_counts,
-    layer_times,
+    layer_kinds,
     mesh_comm,
     price_memory,
     price_time,
@@ -125,48 +125,75 @@ class _Ranked:
     peak_bytes: int = field(compare=False)
 
 
+def _compute_by_micro_batch(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Mesh, mbs: np.ndarray, cal: Calibration
+) -> tuple[np.ndarray, np.ndarray]:
+    """(forward + backward seconds of all layers, seconds of their attention kernels) for one micro-
+    batch of each size in `mbs` (arrays over `mbs`). Layer times depend on the mesh only through its
+    shard geometry (tp, cp, ep, etp), so one vectorized pass serves every mesh sharing it."""
+    g = ShardGeometry.of(mesh, mbs, training.seq_len)
+    kinds: dict[tuple[bool, bool], LayerTime] = {}
+    for i, key in enumerate(layer_kinds(model)):
+        if key not in kinds:
+            kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, training.activation_bytes, cal)
+    counts = layer_kind_counts(model)
+    compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
+    attention = sum(n * kinds[k].attention for k, n in counts.items())
+    return np.asarray(compute, dtype=float), np.asarray(attention, dtype=float)
+
+
+@dataclass
+class _ComputeMemo:
+    """Per-search memo of `_compute_by_micro_batch`, keyed by shard geometry (tp, cp, ep, etp) and
+    priced at once for every micro-batch size the search can try (`all_mbs`, ascending)."""
+
+    all_mbs: np.ndarray
+    by_geometry: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def get(
+        self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Mesh, mbs: np.ndarray, cal: Calibration
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(compute, attention) seconds per micro-batch for the sizes `mbs` (a subset of `all_mbs`)."""
+        key = (mesh.tp, mesh.cp, mesh.ep, mesh.etp)
+        if key not in self.by_geometry:
+            self.by_geometry[key] = _compute_by_micro_batch(model, training, cluster, mesh, self.all_mbs, cal)
+        compute, attention = self.by_geometry[key]
+        at = np.searchsorted(self.all_mbs, mbs)
+        assert np.array_equal(self.all_mbs[at], mbs), "micro-batch sizes outside the memo's"
+        return compute[at], attention[at]
+
+
 def _lower_bounds(
     model: ModelSpec,
     training: TrainingSpec,
     cluster: ClusterSpec,
     gpus: int,
     mesh: Mesh,
-    mbs: list[int],
+    mbs: np.ndarray,
     cal: Calibration,
     framework: str,
-    compute_memo: dict[tuple[int, ...], tuple[float, float]],
-) -> list[float]:
-    """Seconds no layout of this mesh can beat, per micro-batch size: all micro-batches' forward
-    and backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as
-    the calibration says), spread perfectly over the pipeline ranks (the slowest rank is at least
-    the average). Recompute, ZeRO traffic, bubble and optimizer only add to it.
+    compute_memo: _ComputeMemo,
+) -> np.ndarray:
+    """Seconds no layout of this mesh can beat, per micro-batch size in `mbs`: all micro-batches'
+    forward and backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all,
+    exposed as the calibration says), spread perfectly over the pipeline ranks (the slowest rank is
+    at least the average). Recompute, ZeRO traffic, bubble and optimizer only add to it.
 
     Communication time is affine in the micro-batch (bytes x seconds-per-byte + latency), so it is
-    priced at micro-batch 1 and 2 and extrapolated exactly."""
+    priced at micro-batch 1 and 2 and extrapolated exactly. Vectorized over `mbs`."""
     ov = cal.overlap(framework)
     c1 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=1), cal)
     c2 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=2), cal)
-    out = []
+    tp_l, cp_l, ep_l = (a + (b - a) * (mbs - 1) for a, b in zip(c1[:3], c2[:3], strict=True))
+    compute, attention = compute_memo.get(model, training, cluster, mesh, mbs, cal)
     counts = layer_kind_counts(model)
-    for mb in mbs:
-        tp_l, cp_l, ep_l = (a + (b - a) * (mb - 1) for a, b in zip(c1[:3], c2[:3], strict=True))
-        key_g = (mesh.tp, mesh.cp, mesh.ep, mesh.etp, mb)
-        if key_g not in compute_memo:
-            g = ShardGeometry.of(mesh, mb, training.seq_len)
-            kinds = layer_times(model, cluster, training.precision, training.activation_bytes, g, cal)
-            compute_memo[key_g] = (
-                sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items()),
-                sum(n * kinds[k].attention for k, n in counts.items()),
-            )
-        compute, attention = compute_memo[key_g]
-        layers = model.num_layers
-        moe_layers = sum(n for k, n in counts.items() if k[0])
-        # CP exposure summed over all layers is at least its sum's positive part
-        per_mb = compute + layers * 2 * tp_l * (1 - ov.tp) + max(0.0, layers * cp_l - ov.cp * attention)
-        per_mb += moe_layers * ep_l * (1 - ov.ep)
-        m = training.global_batch // (mb * mesh.dp)
-        out.append(m * per_mb / mesh.pp)
-    return out
+    layers = model.num_layers
+    moe_layers = sum(n for k, n in counts.items() if k[0])
+    # CP exposure summed over all layers is at least its sum's positive part
+    per_mb = compute + layers * 2 * tp_l * (1 - ov.tp) + np.maximum(0.0, layers * cp_l - ov.cp * attention)
+    per_mb += moe_layers * ep_l * (1 - ov.ep)
+    m = training.global_batch // (mbs * mesh.dp)
+    return m * per_mb / mesh.pp
 
 
 def _memory_reason(s: Setting) -> str:
@@ -208,8 +235,11 @@ def search(
     generated = invalid = pruned = priced = feasible = 0
 
     # --- level 1: meshes --------------------------------------------------------------------------
-    pairs: list[tuple[float, int, Mesh, int]] = []
-    compute_memo: dict[tuple[int, ...], tuple[float, float]] = {}
+    pair_meshes: list[Mesh] = []  # valid meshes; a (mesh, micro-batch) pair refers to one by index
+    pair_mesh: list[np.ndarray] = []
+    pair_mb: list[np.ndarray] = []
+    pair_lb: list[np.ndarray] = []
+    compute_memo = _ComputeMemo(np.array(micro_batches(training, 1, c), dtype=np.int64))
     for mesh in meshes(model, cluster, gpus, c):
         reason = mesh_rejection(mesh, cluster, c)
         mbs = micro_batches(training, mesh.dp, c)
@@ -225,10 +255,19 @@ def search(
             invalid += 1
             log.add(reason, f"tp={mesh.tp} pp={mesh.pp} cp={mesh.cp} dp={mesh.dp} ep={mesh.ep}")
             continue
-        bounds = _lower_bounds(model, training, cluster, gpus, mesh, mbs, cal, c.framework, compute_memo)
-        for mb, lb in zip(mbs, bounds, strict=True):
-            pairs.append((lb, len(pairs), mesh, mb))
-    pairs.sort(key=lambda p: (p[0], p[1]))
+        mb_array = np.array(mbs, dtype=np.int64)
+        pair_mesh.append(np.full(len(mbs), len(pair_meshes)))
+        pair_mb.append(mb_array)
+        pair_lb.append(_lower_bounds(model, training, cluster, gpus, mesh, mb_array, cal, c.framework, compute_memo))
+        pair_meshes.append(mesh)
+    # visit pairs in increasing bound order, ties in generation order (a stable sort)
+    lbs = np.concatenate(pair_lb) if pair_lb else np.zeros(0)
+    order = np.argsort(lbs, kind="stable")
+    mesh_of = np.concatenate(pair_mesh)[order] if pair_mesh else np.zeros(0, dtype=int)
+    mb_of = np.concatenate(pair_mb)[order] if pair_mb else np.zeros(0, dtype=np.int64)
+    pairs = [
+        (lb, pair_meshes[i], mb) for lb, i, mb in zip(lbs[order].tolist(), mesh_of.tolist(), mb_of.tolist(), strict=True)
+    ]
 
     # --- level 2: knobs, branch and bound ---------------------------------------------------------
     k = max(c.top_k, 1) + 1  # keep one spare so alternatives exclude the best
@@ -239,26 +278,34 @@ def search(
     faster = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
     grid_reasons: dict[tuple[int, int, int], list[str]] = {}
-    for done, (lb, _, mesh, mb) in enumerate(pairs):
-        if progress is not None:
-            progress(done, len(pairs))
-        options = pipeline_options(model, training, mesh, mb, c)
+    option_counts: dict[tuple[int, int, int], int] = {}
+
+    def knob_count(mesh: Mesh, mb: int) -> int:
+        """Layouts of one (mesh, micro-batch) pair: pipeline options x knob settings (memoized:
+        they depend only on (pp, dp, micro-batch) and (dp, tp, cp))."""
         grid_key = (mesh.dp, mesh.tp, mesh.cp)
         if grid_key not in grids:
             grids[grid_key] = settings(mesh, cluster, c)
+        option_key = (mesh.pp, mesh.dp, mb)
+        if option_key not in option_counts:
+            option_counts[option_key] = len(pipeline_options(model, training, mesh, mb, c))
+        return option_counts[option_key] * len(grids[grid_key])
+
+    for done, (lb, mesh, mb) in enumerate(pairs):
+        if progress is not None:
+            progress(done, len(pairs))
+        options = pipeline_options(model, training, mesh, mb, c)
+        n = knob_count(mesh, mb)
+        grid_key = (mesh.dp, mesh.tp, mesh.cp)
         grid = grids[grid_key]
         if grid_key not in grid_reasons:
             grid_reasons[grid_key] = [_memory_reason(x) for x in grid]
         reasons = grid_reasons[grid_key]
-        n = len(options) * len(grid)
         generated += n
         if len(top) >= k and lb >= max(-top[0], reference_step_s or 0.0):
             pruned += n  # pairs are sorted by bound: every later pair is pruned too
-            for _, _, later_mesh, later_mb in pairs[done + 1 :]:
-                later_key = (later_mesh.dp, later_mesh.tp, later_mesh.cp)
-                if later_key not in grids:
-                    grids[later_key] = settings(later_mesh, cluster, c)
-                n_later = len(pipeline_options(model, training, later_mesh, later_mb, c)) * len(grids[later_key])
+            for _, later_mesh, later_mb in pairs[done + 1 :]:
+                n_later = knob_count(later_mesh, later_mb)
                 generated += n_later
                 pruned += n_later
             break
