@@ -25,7 +25,7 @@ from cost_models.activations import (
     logits_bytes,
     retained_logits_bytes,
 )
-from cost_models.calibration import Calibration
+from cost_models.calibration import Calibration, Overlap
 from cost_models.comm import Group, collective_cost, collective_time
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.layout import Layout
@@ -373,6 +373,14 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
         # TP4 x PP4; a fake 4-rank TP mesh gives a Replicate (1024, 64) gradient for a 1024-row table).
         emb = count_params(t.model).embedding
         grads[:, 0] += np.where(zero[:, 0] >= grads_sharded_from, 0.0, grad_bytes * emb * (1 - 1 / m.tp))
+        # Each micro-batch's embedding backward creates that full-vocabulary gradient in bf16 before
+        # FSDP adds it to the float32 one, after the micro-batch's activations are freed: a
+        # transient of V x h x 2 bytes on top of the other in-flight micro-batches (measured:
+        # (128256, 4096) float32 + bfloat16 live together at stage 0's peak, Llama-3-8B TP2 x PP2
+        # with 2 layers per stage).
+        embedding_transient = float(tr.param_bytes * emb)
+    else:
+        embedding_transient = 0.0
     opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
     opt = np.where(offload, 0.0, opt_all)
     host = np.where(offload, opt_all, 0.0)
@@ -407,6 +415,37 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     layer_phase = np.where(zero >= 3, z3_buffers[None, :], 0.0)
     layer_phase = layer_phase + np.where((mode == 2)[:, None], t.working[None, :], 0.0)
     buffers = np.maximum(0.0, layer_phase - logits)
+    if embedding_transient:
+        # it replaces the micro-batch's transient peak (its activations, loss and layer buffers)
+        transient = t.acts[mode][:, 0] + logits[:, 0] + buffers[:, 0]
+        buffers[:, 0] += np.maximum(0.0, embedding_transient - transient)
+    if m.framework == "fsdp" and pp == 1 and m.grad_accum_ == 1:
+        # PyTorch's own step (zero_grad(set_to_none=True), one micro-batch, no pipeline): no
+        # gradient exists before the backward, so the loss phase holds none; the backward frees each
+        # layer's saved tensors as it creates that layer's (sharded) gradients, so the layer phase
+        # peaks either at its start (all activations, no gradient) or at its end (all gradients, the
+        # first layer's activations). Under ZeRO-3 the FSDP2 root group (embedding, final norm, LM
+        # head) is gathered for the LM head's backward and stays gathered, with the head's bf16
+        # gradient waiting for the root's reduce-scatter, until the embedding's backward ends.
+        # Measured: Mixtral-8x7B EP8 over 64 ranks, ZeRO-3, full recompute: 2 layers 4.18 GiB traced
+        # (peak in layer 0's backward: 2 x 0.244 GiB gathered root + 0.244 head gradient, 31 of 32
+        # layers' float32 sharded gradients live at 32 layers) against 3.47 priced with every layer
+        # input and no root; Llama-3-8B FSDP 64, full recompute: 17.54 traced, 17.88 priced with
+        # the gradients under the loss.
+        pc = count_params(t.model)
+        root = (pc.embedding + pc.final_norm + pc.lm_head + (pc.lm_head or pc.embedding)) / m.tp * tr.param_bytes
+        root_phase = np.where(zero >= 3, root, 0.0)
+        first_layer_acts = t.acts[mode] / np.maximum(t.layers, 1.0)[None, :]
+        early = acts + layer_phase + root_phase
+        late = grads + first_layer_acts + layer_phase + root_phase
+        loss = acts + logits
+        winner = np.argmax(np.stack([loss, early, late]), axis=0)
+        peak = np.max(np.stack([loss, early, late]), axis=0)
+        # breakdown of the winning phase (it sums to the total)
+        grads = np.where(winner == 2, grads, 0.0)
+        acts = np.where(winner == 2, first_layer_acts, acts)
+        logits = np.where(winner == 0, logits, 0.0)
+        buffers = peak - grads - acts - logits
     if pp > 1:
         if m.framework == "fsdp":
             # torch.distributed.pipelining allocates, at stage set-up, one receive buffer per
@@ -507,16 +546,34 @@ def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """Seconds no knob setting of this table can beat: compute and the knob-independent exposed
     communication (TP without recompute, CP, EP, PP), the pipeline bubble, nothing else. Every
     knob (recompute, ZeRO traffic, optimizer, offload) only adds to it."""
-    ov = cal.overlap(t.mesh.framework)
-    m = t.mesh
-    per = t.compute + t.tp_per_layer * 2.0 * t.layers * (1 - ov.tp)
-    per = per + np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)
-    per = per + t.ep_per_moe_layer * t.moe_layers * (1 - ov.ep)
-    if m.pp > 1:
-        per = per + 2 * t.p2p * vpp * (1 - ov.pp)
+    comm = (t.tp_per_layer, t.cp_per_layer, t.ep_per_moe_layer, t.p2p)
+    return rank_time_bound(t.compute, t.layers, t.attention, t.moe_layers, comm, vpp, t.mesh.grad_accum_, cal.overlap(t.mesh.framework))
+
+
+def rank_time_bound(
+    compute: np.ndarray,
+    layers: np.ndarray,
+    attention: np.ndarray,
+    moe_layers: np.ndarray,
+    comm: tuple[float, float, float, float],
+    vpp: int,
+    grad_accum: int,
+    ov: Overlap,
+) -> float:
+    """`time_lower_bound` from per-pipeline-rank arrays (length pp: compute seconds per micro-batch
+    with the LM head, layer count, attention kernel seconds, MoE layer count) and the mesh's
+    per-micro-batch communication seconds (TP per layer, CP per layer, EP per MoE layer, one p2p
+    send), so a planner can bound a layout without building its `StageTable`."""
+    tp_per_layer, cp_per_layer, ep_per_moe_layer, p2p = comm
+    pp = len(compute)
+    per = compute + tp_per_layer * 2.0 * layers * (1 - ov.tp)
+    per = per + np.maximum(0.0, cp_per_layer * layers - ov.cp * attention)
+    per = per + ep_per_moe_layer * moe_layers * (1 - ov.ep)
+    if pp > 1:
+        per = per + 2 * p2p * vpp * (1 - ov.pp)
     worst = float(per.max())
-    bubble = (float(per.sum()) - worst) / vpp if m.pp > 1 else 0.0
-    return m.grad_accum_ * worst + bubble
+    bubble = (float(per.sum()) - worst) / vpp if pp > 1 else 0.0
+    return grad_accum * worst + bubble
 
 
 def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
