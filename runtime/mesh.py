@@ -15,7 +15,8 @@ can combine them:
 - Expert parallelism is carved out of dp x cp (Megatron-Core): `dp_cp` is unflattened into
   (`edp`, `ep`), `ep` innermost, so an EP group is `ep` consecutive ranks of the flattened (dp, cp)
   sub-grid in the order the two appear in `layout.order`. Expert weights are sharded over `ep` and
-  FSDP-sharded over `edp` (expert data parallel).
+  FSDP-sharded over `edp` (expert data parallel): on the expert dim when the E/ep local experts
+  divide over `edp`, else on dim 1 (`runtime.parallelize._expert_shard_placement`).
 
 The world mesh is only built when the world has more than one rank; `Meshes.single()` stands for a
 one-process run with no process group.
