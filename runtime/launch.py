@@ -57,11 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
     p.add_argument("--no-track-memory", action="store_true")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--data", default=None, help="tokenized data: flat binary file of token ids")
+    p.add_argument("--data-dtype", default=None, choices=["uint16", "uint32", "int32", "int64"])
     p.add_argument("--progress-file", default=None, help="JSON progress rewritten by rank 0 after every step")
     a = p.parse_args(argv)
 
     run = load_run_spec(
-        a.spec, steps=a.steps, seed=a.seed, lr=a.lr, warmup_steps=a.warmup_steps, dtype=a.dtype, backend=a.backend
+        a.spec, steps=a.steps, seed=a.seed, lr=a.lr, warmup_steps=a.warmup_steps, dtype=a.dtype, backend=a.backend,
+        data_path=a.data, data_dtype=a.data_dtype,
     )
     peak = a.peak_flops
     if peak is None and a.gpu:

@@ -47,6 +47,14 @@ class RunSpec(BaseModel):
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(1, ge=0, description="steps excluded from timing")
+    data_path: str | None = Field(
+        None,
+        description="tokenized training data: a flat binary file of token ids (nanoGPT-style .bin); "
+        "default: synthetic sequences",
+    )
+    data_dtype: Literal["uint16", "uint32", "int32", "int64"] = Field(
+        "uint16", description="element type of the token file"
+    )
     plan_id: str | None = None
     peak_flops_per_s: float | None = Field(None, gt=0, description="per-GPU peak for MFU")
 

@@ -2,7 +2,8 @@
 distributed checkpoints and a Profile.
 
 Data: step `i` draws the global batch (global_batch sequences of seq_len + 1 tokens) from a
-generator seeded by (seed, i), identically on every rank and for every layout. DP rank d takes
+generator seeded by (seed, i), identically on every rank and for every layout: windows of a
+tokenized file (`RunSpec.data_path`, a flat array of token ids) when given, else synthetic. DP rank d takes
 sequences [d*B/dp, (d+1)*B/dp); micro-batch j of it the next `micro_batch` of those; CP rank r the
 token positions of its load-balanced chunks. Sequences follow x[t+1] = (x[t] + stride) mod V with
 a per-sequence random start and stride and 10% random tokens, so the loss visibly falls.
@@ -47,7 +48,10 @@ __all__ = ["Trainer", "TrainResult", "global_batch", "init_distributed", "train"
 
 
 def global_batch(run: RunSpec, step: int) -> torch.Tensor:
-    """The global batch of `step`: (global_batch, seq_len + 1) int64 tokens, layout-independent."""
+    """The global batch of `step`: (global_batch, seq_len + 1) int64 tokens, layout-independent.
+    From `run.data_path` when given (`token_file_batch`), else synthetic."""
+    if run.data_path is not None:
+        return token_file_batch(run, step)
     b, s, v = run.training.global_batch, run.training.seq_len, run.model.vocab_size
     g = torch.Generator().manual_seed(run.seed * 1_000_003 + step)
     start = torch.randint(0, v, (b, 1), generator=g)
@@ -55,6 +59,26 @@ def global_batch(run: RunSpec, step: int) -> torch.Tensor:
     seq = (start + stride * torch.arange(s + 1)[None, :]) % v
     noise = torch.rand(b, s + 1, generator=g) < 0.1
     return torch.where(noise, torch.randint(0, v, (b, s + 1), generator=g), seq)
+
+
+def token_file_batch(run: RunSpec, step: int) -> torch.Tensor:
+    """(global_batch, seq_len + 1) int64 windows of the token file `run.data_path` (a flat array of
+    `run.data_dtype` token ids, memory-mapped), at offsets drawn from a generator seeded by (seed,
+    step): every rank and every layout reads the same windows. Token ids must be below the vocab."""
+    import numpy as np
+
+    b, s = run.training.global_batch, run.training.seq_len
+    assert run.data_path is not None
+    tokens = np.memmap(run.data_path, dtype=np.dtype(run.data_dtype), mode="r")
+    if tokens.shape[0] < s + 1:
+        raise ValueError(f"{run.data_path} holds {tokens.shape[0]} tokens; a sequence needs {s + 1}")
+    g = torch.Generator().manual_seed(run.seed * 1_000_003 + step)
+    starts = torch.randint(0, tokens.shape[0] - s, (b,), generator=g).tolist()
+    rows = np.stack([np.asarray(tokens[i : i + s + 1], dtype=np.int64) for i in starts])
+    out = torch.from_numpy(rows)
+    if int(out.max()) >= run.model.vocab_size:
+        raise ValueError(f"{run.data_path}: token id {int(out.max())} >= vocab size {run.model.vocab_size}")
+    return out
 
 
 def local_batch(run: RunSpec, meshes: Meshes, step: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
