@@ -18,12 +18,13 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.calibration import Calibration, default_calibration
-from cost_models.compute import LayerTime, ShardGeometry, layer_time
+from cost_models.calibration import Calibration, Overlap, default_calibration
+from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
 from cost_models.layout import Layout, validate_layout
 from cost_models.memory import MemoryBreakdown
@@ -36,6 +37,7 @@ from cost_models.stage_table import (
     mesh_comm,
     price_memory,
     price_time,
+    rank_time_bound,
     time_lower_bound,
 )
 from cost_models.stages import StagePartition
@@ -125,75 +127,164 @@ class _Ranked:
     peak_bytes: int = field(compare=False)
 
 
-def _compute_by_micro_batch(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Mesh, mbs: np.ndarray, cal: Calibration
-) -> tuple[np.ndarray, np.ndarray]:
-    """(forward + backward seconds of all layers, seconds of their attention kernels) for one micro-
-    batch of each size in `mbs` (arrays over `mbs`). Layer times depend on the mesh only through its
-    shard geometry (tp, cp, ep, etp), so one vectorized pass serves every mesh sharing it."""
-    g = ShardGeometry.of(mesh, mbs, training.seq_len)
-    kinds: dict[tuple[bool, bool], LayerTime] = {}
-    for i, key in enumerate(layer_kinds(model)):
-        if key not in kinds:
-            kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, training.activation_bytes, cal)
-    counts = layer_kind_counts(model)
-    compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
-    attention = sum(n * kinds[k].attention for k, n in counts.items())
-    return np.asarray(compute, dtype=float), np.asarray(attention, dtype=float)
+@dataclass(frozen=True)
+class _GeometryTimes:
+    """Seconds of one micro-batch on one rank for one shard geometry (tp, cp, ep, etp), at every
+    micro-batch size the search tries (axis 0, ascending `mbs`). Layer times depend on the mesh only
+    through its shard geometry, so one vectorized pass (`cost_models.compute` on an array of token
+    counts) serves every mesh sharing it."""
+
+    mbs: np.ndarray  # (M,) micro-batch sizes, sequences
+    compute: np.ndarray  # (M,) forward + backward of all layers
+    attention: np.ndarray  # (M,) attention kernels (forward + backward) of all layers
+    layer_compute: np.ndarray  # (M, layers) forward + backward of each layer
+    layer_attention: np.ndarray  # (M, layers) attention kernels of each layer
+    head: np.ndarray  # (M,) LM head and cross-entropy, forward + backward
+
+    @classmethod
+    def of(
+        cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Mesh, mbs: np.ndarray, cal: Calibration
+    ) -> _GeometryTimes:
+        g = ShardGeometry.of(mesh, mbs, training.seq_len)
+        ab = training.activation_bytes
+        kinds: dict[tuple[bool, bool], LayerTime] = {}
+        for i, key in enumerate(layer_kinds(model)):
+            if key not in kinds:
+                kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal)
+        counts = layer_kind_counts(model)
+        compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
+        attention = sum(n * kinds[k].attention for k, n in counts.items())
+        head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # as build_table prices it
+        # per layer: the columns of its kind
+        kind_list = list(kinds)
+        kind_of_layer = np.array([kind_list.index(k) for k in layer_kinds(model)])
+        by_kind = np.stack([kinds[k].forward + kinds[k].backward for k in kind_list], axis=1)
+        attention_by_kind = np.stack([kinds[k].attention for k in kind_list], axis=1)
+        return cls(
+            mbs,
+            np.asarray(compute, dtype=float),
+            np.asarray(attention, dtype=float),
+            by_kind[:, kind_of_layer],
+            attention_by_kind[:, kind_of_layer],
+            np.asarray(head_fwd + head_bwd, dtype=float),
+        )
 
 
 @dataclass
-class _ComputeMemo:
-    """Per-search memo of `_compute_by_micro_batch`, keyed by shard geometry (tp, cp, ep, etp) and
-    priced at once for every micro-batch size the search can try (`all_mbs`, ascending)."""
+class _PairBounds:
+    """Every valid (mesh, micro-batch) pair with its lower bound, in generation order (arrays over
+    pairs), and what the level-2 bound of a pair needs again (`pair_times`)."""
 
-    all_mbs: np.ndarray
-    by_geometry: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    meshes: list[Mesh]
+    mesh_of: np.ndarray  # index into `meshes`
+    mb_of: np.ndarray  # micro-batch size, sequences
+    bound_s: np.ndarray  # seconds per step no layout of the pair can beat
+    geometry: dict[tuple[int, int, int, int], _GeometryTimes]
+    comm1: np.ndarray  # (meshes, 4) `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
+    comm2: np.ndarray  # (meshes, 4) the same at micro-batch 2
+    layer_moe: np.ndarray  # 1.0 for an MoE layer, 0.0 for a dense one, per layer
 
-    def get(
-        self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Mesh, mbs: np.ndarray, cal: Calibration
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(compute, attention) seconds per micro-batch for the sizes `mbs` (a subset of `all_mbs`)."""
-        key = (mesh.tp, mesh.cp, mesh.ep, mesh.etp)
-        if key not in self.by_geometry:
-            self.by_geometry[key] = _compute_by_micro_batch(model, training, cluster, mesh, self.all_mbs, cal)
-        compute, attention = self.by_geometry[key]
-        at = np.searchsorted(self.all_mbs, mbs)
-        assert np.array_equal(self.all_mbs[at], mbs), "micro-batch sizes outside the memo's"
-        return compute[at], attention[at]
+    def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
+        mesh = self.meshes[mesh_index]
+        gt = self.geometry[(mesh.tp, mesh.cp, mesh.ep, mesh.etp)]
+        at = int(np.searchsorted(gt.mbs, mb))
+        a, b = self.comm1[mesh_index], self.comm2[mesh_index]
+        comm = a + (b - a) * (mb - 1)  # affine in the micro-batch (`_pair_bounds`)
+        return _PairTimes(gt.layer_compute[at], gt.layer_attention[at], self.layer_moe, float(gt.head[at]), tuple(comm.tolist()))  # type: ignore[arg-type]
 
 
-def _lower_bounds(
+def _pair_bounds(
     model: ModelSpec,
     training: TrainingSpec,
     cluster: ClusterSpec,
     gpus: int,
-    mesh: Mesh,
-    mbs: np.ndarray,
+    meshes_mbs: list[tuple[Mesh, list[int]]],
+    all_mbs: list[int],
     cal: Calibration,
     framework: str,
-    compute_memo: _ComputeMemo,
-) -> np.ndarray:
-    """Seconds no layout of this mesh can beat, per micro-batch size in `mbs`: all micro-batches'
-    forward and backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all,
-    exposed as the calibration says), spread perfectly over the pipeline ranks (the slowest rank is
-    at least the average). Recompute, ZeRO traffic, bubble and optimizer only add to it.
+) -> _PairBounds:
+    """Seconds no layout of a (mesh, micro-batch) pair can beat: all micro-batches' forward and
+    backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as the
+    calibration says), spread perfectly over the pipeline ranks (the slowest rank is at least the
+    average). Recompute, ZeRO traffic, bubble and optimizer only add to it.
 
     Communication time is affine in the micro-batch (bytes x seconds-per-byte + latency), so it is
-    priced at micro-batch 1 and 2 and extrapolated exactly. Vectorized over `mbs`."""
+    priced per mesh at micro-batch 1 and 2 and extrapolated exactly; the rest is vectorized over
+    all pairs. `all_mbs` (ascending) holds every micro-batch size of `meshes_mbs`."""
     ov = cal.overlap(framework)
-    c1 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=1), cal)
-    c2 = mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=2), cal)
-    tp_l, cp_l, ep_l = (a + (b - a) * (mbs - 1) for a, b in zip(c1[:3], c2[:3], strict=True))
-    compute, attention = compute_memo.get(model, training, cluster, mesh, mbs, cal)
+    mbs_all = np.array(all_mbs, dtype=np.int64)
+    geometry: dict[tuple[int, int, int, int], _GeometryTimes] = {}
+    rows: dict[tuple[int, int, int, int], int] = {}
+    mesh_rows, comm1, comm2 = [], [], []
+    for mesh, _ in meshes_mbs:
+        key = (mesh.tp, mesh.cp, mesh.ep, mesh.etp)
+        if key not in geometry:
+            geometry[key] = _GeometryTimes.of(model, training, cluster, mesh, mbs_all, cal)
+            rows[key] = len(rows)
+        mesh_rows.append(rows[key])
+        comm1.append(mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=1), cal)[:4])
+        comm2.append(mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=2), cal)[:4])
+    c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
+    mesh_of = np.repeat(np.arange(len(meshes_mbs)), [len(mbs) for _, mbs in meshes_mbs])
+    mb = np.array([m for _, mbs in meshes_mbs for m in mbs], dtype=np.int64)
+    at = np.searchsorted(mbs_all, mb)
+    assert np.array_equal(mbs_all[at], mb), "micro-batch sizes outside all_mbs"
+    row = np.array(mesh_rows, dtype=np.int64)[mesh_of]
+    compute = np.stack([g.compute for g in geometry.values()])[row, at] if len(mb) else np.zeros(0)
+    attention = np.stack([g.attention for g in geometry.values()])[row, at] if len(mb) else np.zeros(0)
+    tp_l, cp_l, ep_l = (c1[mesh_of, i] + (c2[mesh_of, i] - c1[mesh_of, i]) * (mb - 1) for i in range(3))
     counts = layer_kind_counts(model)
     layers = model.num_layers
     moe_layers = sum(n for k, n in counts.items() if k[0])
     # CP exposure summed over all layers is at least its sum's positive part
     per_mb = compute + layers * 2 * tp_l * (1 - ov.tp) + np.maximum(0.0, layers * cp_l - ov.cp * attention)
     per_mb += moe_layers * ep_l * (1 - ov.ep)
-    m = training.global_batch // (mbs * mesh.dp)
-    return m * per_mb / mesh.pp
+    dp = np.array([m.dp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
+    pp = np.array([m.pp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
+    m_count = training.global_batch // (mb * dp)
+    bound = m_count * per_mb / pp
+    layer_moe = np.array([float(k[0]) for k in layer_kinds(model)])
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, geometry, c1, c2, layer_moe)
+
+
+@dataclass(frozen=True)
+class _PairTimes:
+    """Per-micro-batch seconds of one (mesh, micro-batch) pair, as `build_table` prices them: per
+    layer (arrays over the model's layers) forward + backward and attention kernels; the LM head
+    forward + backward; the mesh's communication (TP per layer, CP per layer, EP per MoE layer, one
+    p2p send)."""
+
+    layer_compute: np.ndarray
+    layer_attention: np.ndarray
+    layer_moe: np.ndarray  # 1.0 for an MoE layer
+    head: float
+    comm: tuple[float, float, float, float]
+
+    def bound(self, pp: int, vpp: int, grad_accum: int, ov: Overlap) -> float:
+        """`stage_table.time_lower_bound` of this pair's layout with `vpp` virtual stages and the
+        even partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
+        owner = _rank_of_layer(len(self.layer_compute), pp, vpp)
+        compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
+        compute[pp - 1] += self.head
+        layers = np.bincount(owner, minlength=pp).astype(float)
+        attention = np.bincount(owner, weights=self.layer_attention, minlength=pp)
+        moe_layers = np.bincount(owner, weights=self.layer_moe, minlength=pp)
+        return rank_time_bound(compute, layers, attention, moe_layers, self.comm, vpp, grad_accum, ov)
+
+
+@lru_cache(maxsize=1024)
+def _rank_of_layer(num_layers: int, pp: int, vpp: int) -> np.ndarray:
+    """Pipeline rank of every layer under the even partition into pp x vpp chunks."""
+    partition = StagePartition.even(num_layers, pp, vpp)
+    owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
+    owner.flags.writeable = False
+    return owner
+
+
+BOUND_MARGIN = 1e-9
+"""Relative margin under which `_PairTimes.bound` defers to the table's own bound: the two are the
+same sum up to float rounding, and only the table's decides a layout that sits on the k-th best
+step time."""
 
 
 def _memory_reason(s: Setting) -> str:
@@ -235,14 +326,13 @@ def search(
     generated = invalid = pruned = priced = feasible = 0
 
     # --- level 1: meshes --------------------------------------------------------------------------
-    pair_meshes: list[Mesh] = []  # valid meshes; a (mesh, micro-batch) pair refers to one by index
-    pair_mesh: list[np.ndarray] = []
-    pair_mb: list[np.ndarray] = []
-    pair_lb: list[np.ndarray] = []
-    compute_memo = _ComputeMemo(np.array(micro_batches(training, 1, c), dtype=np.int64))
+    valid: list[tuple[Mesh, list[int]]] = []  # meshes that pass validation, with their micro-batches
+    mbs_by_dp: dict[int, list[int]] = {}
     for mesh in meshes(model, cluster, gpus, c):
         reason = mesh_rejection(mesh, cluster, c)
-        mbs = micro_batches(training, mesh.dp, c)
+        if mesh.dp not in mbs_by_dp:
+            mbs_by_dp[mesh.dp] = micro_batches(training, mesh.dp, c)
+        mbs = mbs_by_dp[mesh.dp]
         if reason is None and not mbs:
             reason = f"micro_batch: no micro-batch divides the global batch {training.global_batch} over dp={mesh.dp}"
         if reason is None:
@@ -255,19 +345,14 @@ def search(
             invalid += 1
             log.add(reason, f"tp={mesh.tp} pp={mesh.pp} cp={mesh.cp} dp={mesh.dp} ep={mesh.ep}")
             continue
-        mb_array = np.array(mbs, dtype=np.int64)
-        pair_mesh.append(np.full(len(mbs), len(pair_meshes)))
-        pair_mb.append(mb_array)
-        pair_lb.append(_lower_bounds(model, training, cluster, gpus, mesh, mb_array, cal, c.framework, compute_memo))
-        pair_meshes.append(mesh)
+        valid.append((mesh, mbs))
+    all_mbs = sorted({mb for _, mbs in valid for mb in mbs})
+    bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
     # visit pairs in increasing bound order, ties in generation order (a stable sort)
-    lbs = np.concatenate(pair_lb) if pair_lb else np.zeros(0)
-    order = np.argsort(lbs, kind="stable")
-    mesh_of = np.concatenate(pair_mesh)[order] if pair_mesh else np.zeros(0, dtype=int)
-    mb_of = np.concatenate(pair_mb)[order] if pair_mb else np.zeros(0, dtype=np.int64)
-    pairs = [
-        (lb, pair_meshes[i], mb) for lb, i, mb in zip(lbs[order].tolist(), mesh_of.tolist(), mb_of.tolist(), strict=True)
-    ]
+    order = np.argsort(bounds.bound_s, kind="stable")
+    pairs = list(
+        zip(bounds.bound_s[order].tolist(), bounds.mesh_of[order].tolist(), bounds.mb_of[order].tolist(), strict=True)
+    )
 
     # --- level 2: knobs, branch and bound ---------------------------------------------------------
     k = max(c.top_k, 1) + 1  # keep one spare so alternatives exclude the best
@@ -291,7 +376,8 @@ def search(
             option_counts[option_key] = len(pipeline_options(model, training, mesh, mb, c))
         return option_counts[option_key] * len(grids[grid_key])
 
-    for done, (lb, mesh, mb) in enumerate(pairs):
+    for done, (lb, mesh_index, mb) in enumerate(pairs):
+        mesh = bounds.meshes[mesh_index]
         if progress is not None:
             progress(done, len(pairs))
         options = pipeline_options(model, training, mesh, mb, c)
@@ -302,10 +388,11 @@ def search(
             grid_reasons[grid_key] = [_memory_reason(x) for x in grid]
         reasons = grid_reasons[grid_key]
         generated += n
+        pair_times: _PairTimes | None = None
         if len(top) >= k and lb >= max(-top[0], reference_step_s or 0.0):
             pruned += n  # pairs are sorted by bound: every later pair is pruned too
             for _, later_mesh, later_mb in pairs[done + 1 :]:
-                n_later = knob_count(later_mesh, later_mb)
+                n_later = knob_count(bounds.meshes[later_mesh], later_mb)
                 generated += n_later
                 pruned += n_later
             break
@@ -320,6 +407,13 @@ def search(
                     len(grid),
                 )
                 continue
+            if len(top) >= k:  # bound the layout before building its table
+                pair_times = pair_times or bounds.pair_times(mesh_index, mb)
+                ga = training.global_batch // (mb * mesh.dp)
+                bound = pair_times.bound(mesh.pp, vpp, ga, cal.overlap(c.framework))
+                if bound * (1 - BOUND_MARGIN) >= max(-top[0], reference_step_s or 0.0):
+                    pruned += len(grid)
+                    continue
             base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy).resolved(gpus, training)
             partition = StagePartition.even(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)

@@ -1,0 +1,81 @@
+"""The search's bounds without a StageTable agree with the table's own (`time_lower_bound`), and
+the vectorized compute times agree with the scalar cost model: pruning with them is exact."""
+
+import numpy as np
+import pytest
+
+from cluster_specs.presets import get_cluster
+from cost_models.calibration import default_calibration
+from cost_models.compute import ShardGeometry, layer_time, lm_head_times
+from cost_models.layout import validate_layout
+from cost_models.stage_table import build_table, time_lower_bound
+from cost_models.stages import StagePartition
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+from planner.plan import SearchConstraints
+from planner.search import _pair_bounds
+from planner.space import meshes, micro_batches, pipeline_options, settings, to_layout
+
+CASES = [
+    # model, cluster, gpus, seq, global batch
+    ("llama3-8b", "dgx-h100", 64, 8192, 128),
+    ("mixtral-8x7b", "dgx-h100", 64, 4096, 256),
+    ("deepseek-v3", "dgx-h800", 256, 4096, 1024),
+]
+
+
+def _valid_pairs(model, training, cluster, gpus, c, limit):
+    out = []
+    for mesh in meshes(model, cluster, gpus, c):
+        mbs = micro_batches(training, mesh.dp, c)
+        if mesh.tp > cluster.domain_size or not mbs:
+            continue
+        probe = to_layout(mesh, mbs[0], 1, "1f1b", settings(mesh, cluster, c)[0], c.framework)
+        if any(v.field in {"dp", "tp", "pp", "cp", "ep", "etp", "sp", "order"} for v in validate_layout(model, training, gpus, probe)):
+            continue
+        out.append((mesh, mbs))
+    step = max(1, len(out) // limit)
+    return out[::step]
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", CASES)
+def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch) -> None:
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(), default_calibration()
+    valid = _valid_pairs(model, training, cluster, gpus, c, limit=25)
+    all_mbs = sorted({mb for _, mbs in valid for mb in mbs})
+    bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
+    ov = cal.overlap(c.framework)
+    checked = 0
+    for index, (mesh, mbs) in enumerate(valid):
+        for mb in mbs[:: max(1, len(mbs) // 3)]:
+            times = bounds.pair_times(index, mb)
+            for vpp, schedule in pipeline_options(model, training, mesh, mb, c):
+                layout = to_layout(mesh, mb, vpp, schedule, settings(mesh, cluster, c)[0], c.framework).resolved(gpus, training)
+                table = build_table(model, training, cluster, gpus, layout, StagePartition.even(model.num_layers, mesh.pp, vpp), cal)
+                exact = time_lower_bound(table, vpp, cal)
+                assert times.bound(mesh.pp, vpp, layout.grad_accum_, ov) == pytest.approx(exact, rel=1e-12)
+                checked += 1
+    assert checked > 20
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", CASES)
+def test_vectorized_layer_times_match_scalar(name, cluster_name, gpus, seq, batch) -> None:
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(), default_calibration()
+    mesh, mbs = _valid_pairs(model, training, cluster, gpus, c, limit=5)[-1]
+    mb_array = np.array(mbs)
+    g_all = ShardGeometry.of(mesh, mb_array, seq)
+    ab = training.activation_bytes
+    for i in (0, model.num_layers - 1):
+        vector = layer_time(model, i, g_all, cluster.gpu, training.precision, ab, cal)
+        head = lm_head_times(model, g_all, cluster.gpu, "bf16", ab, cal)
+        for j, mb in enumerate(mbs):
+            g = ShardGeometry.of(mesh, mb, seq)
+            scalar = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal)
+            assert vector.forward[j] == scalar.forward  # bit for bit: the same float operations
+            assert vector.backward[j] == scalar.backward
+            assert vector.attention[j] == scalar.attention
+            assert [h[j] for h in head] == list(lm_head_times(model, g, cluster.gpu, "bf16", ab, cal))
