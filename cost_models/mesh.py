@@ -10,6 +10,7 @@ etp x ep x expert-dp, expert-TP fastest (Megatron-Core's `tp-ep-dp-pp` expert or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol
 
 
@@ -49,8 +50,14 @@ class MeshStrides:
 
 
 def mesh_strides(layout: MeshLike) -> MeshStrides:
-    sizes = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp_, "pp": layout.pp}
-    dense_order = [d for d in layout.order.split("-") if d != "ep"]
+    """Rank stride of every group of `layout` (cached on its degrees and order)."""
+    return _mesh_strides(layout.tp, layout.cp, layout.dp_, layout.pp, layout.ep, layout.etp_, layout.order)
+
+
+@lru_cache(maxsize=1 << 14)
+def _mesh_strides(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str) -> MeshStrides:
+    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    dense_order = [d for d in order.split("-") if d != "ep"]
     strides: dict[str, int] = {}
     acc = 1
     for d in dense_order:
@@ -66,9 +73,8 @@ def mesh_strides(layout: MeshLike) -> MeshStrides:
         inner *= sizes[d]
 
     def global_stride(q_stride: int) -> int:
-        return q_stride if q_stride < inner else q_stride * (layout.pp if inner < layout.tp * layout.cp * layout.dp_ else 1)
+        return q_stride if q_stride < inner else q_stride * (pp if inner < tp * cp * dp else 1)
 
-    etp = layout.etp_
     # dense data x context group: the (cp, dp) ranks, innermost of the two first
     first = "cp" if dense_order.index("cp") < dense_order.index("dp") else "dp"
     if sizes[first] == 1:
@@ -80,5 +86,5 @@ def mesh_strides(layout: MeshLike) -> MeshStrides:
         pp=strides["pp"],
         ep=global_stride(etp),
         dp_cp=strides[first],
-        expert_dp=global_stride(etp * layout.ep),
+        expert_dp=global_stride(etp * ep),
     )

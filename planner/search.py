@@ -364,37 +364,55 @@ def search(
     grids: dict[tuple[int, int, int], list[Setting]] = {}
     grid_reasons: dict[tuple[int, int, int], list[str]] = {}
     option_counts: dict[tuple[int, int, int], int] = {}
+    option_totals: dict[tuple[int, int], int] = {}
 
-    def knob_count(mesh: Mesh, mb: int) -> int:
-        """Layouts of one (mesh, micro-batch) pair: pipeline options x knob settings (memoized:
-        they depend only on (pp, dp, micro-batch) and (dp, tp, cp))."""
+    def grid_of(mesh: Mesh) -> list[Setting]:
+        """Knob settings of a mesh (memoized: they depend only on (dp, tp, cp))."""
         grid_key = (mesh.dp, mesh.tp, mesh.cp)
         if grid_key not in grids:
             grids[grid_key] = settings(mesh, cluster, c)
+        return grids[grid_key]
+
+    def option_count(mesh: Mesh, mb: int) -> int:
+        """Pipeline options of one (mesh, micro-batch) pair (memoized: they depend only on (pp,
+        dp, micro-batch))."""
         option_key = (mesh.pp, mesh.dp, mb)
         if option_key not in option_counts:
             option_counts[option_key] = len(pipeline_options(model, training, mesh, mb, c))
-        return option_counts[option_key] * len(grids[grid_key])
+        return option_counts[option_key]
 
+    def knob_count(mesh: Mesh, mb: int) -> int:
+        """Layouts of one (mesh, micro-batch) pair: pipeline options x knob settings."""
+        return option_count(mesh, mb) * len(grid_of(mesh))
+
+    def mesh_knob_count(mesh: Mesh, mbs: list[int]) -> int:
+        """Layouts of every pair of one mesh (memoized per (pp, dp): its micro-batches are dp's)."""
+        key = (mesh.pp, mesh.dp)
+        if key not in option_totals:
+            option_totals[key] = sum(option_count(mesh, mb) for mb in mbs)
+        return option_totals[key] * len(grid_of(mesh))
+
+    total_knobs = sum(mesh_knob_count(mesh, mbs) for mesh, mbs in valid)  # layouts of all pairs
+    visited_knobs = 0
     for done, (lb, mesh_index, mb) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
             progress(done, len(pairs))
         options = pipeline_options(model, training, mesh, mb, c)
         n = knob_count(mesh, mb)
+        visited_knobs += n
         grid_key = (mesh.dp, mesh.tp, mesh.cp)
-        grid = grids[grid_key]
+        grid = grid_of(mesh)
         if grid_key not in grid_reasons:
             grid_reasons[grid_key] = [_memory_reason(x) for x in grid]
         reasons = grid_reasons[grid_key]
         generated += n
         pair_times: _PairTimes | None = None
         if len(top) >= k and lb >= max(-top[0], reference_step_s or 0.0):
-            pruned += n  # pairs are sorted by bound: every later pair is pruned too
-            for _, later_mesh, later_mb in pairs[done + 1 :]:
-                n_later = knob_count(bounds.meshes[later_mesh], later_mb)
-                generated += n_later
-                pruned += n_later
+            # pairs are sorted by bound: every later pair is pruned too
+            later = total_knobs - visited_knobs
+            generated += later
+            pruned += n + later
             break
         for vpp, schedule in options:
             if schedule == "gpipe" and c.schedule != "gpipe":
