@@ -42,14 +42,15 @@ class Gemm:
 class ShardGeometry:
     """How one micro-batch of one layer is split on a rank."""
 
-    tokens: float | np.ndarray  # tokens on this rank: micro_batch x seq_len / cp (an array prices
-    # several micro-batch sizes at once: every time below is then an array over them)
+    tokens: float | np.ndarray  # tokens on this rank: micro_batch x seq_len / cp
     seq_len: int  # full sequence length
-    cp: int
-    tp: int
-    sp: bool
-    ep: int
-    etp: int
+    cp: int | np.ndarray
+    tp: int | np.ndarray
+    sp: bool | np.ndarray
+    ep: int | np.ndarray
+    etp: int | np.ndarray
+    # Arrays (broadcasting against each other) price many geometries at once: every time below is
+    # then an array of the same shape, each entry exactly what the scalar geometry gives.
 
     @classmethod
     def of(cls, mesh: MeshLike, micro_batch: int | np.ndarray, seq_len: int) -> ShardGeometry:
@@ -74,7 +75,7 @@ def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
         out.append(Gemm(t, h, nh * model.v_head_dim / tp))
     else:
         d = model.qk_head_dim
-        kv_cols = 2 * max(model.kv_heads / tp, 1.0) * d
+        kv_cols = 2 * _larger(model.kv_heads / tp, 1.0) * d
         out.append(Gemm(t, nh * d / tp + kv_cols, h))
         out.append(Gemm(t, h, nh * d / tp))
     gate = 2 if model.gated_mlp else 1
@@ -88,7 +89,7 @@ def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
         out += [Gemm(t, gate * fs, h), Gemm(t, h, fs)]
     # Routed tokens: each rank dispatches its tokens (sequence-sharded under SP) top_k times; with
     # balanced routing each of its E/ep local experts receives routed / (E/ep) of the ep group's.
-    t_route = t / (tp if g.sp else 1) * model.moe_top_k * (g.etp if g.sp else 1)
+    t_route = t / _where(g.sp, tp, 1) * model.moe_top_k * _where(g.sp, g.etp, 1)
     local_experts = model.num_experts / g.ep
     per_expert = t_route / local_experts
     fe = model.moe_ffn_hidden_size / g.etp
@@ -114,6 +115,13 @@ def _larger(a: float | np.ndarray, b: float | np.ndarray) -> float | np.ndarray:
     return max(a, b)
 
 
+def _where(cond: bool | np.ndarray, a: float | np.ndarray, b: float | np.ndarray) -> float | np.ndarray:
+    """`a if cond else b`, elementwise when `cond` is an array."""
+    if isinstance(cond, np.ndarray):
+        return np.where(cond, a, b)
+    return a if cond else b
+
+
 def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> float:
     """HBM bytes moved by the memory-bound ops of one layer, forward (backward ~ 2x).
 
@@ -121,7 +129,7 @@ def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes:
     and k (read + write), the MLP activation (gated: read 2f, write f; else read f, write f). Norms
     and residuals are sequence-sharded under SP; the rest is head- or column-sharded under TP."""
     h, tp = model.hidden_size, g.tp
-    rep = tp if g.sp else 1
+    rep = _where(g.sp, tp, 1)
     per_token = (2 * 2 * h + 2 * 3 * h) / rep
     per_token += 2 * (model.num_heads + max(model.kv_heads, 1)) * model.qk_head_dim / tp
     return per_token * g.tokens * act_bytes + activation_function_bytes(model, index, g, act_bytes)

@@ -127,25 +127,33 @@ class _Ranked:
     peak_bytes: int = field(compare=False)
 
 
-@dataclass(frozen=True)
-class _GeometryTimes:
-    """Seconds of one micro-batch on one rank for one shard geometry (tp, cp, ep, etp), at every
-    micro-batch size the search tries (axis 0, ascending `mbs`). Layer times depend on the mesh only
-    through its shard geometry, so one vectorized pass (`cost_models.compute` on an array of token
-    counts) serves every mesh sharing it."""
+Geometry = tuple[int, int, int, int]
+"""A shard geometry: (tp, cp, ep, etp)."""
 
+
+@dataclass(frozen=True)
+class _ComputeTimes:
+    """Seconds of one micro-batch on one rank, for every shard geometry of the search (axis 0,
+    `rows`) at every micro-batch size it tries (axis 1, ascending `mbs`). Layer times depend on a
+    mesh only through its shard geometry, so one vectorized pass of `cost_models.compute` (array
+    degrees and token counts) prices them all."""
+
+    rows: dict[Geometry, int]
     mbs: np.ndarray  # (M,) micro-batch sizes, sequences
-    compute: np.ndarray  # (M,) forward + backward of all layers
-    attention: np.ndarray  # (M,) attention kernels (forward + backward) of all layers
-    layer_compute: np.ndarray  # (M, layers) forward + backward of each layer
-    layer_attention: np.ndarray  # (M, layers) attention kernels of each layer
-    head: np.ndarray  # (M,) LM head and cross-entropy, forward + backward
+    compute: np.ndarray  # (G, M) forward + backward of all layers
+    attention: np.ndarray  # (G, M) attention kernels (forward + backward) of all layers
+    kind_compute: np.ndarray  # (G, M, kinds) forward + backward of one layer of each kind
+    kind_attention: np.ndarray  # (G, M, kinds) attention kernels of one layer of each kind
+    kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
+    head: np.ndarray  # (G, M) LM head and cross-entropy, forward + backward
 
     @classmethod
     def of(
-        cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Mesh, mbs: np.ndarray, cal: Calibration
-    ) -> _GeometryTimes:
-        g = ShardGeometry.of(mesh, mbs, training.seq_len)
+        cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, geometries: list[Geometry], mbs: np.ndarray, cal: Calibration
+    ) -> _ComputeTimes:
+        grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
+        tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
+        g = ShardGeometry(mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp)
         ab = training.activation_bytes
         kinds: dict[tuple[bool, bool], LayerTime] = {}
         for i, key in enumerate(layer_kinds(model)):
@@ -155,18 +163,17 @@ class _GeometryTimes:
         compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
         attention = sum(n * kinds[k].attention for k, n in counts.items())
         head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # as build_table prices it
-        # per layer: the columns of its kind
         kind_list = list(kinds)
-        kind_of_layer = np.array([kind_list.index(k) for k in layer_kinds(model)])
-        by_kind = np.stack([kinds[k].forward + kinds[k].backward for k in kind_list], axis=1)
-        attention_by_kind = np.stack([kinds[k].attention for k in kind_list], axis=1)
+        shape = (len(geometries), len(mbs))
         return cls(
+            {geometry: row for row, geometry in enumerate(geometries)},
             mbs,
-            np.asarray(compute, dtype=float),
-            np.asarray(attention, dtype=float),
-            by_kind[:, kind_of_layer],
-            attention_by_kind[:, kind_of_layer],
-            np.asarray(head_fwd + head_bwd, dtype=float),
+            np.broadcast_to(compute, shape),
+            np.broadcast_to(attention, shape),
+            np.stack([np.broadcast_to(kinds[k].forward + kinds[k].backward, shape) for k in kind_list], axis=-1),
+            np.stack([np.broadcast_to(kinds[k].attention, shape) for k in kind_list], axis=-1),
+            np.array([kind_list.index(k) for k in layer_kinds(model)]),
+            np.broadcast_to(head_fwd + head_bwd, shape),
         )
 
 
@@ -179,18 +186,24 @@ class _PairBounds:
     mesh_of: np.ndarray  # index into `meshes`
     mb_of: np.ndarray  # micro-batch size, sequences
     bound_s: np.ndarray  # seconds per step no layout of the pair can beat
-    geometry: dict[tuple[int, int, int, int], _GeometryTimes]
+    compute: _ComputeTimes
     comm1: np.ndarray  # (meshes, 4) `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
     comm2: np.ndarray  # (meshes, 4) the same at micro-batch 2
     layer_moe: np.ndarray  # 1.0 for an MoE layer, 0.0 for a dense one, per layer
 
     def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
         mesh = self.meshes[mesh_index]
-        gt = self.geometry[(mesh.tp, mesh.cp, mesh.ep, mesh.etp)]
-        at = int(np.searchsorted(gt.mbs, mb))
+        times = self.compute
+        row, at = times.rows[(mesh.tp, mesh.cp, mesh.ep, mesh.etp)], int(np.searchsorted(times.mbs, mb))
         a, b = self.comm1[mesh_index], self.comm2[mesh_index]
         comm = a + (b - a) * (mb - 1)  # affine in the micro-batch (`_pair_bounds`)
-        return _PairTimes(gt.layer_compute[at], gt.layer_attention[at], self.layer_moe, float(gt.head[at]), tuple(comm.tolist()))  # type: ignore[arg-type]
+        return _PairTimes(
+            times.kind_compute[row, at][times.kind_of_layer],
+            times.kind_attention[row, at][times.kind_of_layer],
+            self.layer_moe,
+            float(times.head[row, at]),
+            tuple(comm.tolist()),  # type: ignore[arg-type]
+        )
 
 
 def _pair_bounds(
@@ -213,15 +226,10 @@ def _pair_bounds(
     all pairs. `all_mbs` (ascending) holds every micro-batch size of `meshes_mbs`."""
     ov = cal.overlap(framework)
     mbs_all = np.array(all_mbs, dtype=np.int64)
-    geometry: dict[tuple[int, int, int, int], _GeometryTimes] = {}
-    rows: dict[tuple[int, int, int, int], int] = {}
-    mesh_rows, comm1, comm2 = [], [], []
+    geometries = list(dict.fromkeys((mesh.tp, mesh.cp, mesh.ep, mesh.etp) for mesh, _ in meshes_mbs))
+    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal)
+    comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
-        key = (mesh.tp, mesh.cp, mesh.ep, mesh.etp)
-        if key not in geometry:
-            geometry[key] = _GeometryTimes.of(model, training, cluster, mesh, mbs_all, cal)
-            rows[key] = len(rows)
-        mesh_rows.append(rows[key])
         comm1.append(mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=1), cal)[:4])
         comm2.append(mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=2), cal)[:4])
     c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
@@ -229,9 +237,8 @@ def _pair_bounds(
     mb = np.array([m for _, mbs in meshes_mbs for m in mbs], dtype=np.int64)
     at = np.searchsorted(mbs_all, mb)
     assert np.array_equal(mbs_all[at], mb), "micro-batch sizes outside all_mbs"
-    row = np.array(mesh_rows, dtype=np.int64)[mesh_of]
-    compute = np.stack([g.compute for g in geometry.values()])[row, at] if len(mb) else np.zeros(0)
-    attention = np.stack([g.attention for g in geometry.values()])[row, at] if len(mb) else np.zeros(0)
+    row = np.array([times.rows[(m.tp, m.cp, m.ep, m.etp)] for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
+    compute, attention = times.compute[row, at], times.attention[row, at]
     tp_l, cp_l, ep_l = (c1[mesh_of, i] + (c2[mesh_of, i] - c1[mesh_of, i]) * (mb - 1) for i in range(3))
     counts = layer_kind_counts(model)
     layers = model.num_layers
@@ -244,7 +251,7 @@ def _pair_bounds(
     m_count = training.global_batch // (mb * dp)
     bound = m_count * per_mb / pp
     layer_moe = np.array([float(k[0]) for k in layer_kinds(model)])
-    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, geometry, c1, c2, layer_moe)
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, c1, c2, layer_moe)
 
 
 @dataclass(frozen=True)
