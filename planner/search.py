@@ -6,8 +6,13 @@ Whole space, priced or provably pruned (branch and bound):
    batch through all layers divided over the pipeline ranks, times the micro-batches. Every knob
    only adds to it (recompute, exposed communication, bubble, optimizer), so when the bound is
    above the k-th best step time found so far, no knob setting of the pair can enter the top k and
-   the pair is counted as pruned. Pairs are visited in increasing bound order.
-3. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
+   the pair is counted as pruned. Pairs are visited in increasing bound order. The bounds of all
+   pairs are computed at once (`_pair_bounds`: layer times per shard geometry and micro-batch
+   size, vectorized; communication per mesh).
+3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
+   (`_PairTimes.bound`: `stage_table.time_lower_bound` without building the table, with the even
+   partition's slowest rank and the bubble) and pruned the same way.
+4. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
 The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
 topology (`planner.placement`).
 """
