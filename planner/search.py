@@ -194,6 +194,7 @@ class _PairBounds:
     compute: _ComputeTimes
     comm1: np.ndarray  # (meshes, 4) `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
     comm2: np.ndarray  # (meshes, 4) the same at micro-batch 2
+    per_mb_s: np.ndarray  # seconds of one micro-batch summed over the pipeline ranks, per pair
     layer_moe: np.ndarray  # 1.0 for an MoE layer, 0.0 for a dense one, per layer
 
     def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
@@ -256,7 +257,7 @@ def _pair_bounds(
     m_count = training.global_batch // (mb * dp)
     bound = m_count * per_mb / pp
     layer_moe = np.array([float(k[0]) for k in layer_kinds(model)])
-    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, c1, c2, layer_moe)
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, c1, c2, per_mb, layer_moe)
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,15 @@ def _rank_of_layer(num_layers: int, pp: int, vpp: int) -> np.ndarray:
     owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
     owner.flags.writeable = False
     return owner
+
+
+def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int) -> float:
+    """A lower bound of `_PairTimes.bound`, in seconds per step, from one micro-batch's seconds
+    summed over the pipeline ranks (`per_mb_s`, itself at most the sum of the per-rank times that
+    bound adds up). That bound is grad_accum x slowest + (sum - slowest) / vpp, which grows with
+    the slowest rank, and the slowest rank is at least the average sum / pp."""
+    average = per_mb_s / pp
+    return grad_accum * average + (per_mb_s - average) / vpp
 
 
 BOUND_MARGIN = 1e-9
@@ -363,7 +373,13 @@ def search(
     # visit pairs in increasing bound order, ties in generation order (a stable sort)
     order = np.argsort(bounds.bound_s, kind="stable")
     pairs = list(
-        zip(bounds.bound_s[order].tolist(), bounds.mesh_of[order].tolist(), bounds.mb_of[order].tolist(), strict=True)
+        zip(
+            bounds.bound_s[order].tolist(),
+            bounds.mesh_of[order].tolist(),
+            bounds.mb_of[order].tolist(),
+            bounds.per_mb_s[order].tolist(),
+            strict=True,
+        )
     )
 
     # --- level 2: knobs, branch and bound ---------------------------------------------------------
@@ -406,7 +422,7 @@ def search(
 
     total_knobs = sum(mesh_knob_count(mesh, mbs) for mesh, mbs in valid)  # layouts of all pairs
     visited_knobs = 0
-    for done, (lb, mesh_index, mb) in enumerate(pairs):
+    for done, (lb, mesh_index, mb, per_mb_s) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
             progress(done, len(pairs))
@@ -437,11 +453,15 @@ def search(
                     len(grid),
                 )
                 continue
-            if len(top) >= k:  # bound the layout before building its table
-                pair_times = pair_times or bounds.pair_times(mesh_index, mb)
+            if len(top) >= k:  # bound the layout before building its table: cheap bound first
+                threshold = max(-top[0], reference_step_s or 0.0)
                 ga = training.global_batch // (mb * mesh.dp)
+                if _bubble_bound(per_mb_s, mesh.pp, vpp, ga) * (1 - BOUND_MARGIN) >= threshold:
+                    pruned += len(grid)
+                    continue
+                pair_times = pair_times or bounds.pair_times(mesh_index, mb)
                 bound = pair_times.bound(mesh.pp, vpp, ga, cal.overlap(c.framework))
-                if bound * (1 - BOUND_MARGIN) >= max(-top[0], reference_step_s or 0.0):
+                if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
             base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy).resolved(gpus, training)

@@ -1,5 +1,6 @@
-"""The search's bounds without a StageTable agree with the table's own (`time_lower_bound`), and
-the vectorized compute times agree with the scalar cost model: pruning with them is exact."""
+"""The search's bounds without a StageTable agree with the table's own (`time_lower_bound`) or stay
+below it, and the vectorized compute times agree with the scalar cost model: pruning with them is
+exact."""
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from cost_models.stages import StagePartition
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
-from planner.search import _pair_bounds
+from planner.search import _bubble_bound, _pair_bounds
 from planner.space import meshes, micro_batches, pipeline_options, settings, to_layout
 
 CASES = [
@@ -56,6 +57,10 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch) -> 
                 table = build_table(model, training, cluster, gpus, layout, StagePartition.even(model.num_layers, mesh.pp, vpp), cal)
                 exact = time_lower_bound(table, vpp, cal)
                 assert times.bound(mesh.pp, vpp, layout.grad_accum_, ov) == pytest.approx(exact, rel=1e-12)
+                pair = np.flatnonzero((bounds.mesh_of == index) & (bounds.mb_of == mb))[0]
+                cheap = _bubble_bound(float(bounds.per_mb_s[pair]), mesh.pp, vpp, layout.grad_accum_)
+                assert bounds.bound_s[pair] <= cheap * (1 + 1e-12)
+                assert cheap <= exact * (1 + 1e-12)
                 checked += 1
     assert checked > 20
 
