@@ -37,10 +37,21 @@ class Group:
     @classmethod
     def strided(cls, cluster: ClusterSpec, size: int, stride: int, world: int | None = None) -> Group:
         """The slowest group of `size` ranks at `stride` in a job of `world` ranks (one period of
-        the layout when the groups do not tile the job evenly)."""
+        the layout when the groups do not tile the job evenly). Cached per cluster object."""
+        key = (id(cluster), size, stride, world)
+        hit = _GROUPS.get(key)
+        if hit is not None and hit[0] is cluster:  # the entry keeps the cluster alive: ids are not reused
+            return hit[1]
         if world is not None and world % (size * stride):
             world = None
-        return cls(size, strided_group_link(cluster, size, stride, world))
+        group = cls(size, strided_group_link(cluster, size, stride, world))
+        if len(_GROUPS) > 1 << 16:
+            _GROUPS.clear()
+        _GROUPS[key] = (cluster, group)
+        return group
+
+
+_GROUPS: dict[tuple[int, int, int, int | None], tuple[ClusterSpec, Group]] = {}
 
 
 def effective_bandwidth(link: GroupLink, cal: Calibration) -> float:

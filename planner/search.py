@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -236,8 +236,8 @@ def _pair_bounds(
     times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal)
     comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
-        comm1.append(mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=1), cal)[:4])
-        comm2.append(mesh_comm(model, training, cluster, gpus, replace(mesh, micro_batch=2), cal)[:4])
+        comm1.append(mesh_comm(model, training, cluster, gpus, mesh.at_micro_batch(1), cal)[:4])
+        comm2.append(mesh_comm(model, training, cluster, gpus, mesh.at_micro_batch(2), cal)[:4])
     c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
     mesh_of = np.repeat(np.arange(len(meshes_mbs)), [len(mbs) for _, mbs in meshes_mbs])
     mb = np.array([m for _, mbs in meshes_mbs for m in mbs], dtype=np.int64)

@@ -50,6 +50,10 @@ class Mesh:
     order: str
     micro_batch: int = 1  # set per (mesh, micro-batch) pair when pricing communication
 
+    def at_micro_batch(self, micro_batch: int) -> Mesh:
+        """This mesh priced at `micro_batch` sequences (`dataclasses.replace`, without its cost)."""
+        return Mesh(self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.order, micro_batch)
+
     # duck-typed like a resolved Layout for cost_models.mesh / stage_table.mesh_comm
     @property
     def dp_(self) -> int:
