@@ -494,7 +494,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     for j, s in enumerate(settings):
         key = (s.zero_stage, s.dp_shard)
         if key not in cache:
-            cache[key] = _dp_times(t, s.zero_stage, s.dp_shard, cal)
+            cache[key] = _dp_times_cached(t, s.zero_stage, s.dp_shard, cal)
         z3[j], dp_reduce[j], dp_gather[j] = cache[key]
     z3 = np.maximum(0.0, z3 - ov.zero3 * (comp + reco))
     total = comp + reco + tp_c + cp_c + ep_c + pp_c + z3
@@ -574,6 +574,32 @@ def rank_time_bound(
     worst = float(per.max())
     bubble = (float(per.sum()) - worst) / vpp if pp > 1 else 0.0
     return grad_accum * worst + bubble
+
+
+_DP_TIMES: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+
+
+def _dp_times_cached(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_dp_times` (seconds per rank), memoized on everything it reads: the cluster, training and
+    calibration objects (by identity: the entry keeps them alive, so ids are not reused), the
+    mesh's degrees, order, framework and whether it accumulates, and the per-rank parameter
+    counts. Tables of one mesh at other micro-batches or pipeline options share the entries."""
+    m = t.mesh
+    objs = (t.cluster, t.training, cal)
+    key = (
+        id(t.cluster), id(t.training), id(cal), t.gpus, zero, dp_shard, m.framework, m.grad_accum_ > 1,
+        m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, t.dense_params.tobytes(), t.expert_params.tobytes(),
+    )
+    hit = _DP_TIMES.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
+        return hit[1]
+    out = _dp_times(t, zero, dp_shard, cal)
+    for a in out:
+        a.flags.writeable = False
+    if len(_DP_TIMES) > 1 << 15:
+        _DP_TIMES.clear()
+    _DP_TIMES[key] = (objs, out)
+    return out
 
 
 def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
