@@ -191,41 +191,80 @@ class StageTable:
     nccl_groups: int
 
 
+_COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
+
+
+def _comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
+    """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
+    and rank stride it depends on. Job objects are matched by identity (the entry keeps them alive,
+    so ids are not reused)."""
+    objs = (model, training, cluster, cal)
+    key = (id(model), id(training), id(cluster), id(cal), gpus)
+    hit = _COMM_STORES.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
+        return hit[1]
+    if len(_COMM_STORES) > 64:
+        _COMM_STORES.clear()
+    store: dict[tuple, float] = {}
+    _COMM_STORES[key] = (objs, store)
+    return store
+
+
 def mesh_comm(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: MeshLike, cal: Calibration
 ) -> tuple[float, float, float, float, float]:
     """Knob-independent communication of one micro-batch: seconds of a layer's forward TP/SP
     collectives, of a layer's CP ring exchange (forward and backward), of an MoE layer's
     all-to-alls (dispatch + combine, forward and backward), of one pipeline boundary send; and
-    the boundary's bytes. `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order."""
+    the boundary's bytes. `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order.
+    Each part depends on a few degrees, the micro-batch and one rank stride: it is memoized on them."""
     tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
     ab = training.activation_bytes
     st = mesh_strides(mesh)
     h = model.hidden_size
-    tokens = mesh.micro_batch * training.seq_len / cp
+    mb, sp = mesh.micro_batch, mesh.sp_
+    tokens = mb * training.seq_len / cp
     act_full = tokens * h * ab
-    tp_per_layer = 0.0
+    boundary = act_full / (tp if sp else 1)
+    store = _comm_store(model, training, cluster, cal, gpus)
+    tp_per_layer = cp_per_layer = ep_per_moe = p2p = 0.0
     if tp > 1:
-        tpg = Group.strided(cluster, tp, st.tp, gpus)
-        if mesh.sp_:
-            one = collective_time("all_gather", act_full, tpg, cal) + collective_time("reduce_scatter", act_full, tpg, cal)
-        else:
-            one = collective_time("all_reduce", act_full, tpg, cal)
-        tp_per_layer = 2 * one  # a layer's forward: attention block and MLP block
-    cp_per_layer = 0.0
+        key = ("tp", tp, cp, sp, mb, st.tp)
+        tp_per_layer = store.get(key)  # type: ignore[assignment]
+        if tp_per_layer is None:
+            tp_per_layer = store[key] = _tp_comm(cluster, gpus, cal, tp, sp, act_full, st.tp)
     if cp > 1:
-        kv_heads = model.num_heads / tp if model.attention == "mla" else max(model.kv_heads / tp, 1.0)
-        kv_bytes = mesh.micro_batch * training.seq_len * kv_heads * (model.qk_head_dim + model.v_dim) * ab
-        # ring attention: forward passes K, V around the ring; backward passes K, V and dK, dV
-        cp_per_layer = 3 * collective_time("all_gather", kv_bytes, Group.strided(cluster, cp, st.cp, gpus), cal)
-    ep_per_moe = 0.0
+        key = ("cp", tp, cp, mb, st.cp)
+        cp_per_layer = store.get(key)  # type: ignore[assignment]
+        if cp_per_layer is None:
+            kv_heads = model.num_heads / tp if model.attention == "mla" else max(model.kv_heads / tp, 1.0)
+            kv_bytes = mb * training.seq_len * kv_heads * (model.qk_head_dim + model.v_dim) * ab
+            # ring attention: forward passes K, V around the ring; backward passes K, V and dK, dV
+            cp_per_layer = 3 * collective_time("all_gather", kv_bytes, Group.strided(cluster, cp, st.cp, gpus), cal)
+            store[key] = cp_per_layer
     if model.is_moe and ep > 1:
-        routed = tokens / (tp if mesh.sp_ else 1) * model.moe_top_k
-        a2a = collective_time("all_to_all", routed * h * ab, Group.strided(cluster, ep, st.ep, gpus), cal)
-        ep_per_moe = 4 * a2a  # dispatch + combine, forward and backward
-    boundary = act_full / (tp if mesh.sp_ else 1)
-    p2p = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal) if mesh.pp > 1 else 0.0
+        key = ("ep", tp, cp, sp, ep, mb, st.ep)
+        ep_per_moe = store.get(key)  # type: ignore[assignment]
+        if ep_per_moe is None:
+            routed = tokens / (tp if sp else 1) * model.moe_top_k
+            a2a = collective_time("all_to_all", routed * h * ab, Group.strided(cluster, ep, st.ep, gpus), cal)
+            ep_per_moe = store[key] = 4 * a2a  # dispatch + combine, forward and backward
+    if mesh.pp > 1:
+        key = ("p2p", tp, cp, sp, mb, st.pp)
+        p2p = store.get(key)  # type: ignore[assignment]
+        if p2p is None:
+            p2p = store[key] = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal)
     return tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary
+
+
+def _tp_comm(cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int) -> float:
+    """Seconds of one layer's forward TP/SP collectives over `act_full` bytes of activations."""
+    tpg = Group.strided(cluster, tp, stride, gpus)
+    if sp:
+        one = collective_time("all_gather", act_full, tpg, cal) + collective_time("reduce_scatter", act_full, tpg, cal)
+    else:
+        one = collective_time("all_reduce", act_full, tpg, cal)
+    return 2 * one  # a layer's forward: attention block and MLP block
 
 
 def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | None = None) -> ActivationContext:
