@@ -319,6 +319,27 @@ def _memory_reason(s: Setting) -> str:
     return f"memory: {knob} exceeds the usable GPU memory"
 
 
+def _reason_ids(reasons: list[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct reasons of a grid's settings (first-seen order) and each setting's index into them."""
+    names = list(dict.fromkeys(reasons))
+    index = {r: i for i, r in enumerate(names)}
+    return names, np.array([index[r] for r in reasons], dtype=np.int64)
+
+
+def _count_reasons(log: RejectionLog, names: list[str], ids: np.ndarray, settings: np.ndarray) -> list[int]:
+    """Count the memory rejections of `settings` (grid indices, ascending; `ids` their reason
+    indices) in the order one count per setting would first meet each reason, so the log's
+    insertion order (its tie-break) is unchanged. Returns the first setting of each reason."""
+    if not len(ids):
+        return []
+    distinct, first = np.unique(ids, return_index=True)
+    counts = np.bincount(ids, minlength=len(names))
+    order = np.argsort(first, kind="stable")
+    for u in distinct[order].tolist():
+        log.count(names[u], int(counts[u]))
+    return settings[first[order]].tolist()
+
+
 def search(
     model: ModelSpec,
     training: TrainingSpec,
@@ -390,7 +411,7 @@ def search(
     seq = 0
     faster = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
-    grid_reasons: dict[tuple[int, int, int], list[str]] = {}
+    grid_reasons: dict[tuple[int, int, int], tuple[list[str], np.ndarray]] = {}
     option_counts: dict[tuple[int, int, int], int] = {}
     option_totals: dict[tuple[int, int], int] = {}
 
@@ -432,8 +453,8 @@ def search(
         grid_key = (mesh.dp, mesh.tp, mesh.cp)
         grid = grid_of(mesh)
         if grid_key not in grid_reasons:
-            grid_reasons[grid_key] = [_memory_reason(x) for x in grid]
-        reasons = grid_reasons[grid_key]
+            grid_reasons[grid_key] = _reason_ids([_memory_reason(x) for x in grid])
+        reason_names, reason_ids = grid_reasons[grid_key]
         generated += n
         pair_times: _PairTimes | None = None
         if len(top) >= k and lb >= max(-top[0], reference_step_s or 0.0):
@@ -475,8 +496,7 @@ def search(
             priced += len(grid)
             fits = np.flatnonzero(peaks <= usable)
             over_idx = np.flatnonzero(peaks > usable)
-            for j in over_idx:
-                log.count(reasons[j])
+            first_over = _count_reasons(log, reason_names, reason_ids[over_idx], over_idx)
             if len(over_idx):
                 jm = int(over_idx[np.argmin(peaks[over_idx])])
                 over = int(peaks[jm] - usable)
@@ -484,8 +504,8 @@ def search(
                     layout = to_layout(mesh, mb, vpp, schedule, grid[jm], c.framework, c.cross_entropy).resolved(gpus, training)
                     worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
                     closest = (over, layout, worst)
-                for j in over_idx:
-                    reason = reasons[j]
+                for j in first_over:  # a reason's example comes from its first setting
+                    reason = reason_names[reason_ids[j]]
                     if reason not in log.examples:
                         layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
                         worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
