@@ -319,25 +319,39 @@ def _memory_reason(s: Setting) -> str:
     return f"memory: {knob} exceeds the usable GPU memory"
 
 
-def _reason_ids(reasons: list[str]) -> tuple[list[str], np.ndarray]:
-    """The distinct reasons of a grid's settings (first-seen order) and each setting's index into them."""
-    names = list(dict.fromkeys(reasons))
-    index = {r: i for i, r in enumerate(names)}
-    return names, np.array([index[r] for r in reasons], dtype=np.int64)
+@dataclass
+class _GridRejections:
+    """Memory rejections of one knob grid (its settings' reasons), counted per setting with numpy
+    and added to the log once at the end (`flush`). A reason enters the log's counts (at 0) the
+    first time any grid meets it, so the log's insertion order, its tie-break, is unchanged."""
 
+    reasons: list[str]
+    counts: np.ndarray  # (settings,) layouts rejected so far
+    seen: np.ndarray  # (settings,) the setting's reason is in the log
 
-def _count_reasons(log: RejectionLog, names: list[str], ids: np.ndarray, settings: np.ndarray) -> list[int]:
-    """Count the memory rejections of `settings` (grid indices, ascending; `ids` their reason
-    indices) in the order one count per setting would first meet each reason, so the log's
-    insertion order (its tie-break) is unchanged. Returns the first setting of each reason."""
-    if not len(ids):
-        return []
-    distinct, first = np.unique(ids, return_index=True)
-    counts = np.bincount(ids, minlength=len(names))
-    order = np.argsort(first, kind="stable")
-    for u in distinct[order].tolist():
-        log.count(names[u], int(counts[u]))
-    return settings[first[order]].tolist()
+    @classmethod
+    def of(cls, reasons: list[str]) -> _GridRejections:
+        n = len(reasons)
+        return cls(reasons, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool))
+
+    def add(self, log: RejectionLog, over: np.ndarray) -> list[int]:
+        """Count the settings where `over` (bool, per setting) holds; return those whose reason is
+        new to the log (ascending), now entered with a count of 0."""
+        self.counts += over
+        fresh = over & ~self.seen
+        if not fresh.any():
+            return []
+        self.seen |= fresh
+        new = []
+        for j in np.flatnonzero(fresh).tolist():
+            if self.reasons[j] not in log.counts:
+                log.counts[self.reasons[j]] = 0
+                new.append(j)
+        return new
+
+    def flush(self, log: RejectionLog) -> None:
+        for j in np.flatnonzero(self.counts).tolist():
+            log.counts[self.reasons[j]] += int(self.counts[j])
 
 
 def search(
@@ -411,7 +425,7 @@ def search(
     seq = 0
     faster = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
-    grid_reasons: dict[tuple[int, int, int], tuple[list[str], np.ndarray]] = {}
+    grid_reasons: dict[tuple[int, int, int], _GridRejections] = {}
     option_counts: dict[tuple[int, int, int], int] = {}
     option_totals: dict[tuple[int, int], int] = {}
 
@@ -453,8 +467,8 @@ def search(
         grid_key = (mesh.dp, mesh.tp, mesh.cp)
         grid = grid_of(mesh)
         if grid_key not in grid_reasons:
-            grid_reasons[grid_key] = _reason_ids([_memory_reason(x) for x in grid])
-        reason_names, reason_ids = grid_reasons[grid_key]
+            grid_reasons[grid_key] = _GridRejections.of([_memory_reason(x) for x in grid])
+        rejections = grid_reasons[grid_key]
         generated += n
         pair_times: _PairTimes | None = None
         if len(top) >= k and lb >= max(-top[0], reference_step_s or 0.0):
@@ -495,8 +509,9 @@ def search(
             peaks = prices.peak
             priced += len(grid)
             fits = np.flatnonzero(peaks <= usable)
-            over_idx = np.flatnonzero(peaks > usable)
-            first_over = _count_reasons(log, reason_names, reason_ids[over_idx], over_idx)
+            over_mask = peaks > usable
+            over_idx = np.flatnonzero(over_mask)
+            new_reasons = rejections.add(log, over_mask)
             if len(over_idx):
                 jm = int(over_idx[np.argmin(peaks[over_idx])])
                 over = int(peaks[jm] - usable)
@@ -504,8 +519,8 @@ def search(
                     layout = to_layout(mesh, mb, vpp, schedule, grid[jm], c.framework, c.cross_entropy).resolved(gpus, training)
                     worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
                     closest = (over, layout, worst)
-                for j in first_over:  # a reason's example comes from its first setting
-                    reason = reason_names[reason_ids[j]]
+                for j in new_reasons:  # a reason's example comes from its first setting
+                    reason = rejections.reasons[j]
                     if reason not in log.examples:
                         layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
                         worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
@@ -532,6 +547,8 @@ def search(
                 ranked.append(_Ranked(step, seq, _LazyLayout(mesh, mb, vpp, schedule, s_j, c.framework, c.cross_entropy), int(sub_peaks[idx])))
     if progress is not None:
         progress(len(pairs), len(pairs))
+    for rejections in grid_reasons.values():
+        rejections.flush(log)
 
     ranked.sort()
     inputs = PlanInputs(model=model, cluster=cluster, gpus=gpus, training=training, constraints=c)
