@@ -106,6 +106,20 @@ def mesh_rejection(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> st
     return None
 
 
+SORTED_DIMS = sorted(["tp", "cp", "ep", "dp", "pp"])
+"""`validate_layout`'s test of a rank order: its dimensions, sorted, are these."""
+
+
+def _mesh_probe(model: ModelSpec, training: TrainingSpec, gpus: int, mesh: Mesh, mb: int, c: SearchConstraints) -> str | None:
+    """The first mesh-level violation of `mesh` at micro-batch `mb` (a default-knob probe layout
+    through `validate_layout`), as a rejection reason; None when it is valid."""
+    probe = to_layout(mesh, mb, 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy)
+    problems = [v for v in validate_layout(model, training, gpus, probe) if v.field in MESH_FIELDS]
+    if problems:
+        return f"{problems[0].field}: {problems[0].message}"
+    return None
+
+
 @dataclass(frozen=True)
 class _LazyLayout:
     """The parts of a layout; the pydantic Layout is only built for the few that are reported."""
@@ -384,6 +398,7 @@ def search(
 
     # --- level 1: meshes --------------------------------------------------------------------------
     valid: list[tuple[Mesh, list[int]]] = []  # meshes that pass validation, with their micro-batches
+    probe_reasons: dict[tuple, str | None] = {}
     mbs_by_dp: dict[int, list[int]] = {}
     for mesh in meshes(model, cluster, gpus, c):
         reason = mesh_rejection(mesh, cluster, c)
@@ -393,10 +408,12 @@ def search(
         if reason is None and not mbs:
             reason = f"micro_batch: no micro-batch divides the global batch {training.global_batch} over dp={mesh.dp}"
         if reason is None:
-            probe = to_layout(mesh, mbs[0], 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy)
-            problems = [v for v in validate_layout(model, training, gpus, probe) if v.field in MESH_FIELDS]
-            if problems:
-                reason = f"{problems[0].field}: {problems[0].message}"
+            # the probe's checks read the order only to see it is a permutation (its own message
+            # names it only then), so meshes that differ in a valid order share the result
+            probe_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mbs[0], sorted(mesh.order.split("-")) == SORTED_DIMS)
+            if probe_key not in probe_reasons or not probe_key[-1]:
+                probe_reasons[probe_key] = _mesh_probe(model, training, gpus, mesh, mbs[0], c)
+            reason = probe_reasons[probe_key]
         if reason is not None:
             generated += 1
             invalid += 1
