@@ -328,6 +328,36 @@ def build_table(
 # knob arithmetic
 
 
+@dataclass(frozen=True)
+class KnobArrays:
+    """The knobs of many settings as arrays over settings (axis 0 of `KnobPrices`)."""
+
+    zero: np.ndarray  # ZeRO stage
+    shard: np.ndarray  # sharding group, ranks
+    mode: np.ndarray  # index into RECOMPUTE_MODES
+    offload: np.ndarray  # optimizer offload (bool)
+
+    @classmethod
+    def of(cls, settings: list[Setting]) -> KnobArrays:
+        return cls(
+            np.array([s.zero_stage for s in settings]),
+            np.array([s.dp_shard for s in settings]),
+            np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings]),
+            np.array([s.offload_optimizer for s in settings]),
+        )
+
+    def take(self, rows: np.ndarray) -> KnobArrays:
+        return KnobArrays(self.zero[rows], self.shard[rows], self.mode[rows], self.offload[rows])
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(schedule: str, pp: int, vpp: int, grad_accum: int) -> np.ndarray:
+    """Micro-batches whose activations each pipeline rank holds at its peak (read-only array)."""
+    out = np.array([in_flight_micro_batches(schedule, pp, vpp, grad_accum, r) for r in range(pp)])
+    out.flags.writeable = False
+    return out
+
+
 @dataclass
 class KnobPrices:
     """Per setting (axis 0) and, where named, per pipeline rank (axis 1)."""
@@ -343,12 +373,14 @@ class KnobPrices:
     stage_time: np.ndarray | None = None  # (J, pp) seconds per micro-batch
     parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
     step_s: np.ndarray | None = None  # (J,)
+    knobs: KnobArrays | None = None  # the settings priced, as arrays
 
     def take(self, rows: np.ndarray) -> KnobPrices:
         """The memory prices of a subset of the settings (before `price_time`)."""
         return KnobPrices(
             self.parameters[rows], self.gradients[rows], self.optimizer[rows], self.activations[rows],
             self.logits[rows], self.comm_buffers[rows], self.reserve[rows], self.host_optimizer[rows],
+            knobs=None if self.knobs is None else self.knobs.take(rows),
         )
 
     @property
@@ -376,10 +408,8 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     """Bytes per rank for every setting (ZeRO: Rajbhandari et al. 2020; see cost_models.memory)."""
     tr, m = t.training, t.mesh
     pp = m.pp
-    zero = np.array([s.zero_stage for s in settings])[:, None]
-    shard = np.array([s.dp_shard for s in settings])[:, None]
-    mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings])
-    offload = np.array([s.offload_optimizer for s in settings])[:, None]
+    knobs = KnobArrays.of(settings)
+    zero, shard, mode, offload = knobs.zero[:, None], knobs.shard[:, None], knobs.mode, knobs.offload[:, None]
     ds, es = _shards(t, shard)
     D, E = t.dense_params[None, :], t.expert_params[None, :]
     params = tr.param_bytes * (np.where(zero >= 3, D / ds, D) + np.where(zero >= 3, E / es, E))
@@ -423,7 +453,7 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
     opt = np.where(offload, 0.0, opt_all)
     host = np.where(offload, opt_all, 0.0)
-    inflight = np.array([in_flight_micro_batches(schedule, pp, vpp, m.grad_accum_, r) for r in range(pp)])
+    inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
     acts = t.acts[mode] * inflight[None, :]
     logits = np.zeros((len(settings), pp))
     logits[:, pp - 1] = t.logits
@@ -500,7 +530,7 @@ def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
     reserve = cal.cuda_context_bytes + cal.fragmentation * allocated
-    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host)
+    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, knobs=knobs)
 
 
 def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
@@ -509,10 +539,8 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     ov = cal.overlap(m.framework)
     pp, mb_count = m.pp, m.grad_accum_
     J = len(settings)
-    zero = np.array([s.zero_stage for s in settings])
-    shard = np.array([s.dp_shard for s in settings])
-    mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings])
-    offload = np.array([s.offload_optimizer for s in settings])
+    knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
+    zero, shard, mode, offload = knobs.zero, knobs.shard, knobs.mode, knobs.offload
     full = (mode == 2)[:, None]
 
     comp = np.broadcast_to(t.compute[None, :], (J, pp))
@@ -526,15 +554,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
 
     # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting
-    z3 = np.zeros((J, pp))
-    dp_reduce = np.zeros((J, pp))
-    dp_gather = np.zeros((J, pp))
-    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for j, s in enumerate(settings):
-        key = (s.zero_stage, s.dp_shard)
-        if key not in cache:
-            cache[key] = _dp_times_cached(t, s.zero_stage, s.dp_shard, cal)
-        z3[j], dp_reduce[j], dp_gather[j] = cache[key]
+    z3, dp_reduce, dp_gather = _dp_rows(t, zero, shard, cal)
     z3 = np.maximum(0.0, z3 - ov.zero3 * (comp + reco))
     total = comp + reco + tp_c + cp_c + ep_c + pp_c + z3
     slow = total.argmax(axis=1)
@@ -559,7 +579,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     opt_t = np.where(offload, opt_off, opt_gpu)
 
     def at_slow(a: np.ndarray | float) -> np.ndarray:
-        if np.isscalar(a):
+        if not isinstance(a, np.ndarray):
             return np.full(J, float(a))  # type: ignore[arg-type]
         return np.asarray(a)[rows, slow]
 
@@ -613,6 +633,18 @@ def rank_time_bound(
     worst = float(per.max())
     bubble = (float(per.sum()) - worst) / vpp if pp > 1 else 0.0
     return grad_accum * worst + bubble
+
+
+def _dp_rows(t: StageTable, zero: np.ndarray, shard: np.ndarray, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_dp_times` of every setting (ZeRO stage `zero`, sharding group `shard`, arrays over
+    settings) as (settings, pp) arrays of seconds: priced once per distinct (zero, shard) pair."""
+    pairs: dict[tuple[int, int], int] = {}
+    index = [pairs.setdefault(key, len(pairs)) for key in zip(zero.tolist(), shard.tolist(), strict=True)]
+    if not pairs:
+        return np.zeros((0, t.mesh.pp)), np.zeros((0, t.mesh.pp)), np.zeros((0, t.mesh.pp))
+    priced = [_dp_times_cached(t, z, d, cal) for z, d in pairs]
+    rows = np.array(index, dtype=np.int64)
+    return tuple(np.stack([p[i] for p in priced])[rows] for i in range(3))  # type: ignore[return-value]
 
 
 _DP_TIMES: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
