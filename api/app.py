@@ -15,13 +15,12 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import routes_calibration
 from api import runs as lifecycle
 from api.db import Database
 from api.errors import install_handlers
 from api.metrics import Metrics
 from api.planning import PlannerPool
-from api.routes import plans, runs, specs, system
+from api.routes import calibration, plans, runs, specs, system
 from api.settings import Settings
 
 log = logging.getLogger("autopar.api")
@@ -173,9 +172,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     metrics.watch_runs(db.read_session)
     install_handlers(app)
-    for module in (system, plans, specs, runs):
+    for module in (system, plans, specs, runs, calibration):
         app.include_router(module.router)
-    app.include_router(routes_calibration.router)  # GET /v1/clusters/{name}/calibration (issue 6)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
     app.add_middleware(RequestMetrics, metrics=metrics)  # type: ignore[arg-type]
     return app
