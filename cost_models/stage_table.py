@@ -642,31 +642,36 @@ def _dp_rows(t: StageTable, zero: np.ndarray, shard: np.ndarray, cal: Calibratio
     index = [pairs.setdefault(key, len(pairs)) for key in zip(zero.tolist(), shard.tolist(), strict=True)]
     if not pairs:
         return np.zeros((0, t.mesh.pp)), np.zeros((0, t.mesh.pp)), np.zeros((0, t.mesh.pp))
-    priced = [_dp_times_cached(t, z, d, cal) for z, d in pairs]
-    rows = np.array(index, dtype=np.int64)
-    return tuple(np.stack([p[i] for p in priced])[rows] for i in range(3))  # type: ignore[return-value]
+    table_key = _dp_table_key(t, cal)
+    picked = np.array([_dp_times_cached(t, z, d, cal, table_key) for z, d in pairs])[index]  # (J, 3, pp)
+    return picked[:, 0], picked[:, 1], picked[:, 2]
 
 
-_DP_TIMES: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+_DP_TIMES: dict[tuple, tuple[tuple[object, ...], np.ndarray]] = {}
 
 
-def _dp_times_cached(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_dp_times` (seconds per rank), memoized on everything it reads: the cluster, training and
-    calibration objects (by identity: the entry keeps them alive, so ids are not reused), the
-    mesh's degrees, order, framework and whether it accumulates, and the per-rank parameter
-    counts. Tables of one mesh at other micro-batches or pipeline options share the entries."""
+def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
+    """What `_dp_times` reads of a table besides the knobs: the cluster, training and calibration
+    objects (by identity), the mesh's degrees, order, framework and whether it accumulates, and the
+    per-rank parameter counts."""
     m = t.mesh
-    objs = (t.cluster, t.training, cal)
-    key = (
-        id(t.cluster), id(t.training), id(cal), t.gpus, zero, dp_shard, m.framework, m.grad_accum_ > 1,
+    return (
+        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.grad_accum_ > 1,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, t.dense_params.tobytes(), t.expert_params.tobytes(),
     )
+
+
+def _dp_times_cached(t: StageTable, zero: int, dp_shard: int, cal: Calibration, table_key: tuple) -> np.ndarray:
+    """`_dp_times` as one (3, pp) array (seconds per rank), memoized on `_dp_table_key` and the
+    knobs (the entry keeps the job objects alive, so their ids are not reused). Tables of one mesh
+    at other micro-batches or pipeline options share the entries."""
+    objs = (t.cluster, t.training, cal)
+    key = (table_key, zero, dp_shard)
     hit = _DP_TIMES.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
         return hit[1]
-    out = _dp_times(t, zero, dp_shard, cal)
-    for a in out:
-        a.flags.writeable = False
+    out = np.array(_dp_times(t, zero, dp_shard, cal))
+    out.flags.writeable = False
     if len(_DP_TIMES) > 1 << 15:
         _DP_TIMES.clear()
     _DP_TIMES[key] = (objs, out)
