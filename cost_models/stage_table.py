@@ -198,11 +198,13 @@ def _comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, 
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
     and rank stride it depends on. Job objects are matched by identity (the entry keeps them alive,
     so ids are not reused)."""
-    objs = (model, training, cluster, cal)
     key = (id(model), id(training), id(cluster), id(cal), gpus)
     hit = _COMM_STORES.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
-        return hit[1]
+    if hit is not None:
+        m, tr, cl, ca = hit[0]
+        if m is model and tr is training and cl is cluster and ca is cal:
+            return hit[1]
+    objs = (model, training, cluster, cal)
     if len(_COMM_STORES) > 64:
         _COMM_STORES.clear()
     store: dict[tuple, float] = {}
@@ -404,11 +406,15 @@ def _shards(t: StageTable, shard: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return dense.astype(float), expert.astype(float)
 
 
-def price_memory(t: StageTable, settings: list[Setting], schedule: str, vpp: int, cal: Calibration) -> KnobPrices:
-    """Bytes per rank for every setting (ZeRO: Rajbhandari et al. 2020; see cost_models.memory)."""
+def price_memory(
+    t: StageTable, settings: list[Setting], schedule: str, vpp: int, cal: Calibration, knobs: KnobArrays | None = None
+) -> KnobPrices:
+    """Bytes per rank for every setting (ZeRO: Rajbhandari et al. 2020; see cost_models.memory).
+    `knobs`: `KnobArrays.of(settings)` when the caller has it already (a planner's grid)."""
     tr, m = t.training, t.mesh
     pp = m.pp
-    knobs = KnobArrays.of(settings)
+    if knobs is None or len(knobs.zero) != len(settings):
+        knobs = KnobArrays.of(settings)
     zero, shard, mode, offload = knobs.zero[:, None], knobs.shard[:, None], knobs.mode, knobs.offload[:, None]
     ds, es = _shards(t, shard)
     D, E = t.dense_params[None, :], t.expert_params[None, :]
@@ -668,7 +674,7 @@ def _dp_times_cached(t: StageTable, zero: int, dp_shard: int, cal: Calibration, 
     objs = (t.cluster, t.training, cal)
     key = (table_key, zero, dp_shard)
     hit = _DP_TIMES.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
+    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
         return hit[1]
     out = np.array(_dp_times(t, zero, dp_shard, cal))
     out.flags.writeable = False

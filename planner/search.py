@@ -35,6 +35,7 @@ from cost_models.layout import Layout, validate_layout
 from cost_models.memory import MemoryBreakdown
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
+    KnobArrays,
     Setting,
     build_table,
     layer_kind_counts,
@@ -453,6 +454,14 @@ def search(
             grids[grid_key] = settings(mesh, cluster, c)
         return grids[grid_key]
 
+    grid_knobs: dict[tuple[int, int, int], KnobArrays] = {}
+
+    def knobs_of(grid_key: tuple[int, int, int], grid: list[Setting]) -> KnobArrays:
+        """A grid's knobs as arrays (memoized per grid)."""
+        if grid_key not in grid_knobs:
+            grid_knobs[grid_key] = KnobArrays.of(grid)
+        return grid_knobs[grid_key]
+
     def option_count(mesh: Mesh, mb: int) -> int:
         """Pipeline options of one (mesh, micro-batch) pair (memoized: they depend only on (pp,
         dp, micro-batch))."""
@@ -472,6 +481,7 @@ def search(
             option_totals[key] = sum(option_count(mesh, mb) for mb in mbs)
         return option_totals[key] * len(grid_of(mesh))
 
+    overlap = cal.overlap(c.framework)
     total_knobs = sum(mesh_knob_count(mesh, mbs) for mesh, mbs in valid)  # layouts of all pairs
     visited_knobs = 0
     for done, (lb, mesh_index, mb, per_mb_s) in enumerate(pairs):
@@ -512,7 +522,7 @@ def search(
                     pruned += len(grid)
                     continue
                 pair_times = pair_times or bounds.pair_times(mesh_index, mb)
-                bound = pair_times.bound(mesh.pp, vpp, ga, cal.overlap(c.framework))
+                bound = pair_times.bound(mesh.pp, vpp, ga, overlap)
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
@@ -522,7 +532,7 @@ def search(
             if len(top) >= k and time_lower_bound(table, vpp, cal) >= max(-top[0], reference_step_s or 0.0):
                 pruned += len(grid)
                 continue
-            prices = price_memory(table, grid, schedule, vpp, cal)
+            prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
             peaks = prices.peak
             priced += len(grid)
             fits = np.flatnonzero(peaks <= usable)
@@ -551,11 +561,10 @@ def search(
             sub = price_time(table, fit_settings, prices.take(fits), vpp, cal)
             assert sub.step_s is not None
             feasible += len(fit_settings)
-            sub_peaks = sub.peak
+            sub_peaks = sub.peak.tolist()
             if reference_step_s is not None:
                 faster += int(np.count_nonzero(sub.step_s < reference_step_s * (1 - 1e-9)))
-            for idx, s_j in enumerate(fit_settings):
-                step = float(sub.step_s[idx])
+            for idx, (s_j, step) in enumerate(zip(fit_settings, sub.step_s.tolist(), strict=True)):
                 seq += 1
                 if len(top) < k:
                     heapq.heappush(top, -step)
