@@ -213,18 +213,25 @@ def _comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, 
 
 
 def mesh_comm(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: MeshLike, cal: Calibration
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    mesh: MeshLike,
+    cal: Calibration,
+    micro_batch: int | None = None,
 ) -> tuple[float, float, float, float, float]:
     """Knob-independent communication of one micro-batch: seconds of a layer's forward TP/SP
     collectives, of a layer's CP ring exchange (forward and backward), of an MoE layer's
     all-to-alls (dispatch + combine, forward and backward), of one pipeline boundary send; and
     the boundary's bytes. `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order.
-    Each part depends on a few degrees, the micro-batch and one rank stride: it is memoized on them."""
+    Each part depends on a few degrees, the micro-batch and one rank stride: it is memoized on them.
+    `micro_batch` (sequences) overrides the mesh's own."""
     tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
     ab = training.activation_bytes
     st = mesh_strides(mesh)
     h = model.hidden_size
-    mb, sp = mesh.micro_batch, mesh.sp_
+    mb, sp = mesh.micro_batch if micro_batch is None else micro_batch, mesh.sp_
     tokens = mb * training.seq_len / cp
     act_full = tokens * h * ab
     boundary = act_full / (tp if sp else 1)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -121,9 +122,9 @@ def _mesh_probe(model: ModelSpec, training: TrainingSpec, gpus: int, mesh: Mesh,
     return None
 
 
-@dataclass(frozen=True)
-class _LazyLayout:
-    """The parts of a layout; the pydantic Layout is only built for the few that are reported."""
+class _LazyLayout(NamedTuple):
+    """The parts of a layout; the pydantic Layout is only built for the few that are reported.
+    (A named tuple: one is made per feasible layout, far cheaper than a frozen dataclass.)"""
 
     mesh: Mesh
     micro_batch: int
@@ -139,12 +140,14 @@ class _LazyLayout:
         ).resolved(gpus, training)
 
 
-@dataclass(order=True)
-class _Ranked:
+class _Ranked(NamedTuple):
+    """A feasible layout, ordered by (step seconds, generation order): `seq` is unique, so tuple
+    comparison never reaches the layout."""
+
     step_s: float
     seq: int
-    layout: _LazyLayout = field(compare=False)
-    peak_bytes: int = field(compare=False)
+    layout: _LazyLayout
+    peak_bytes: int
 
 
 Geometry = tuple[int, int, int, int]
@@ -251,8 +254,8 @@ def _pair_bounds(
     times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal)
     comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
-        comm1.append(mesh_comm(model, training, cluster, gpus, mesh.at_micro_batch(1), cal)[:4])
-        comm2.append(mesh_comm(model, training, cluster, gpus, mesh.at_micro_batch(2), cal)[:4])
+        comm1.append(mesh_comm(model, training, cluster, gpus, mesh, cal, micro_batch=1)[:4])
+        comm2.append(mesh_comm(model, training, cluster, gpus, mesh, cal, micro_batch=2)[:4])
     c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
     mesh_of = np.repeat(np.arange(len(meshes_mbs)), [len(mbs) for _, mbs in meshes_mbs])
     mb = np.array([m for _, mbs in meshes_mbs for m in mbs], dtype=np.int64)
@@ -561,7 +564,7 @@ def search(
             sub = price_time(table, fit_settings, prices.take(fits), vpp, cal)
             assert sub.step_s is not None
             feasible += len(fit_settings)
-            sub_peaks = sub.peak.tolist()
+            sub_peaks = peaks[fits].tolist()  # = sub.peak: the same rows of the same sums
             if reference_step_s is not None:
                 faster += int(np.count_nonzero(sub.step_s < reference_step_s * (1 - 1e-9)))
             for idx, (s_j, step) in enumerate(zip(fit_settings, sub.step_s.tolist(), strict=True)):
