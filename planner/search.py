@@ -304,6 +304,12 @@ class _PairTimes:
 
 
 @lru_cache(maxsize=1024)
+def _even_partition(num_layers: int, pp: int, vpp: int) -> StagePartition:
+    """`StagePartition.even` (frozen, so shared across the pairs of one pipeline shape)."""
+    return StagePartition.even(num_layers, pp, vpp)
+
+
+@lru_cache(maxsize=1024)
 def _rank_of_layer(num_layers: int, pp: int, vpp: int) -> np.ndarray:
     """Pipeline rank of every layer under the even partition into pp x vpp chunks."""
     partition = StagePartition.even(num_layers, pp, vpp)
@@ -530,7 +536,7 @@ def search(
                     pruned += len(grid)
                     continue
             base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy).resolved(gpus, training)
-            partition = StagePartition.even(model.num_layers, mesh.pp, vpp)
+            partition = _even_partition(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
             if len(top) >= k and time_lower_bound(table, vpp, cal) >= max(-top[0], reference_step_s or 0.0):
                 pruned += len(grid)
