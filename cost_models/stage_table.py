@@ -413,16 +413,37 @@ def _shards(t: StageTable, shard: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return dense.astype(float), expert.astype(float)
 
 
-def price_memory(
-    t: StageTable, settings: list[Setting], schedule: str, vpp: int, cal: Calibration, knobs: KnobArrays | None = None
-) -> KnobPrices:
-    """Bytes per rank for every setting (ZeRO: Rajbhandari et al. 2020; see cost_models.memory).
-    `knobs`: `KnobArrays.of(settings)` when the caller has it already (a planner's grid)."""
+_STATE_BYTES: dict[tuple, tuple[tuple[object, ...], tuple]] = {}
+
+
+def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """`_state_bytes`, memoized on everything it reads: the knobs, model and training objects (by
+    identity: the entry keeps them alive, so ids are not reused), the framework, whether the step
+    accumulates and pipelines, the sharding degrees and the per-rank parameter counts. Tables of
+    one mesh at other micro-batches share them. The arrays are read-only."""
+    m = t.mesh
+    objs = (knobs, t.model, t.training)
+    key = (
+        id(knobs), id(t.model), id(t.training), m.framework, m.grad_accum_ > 1, m.pp > 1,
+        m.tp, m.cp, m.ep, m.etp_, t.dense_params.tobytes(), t.expert_params.tobytes(),
+    )
+    hit = _STATE_BYTES.get(key)
+    if hit is not None and hit[0][0] is knobs and hit[0][1] is t.model and hit[0][2] is t.training:
+        return hit[1]  # type: ignore[return-value]
+    out = _state_bytes(t, knobs)
+    for a in out[:4]:
+        a.flags.writeable = False
+    if len(_STATE_BYTES) > 1 << 14:
+        _STATE_BYTES.clear()
+    _STATE_BYTES[key] = (objs, out)
+    return out
+
+
+def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Bytes per setting and rank of parameters, gradients, GPU optimizer states and host
+    optimizer states ((settings, pp) arrays), and the FSDP embedding-gradient transient (bytes)."""
     tr, m = t.training, t.mesh
-    pp = m.pp
-    if knobs is None or len(knobs.zero) != len(settings):
-        knobs = KnobArrays.of(settings)
-    zero, shard, mode, offload = knobs.zero[:, None], knobs.shard[:, None], knobs.mode, knobs.offload[:, None]
+    zero, shard, offload = knobs.zero[:, None], knobs.shard[:, None], knobs.offload[:, None]
     ds, es = _shards(t, shard)
     D, E = t.dense_params[None, :], t.expert_params[None, :]
     params = tr.param_bytes * (np.where(zero >= 3, D / ds, D) + np.where(zero >= 3, E / es, E))
@@ -466,6 +487,24 @@ def price_memory(
     opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
     opt = np.where(offload, 0.0, opt_all)
     host = np.where(offload, opt_all, 0.0)
+    return params, grads, opt, host, embedding_transient
+
+
+def price_memory(
+    t: StageTable, settings: list[Setting], schedule: str, vpp: int, cal: Calibration, knobs: KnobArrays | None = None
+) -> KnobPrices:
+    """Bytes per rank for every setting (ZeRO: Rajbhandari et al. 2020; see cost_models.memory).
+    `knobs`: `KnobArrays.of(settings)` when the caller has it already (a planner's grid)."""
+    tr, m = t.training, t.mesh
+    pp = m.pp
+    cached = knobs is not None and len(knobs.zero) == len(settings)  # a planner's grid: memoize
+    if knobs is None or not cached:
+        knobs = KnobArrays.of(settings)
+    zero, mode = knobs.zero[:, None], knobs.mode
+    if cached:
+        params, grads, opt, host, embedding_transient = _state_bytes_cached(t, knobs)
+    else:
+        params, grads, opt, host, embedding_transient = _state_bytes(t, knobs)
     inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
     acts = t.acts[mode] * inflight[None, :]
     logits = np.zeros((len(settings), pp))
