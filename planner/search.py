@@ -115,7 +115,7 @@ SORTED_DIMS = sorted(["tp", "cp", "ep", "dp", "pp"])
 def _mesh_probe(model: ModelSpec, training: TrainingSpec, gpus: int, mesh: Mesh, mb: int, c: SearchConstraints) -> str | None:
     """The first mesh-level violation of `mesh` at micro-batch `mb` (a default-knob probe layout
     through `validate_layout`), as a rejection reason; None when it is valid."""
-    probe = to_layout(mesh, mb, 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy)
+    probe = to_layout(mesh, mb, 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy, validate=False)
     problems = [v for v in validate_layout(model, training, gpus, probe) if v.field in MESH_FIELDS]
     if problems:
         return f"{problems[0].field}: {problems[0].message}"
@@ -535,7 +535,7 @@ def search(
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
-            base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy).resolved(gpus, training)
+            base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy, validate=False).resolved(gpus, training)
             partition = _even_partition(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
             if len(top) >= k and time_lower_bound(table, vpp, cal) >= max(-top[0], reference_step_s or 0.0):

@@ -145,9 +145,21 @@ def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Set
 
 
 def to_layout(
-    mesh: Mesh, mb: int, vpp: int, schedule: str, s: Setting, framework: str, cross_entropy: str | None = None
+    mesh: Mesh,
+    mb: int,
+    vpp: int,
+    schedule: str,
+    s: Setting,
+    framework: str,
+    cross_entropy: str | None = None,
+    *,
+    validate: bool = True,
 ) -> Layout:
-    return Layout(
+    """The Layout of one point of the space. `validate=False` skips pydantic's field checks
+    (`Layout.model_construct`, same field values) for the search's internal probes and table
+    meshes, whose values come from the space's own enumeration and are never reported."""
+    build = Layout if validate else Layout.model_construct
+    return build(
         tp=mesh.tp,
         pp=mesh.pp,
         cp=mesh.cp,
