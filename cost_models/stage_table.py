@@ -595,12 +595,12 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     zero, shard, mode, offload = knobs.zero, knobs.shard, knobs.mode, knobs.offload
     full = (mode == 2)[:, None]
 
-    comp = np.broadcast_to(t.compute[None, :], (J, pp))
+    comp = t.compute[None, :]  # (1, pp): the same for every setting (broadcast)
     reco = t.recompute[mode]
     # TP collectives: forward and backward of every layer, plus the forward again when recomputed
     tp_c = t.tp_per_layer * (2.0 * t.layers[None, :] + np.where(full, t.recomputed_layers[None, :], 0.0)) * (1 - ov.tp)
     # ring attention hides its exchange behind the attention kernels (forward and backward)
-    cp_c = np.broadcast_to(np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)[None, :], (J, pp))
+    cp_rank = np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)  # (pp,), every setting
     # all-to-all: dispatch + combine forward and backward; recompute repeats the forward half
     ep_c = t.ep_per_moe_layer * (t.moe_layers[None, :] + np.where(full, 0.5 * t.recomputed_moe[None, :], 0.0)) * (1 - ov.ep)
     pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
@@ -608,7 +608,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting
     z3, dp_reduce, dp_gather = _dp_rows(t, zero, shard, cal)
     z3 = np.maximum(0.0, z3 - ov.zero3 * (comp + reco))
-    total = comp + reco + tp_c + cp_c + ep_c + pp_c + z3
+    total = comp + reco + tp_c + cp_rank[None, :] + ep_c + pp_c + z3
     slow = total.argmax(axis=1)
     rows = np.arange(J)
     t_max = total[rows, slow]
@@ -616,7 +616,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     # Gradient reduction hides behind the last micro-batch's backward; the weight all-gather of a
     # sharded optimizer behind the next step's first forward (Megatron's --overlap-param-gather).
     forward_window = t.forward[slow]
-    backward_window = comp[rows, slow] - forward_window
+    backward_window = t.compute[slow] - forward_window
     dp_exposed = np.maximum(0.0, dp_reduce[rows, slow] - ov.dp * backward_window)
     dp_exposed += np.maximum(0.0, dp_gather[rows, slow] - ov.dp * forward_window)
 
@@ -636,10 +636,10 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
         return np.asarray(a)[rows, slow]
 
     parts = {
-        "compute_s": mb_count * at_slow(comp),
+        "compute_s": mb_count * t.compute[slow],
         "recompute_s": mb_count * at_slow(reco),
         "tp_comm_s": mb_count * at_slow(tp_c),
-        "cp_comm_s": mb_count * at_slow(cp_c),
+        "cp_comm_s": mb_count * cp_rank[slow],
         "ep_comm_s": mb_count * at_slow(ep_c),
         "pp_comm_s": mb_count * at_slow(pp_c),
         "dp_comm_s": dp_exposed + mb_count * at_slow(z3),
