@@ -13,6 +13,11 @@ Whole space, priced or provably pruned (branch and bound):
    (`_PairTimes.bound`: `stage_table.time_lower_bound` without building the table, with the even
    partition's slowest rank and the bubble) and pruned the same way.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
+Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
+meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts,
+`_dp_times` and a grid's parameter/gradient/optimizer bytes (`stage_table._state_bytes`) are
+cached per degrees, stride and per-rank parameter counts, so a mesh's tables at other micro-batches
+reuse them; memory rejections are counted per grid setting with numpy and logged once.
 The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
 topology (`planner.placement`).
 """
