@@ -433,7 +433,7 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
     out = _state_bytes(t, knobs)
     for a in out[:4]:
         a.flags.writeable = False
-    if len(_STATE_BYTES) > 1 << 14:
+    if len(_STATE_BYTES) > 1 << 12:  # entries hold (settings, pp) arrays: keep the memo small
         _STATE_BYTES.clear()
     _STATE_BYTES[key] = (objs, out)
     return out
