@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,56 +32,9 @@ from typing import Any
 
 import httpx
 
+from api.local_server import LocalServer
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, database_url: str, log: Path):
-        self.database_url = database_url
-        self.log = log
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 90.0) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "autopar.cli", "serve", "--port", str(self.port), "--database-url",
-             self.database_url, "--log-level", "warning"],
-            cwd=REPO, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}); log: {self.log}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not up after {timeout_s} s; log: {self.log}")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
-            self.proc = None
 
 
 @dataclass
@@ -206,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"database": database_url.split(":", 1)[0], "clients": args.clients}
 
     # --- phase 1: load ---------------------------------------------------------------------------
-    server = Server(database_url, workdir / "server.log")
+    server = LocalServer(database_url, workdir / "server.log", cwd=REPO)
     server.start()
     tally = Tally()
     jobs = [(f"load-{uuid.uuid4().hex}", _body(i, args)) for i in range(args.requests)]
@@ -229,7 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ok = not lost and not dup and not tally.read_back_failures and len(tally.acked) == len(jobs)
 
     # --- phase 2: kill -9 in the middle, restart, retry -------------------------------------------
-    server = Server(database_url, workdir / "server-crash.log")
+    server = LocalServer(database_url, workdir / "server-crash.log", cwd=REPO)
     server.start()
     crash = Tally()
     jobs = [(f"crash-{uuid.uuid4().hex}", _body(i, args)) for i in range(args.crash_requests)]

@@ -5,7 +5,6 @@ real service (`autopar serve`)."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,11 +13,9 @@ from typing import Any
 
 import pytest
 
+from api.local_server import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["FakeServer", "fake_server", "free_port"]
 
 
 @dataclass

@@ -5,10 +5,6 @@ databases; scripts/test.sh starts one). Each backend gets a fresh database for t
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from api.local_server import LocalServer
+
 REPO = Path(__file__).resolve().parents[2]
 PG_ENV = "AUTOPAR_TEST_POSTGRES_URL"
 PLAN_BODY: dict[str, Any] = {
@@ -24,59 +22,16 @@ PLAN_BODY: dict[str, Any] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-class Server:
+class Server(LocalServer):
     """A running `autopar serve`, its database URL, and helpers to mint tokens in that database."""
 
     def __init__(self, database_url: str, log_path: Path, env: dict[str, str] | None = None):
-        self.database_url = database_url
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.env = {**os.environ, "AUTOPAR_REAPER_INTERVAL_S": "1", **(env or {})}
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(database_url, log_path, env={"AUTOPAR_REAPER_INTERVAL_S": "1", **(env or {})}, cwd=REPO)
         self._db: Any = None
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "autopar.cli", "serve", "--port", str(self.port), "--database-url",
-             self.database_url, "--log-level", "warning"],
-            cwd=REPO, env=self.env, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server did not answer within {timeout_s} s:\n{self.log_path.read_text()[-3000:]}")
-
-    def stop(self, kill: bool = False) -> None:
-        if self.proc is None:
-            return
-        if kill:
-            self.proc.kill()
-        else:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=15)
-        self.proc = None
 
     @property
     def db(self) -> Any:
