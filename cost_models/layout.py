@@ -99,8 +99,8 @@ class Layout(BaseModel):
                 )
                 raise LayoutError(errors)
             grad_accum = training.global_batch // per_step
-        return self.model_copy(
-            update={
+        return self._copy_update(
+            {
                 "dp": dp,
                 "grad_accum": grad_accum,
                 "dp_shard": self.dp_shard or dp,
@@ -109,6 +109,22 @@ class Layout(BaseModel):
                 "schedule": self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b"),
             }
         )
+
+    def _copy_update(self, update: dict[str, object]) -> Layout:
+        """`self.model_copy(update=update)` without pydantic's generic path (the search resolves
+        thousands of layouts): the same `__dict__` (field order kept), fields set, extra and
+        private slots, for a Layout (extra forbidden, no private attributes). Subclasses take
+        pydantic's own path. `update` holds field names only; values are not validated."""
+        if type(self) is not Layout:
+            return self.model_copy(update=update)
+        copied = object.__new__(Layout)
+        fields = dict(self.__dict__)
+        fields.update(update)
+        object.__setattr__(copied, "__dict__", fields)
+        object.__setattr__(copied, "__pydantic_extra__", None)
+        object.__setattr__(copied, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
+        object.__setattr__(copied, "__pydantic_private__", None)
+        return copied
 
     # Typed accessors for resolved layouts (they assert the field was resolved).
     @property

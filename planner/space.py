@@ -144,6 +144,26 @@ def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Set
     return out
 
 
+_LAYOUT_DEFAULTS: dict[str, object] = dict(Layout.model_construct().__dict__)
+"""Every Layout field at its default, in field order (all defaults are immutable scalars)."""
+assert Layout.__pydantic_post_init__ is None and not Layout.__pydantic_root_model__
+assert Layout.model_config.get("extra") != "allow"
+
+
+def _construct(values: dict[str, object]) -> Layout:
+    """`Layout.model_construct(**values)` without its per-field loop: the same `__dict__` (defaults
+    overridden by `values`, in field order), fields set, extra and private slots. `values` holds
+    field names only."""
+    layout = object.__new__(Layout)
+    fields = dict(_LAYOUT_DEFAULTS)
+    fields.update(values)
+    object.__setattr__(layout, "__dict__", fields)
+    object.__setattr__(layout, "__pydantic_fields_set__", set(values))
+    object.__setattr__(layout, "__pydantic_extra__", None)
+    object.__setattr__(layout, "__pydantic_private__", None)
+    return layout
+
+
 def to_layout(
     mesh: Mesh,
     mb: int,
@@ -156,10 +176,9 @@ def to_layout(
     validate: bool = True,
 ) -> Layout:
     """The Layout of one point of the space. `validate=False` skips pydantic's field checks
-    (`Layout.model_construct`, same field values) for the search's internal probes and table
+    (`_construct`: `Layout.model_construct`'s result, same field values) for the search's internal probes and table
     meshes, whose values come from the space's own enumeration and are never reported."""
-    build = Layout if validate else Layout.model_construct
-    return build(
+    values = dict(
         tp=mesh.tp,
         pp=mesh.pp,
         cp=mesh.cp,
@@ -170,11 +189,12 @@ def to_layout(
         dp_shard=s.dp_shard,
         zero_stage=s.zero_stage,
         micro_batch=mb,
-        recompute=s.recompute,  # type: ignore[arg-type]
+        recompute=s.recompute,
         sp=mesh.tp > 1,
-        schedule=schedule,  # type: ignore[arg-type]
+        schedule=schedule,
         offload_optimizer=s.offload_optimizer,
         order=mesh.order,
-        framework=framework,  # type: ignore[arg-type]
-        cross_entropy=cross_entropy,  # type: ignore[arg-type]
+        framework=framework,
+        cross_entropy=cross_entropy,
     )
+    return Layout(**values) if validate else _construct(values)  # type: ignore[arg-type]
