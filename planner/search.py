@@ -220,18 +220,32 @@ class _PairBounds:
     per_mb_s: np.ndarray  # seconds of one micro-batch summed over the pipeline ranks, per pair
     layer_moe: np.ndarray  # 1.0 for an MoE layer, 0.0 for a dense one, per layer
 
+    layer_times: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, float, dict]] = field(default_factory=dict)
+    """Memo of `pair_times`' per-layer parts per (geometry row, micro-batch column): every pair of
+    one shard geometry and micro-batch shares them, and their per-rank sums (`_PairTimes.bound`)."""
+
     def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
         mesh = self.meshes[mesh_index]
         times = self.compute
         row, at = times.rows[(mesh.tp, mesh.cp, mesh.ep, mesh.etp)], int(np.searchsorted(times.mbs, mb))
         a, b = self.comm1[mesh_index], self.comm2[mesh_index]
         comm = a + (b - a) * (mb - 1)  # affine in the micro-batch (`_pair_bounds`)
+        parts = self.layer_times.get((row, at))
+        if parts is None:
+            parts = self.layer_times[(row, at)] = (
+                times.kind_compute[row, at][times.kind_of_layer],
+                times.kind_attention[row, at][times.kind_of_layer],
+                float(times.head[row, at]),
+                {},
+            )
+        layer_compute, layer_attention, head, rank_sums = parts
         return _PairTimes(
-            times.kind_compute[row, at][times.kind_of_layer],
-            times.kind_attention[row, at][times.kind_of_layer],
+            layer_compute,
+            layer_attention,
             self.layer_moe,
-            float(times.head[row, at]),
+            head,
             tuple(comm.tolist()),  # type: ignore[arg-type]
+            rank_sums,
         )
 
 
@@ -295,16 +309,23 @@ class _PairTimes:
     layer_moe: np.ndarray  # 1.0 for an MoE layer
     head: float
     comm: tuple[float, float, float, float]
+    rank_sums: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    """Memo per (pp, vpp) of the per-rank sums `bound` reads (they depend on the layer times, not
+    on the mesh's communication), shared by the pairs of one shard geometry and micro-batch."""
 
     def bound(self, pp: int, vpp: int, grad_accum: int, ov: Overlap) -> float:
         """`stage_table.time_lower_bound` of this pair's layout with `vpp` virtual stages and the
         even partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
-        owner = _rank_of_layer(len(self.layer_compute), pp, vpp)
-        compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
-        compute[pp - 1] += self.head
-        layers = np.bincount(owner, minlength=pp).astype(float)
-        attention = np.bincount(owner, weights=self.layer_attention, minlength=pp)
-        moe_layers = np.bincount(owner, weights=self.layer_moe, minlength=pp)
+        sums = self.rank_sums.get((pp, vpp))
+        if sums is None:
+            owner = _rank_of_layer(len(self.layer_compute), pp, vpp)
+            compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
+            compute[pp - 1] += self.head
+            layers = np.bincount(owner, minlength=pp).astype(float)
+            attention = np.bincount(owner, weights=self.layer_attention, minlength=pp)
+            moe_layers = np.bincount(owner, weights=self.layer_moe, minlength=pp)
+            sums = self.rank_sums[(pp, vpp)] = (compute, layers, attention, moe_layers)
+        compute, layers, attention, moe_layers = sums
         return rank_time_bound(compute, layers, attention, moe_layers, self.comm, vpp, grad_accum, ov)
 
 
@@ -496,7 +517,13 @@ def search(
         return option_totals[key] * len(grid_of(mesh))
 
     overlap = cal.overlap(c.framework)
-    total_knobs = sum(mesh_knob_count(mesh, mbs) for mesh, mbs in valid)  # layouts of all pairs
+    # layouts of all pairs: meshes of one (pp, dp, tp, cp) have the same count (grid and options)
+    shapes: dict[tuple[int, int, int, int], tuple[Mesh, list[int], int]] = {}
+    for mesh, mbs in valid:
+        shape = (mesh.pp, mesh.dp, mesh.tp, mesh.cp)
+        first = shapes.get(shape)
+        shapes[shape] = (mesh, mbs, 1) if first is None else (first[0], first[1], first[2] + 1)
+    total_knobs = sum(n * mesh_knob_count(mesh, mbs) for mesh, mbs, n in shapes.values())
     visited_knobs = 0
     for done, (lb, mesh_index, mb, per_mb_s) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
