@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -196,7 +197,7 @@ _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]
 
 def _comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
-    and rank stride it depends on. Job objects are matched by identity (the entry keeps them alive,
+    and rank stride it depends on (and of `build_table`'s LM head times and logits bytes). Job objects are matched by identity (the entry keeps them alive,
     so ids are not reused)."""
     key = (id(model), id(training), id(cluster), id(cal), gpus)
     hit = _COMM_STORES.get(key)
@@ -319,13 +320,23 @@ def build_table(
         dense[pp - 1] += pc.lm_head / tp
     elif pp > 1:  # tied embeddings: the last stage keeps its own copy of the head
         dense[pp - 1] += model.vocab_size * model.hidden_size / tp
-    head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # LM head stays bf16 under FP8
+    # per-job memo (`_comm_store`): the head reads only the token count and TP degree of the
+    # geometry, the logits only the activation context and the loss kernel
+    store: dict[tuple, Any] = _comm_store(model, training, cluster, cal, gpus)
+    head_key = ("lm_head", g.tokens, g.tp)
+    head = store.get(head_key)
+    if head is None:
+        head = store[head_key] = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # LM head stays bf16 under FP8
+    head_fwd, head_bwd = head
     compute[pp - 1] += head_fwd + head_bwd
     forward[pp - 1] += head_fwd
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)
     tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary = comm
-    logits = logits_bytes(model, actx, mesh.cross_entropy_)
+    logits_key = ("logits", actx, mesh.cross_entropy_)
+    logits = store.get(logits_key)
+    if logits is None:
+        logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
     groups = sum(1 for d in (tp, pp, cp, ep, mesh.dp_) if d > 1)
     return StageTable(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
