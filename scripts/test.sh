@@ -19,4 +19,4 @@ if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "sk
     export AUTOPAR_TEST_POSTGRES_URL
 fi
 
-python -m pytest -n 2 --dist loadgroup "$@"
+python -m pytest -n 2 --dist loadfile "$@"

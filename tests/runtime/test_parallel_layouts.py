@@ -33,9 +33,9 @@ torch = pytest.importorskip("torch")
 from runtime.spec import load_run_spec  # noqa: E402
 from runtime.train import train  # noqa: E402
 
-# one xdist worker runs this module (scripts/test.sh: --dist loadgroup), so the module-scoped 4-process
-# job starts once, not once per worker
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gloo_layouts")]
+# scripts/test.sh distributes whole files over the xdist workers (--dist loadfile), so the
+# module-scoped 4-process job starts once, not once per worker
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 NPROC = 4
