@@ -208,7 +208,9 @@ def run(
     backend: str = typer.Option("auto", help="auto | gloo | nccl"),
     out: Path = typer.Option(Path("profile.json"), help="Profile JSON written by rank 0"),
     checkpoint_dir: Path | None = typer.Option(None, help="save/resume with torch.distributed.checkpoint"),
-    data: Path | None = typer.Option(None, help="tokenized training data: a flat binary file of token ids"),
+    data_file: Path | None = typer.Option(
+        None, "--data", help="tokenized training data: a flat binary file of token ids"
+    ),
     data_dtype: str = typer.Option("uint16", help="token file element type: uint16 | uint32 | int32 | int64"),
     dry_run: bool = typer.Option(False, help="print the launch line and exit"),
     fake_world: int | None = typer.Option(
@@ -243,8 +245,8 @@ def run(
     ]
     if checkpoint_dir is not None:
         argv += ["--checkpoint-dir", str(checkpoint_dir)]
-    if data is not None:
-        argv += ["--data", str(data), "--data-dtype", data_dtype]
+    if data_file is not None:
+        argv += ["--data", str(data_file), "--data-dtype", data_dtype]
     if dry_run:
         typer.echo(shlex.join(argv))
         return

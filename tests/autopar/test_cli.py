@@ -73,3 +73,6 @@ def test_run_dry_run_prints_a_torchrun_line(tmp_path) -> None:
     line = r.stdout.strip()
     assert "torch.distributed.run --standalone --nproc-per-node=4" in line
     assert line.endswith("--backend auto") and "-m runtime.launch" in line
+    r = runner.invoke(app, ["run", str(plan), "--dry-run", "--data", str(tmp_path / "tokens.bin")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().endswith(f"--data {tmp_path / 'tokens.bin'} --data-dtype uint16")
