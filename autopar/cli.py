@@ -72,12 +72,15 @@ def evaluate(
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
     jobs: Path | None = typer.Option(None, help="JSONL file of jobs ('-' = stdin); one JSON result per line"),
+    workers: int = typer.Option(
+        0, min=0, help="with --jobs: processes pricing lines (0 = one per CPU core); output stays in input order"
+    ),
 ) -> None:
     """Price one layout: memory per stage, step time breakdown, tokens/s and MFU."""
     from cost_models.jobs import run_job
 
     if jobs is not None:
-        _run_jobs(jobs)
+        _run_jobs(jobs, workers)
         return
     if not model or not cluster:
         raise typer.BadParameter("--model and --cluster are required (or --jobs FILE)")
@@ -108,22 +111,44 @@ def evaluate(
         raise typer.Exit(2)
 
 
-def _run_jobs(path: Path) -> None:
+def _job_line(numbered: tuple[int, str]) -> str | None:
+    """One `--jobs` line -> its JSON result line (None for a blank line). Never raises."""
     from cost_models.jobs import run_job
 
+    lineno, line = numbered
+    if not line.strip():
+        return None
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        result: dict[str, Any] = {"ok": False, "error": f"line {lineno}: invalid JSON: {exc.msg}"}
+    else:
+        result = run_job(raw) if isinstance(raw, dict) else {"ok": False, "error": f"line {lineno}: a job is a JSON object"}
+    return json.dumps(result, separators=(",", ":"))
+
+
+def _run_jobs(path: Path, workers: int = 1) -> None:
+    """Price every line of `path` (or stdin), writing results in input order. With several
+    workers, lines go to a process pool in chunks (`Pool.imap` keeps the order)."""
+    import os
+
     stream = sys.stdin if str(path) == "-" else path.open()
+    workers = workers or os.cpu_count() or 1
     out = sys.stdout
     with stream:
-        for lineno, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                result: dict[str, Any] = {"ok": False, "error": f"line {lineno}: invalid JSON: {exc.msg}"}
-            else:
-                result = run_job(raw) if isinstance(raw, dict) else {"ok": False, "error": f"line {lineno}: a job is a JSON object"}
-            out.write(json.dumps(result, separators=(",", ":")) + "\n")
+        numbered = enumerate(stream, 1)
+        if workers == 1:
+            results = map(_job_line, numbered)
+            for res in results:
+                if res is not None:
+                    out.write(res + "\n")
+            return
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for res in pool.imap(_job_line, numbered, chunksize=64):
+                if res is not None:
+                    out.write(res + "\n")
 
 
 @app.command()

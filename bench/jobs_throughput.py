@@ -3,7 +3,8 @@
     python -m bench.jobs_throughput [--lines 5000]
 
 Writes a JSONL file of varied Llama-3-70B / DeepSeek-V3 layouts (a fixed seed), runs the real
-CLI on it as a subprocess (start-up included) and reports lines/s, median of three runs.
+CLI on it as a subprocess (start-up included; default `--workers`: one process per CPU core) and
+reports lines/s, median of three runs.
 """
 
 from __future__ import annotations

@@ -43,6 +43,23 @@ def test_jobs_keeps_order_and_survives_bad_lines(tmp_path) -> None:
     assert out[2]["error"].startswith("gpus:")
 
 
+def test_jobs_with_several_workers_match_one_worker_line_for_line(tmp_path) -> None:
+    good = {"model": "tiny", "cluster": "local-cpu", "training": {"seq_len": 128, "global_batch": 8}}
+    lines = []
+    for i in range(300):  # more lines than one pool chunk, valid and invalid mixed
+        lines.append(json.dumps({**good, "gpus": [1, 2, 4, 8, 3][i % 5], "layout": {"tp": [1, 2][i % 2]}}))
+        if i % 37 == 0:
+            lines.append("{broken")
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    one = runner.invoke(app, ["evaluate", "--jobs", str(path), "--workers", "1"])
+    two = runner.invoke(app, ["evaluate", "--jobs", str(path), "--workers", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, (one.output, two.output)
+    assert two.stdout == one.stdout
+    out = [json.loads(x) for x in one.stdout.splitlines()]
+    assert len(out) == len(lines) and any(o["ok"] for o in out) and any(not o["ok"] for o in out)
+
+
 def test_plan_json_and_impossible_job() -> None:
     r = runner.invoke(app, ["plan", "--model", "tiny", "--cluster", "local-cpu", "--gpus", "4",
                             "--seq-len", "128", "--global-batch", "8", "--json"])
