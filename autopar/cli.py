@@ -295,20 +295,15 @@ def _fake_world(data: dict[str, Any], world: int, steps: int, as_json: bool) -> 
     except (LayoutError, ValidationError, ValueError) as exc:
         typer.echo(f"error: the layout cannot run on {world} ranks: {exc}", err=True)
         raise typer.Exit(2) from exc
-    from runtime.fake_world import compare_with_estimate, measure_stages
+    from runtime.fake_world import TABLE_HEADER, compare_with_estimate, format_row, measure_stages
 
     rows = compare_with_estimate(run, measure_stages(run, steps))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    gib = 2**30
-    typer.echo(f"{'stage':>5s} {'rank':>6s} {'measured GiB':>13s} {'estimate GiB':>13s} {'error':>7s}")
+    typer.echo(TABLE_HEADER)
     for r in rows:
-        est = r["estimate_without_reserve_bytes"]
-        typer.echo(
-            f"{r['stage']:5d} {r['rank']:6d} {r['peak_bytes'] / gib:13.3f} {est / gib:13.3f} "
-            f"{100 * (est / r['peak_bytes'] - 1):+6.1f}%"
-        )
+        typer.echo(format_row(r))
     typer.echo("measured: live tensor storage under FakeTensorMode (CPU dispatch); estimate: "
                "cost_models without the allocator reserve (runtime.fake_world.traced_layout)")
 

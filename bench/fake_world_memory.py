@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write all rows here")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if not args.only or c["name"] in args.only]
-    gib = 2**30
+    from runtime.fake_world import TABLE_HEADER, format_row, relative_error
+
     all_rows: list[dict[str, Any]] = []
-    print(f"{'case':34s} {'stage':>5s} {'measured GiB':>13s} {'estimate GiB':>13s} {'error':>7s} {'s':>6s}")
+    print(f"{'case':34s} {TABLE_HEADER}")
     worst = 0.0
     for case in cases:
         try:
@@ -89,15 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case['name']:34s} FAILED: {exc}", file=sys.stderr)
             continue
         for r in rows:
-            est = r["estimate_without_reserve_bytes"]
-            err = est / r["peak_bytes"] - 1
-            worst = max(worst, abs(err))
-            r["error"] = err
-            print(
-                f"{case['name']:34s} {r['stage']:5d} {r['peak_bytes'] / gib:13.3f} {est / gib:13.3f} "
-                f"{100 * err:+6.1f}% {r['seconds']:6.1f}",
-                flush=True,
-            )
+            r["error"] = relative_error(r)
+            worst = max(worst, abs(r["error"]))
+            print(f"{case['name']:34s} {format_row(r)}", flush=True)
         all_rows += rows
     print(f"worst |error|: {100 * worst:.1f}% over {len(all_rows)} stage traces")
     if args.json:

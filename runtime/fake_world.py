@@ -40,7 +40,10 @@ import torch.distributed as dist
 from runtime.memory import LiveStorageTracker
 from runtime.spec import RunSpec, load_run_spec
 
-__all__ = ["StageMemory", "compare_with_estimate", "measure_stage", "measure_stages", "traced_layout"]
+__all__ = [
+    "TABLE_HEADER", "StageMemory", "compare_with_estimate", "format_row", "measure_stage", "measure_stages",
+    "relative_error", "traced_layout",
+]
 
 
 @dataclass
@@ -160,9 +163,8 @@ def compare_with_estimate(
     as the trace executes it (`traced_layout`). The compared estimate leaves out what a CPU trace
     cannot hold: the allocator reserve (CUDA context, fragmentation) and NCCL's buffers."""
     from cluster_specs.presets import get_cluster
-    from cost_models.estimate import estimate
-
     from cost_models.calibration import default_calibration
+    from cost_models.estimate import estimate
 
     layout = traced_layout(run, framework)
     est = estimate(run.model, run.training, get_cluster(cluster), run.gpus, layout, run.stage_partition)
@@ -185,6 +187,24 @@ def compare_with_estimate(
     return rows
 
 
+TABLE_HEADER = f"{'stage':>5s} {'rank':>6s} {'measured GiB':>13s} {'estimate GiB':>13s} {'error':>7s} {'s':>6s}"
+"""Column names of `format_row`."""
+
+
+def relative_error(row: dict[str, Any]) -> float:
+    """(estimate - measured) / measured of a `compare_with_estimate` row."""
+    return row["estimate_without_reserve_bytes"] / row["peak_bytes"] - 1
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """One `compare_with_estimate` row under `TABLE_HEADER` (GiB = 2**30 bytes; seconds traced)."""
+    gib = 2**30
+    return (
+        f"{row['stage']:5d} {row['rank']:6d} {row['peak_bytes'] / gib:13.3f} "
+        f"{row['estimate_without_reserve_bytes'] / gib:13.3f} {100 * relative_error(row):+6.1f}% {row['seconds']:6.1f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m runtime.fake_world", description=__doc__.split("\n\n")[0])
     p.add_argument("spec", help="RunSpec or Plan JSON")
@@ -200,14 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run = load_run_spec(a.spec, dtype=a.dtype)
     rows = compare_with_estimate(run, measure_stages(run, a.steps), a.cluster)
-    gib = 2**30
+    print(TABLE_HEADER, file=sys.stderr)
     for r in rows:
-        print(
-            f"stage {r['stage']} (rank {r['rank']}): measured {r['peak_bytes'] / gib:.3f} GiB, "
-            f"estimate {r['estimate_without_reserve_bytes'] / gib:.3f} GiB without reserve "
-            f"(ratio {r['ratio_measured_to_estimate']:.3f}), {r['seconds']:.1f} s",
-            file=sys.stderr,
-        )
+        print(format_row(r), file=sys.stderr)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=2)
