@@ -25,16 +25,21 @@ from cost_models.flops import attention_pairs, flash_backward_factor
 from cost_models.mesh import MeshLike
 from model_specs.spec import ModelSpec
 
+Scalars = float | np.ndarray
+"""A number, or an array of them (one per shard geometry priced together)."""
+
 
 @dataclass(frozen=True)
 class Gemm:
-    m: float
-    n: float
-    k: float
-    count: float = 1.0  # identical GEMMs (e.g. experts on this rank)
+    """Dimensions (elements) of one GEMM; arrays when many shard geometries are priced at once."""
+
+    m: Scalars
+    n: Scalars
+    k: Scalars
+    count: Scalars = 1.0  # identical GEMMs (e.g. experts on this rank)
 
     @property
-    def flops(self) -> float:
+    def flops(self) -> Scalars:
         return 2.0 * self.m * self.n * self.k * self.count
 
 
@@ -97,9 +102,9 @@ def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
     return out
 
 
-def gemm_time(gemm: Gemm, peak: float, gpu: GPUSpec, act_bytes: int, efficiency: float, cal: Calibration) -> float:
+def gemm_time(gemm: Gemm, peak: float, gpu: GPUSpec, act_bytes: int, efficiency: float, cal: Calibration) -> Scalars:
     """Seconds for one forward GEMM group (elementwise when the GEMM's dimensions are arrays)."""
-    shape = 1.0
+    shape: Scalars = 1.0
     for d in (gemm.m, gemm.n, gemm.k):
         shape *= d / (d + cal.gemm_half_dim)
     compute = gemm.flops / (peak * efficiency * shape)
@@ -122,7 +127,7 @@ def _where(cond: bool | np.ndarray, a: float | np.ndarray, b: float | np.ndarray
     return a if cond else b
 
 
-def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> float:
+def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
     """HBM bytes moved by the memory-bound ops of one layer, forward (backward ~ 2x).
 
     Per token: two norms (read + write h each), two residual adds (read 2h, write h), rotary on q
@@ -135,7 +140,7 @@ def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes:
     return per_token * g.tokens * act_bytes + activation_function_bytes(model, index, g, act_bytes)
 
 
-def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> float:
+def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
     """HBM bytes of the MLP activation function, forward: gated reads 2f and writes f per token,
     non-gated reads f and writes f (the part of `elementwise_bytes` selective recompute re-runs)."""
     if model.is_moe_layer(index):
@@ -150,28 +155,28 @@ def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, ac
 class LayerTime:
     """Seconds for one layer, one micro-batch, one rank."""
 
-    gemm_fwd: float
-    attention_fwd: float
-    elementwise_fwd: float
+    gemm_fwd: Scalars
+    attention_fwd: Scalars
+    elementwise_fwd: Scalars
     attention_bwd_factor: float  # flash backward / forward FLOPs (`flops.flash_backward_factor`)
-    activation_fwd: float  # the MLP activation function's share of elementwise_fwd
+    activation_fwd: Scalars  # the MLP activation function's share of elementwise_fwd
 
     @property
-    def attention(self) -> float:
+    def attention(self) -> Scalars:
         """Attention kernel forward + backward: the window ring attention hides its exchange in."""
         return (1.0 + self.attention_bwd_factor) * self.attention_fwd
 
     @property
-    def selective_recompute(self) -> float:
+    def selective_recompute(self) -> Scalars:
         """What selective recompute re-runs: the attention core and the MLP activation function."""
         return self.attention_fwd + self.activation_fwd
 
     @property
-    def forward(self) -> float:
+    def forward(self) -> Scalars:
         return self.gemm_fwd + self.attention_fwd + self.elementwise_fwd
 
     @property
-    def backward(self) -> float:
+    def backward(self) -> Scalars:
         return 2.0 * self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
 
 
@@ -193,7 +198,7 @@ def layer_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, pre
 
 def lm_head_times(
     model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration
-) -> tuple[float, float]:
+) -> tuple[Scalars, Scalars]:
     """(forward, backward) seconds of the LM head GEMM and the cross-entropy (memory-bound:
     forward reads the logits and writes float32 probabilities, backward reads them and writes
     the logits' gradient)."""
@@ -204,6 +209,6 @@ def lm_head_times(
     return gemm + per_pass, 2.0 * gemm + per_pass
 
 
-def lm_head_time(model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration) -> float:
+def lm_head_time(model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration) -> Scalars:
     """Forward + backward seconds of the LM head and the cross-entropy."""
     return sum(lm_head_times(model, g, gpu, precision, act_bytes, cal))
