@@ -130,25 +130,25 @@ def _job_line(numbered: tuple[int, str]) -> str | None:
 def _run_jobs(path: Path, workers: int = 1) -> None:
     """Price every line of `path` (or stdin), writing results in input order. With several
     workers, lines go to a process pool in chunks (`Pool.imap` keeps the order)."""
+    import contextlib
     import os
+    from collections.abc import Iterator
 
     stream = sys.stdin if str(path) == "-" else path.open()
     workers = workers or os.cpu_count() or 1
     out = sys.stdout
-    with stream:
+    with stream, contextlib.ExitStack() as stack:
         numbered = enumerate(stream, 1)
         if workers == 1:
-            results = map(_job_line, numbered)
-            for res in results:
-                if res is not None:
-                    out.write(res + "\n")
-            return
-        import multiprocessing
+            results: Iterator[str | None] = map(_job_line, numbered)
+        else:
+            import multiprocessing
 
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            for res in pool.imap(_job_line, numbered, chunksize=64):
-                if res is not None:
-                    out.write(res + "\n")
+            pool = stack.enter_context(multiprocessing.get_context("fork").Pool(workers))
+            results = pool.imap(_job_line, numbered, chunksize=64)
+        for res in results:
+            if res is not None:
+                out.write(res + "\n")
 
 
 @app.command()

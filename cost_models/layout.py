@@ -163,6 +163,12 @@ class Layout(BaseModel):
         return "loss_parallel" if self.framework == "fsdp" and self.tp > 1 else "eager"
 
     @property
+    def communicator_groups(self) -> int:
+        """Parallel dimensions of more than one rank (tp, pp, cp, ep, dp): one NCCL communicator
+        each on a rank, whose buffers `Calibration.nccl_buffer_bytes_per_group` prices."""
+        return sum(1 for d in (self.tp, self.pp, self.cp, self.ep, self.dp_) if d > 1)
+
+    @property
     def world_size(self) -> int:
         return self.dp_ * self.tp * self.pp * self.cp
 

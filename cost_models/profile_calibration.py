@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -189,8 +189,8 @@ class ErrorStats:
     """Percent errors of predicted vs measured step time: 100 x (predicted - measured) / measured."""
 
     n: int
-    median_ape: float
-    mape: float
+    median_ape_pct: float
+    mape_pct: float
     mean_signed_pct: float
     method: str  # "stored prediction" | "re-priced" | "surrogate" | "leave-one-out (...)"
 
@@ -201,10 +201,7 @@ class ErrorStats:
         return cls(int(e.size), float(np.median(np.abs(e))), float(np.mean(np.abs(e))), float(np.mean(e)), method)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "n": self.n, "median_ape_pct": self.median_ape, "mape_pct": self.mape,
-            "mean_signed_pct": self.mean_signed_pct, "method": self.method,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -217,10 +214,7 @@ class FactorReport:
     unit: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "prior": self.prior, "fitted": self.fitted, "identified": self.identified,
-            "reason": self.reason, "unit": self.unit,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

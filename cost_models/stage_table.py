@@ -304,12 +304,11 @@ def build_table(
     cal: Calibration,
 ) -> StageTable:
     """`mesh` must be resolved (`Layout.resolved`)."""
-    pp, tp, cp = mesh.pp, mesh.tp, mesh.cp
+    pp, tp = mesh.pp, mesh.tp
     ab = training.activation_bytes
     g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
     actx = activation_context(training, mesh, model)
     pc = count_params(model)
-    ep = mesh.ep
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)
     dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, attn = (
         a.copy() for a in sums
@@ -337,7 +336,7 @@ def build_table(
     logits = store.get(logits_key)
     if logits is None:
         logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
-    groups = sum(1 for d in (tp, pp, cp, ep, mesh.dp_) if d > 1)
+    groups = mesh.communicator_groups
     return StageTable(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
         re_layers, re_moe, compute, forward, reco, attn, logits, tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary, groups,

@@ -168,10 +168,7 @@ def compare_with_estimate(
 
     layout = traced_layout(run, framework)
     est = estimate(run.model, run.training, get_cluster(cluster), run.gpus, layout, run.stage_partition)
-    lay = est.layout
-    # NCCL's communicator buffers (one per parallel dimension of more than one rank) are GPU-only
-    groups = sum(1 for d in (lay.tp, lay.pp, lay.cp, lay.ep, lay.dp_) if d > 1)
-    nccl = groups * default_calibration().nccl_buffer_bytes_per_group
+    nccl = est.layout.communicator_groups * default_calibration().nccl_buffer_bytes_per_group  # GPU-only
     rows = []
     for m in measured:
         b = est.memory[m.stage]

@@ -60,8 +60,8 @@ def test_slow_profiles_recover_compute_scale_and_overhead() -> None:
     pairs = [measured_pair(s, b, truth) for s, b in SHAPES]
     fit = fit_cluster_calibration("local-cpu", pairs)
     print(
-        f"\ncalibration local-cpu, {fit.n_profiles} profiles: error before {fit.error_before.mape:.1f}% "  # type: ignore[union-attr]
-        f"-> after {fit.error_after.mape:.1f}% (in-sample), {fit.error_loo.mape:.1f}% (leave-one-out); "  # type: ignore[union-attr]
+        f"\ncalibration local-cpu, {fit.n_profiles} profiles: error before {fit.error_before.mape_pct:.1f}% "  # type: ignore[union-attr]
+        f"-> after {fit.error_after.mape_pct:.1f}% (in-sample), {fit.error_loo.mape_pct:.1f}% (leave-one-out); "  # type: ignore[union-attr]
         f"{fit.calibration.source}"
     )
     assert fit.n_profiles == 4
@@ -69,9 +69,9 @@ def test_slow_profiles_recover_compute_scale_and_overhead() -> None:
     assert fit.calibration.gemm_efficiency == pytest.approx(truth.gemm_efficiency, rel=0.05)
     assert fit.calibration.step_overhead_s == pytest.approx(0.02, abs=0.008)
     assert fit.error_before is not None and fit.error_after is not None and fit.error_loo is not None
-    assert fit.error_before.mape > 40.0 and fit.error_before.mean_signed_pct < -40.0  # predicted too fast
-    assert fit.error_after.mape < 3.0
-    assert fit.error_loo.mape < 6.0 and fit.error_loo.n == 4
+    assert fit.error_before.mape_pct > 40.0 and fit.error_before.mean_signed_pct < -40.0  # predicted too fast
+    assert fit.error_after.mape_pct < 3.0
+    assert fit.error_loo.mape_pct < 6.0 and fit.error_loo.n == 4
     assert "re-priced" in fit.error_after.method
     factors = {f.name: f for f in fit.factors}
     assert factors["gemm_efficiency"].identified and factors["step_overhead_s"].identified
@@ -122,7 +122,7 @@ def test_one_profile_moves_compute_only_and_no_profile_changes_nothing() -> None
     fit = fit_cluster_calibration("local-cpu", [measured_pair(64, 4, slow_truth(base))])
     assert fit.calibration.step_overhead_s == base.step_overhead_s
     assert fit.multipliers["compute"] > 1.5
-    assert fit.error_after is not None and fit.error_after.mape < 5.0
+    assert fit.error_after is not None and fit.error_after.mape_pct < 5.0
     empty = fit_cluster_calibration("local-cpu", [])
     assert empty.calibration is base and empty.n_profiles == 0 and empty.error_before is None
 
