@@ -5,6 +5,9 @@
 # password is fixed: the server listens on loopback only and holds test databases only.
 # Everything but the URL goes to stderr; the exit status is non-zero on any failure.
 set -euo pipefail
+# Keep stdout for the URL alone: every tool below (pg_ctlcluster prints "Removed stale pid file."
+# on stdout, for one) writes to stderr; the URL goes to the saved stdout, fd 3.
+exec 3>&1 1>&2
 log() { echo "postgres.sh: $*" >&2; }
 
 PORT="${AUTOPAR_TEST_POSTGRES_PORT:-5432}"
@@ -52,4 +55,4 @@ END
 SELECT 'CREATE DATABASE $ROLE OWNER $ROLE' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$ROLE')\gexec
 SQL
 
-echo "postgresql+psycopg://$ROLE:$PASSWORD@127.0.0.1:$PORT/$ROLE"
+echo "postgresql+psycopg://$ROLE:$PASSWORD@127.0.0.1:$PORT/$ROLE" >&3

@@ -16,6 +16,10 @@ if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "sk
              "set AUTOPAR_TEST_POSTGRES=skip to run without it" >&2
         exit 1
     }
+    if [[ "$AUTOPAR_TEST_POSTGRES_URL" != postgresql+psycopg://* || "$AUTOPAR_TEST_POSTGRES_URL" == *$'\n'* ]]; then
+        echo "scripts/test.sh: scripts/postgres.sh printed no single URL: '$AUTOPAR_TEST_POSTGRES_URL'" >&2
+        exit 1
+    fi
     export AUTOPAR_TEST_POSTGRES_URL
 fi
 
