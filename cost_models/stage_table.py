@@ -72,18 +72,41 @@ def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[tuple[bool, b
     return out
 
 
+@lru_cache(maxsize=256)
+def _layer_classes(model: ModelSpec) -> tuple[tuple[int, ...], np.ndarray]:
+    """Layers that are priced alike: the first layer of each distinct (kind, parameter counts)
+    class in model order, and every layer's class index (read-only)."""
+    pc = count_params(model)
+    classes: dict[tuple, int] = {}
+    firsts: list[int] = []
+    index = []
+    for i, key in enumerate(layer_kinds(model)):
+        cls = (key, pc.layers[i])
+        if cls not in classes:
+            classes[cls] = len(firsts)
+            firsts.append(i)
+        index.append(classes[cls])
+    of_layer = np.array(index, dtype=np.int64)
+    of_layer.flags.writeable = False
+    return tuple(firsts), of_layer
+
+
 @lru_cache(maxsize=4096)
 def _layer_arrays(
     model: ModelSpec, cluster: ClusterSpec, precision: str, g: ShardGeometry, actx: ActivationContext, cal: Calibration
 ) -> dict[str, np.ndarray]:
-    """Per-layer quantities (arrays over the model's layers) for one shard geometry."""
+    """Per-layer quantities (arrays over the model's layers) for one shard geometry: priced once per
+    layer class (`_layer_classes`) and spread over the layers."""
     kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal)
     acts_by_kind = _layer_acts(model, actx)
     pc = count_params(model)
     tp, ep, etp = g.tp, g.ep, g.etp
+    all_kinds = layer_kinds(model)
+    firsts, of_layer = _layer_classes(model)
     out: dict[str, list[float]] = {k: [] for k in ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn", "moe")}
     # attn: the attention kernel's forward + backward seconds
-    for i, key in enumerate(layer_kinds(model)):
+    for i in firsts:
+        key = all_kinds[i]
         lp = pc.layers[i]
         lt = kinds[key]
         a = acts_by_kind[key]
@@ -97,10 +120,12 @@ def _layer_arrays(
         out["sel"].append(lt.selective_recompute)
         out["attn"].append(lt.attention)
         out["moe"].append(float(key[0]))
-    return {k: np.array(v) for k, v in out.items()}
+    return {k: np.array(v)[of_layer] for k, v in out.items()}
 
 
-@lru_cache(maxsize=8192)
+_RANK_SUMS: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, ...]]] = {}
+
+
 def _rank_sums(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -111,43 +136,67 @@ def _rank_sums(
     limit: int | None,
     cal: Calibration,
 ) -> tuple[np.ndarray, ...]:
-    """Per-rank sums over the layers each pipeline rank holds (cached: rank orders and knob
-    settings share them). `limit`: layers per rank that full recompute re-runs, the first ones in
-    the rank's order (None = all). The partition's chunks cover layers 0..n-1 in model order (a
-    probe partition may cover fewer than all)."""
+    """Per-rank sums over the layers each pipeline rank holds (memoized: rank orders and knob
+    settings share them; the job objects are matched by identity and kept alive by the entry, so
+    ids are not reused; the arrays are read-only). `limit`: layers per rank that full recompute
+    re-runs, the first ones in the rank's order (None = all). The partition's chunks cover layers
+    0..n-1 in model order (a probe partition may cover fewer than all)."""
+    key = (id(model), id(cluster), id(cal), precision, g, actx, partition, limit)
+    hit = _RANK_SUMS.get(key)
+    if hit is not None and hit[0][0] is model and hit[0][1] is cluster and hit[0][2] is cal:
+        return hit[1]
+    out = _sum_ranks(model, cluster, precision, g, actx, partition, limit, cal)
+    for a in out:
+        a.flags.writeable = False
+    if len(_RANK_SUMS) > 1 << 13:
+        _RANK_SUMS.clear()
+    _RANK_SUMS[key] = ((model, cluster, cal), out)
+    return out
+
+
+def _sum_ranks(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    precision: str,
+    g: ShardGeometry,
+    actx: ActivationContext,
+    partition: StagePartition,
+    limit: int | None,
+    cal: Calibration,
+) -> tuple[np.ndarray, ...]:
+    """`_rank_sums` without the memo. Sums run over each rank's layers in model order (one
+    `np.bincount` over all quantities at once, which adds in input order)."""
     pp = partition.pp
     owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
-    arr = {k: v[: len(owner)] for k, v in _layer_arrays(model, cluster, precision, g, actx, cal).items()}
+    n = len(owner)
+    arr = {k: v[:n] for k, v in _layer_arrays(model, cluster, precision, g, actx, cal).items()}
+    mine = owner[None, :] == np.arange(pp)[:, None]  # (pp, layers): the rank holds the layer
     if limit is None:
-        recomputed = np.ones(len(owner), dtype=bool)
+        recomputed = np.ones(n, dtype=bool)
     else:  # position of each layer within its rank: chunks of a rank come in model order
-        position = np.empty(len(owner))
-        for r in range(pp):
-            mine = np.flatnonzero(owner == r)
-            position[mine] = np.arange(len(mine))
+        position = np.cumsum(mine, axis=1)[owner, np.arange(n)] - 1
         recomputed = position < limit
 
-    def total(x: np.ndarray) -> np.ndarray:
-        return np.bincount(owner, weights=x, minlength=pp)
-
     def peak(x: np.ndarray) -> np.ndarray:
-        out = np.zeros(pp)
-        np.maximum.at(out, owner, x)
-        return out
+        return np.where(mine, x[None, :], 0.0).max(axis=1, initial=0.0)
 
-    dense, expert = total(arr["dense"]), total(arr["expert"])
+    a0, fwd, moe = arr["a0"], arr["fwd"], arr["moe"]
+    quantities = np.stack([
+        arr["dense"], arr["expert"], a0, arr["a1"], np.where(recomputed, arr["a2"], a0), np.ones(n), moe, arr["fb"],
+        fwd, arr["sel"], np.where(recomputed, fwd, 0.0), arr["attn"], recomputed.astype(float), np.where(recomputed, moe, 0.0),
+    ])
+    k = len(quantities)
+    bins = (owner[None, :] + pp * np.arange(k)[:, None]).ravel()
+    sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp)
+    dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, attn, re_layers, re_moe = sums
     largest = peak(arr["dense"] + arr["expert"])
-    acts = np.stack([total(arr["a0"]), total(arr["a1"]), total(np.where(recomputed, arr["a2"], arr["a0"]))])
-    working = peak(np.where(recomputed, arr["a0"], 0.0))
-    layers = np.bincount(owner, minlength=pp).astype(float)
-    moe = total(arr["moe"])
-    compute = total(arr["fb"])
-    forward = total(arr["fwd"])
-    reco = np.stack([np.zeros(pp), total(arr["sel"]), total(np.where(recomputed, arr["fwd"], 0.0))])
-    attn = total(arr["attn"])
-    re_layers = total(recomputed.astype(float))
-    re_moe = total(np.where(recomputed, arr["moe"], 0.0))
-    return dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, attn
+    working = peak(np.where(recomputed, a0, 0.0))
+    acts = np.stack([acts0, acts1, acts2])
+    reco = np.stack([np.zeros(pp), sel, full])
+    return (
+        dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
+        re_moe.copy(), compute.copy(), forward.copy(), reco, attn.copy(),
+    )
 
 
 @dataclass(frozen=True)
@@ -228,43 +277,60 @@ def mesh_comm(
     the boundary's bytes. `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order.
     Each part depends on a few degrees, the micro-batch and one rank stride: it is memoized on them.
     `micro_batch` (sequences) overrides the mesh's own."""
+    mb = mesh.micro_batch if micro_batch is None else micro_batch
+    return mesh_comm_at(model, training, cluster, gpus, mesh, cal, (mb,))[0]
+
+
+def mesh_comm_at(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    mesh: MeshLike,
+    cal: Calibration,
+    micro_batches: tuple[int, ...],
+) -> list[tuple[float, float, float, float, float]]:
+    """`mesh_comm` at each of `micro_batches` (sequences), sharing the mesh's strides and memo."""
     tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
     ab = training.activation_bytes
     st = mesh_strides(mesh)
     h = model.hidden_size
-    mb, sp = mesh.micro_batch if micro_batch is None else micro_batch, mesh.sp_
-    tokens = mb * training.seq_len / cp
-    act_full = tokens * h * ab
-    boundary = act_full / (tp if sp else 1)
+    sp = mesh.sp_
     store = _comm_store(model, training, cluster, cal, gpus)
-    tp_per_layer = cp_per_layer = ep_per_moe = p2p = 0.0
-    if tp > 1:
-        key = ("tp", tp, cp, sp, mb, st.tp)
-        tp_per_layer = store.get(key)  # type: ignore[assignment]
-        if tp_per_layer is None:
-            tp_per_layer = store[key] = _tp_comm(cluster, gpus, cal, tp, sp, act_full, st.tp)
-    if cp > 1:
-        key = ("cp", tp, cp, mb, st.cp)
-        cp_per_layer = store.get(key)  # type: ignore[assignment]
-        if cp_per_layer is None:
-            kv_heads = model.num_heads / tp if model.attention == "mla" else max(model.kv_heads / tp, 1.0)
-            kv_bytes = mb * training.seq_len * kv_heads * (model.qk_head_dim + model.v_dim) * ab
-            # ring attention: forward passes K, V around the ring; backward passes K, V and dK, dV
-            cp_per_layer = 3 * collective_time("all_gather", kv_bytes, Group.strided(cluster, cp, st.cp, gpus), cal)
-            store[key] = cp_per_layer
-    if model.is_moe and ep > 1:
-        key = ("ep", tp, cp, sp, ep, mb, st.ep)
-        ep_per_moe = store.get(key)  # type: ignore[assignment]
-        if ep_per_moe is None:
-            routed = tokens / (tp if sp else 1) * model.moe_top_k
-            a2a = collective_time("all_to_all", routed * h * ab, Group.strided(cluster, ep, st.ep, gpus), cal)
-            ep_per_moe = store[key] = 4 * a2a  # dispatch + combine, forward and backward
-    if mesh.pp > 1:
-        key = ("p2p", tp, cp, sp, mb, st.pp)
-        p2p = store.get(key)  # type: ignore[assignment]
-        if p2p is None:
-            p2p = store[key] = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal)
-    return tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary
+    out = []
+    for mb in micro_batches:
+        tokens = mb * training.seq_len / cp
+        act_full = tokens * h * ab
+        boundary = act_full / (tp if sp else 1)
+        tp_per_layer = cp_per_layer = ep_per_moe = p2p = 0.0
+        if tp > 1:
+            key = ("tp", tp, cp, sp, mb, st.tp)
+            tp_per_layer = store.get(key)  # type: ignore[assignment]
+            if tp_per_layer is None:
+                tp_per_layer = store[key] = _tp_comm(cluster, gpus, cal, tp, sp, act_full, st.tp)
+        if cp > 1:
+            key = ("cp", tp, cp, mb, st.cp)
+            cp_per_layer = store.get(key)  # type: ignore[assignment]
+            if cp_per_layer is None:
+                kv_heads = model.num_heads / tp if model.attention == "mla" else max(model.kv_heads / tp, 1.0)
+                kv_bytes = mb * training.seq_len * kv_heads * (model.qk_head_dim + model.v_dim) * ab
+                # ring attention: forward passes K, V around the ring; backward passes K, V and dK, dV
+                cp_per_layer = 3 * collective_time("all_gather", kv_bytes, Group.strided(cluster, cp, st.cp, gpus), cal)
+                store[key] = cp_per_layer
+        if model.is_moe and ep > 1:
+            key = ("ep", tp, cp, sp, ep, mb, st.ep)
+            ep_per_moe = store.get(key)  # type: ignore[assignment]
+            if ep_per_moe is None:
+                routed = tokens / (tp if sp else 1) * model.moe_top_k
+                a2a = collective_time("all_to_all", routed * h * ab, Group.strided(cluster, ep, st.ep, gpus), cal)
+                ep_per_moe = store[key] = 4 * a2a  # dispatch + combine, forward and backward
+        if mesh.pp > 1:
+            key = ("p2p", tp, cp, sp, mb, st.pp)
+            p2p = store.get(key)  # type: ignore[assignment]
+            if p2p is None:
+                p2p = store[key] = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal)
+        out.append((tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary))
+    return out
 
 
 def _tp_comm(cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int) -> float:
@@ -310,9 +376,8 @@ def build_table(
     actx = activation_context(training, mesh, model)
     pc = count_params(model)
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)
-    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, attn = (
-        a.copy() for a in sums
-    )
+    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, attn = sums
+    dense, compute, forward = dense.copy(), compute.copy(), forward.copy()  # the rest is read-only, shared
     dense[0] += pc.embedding / tp
     dense[pp - 1] += pc.final_norm
     if pc.lm_head:
@@ -349,24 +414,34 @@ def build_table(
 
 @dataclass(frozen=True)
 class KnobArrays:
-    """The knobs of many settings as arrays over settings (axis 0 of `KnobPrices`)."""
+    """The knobs of many settings as arrays over settings (axis 0 of `KnobPrices`), and each
+    setting's index (`sharding`) into the distinct (ZeRO stage, sharding group) pairs of the
+    settings it was made from (`shardings`), which is all the data-parallel traffic reads."""
 
     zero: np.ndarray  # ZeRO stage
     shard: np.ndarray  # sharding group, ranks
     mode: np.ndarray  # index into RECOMPUTE_MODES
     offload: np.ndarray  # optimizer offload (bool)
+    sharding: np.ndarray  # index into `shardings`
+    shardings: tuple[tuple[int, int], ...]  # distinct (zero stage, sharding group), first-seen order
 
     @classmethod
     def of(cls, settings: list[Setting]) -> KnobArrays:
+        distinct: dict[tuple[int, int], int] = {}
+        index = [distinct.setdefault((s.zero_stage, s.dp_shard), len(distinct)) for s in settings]
         return cls(
             np.array([s.zero_stage for s in settings]),
             np.array([s.dp_shard for s in settings]),
             np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings]),
             np.array([s.offload_optimizer for s in settings]),
+            np.array(index, dtype=np.int64),
+            tuple(distinct),
         )
 
     def take(self, rows: np.ndarray) -> KnobArrays:
-        return KnobArrays(self.zero[rows], self.shard[rows], self.mode[rows], self.offload[rows])
+        return KnobArrays(
+            self.zero[rows], self.shard[rows], self.mode[rows], self.offload[rows], self.sharding[rows], self.shardings
+        )
 
 
 @lru_cache(maxsize=4096)
@@ -602,37 +677,45 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     pp, mb_count = m.pp, m.grad_accum_
     J = len(settings)
     knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
-    zero, shard, mode, offload = knobs.zero, knobs.shard, knobs.mode, knobs.offload
-    full = (mode == 2)[:, None]
+    mode, offload = knobs.mode, knobs.offload
 
+    # Everything but the ZeRO traffic depends on a setting only through its recompute mode: priced
+    # once per mode ((3, pp) arrays, rows in RECOMPUTE_MODES order) and picked per setting.
+    full = np.array([False, False, True])[:, None]
     comp = t.compute[None, :]  # (1, pp): the same for every setting (broadcast)
-    reco = t.recompute[mode]
     # TP collectives: forward and backward of every layer, plus the forward again when recomputed
-    tp_c = t.tp_per_layer * (2.0 * t.layers[None, :] + np.where(full, t.recomputed_layers[None, :], 0.0)) * (1 - ov.tp)
+    tp_m = t.tp_per_layer * (2.0 * t.layers[None, :] + np.where(full, t.recomputed_layers[None, :], 0.0)) * (1 - ov.tp)
     # ring attention hides its exchange behind the attention kernels (forward and backward)
     cp_rank = np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)  # (pp,), every setting
     # all-to-all: dispatch + combine forward and backward; recompute repeats the forward half
-    ep_c = t.ep_per_moe_layer * (t.moe_layers[None, :] + np.where(full, 0.5 * t.recomputed_moe[None, :], 0.0)) * (1 - ov.ep)
+    ep_m = t.ep_per_moe_layer * (t.moe_layers[None, :] + np.where(full, 0.5 * t.recomputed_moe[None, :], 0.0)) * (1 - ov.ep)
     pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
+    busy_m = comp + t.recompute  # the kernels ZeRO-3 gathers hide behind
+    base_m = busy_m + tp_m + cp_rank[None, :] + ep_m + pp_c
+    by_mode = np.stack([t.recompute, tp_m, ep_m, busy_m, base_m])  # (5, 3, pp)
+    picked = by_mode[:, mode]  # (5, J, pp)
 
-    # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting
-    z3, dp_reduce, dp_gather = _dp_rows(t, zero, shard, cal)
-    z3 = np.maximum(0.0, z3 - ov.zero3 * (comp + reco))
-    total = comp + reco + tp_c + cp_rank[None, :] + ep_c + pp_c + z3
+    # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting; the
+    # data-parallel traffic and local parameter counts are priced per (ZeRO stage, sharding group)
+    dp_grid, local_grid = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
+    dp_t = dp_grid[knobs.sharding]  # (J, 3, pp): per micro-batch (ZeRO-3 / 2), reduction, gather
+    z3 = np.maximum(0.0, dp_t[:, 0] - ov.zero3 * picked[3])
+    total = picked[4] + z3
     slow = total.argmax(axis=1)
     rows = np.arange(J)
     t_max = total[rows, slow]
     bubble = (total.sum(axis=1) - t_max) / vpp if pp > 1 else np.zeros(J)
+    reco_s, tp_s, ep_s = by_mode[:3, mode, slow]  # (3, J): at each setting's slowest rank
+    dp_s = dp_t[rows, :, slow]  # (J, 3)
     # Gradient reduction hides behind the last micro-batch's backward; the weight all-gather of a
     # sharded optimizer behind the next step's first forward (Megatron's --overlap-param-gather).
     forward_window = t.forward[slow]
-    backward_window = t.compute[slow] - forward_window
-    dp_exposed = np.maximum(0.0, dp_reduce[rows, slow] - ov.dp * backward_window)
-    dp_exposed += np.maximum(0.0, dp_gather[rows, slow] - ov.dp * forward_window)
+    compute_slow = t.compute[slow]
+    backward_window = compute_slow - forward_window
+    dp_exposed = np.maximum(0.0, dp_s[:, 1] - ov.dp * backward_window)
+    dp_exposed += np.maximum(0.0, dp_s[:, 2] - ov.dp * forward_window)
 
-    ds, es = _shards(t, shard)
-    D, E = t.dense_params[slow], t.expert_params[slow]
-    local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)
+    local = local_grid[knobs.sharding, slow]  # parameters whose optimizer states the rank updates
     # optimizer step HBM traffic per local parameter: read and write the optimizer states (master,
     # m, v: 2 x 12 bytes for AdamW), read the gradient, write the working weight
     moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
@@ -640,19 +723,14 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     opt_off = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
     opt_t = np.where(offload, opt_off, opt_gpu)
 
-    def at_slow(a: np.ndarray | float) -> np.ndarray:
-        if not isinstance(a, np.ndarray):
-            return np.full(J, float(a))  # type: ignore[arg-type]
-        return np.asarray(a)[rows, slow]
-
     parts = {
-        "compute_s": mb_count * t.compute[slow],
-        "recompute_s": mb_count * at_slow(reco),
-        "tp_comm_s": mb_count * at_slow(tp_c),
+        "compute_s": mb_count * compute_slow,
+        "recompute_s": mb_count * reco_s,
+        "tp_comm_s": mb_count * tp_s,
         "cp_comm_s": mb_count * cp_rank[slow],
-        "ep_comm_s": mb_count * at_slow(ep_c),
-        "pp_comm_s": mb_count * at_slow(pp_c),
-        "dp_comm_s": dp_exposed + mb_count * at_slow(z3),
+        "ep_comm_s": mb_count * ep_s,
+        "pp_comm_s": mb_count * np.full(J, float(pp_c)),
+        "dp_comm_s": dp_exposed + mb_count * z3[rows, slow],
         "bubble_s": bubble,
         "optimizer_s": opt_t,
         "overhead_s": np.full(J, cal.step_overhead_s),
@@ -697,16 +775,33 @@ def rank_time_bound(
     return grad_accum * worst + bubble
 
 
-def _dp_rows(t: StageTable, zero: np.ndarray, shard: np.ndarray, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_dp_times` of every setting (ZeRO stage `zero`, sharding group `shard`, arrays over
-    settings) as (settings, pp) arrays of seconds: priced once per distinct (zero, shard) pair."""
-    pairs: dict[tuple[int, int], int] = {}
-    index = [pairs.setdefault(key, len(pairs)) for key in zip(zero.tolist(), shard.tolist(), strict=True)]
-    if not pairs:
-        return np.zeros((0, t.mesh.pp)), np.zeros((0, t.mesh.pp)), np.zeros((0, t.mesh.pp))
-    table_key = _dp_table_key(t, cal)
-    picked = np.array([_dp_times_cached(t, z, d, cal, table_key) for z, d in pairs])[index]  # (J, 3, pp)
-    return picked[:, 0], picked[:, 1], picked[:, 2]
+_DP_GRIDS: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray]]] = {}
+
+
+def _dp_grid(
+    t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration, table_key: tuple
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per (ZeRO stage, sharding group) pair of a grid: `_dp_times` stacked as one (pairs, 3, pp)
+    array of seconds, and the parameters per rank whose optimizer states the rank keeps and
+    updates ((pairs, pp): all of them under ZeRO-0, the shard's part from ZeRO-1 on). Memoized
+    like `_dp_times_cached` (tables of one mesh and micro-batch count share them); read-only."""
+    objs = (t.cluster, t.training, cal)
+    key = (table_key, shardings)
+    hit = _DP_GRIDS.get(key)
+    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
+        return hit[1]
+    dp = np.array([_dp_times_cached(t, z, d, cal, table_key) for z, d in shardings]).reshape(len(shardings), 3, t.mesh.pp)
+    zero = np.array([z for z, _ in shardings])[:, None]
+    ds, es = _shards(t, np.array([d for _, d in shardings])[:, None])
+    D, E = t.dense_params[None, :], t.expert_params[None, :]
+    local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)
+    out = (dp, local)
+    for a in out:
+        a.flags.writeable = False
+    if len(_DP_GRIDS) > 1 << 14:
+        _DP_GRIDS.clear()
+    _DP_GRIDS[key] = (objs, out)
+    return out
 
 
 _DP_TIMES: dict[tuple, tuple[tuple[object, ...], np.ndarray]] = {}

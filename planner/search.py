@@ -24,9 +24,8 @@ topology (`planner.placement`).
 
 from __future__ import annotations
 
-import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -46,7 +45,7 @@ from cost_models.stage_table import (
     build_table,
     layer_kind_counts,
     layer_kinds,
-    mesh_comm,
+    mesh_comm_at,
     price_memory,
     price_time,
     rank_time_bound,
@@ -146,13 +145,96 @@ class _LazyLayout(NamedTuple):
 
 
 class _Ranked(NamedTuple):
-    """A feasible layout, ordered by (step seconds, generation order): `seq` is unique, so tuple
-    comparison never reaches the layout."""
+    """A feasible layout with its step time (seconds) and peak memory (bytes on the worst rank)."""
 
     step_s: float
-    seq: int
     layout: _LazyLayout
     peak_bytes: int
+
+
+Block = tuple[Mesh, int, int, str, list[Setting], np.ndarray]
+"""The layouts of one priced table that fit: (mesh, micro-batch, vpp, schedule, the knob grid, the
+indices of the settings that fit)."""
+
+
+class _RankedBlocks:
+    """Every feasible layout found, kept as one block of arrays per priced table (step seconds,
+    peak bytes) in generation order, and the k best step times so far (`kth_best_s` is the
+    pruning threshold once `full`). Layouts are only named for what the Plan reports."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.best = np.zeros(0)  # the k smallest step times so far, ascending (duplicates kept)
+        self.steps: list[np.ndarray] = []
+        self.peaks: list[np.ndarray] = []
+        self.blocks: list[Block] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.best) >= self.k
+
+    @property
+    def kth_best_s(self) -> float:
+        return float(self.best[-1])
+
+    def add(self, step_s: np.ndarray, peak_bytes: np.ndarray, block: Block) -> None:
+        if not self.full or step_s.min() < self.best[-1]:
+            self.best = np.sort(np.concatenate([self.best, step_s]))[: self.k]
+        self.steps.append(step_s)
+        self.peaks.append(peak_bytes)
+        self.blocks.append(block)
+
+    def ranked(self, framework: str, cross_entropy: str | None) -> _RankedView:
+        if not self.steps:
+            return _RankedView(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], framework, cross_entropy)
+        lengths = [len(a) for a in self.steps]
+        return _RankedView(
+            np.concatenate(self.steps),
+            np.concatenate(self.peaks).astype(np.int64),
+            np.repeat(np.arange(len(lengths)), lengths),
+            self.blocks,
+            framework,
+            cross_entropy,
+        )
+
+
+@dataclass
+class _RankedView:
+    """All feasible layouts as arrays in generation order (index = generation sequence)."""
+
+    step_s: np.ndarray  # (L,) seconds
+    peak_bytes: np.ndarray  # (L,) bytes, truncated to integers
+    block_of: np.ndarray  # (L,) index into `blocks`
+    blocks: list[Block]
+    framework: str
+    cross_entropy: str | None
+
+    def _named(self, i: int) -> _Ranked:
+        b = int(self.block_of[i])
+        mesh, mb, vpp, schedule, grid, fits = self.blocks[b]
+        first = int(np.searchsorted(self.block_of, b))  # blocks are contiguous, in order
+        layout = _LazyLayout(mesh, mb, vpp, schedule, grid[int(fits[i - first])], self.framework, self.cross_entropy)
+        return _Ranked(float(self.step_s[i]), layout, int(self.peak_bytes[i]))
+
+    def first(self, n: int) -> list[_Ranked]:
+        """The n fastest, ties in generation order."""
+        order = np.argsort(self.step_s, kind="stable")[:n]
+        return [self._named(int(i)) for i in order]
+
+    def pareto(self, limit: int = 12) -> list[_Ranked]:
+        """Non-dominated layouts on (higher throughput = lower step time, more memory headroom):
+        by step time, then peak, then generation order, every layout whose peak is below all
+        faster ones'. More than `limit`: the ends and an even spread between them."""
+        if not len(self.step_s):
+            return []
+        order = np.lexsort((np.arange(len(self.step_s)), self.peak_bytes, self.step_s))
+        peaks = self.peak_bytes[order]
+        before = np.concatenate([[np.iinfo(np.int64).max], np.minimum.accumulate(peaks)[:-1]])
+        front = order[peaks < before]
+        if len(front) > limit:
+            idx = sorted({round(i * (len(front) - 1) / (limit - 1)) for i in range(limit)})
+            front = front[idx]
+        return [self._named(int(i)) for i in front]
 
 
 Geometry = tuple[int, int, int, int]
@@ -273,8 +355,9 @@ def _pair_bounds(
     times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal)
     comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
-        comm1.append(mesh_comm(model, training, cluster, gpus, mesh, cal, micro_batch=1)[:4])
-        comm2.append(mesh_comm(model, training, cluster, gpus, mesh, cal, micro_batch=2)[:4])
+        at1, at2 = mesh_comm_at(model, training, cluster, gpus, mesh, cal, (1, 2))
+        comm1.append(at1[:4])
+        comm2.append(at2[:4])
     c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
     mesh_of = np.repeat(np.arange(len(meshes_mbs)), [len(mbs) for _, mbs in meshes_mbs])
     mb = np.array([m for _, mbs in meshes_mbs for m in mbs], dtype=np.int64)
@@ -295,6 +378,17 @@ def _pair_bounds(
     bound = m_count * per_mb / pp
     layer_moe = np.array([float(k[0]) for k in layer_kinds(model)])
     return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, c1, c2, per_mb, layer_moe)
+
+
+def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, float]]:
+    """(bound, mesh index, micro-batch, per-micro-batch seconds) of the pairs in `order`, converted
+    to Python numbers a chunk at a time: branch and bound usually stops after a few thousand."""
+    for start in range(0, len(order), chunk):
+        at = order[start : start + chunk]
+        yield from zip(
+            bounds.bound_s[at].tolist(), bounds.mesh_of[at].tolist(), bounds.mb_of[at].tolist(), bounds.per_mb_s[at].tolist(),
+            strict=True,
+        )
 
 
 @dataclass(frozen=True)
@@ -460,22 +554,13 @@ def search(
     bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
     # visit pairs in increasing bound order, ties in generation order (a stable sort)
     order = np.argsort(bounds.bound_s, kind="stable")
-    pairs = list(
-        zip(
-            bounds.bound_s[order].tolist(),
-            bounds.mesh_of[order].tolist(),
-            bounds.mb_of[order].tolist(),
-            bounds.per_mb_s[order].tolist(),
-            strict=True,
-        )
-    )
+    pairs = _visit_order(bounds, order)
+    pair_count = len(order)
 
     # --- level 2: knobs, branch and bound ---------------------------------------------------------
     k = max(c.top_k, 1) + 1  # keep one spare so alternatives exclude the best
-    top: list[float] = []  # max-heap (negated) of the k best step times
-    ranked: list[_Ranked] = []
+    ranked = _RankedBlocks(k)
     closest: tuple[int, Layout, MemoryBreakdown] | None = None
-    seq = 0
     faster = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
     grid_reasons: dict[tuple[int, int, int], _GridRejections] = {}
@@ -528,7 +613,7 @@ def search(
     for done, (lb, mesh_index, mb, per_mb_s) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
-            progress(done, len(pairs))
+            progress(done, pair_count)
         options = pipeline_options(model, training, mesh, mb, c)
         n = knob_count(mesh, mb)
         visited_knobs += n
@@ -539,7 +624,7 @@ def search(
         rejections = grid_reasons[grid_key]
         generated += n
         pair_times: _PairTimes | None = None
-        if len(top) >= k and lb >= max(-top[0], reference_step_s or 0.0):
+        if ranked.full and lb >= max(ranked.kth_best_s, reference_step_s or 0.0):
             # pairs are sorted by bound: every later pair is pruned too
             later = total_knobs - visited_knobs
             generated += later
@@ -556,8 +641,8 @@ def search(
                     len(grid),
                 )
                 continue
-            if len(top) >= k:  # bound the layout before building its table: cheap bound first
-                threshold = max(-top[0], reference_step_s or 0.0)
+            if ranked.full:  # bound the layout before building its table: cheap bound first
+                threshold = max(ranked.kth_best_s, reference_step_s or 0.0)
                 ga = training.global_batch // (mb * mesh.dp)
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
@@ -570,7 +655,7 @@ def search(
             base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy, validate=False).resolved(gpus, training)
             partition = _even_partition(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
-            if len(top) >= k and time_lower_bound(table, vpp, cal) >= max(-top[0], reference_step_s or 0.0):
+            if ranked.full and time_lower_bound(table, vpp, cal) >= max(ranked.kth_best_s, reference_step_s or 0.0):
                 pruned += len(grid)
                 continue
             prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
@@ -598,36 +683,31 @@ def search(
                         )
             if not len(fits):
                 continue
-            fit_settings = [grid[j] for j in fits]
-            sub = price_time(table, fit_settings, prices.take(fits), vpp, cal)
-            assert sub.step_s is not None
-            feasible += len(fit_settings)
-            sub_peaks = peaks[fits].tolist()  # = sub.peak: the same rows of the same sums
+            # every setting is timed (as cheap as timing a subset: the work is per numpy call), the
+            # ones that fit are kept
+            timed = price_time(table, grid, prices, vpp, cal)
+            assert timed.step_s is not None
+            step_s = timed.step_s[fits]
+            feasible += len(fits)
             if reference_step_s is not None:
-                faster += int(np.count_nonzero(sub.step_s < reference_step_s * (1 - 1e-9)))
-            for idx, (s_j, step) in enumerate(zip(fit_settings, sub.step_s.tolist(), strict=True)):
-                seq += 1
-                if len(top) < k:
-                    heapq.heappush(top, -step)
-                elif step < -top[0]:
-                    heapq.heapreplace(top, -step)
-                ranked.append(_Ranked(step, seq, _LazyLayout(mesh, mb, vpp, schedule, s_j, c.framework, c.cross_entropy), int(sub_peaks[idx])))
+                faster += int(np.count_nonzero(step_s < reference_step_s * (1 - 1e-9)))
+            ranked.add(step_s, peaks[fits], (mesh, mb, vpp, schedule, grid, fits))
     if progress is not None:
-        progress(len(pairs), len(pairs))
+        progress(pair_count, pair_count)
     for rejections in grid_reasons.values():
         rejections.flush(log)
 
-    ranked.sort()
+    ranked_all = ranked.ranked(c.framework, c.cross_entropy)
     inputs = PlanInputs(model=model, cluster=cluster, gpus=gpus, training=training, constraints=c)
     best_list = [
         _candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=refine and i == 0, usable=usable)
-        for i, r in enumerate(ranked[: c.top_k + 1])
+        for i, r in enumerate(ranked_all.first(c.top_k + 1))
     ]
     best_list.sort(key=lambda cand: cand.step_s)
     best = best_list[0] if best_list else None
     if best is not None:
         best.placement = place(cluster, gpus, best.layout)
-    pareto = _pareto(ranked, usable)
+    pareto = ranked_all.pareto()
     plan = Plan(
         inputs=inputs,
         best=best,
@@ -676,20 +756,6 @@ def _candidate(
             if (usable is None or est2.peak_bytes <= usable) and est2.step_s < est.step_s:
                 est = est2
     return Candidate(layout=layout, partition=list(est.partition.chunk_layers), estimate=estimate_dict(model, cluster.name, est))
-
-
-def _pareto(ranked: list[_Ranked], usable: int, limit: int = 12) -> list[_Ranked]:
-    """Non-dominated layouts on (higher throughput = lower step time, more memory headroom)."""
-    front: list[_Ranked] = []
-    best_peak = None
-    for r in sorted(ranked, key=lambda r: (r.step_s, r.peak_bytes)):
-        if best_peak is None or r.peak_bytes < best_peak:
-            front.append(r)
-            best_peak = r.peak_bytes
-    if len(front) > limit:  # keep the ends and an even spread between them
-        idx = sorted({round(i * (len(front) - 1) / (limit - 1)) for i in range(limit)})
-        front = [front[i] for i in idx]
-    return front
 
 
 def _closest(closest: tuple[int, Layout, MemoryBreakdown], usable: int) -> ClosestMiss:
