@@ -670,6 +670,17 @@ def price_memory(
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, knobs=knobs)
 
 
+_FULL_MODE = np.array([False, False, True])[:, None]
+"""Rows of RECOMPUTE_MODES that re-run whole layers (full recompute), as a (3, 1) mask."""
+
+
+def _filled(n: int, value: float) -> np.ndarray:
+    """`np.full(n, value)` for a float, without its Python-level dispatch."""
+    out = np.empty(n)
+    out.fill(value)
+    return out
+
+
 def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
     """Seconds per step for every setting (see cost_models.estimate for the composition)."""
     tr, m, cl = t.training, t.mesh, t.cluster
@@ -681,18 +692,23 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
 
     # Everything but the ZeRO traffic depends on a setting only through its recompute mode: priced
     # once per mode ((3, pp) arrays, rows in RECOMPUTE_MODES order) and picked per setting.
-    full = np.array([False, False, True])[:, None]
-    comp = t.compute[None, :]  # (1, pp): the same for every setting (broadcast)
+    by_mode = np.empty((5, 3, pp))  # recompute, TP, EP, kernels (compute + recompute), all but ZeRO
+    reco_m, tp_m, ep_m, busy_m, base_m = by_mode
+    reco_m[:] = t.recompute
     # TP collectives: forward and backward of every layer, plus the forward again when recomputed
-    tp_m = t.tp_per_layer * (2.0 * t.layers[None, :] + np.where(full, t.recomputed_layers[None, :], 0.0)) * (1 - ov.tp)
+    np.multiply(t.tp_per_layer, 2.0 * t.layers[None, :] + np.where(_FULL_MODE, t.recomputed_layers[None, :], 0.0), out=tp_m)
+    tp_m *= 1 - ov.tp
     # ring attention hides its exchange behind the attention kernels (forward and backward)
     cp_rank = np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)  # (pp,), every setting
     # all-to-all: dispatch + combine forward and backward; recompute repeats the forward half
-    ep_m = t.ep_per_moe_layer * (t.moe_layers[None, :] + np.where(full, 0.5 * t.recomputed_moe[None, :], 0.0)) * (1 - ov.ep)
+    np.multiply(t.ep_per_moe_layer, t.moe_layers[None, :] + np.where(_FULL_MODE, 0.5 * t.recomputed_moe[None, :], 0.0), out=ep_m)
+    ep_m *= 1 - ov.ep
     pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
-    busy_m = comp + t.recompute  # the kernels ZeRO-3 gathers hide behind
-    base_m = busy_m + tp_m + cp_rank[None, :] + ep_m + pp_c
-    by_mode = np.stack([t.recompute, tp_m, ep_m, busy_m, base_m])  # (5, 3, pp)
+    np.add(t.compute[None, :], reco_m, out=busy_m)  # the kernels ZeRO-3 gathers hide behind
+    np.add(busy_m, tp_m, out=base_m)
+    base_m += cp_rank[None, :]
+    base_m += ep_m
+    base_m += pp_c
     picked = by_mode[:, mode]  # (5, J, pp)
 
     # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting; the
@@ -729,11 +745,11 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
         "tp_comm_s": mb_count * tp_s,
         "cp_comm_s": mb_count * cp_rank[slow],
         "ep_comm_s": mb_count * ep_s,
-        "pp_comm_s": mb_count * np.full(J, float(pp_c)),
+        "pp_comm_s": _filled(J, mb_count * float(pp_c)),
         "dp_comm_s": dp_exposed + mb_count * z3[rows, slow],
         "bubble_s": bubble,
         "optimizer_s": opt_t,
-        "overhead_s": np.full(J, cal.step_overhead_s),
+        "overhead_s": _filled(J, cal.step_overhead_s),
     }
     prices.stage_time = total
     prices.parts = parts

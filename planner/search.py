@@ -448,9 +448,10 @@ def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int) -> float:
 
 
 BOUND_MARGIN = 1e-9
-"""Relative margin under which `_PairTimes.bound` defers to the table's own bound: the two are the
-same sum up to float rounding, and only the table's decides a layout that sits on the k-th best
-step time."""
+"""Relative margin within which `_PairTimes.bound` defers to the table's own bound: the two are the
+same sum up to float rounding (tests/planner/test_search_bounds.py: within 1e-12), and only the
+table's decides a layout that sits on the k-th best step time. A pair bound below the threshold by
+more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
 def _memory_reason(s: Setting) -> str:
@@ -631,6 +632,7 @@ def search(
             pruned += n + later
             break
         for vpp, schedule in options:
+            near_threshold = True
             if schedule == "gpipe" and c.schedule != "gpipe":
                 # Dominated: GPipe has exactly 1F1B's step time (same bubble, same work) and holds
                 # all micro-batches' activations instead of at most pp, so it never ranks higher.
@@ -652,10 +654,12 @@ def search(
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
+                # within the margin of the threshold only the table's own bound decides
+                near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
             base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy, validate=False).resolved(gpus, training)
             partition = _even_partition(model.num_layers, mesh.pp, vpp)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
-            if ranked.full and time_lower_bound(table, vpp, cal) >= max(ranked.kth_best_s, reference_step_s or 0.0):
+            if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.kth_best_s, reference_step_s or 0.0):
                 pruned += len(grid)
                 continue
             prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
