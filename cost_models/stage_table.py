@@ -181,11 +181,14 @@ def _sum_ranks(
         return np.where(mine, x[None, :], 0.0).max(axis=1, initial=0.0)
 
     a0, fwd, moe = arr["a0"], arr["fwd"], arr["moe"]
-    quantities = np.stack([
-        arr["dense"], arr["expert"], a0, arr["a1"], np.where(recomputed, arr["a2"], a0), np.ones(n), moe, arr["fb"],
-        fwd, arr["sel"], np.where(recomputed, fwd, 0.0), arr["attn"], recomputed.astype(float), np.where(recomputed, moe, 0.0),
-    ])
-    k = len(quantities)
+    k = 14
+    quantities = np.empty((k, n))
+    quantities[0], quantities[1], quantities[2], quantities[3] = arr["dense"], arr["expert"], a0, arr["a1"]
+    quantities[4] = np.where(recomputed, arr["a2"], a0)
+    quantities[5], quantities[6], quantities[7], quantities[8], quantities[9] = 1.0, moe, arr["fb"], fwd, arr["sel"]
+    quantities[10] = np.where(recomputed, fwd, 0.0)
+    quantities[11], quantities[12] = arr["attn"], recomputed
+    quantities[13] = np.where(recomputed, moe, 0.0)
     bins = (owner[None, :] + pp * np.arange(k)[:, None]).ravel()
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp)
     dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, attn, re_layers, re_moe = sums
@@ -424,23 +427,28 @@ class KnobArrays:
     offload: np.ndarray  # optimizer offload (bool)
     sharding: np.ndarray  # index into `shardings`
     shardings: tuple[tuple[int, int], ...]  # distinct (zero stage, sharding group), first-seen order
+    phase: np.ndarray  # 2 x (ZeRO-3) + (full recompute): which layer-phase buffers the setting holds
 
     @classmethod
     def of(cls, settings: list[Setting]) -> KnobArrays:
         distinct: dict[tuple[int, int], int] = {}
         index = [distinct.setdefault((s.zero_stage, s.dp_shard), len(distinct)) for s in settings]
+        zero = np.array([s.zero_stage for s in settings], dtype=np.int64)
+        mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings], dtype=np.int64)
         return cls(
-            np.array([s.zero_stage for s in settings]),
+            zero,
             np.array([s.dp_shard for s in settings]),
-            np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings]),
+            mode,
             np.array([s.offload_optimizer for s in settings]),
             np.array(index, dtype=np.int64),
             tuple(distinct),
+            2 * (zero >= 3) + (mode == 2),
         )
 
     def take(self, rows: np.ndarray) -> KnobArrays:
         return KnobArrays(
-            self.zero[rows], self.shard[rows], self.mode[rows], self.offload[rows], self.sharding[rows], self.shardings
+            self.zero[rows], self.shard[rows], self.mode[rows], self.offload[rows], self.sharding[rows], self.shardings,
+            self.phase[rows],
         )
 
 
@@ -468,6 +476,7 @@ class KnobPrices:
     parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
     step_s: np.ndarray | None = None  # (J,)
     knobs: KnobArrays | None = None  # the settings priced, as arrays
+    allocated: np.ndarray | None = None  # (J, pp) bytes: everything but `reserve`, as `price_memory` summed it
 
     def take(self, rows: np.ndarray) -> KnobPrices:
         """The memory prices of a subset of the settings (before `price_time`)."""
@@ -479,6 +488,8 @@ class KnobPrices:
 
     @property
     def total(self) -> np.ndarray:
+        if self.allocated is not None:  # the same sum, in the same order, plus the reserve
+            return self.allocated + self.reserve
         return (
             self.parameters + self.gradients + self.optimizer + self.activations + self.logits
             + self.comm_buffers + self.reserve
@@ -575,6 +586,11 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
     return params, grads, opt, host, embedding_transient
 
 
+_PHASE_Z3 = np.array([False, False, True, True])[:, None]
+_PHASE_FULL = np.array([False, True, False, True])[:, None]
+"""Rows of the (ZeRO-3, full recompute) flag pairs, indexed by `KnobArrays.phase`."""
+
+
 def price_memory(
     t: StageTable, settings: list[Setting], schedule: str, vpp: int, cal: Calibration, knobs: KnobArrays | None = None
 ) -> KnobPrices:
@@ -591,7 +607,7 @@ def price_memory(
     else:
         params, grads, opt, host, embedding_transient = _state_bytes(t, knobs)
     inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
-    acts = t.acts[mode] * inflight[None, :]
+    acts = (t.acts * inflight[None, :])[mode]  # per recompute mode, then per setting
     logits = np.zeros((len(settings), pp))
     logits[:, pp - 1] = t.logits
     if m.framework == "fsdp" and pp > 1 and schedule == "gpipe" and m.grad_accum_ > 1:
@@ -618,8 +634,8 @@ def price_memory(
     # loss on the last stage (logits and their float32 gradients, freed before the LM head's
     # backward gathers its weight). The rank holds the larger; `comm_buffers` reports what the
     # layer phase adds beyond the logits, so the breakdown still sums to the total.
-    layer_phase = np.where(zero >= 3, z3_buffers[None, :], 0.0)
-    layer_phase = layer_phase + np.where((mode == 2)[:, None], t.working[None, :], 0.0)
+    # per (ZeRO-3, full recompute) pair of flags (`KnobArrays.phase`), then per setting
+    layer_phase = (np.where(_PHASE_Z3, z3_buffers[None, :], 0.0) + np.where(_PHASE_FULL, t.working[None, :], 0.0))[knobs.phase]
     buffers = np.maximum(0.0, layer_phase - logits)
     if embedding_transient:
         # it replaces the micro-batch's transient peak (its activations, loss and layer buffers)
@@ -667,7 +683,7 @@ def price_memory(
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
     reserve = cal.cuda_context_bytes + cal.fragmentation * allocated
-    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, knobs=knobs)
+    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, knobs=knobs, allocated=allocated)
 
 
 _FULL_MODE = np.array([False, False, True])[:, None]

@@ -12,7 +12,11 @@ Whole space, priced or provably pruned (branch and bound):
 3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
    (`_PairTimes.bound`: `stage_table.time_lower_bound` without building the table, with the even
    partition's slowest rank and the bubble) and pruned the same way.
+   When that bound is within `BOUND_MARGIN` of the k-th best step time, the table's own bound
+   (`stage_table.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
+   Feasible layouts are kept as arrays per table (`_RankedBlocks`); only the ones the Plan reports
+   (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
 meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts,
 `_dp_times` and a grid's parameter/gradient/optimizer bytes (`stage_table._state_bytes`) are
