@@ -6,7 +6,8 @@
 # Everything but the URL goes to stderr; the exit status is non-zero on any failure.
 set -euo pipefail
 # Keep stdout for the URL alone: every tool below (pg_ctlcluster prints "Removed stale pid file."
-# on stdout, for one) writes to stderr; the URL goes to the saved stdout, fd 3.
+# on stdout, for one) writes to stderr; the URL goes to the saved stdout, fd 3. The server must
+# not inherit fd 3 (`3>&-`): it would hold the caller's $(...) pipe open for as long as it runs.
 exec 3>&1 1>&2
 log() { echo "postgres.sh: $*" >&2; }
 
@@ -28,11 +29,11 @@ fi
 VERSION="$(ls /usr/lib/postgresql | sort -V | tail -n 1)"
 if ! pg_lsclusters -h 2>/dev/null | awk -v v="$VERSION" '$1 == v && $2 == "main"' | grep -q .; then
     log "creating cluster $VERSION/main"
-    pg_createcluster "$VERSION" main --port "$PORT" >/dev/null
+    pg_createcluster "$VERSION" main --port "$PORT" >/dev/null 3>&-
 fi
 if ! pg_lsclusters -h | awk -v v="$VERSION" '$1 == v && $2 == "main" && $4 == "online"' | grep -q .; then
     log "starting cluster $VERSION/main"
-    pg_ctlcluster "$VERSION" main start
+    pg_ctlcluster "$VERSION" main start 3>&-
 fi
 PORT="$(pg_lsclusters -h | awk -v v="$VERSION" '$1 == v && $2 == "main" {print $3}')"
 
