@@ -247,6 +247,11 @@ class StageTable:
 _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
 
 
+def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, Any]:
+    """The job's memo of communication parts (see `_comm_store`), for callers of `mesh_comm_at`."""
+    return _comm_store(model, training, cluster, cal, gpus)
+
+
 def _comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
     and rank stride it depends on (and of `build_table`'s LM head times and logits bytes). Job objects are matched by identity (the entry keeps them alive,
@@ -292,14 +297,18 @@ def mesh_comm_at(
     mesh: MeshLike,
     cal: Calibration,
     micro_batches: tuple[int, ...],
+    store: dict[tuple, Any] | None = None,
 ) -> list[tuple[float, float, float, float, float]]:
-    """`mesh_comm` at each of `micro_batches` (sequences), sharing the mesh's strides and memo."""
+    """`mesh_comm` at each of `micro_batches` (sequences), sharing the mesh's strides and memo.
+    `store`: the job's `_comm_store`, when the caller prices many meshes of one job."""
     tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
     ab = training.activation_bytes
     st = mesh_strides(mesh)
     h = model.hidden_size
     sp = mesh.sp_
-    store = _comm_store(model, training, cluster, cal, gpus)
+    if store is None:
+        store = _comm_store(model, training, cluster, cal, gpus)
+    expert_parallel = ep > 1 and model.is_moe
     out = []
     for mb in micro_batches:
         tokens = mb * training.seq_len / cp
@@ -320,7 +329,7 @@ def mesh_comm_at(
                 # ring attention: forward passes K, V around the ring; backward passes K, V and dK, dV
                 cp_per_layer = 3 * collective_time("all_gather", kv_bytes, Group.strided(cluster, cp, st.cp, gpus), cal)
                 store[key] = cp_per_layer
-        if model.is_moe and ep > 1:
+        if expert_parallel:
             key = ("ep", tp, cp, sp, ep, mb, st.ep)
             ep_per_moe = store.get(key)  # type: ignore[assignment]
             if ep_per_moe is None:

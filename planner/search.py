@@ -47,6 +47,7 @@ from cost_models.stage_table import (
     KnobArrays,
     Setting,
     build_table,
+    comm_store,
     layer_kind_counts,
     layer_kinds,
     mesh_comm_at,
@@ -104,6 +105,9 @@ def describe(layout: Layout) -> str:
     if layout.pp > 1:
         parts.append(f"order={layout.order}")
     return " ".join(parts)
+
+
+GPIPE_DOMINATED = "dominated: GPipe has 1F1B's step time and more activation memory"
 
 
 def mesh_rejection(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> str | None:
@@ -358,13 +362,18 @@ def _pair_bounds(
     geometries = list(dict.fromkeys((mesh.tp, mesh.cp, mesh.ep, mesh.etp) for mesh, _ in meshes_mbs))
     times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal)
     comm1, comm2 = [], []
+    store = comm_store(model, training, cluster, cal, gpus)
     for mesh, _ in meshes_mbs:
-        at1, at2 = mesh_comm_at(model, training, cluster, gpus, mesh, cal, (1, 2))
+        at1, at2 = mesh_comm_at(model, training, cluster, gpus, mesh, cal, (1, 2), store)
         comm1.append(at1[:4])
         comm2.append(at2[:4])
     c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
     mesh_of = np.repeat(np.arange(len(meshes_mbs)), [len(mbs) for _, mbs in meshes_mbs])
-    mb = np.array([m for _, mbs in meshes_mbs for m in mbs], dtype=np.int64)
+    as_array: dict[int, np.ndarray] = {}  # the micro-batch lists are shared per dp: convert each once
+    for _, mbs in meshes_mbs:
+        if id(mbs) not in as_array:
+            as_array[id(mbs)] = np.array(mbs, dtype=np.int64)
+    mb = np.concatenate([as_array[id(mbs)] for _, mbs in meshes_mbs]) if meshes_mbs else np.zeros(0, dtype=np.int64)
     at = np.searchsorted(mbs_all, mb)
     assert np.array_equal(mbs_all[at], mb), "micro-batch sizes outside all_mbs"
     row = np.array([times.rows[(m.tp, m.cp, m.ep, m.etp)] for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
@@ -595,10 +604,6 @@ def search(
             option_counts[option_key] = len(pipeline_options(model, training, mesh, mb, c))
         return option_counts[option_key]
 
-    def knob_count(mesh: Mesh, mb: int) -> int:
-        """Layouts of one (mesh, micro-batch) pair: pipeline options x knob settings."""
-        return option_count(mesh, mb) * len(grid_of(mesh))
-
     def mesh_knob_count(mesh: Mesh, mbs: list[int]) -> int:
         """Layouts of every pair of one mesh (memoized per (pp, dp): its micro-batches are dp's)."""
         key = (mesh.pp, mesh.dp)
@@ -615,18 +620,25 @@ def search(
         shapes[shape] = (mesh, mbs, 1) if first is None else (first[0], first[1], first[2] + 1)
     total_knobs = sum(n * mesh_knob_count(mesh, mbs) for mesh, mbs, n in shapes.values())
     visited_knobs = 0
+    gpipe_dominated = 0  # layouts skipped as dominated GPipe (counted into the log at the end)
+    # per (pp, dp, tp, cp, micro-batch): pipeline options, grid key, knob grid, its memory
+    # rejections and the pair's layout count
+    pair_shapes: dict[tuple[int, int, int, int, int], tuple[list[tuple[int, str]], tuple[int, int, int], list[Setting], _GridRejections, int]] = {}
     for done, (lb, mesh_index, mb, per_mb_s) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
             progress(done, pair_count)
-        options = pipeline_options(model, training, mesh, mb, c)
-        n = knob_count(mesh, mb)
+        pair_key = (mesh.pp, mesh.dp, mesh.tp, mesh.cp, mb)
+        shape = pair_shapes.get(pair_key)
+        if shape is None:
+            grid_key = (mesh.dp, mesh.tp, mesh.cp)
+            grid = grid_of(mesh)
+            if grid_key not in grid_reasons:
+                grid_reasons[grid_key] = _GridRejections.of([_memory_reason(x) for x in grid])
+            options = pipeline_options(model, training, mesh, mb, c)
+            shape = pair_shapes[pair_key] = (options, grid_key, grid, grid_reasons[grid_key], len(options) * len(grid))
+        options, grid_key, grid, rejections, n = shape
         visited_knobs += n
-        grid_key = (mesh.dp, mesh.tp, mesh.cp)
-        grid = grid_of(mesh)
-        if grid_key not in grid_reasons:
-            grid_reasons[grid_key] = _GridRejections.of([_memory_reason(x) for x in grid])
-        rejections = grid_reasons[grid_key]
         generated += n
         pair_times: _PairTimes | None = None
         if ranked.full and lb >= max(ranked.kth_best_s, reference_step_s or 0.0):
@@ -641,11 +653,9 @@ def search(
                 # Dominated: GPipe has exactly 1F1B's step time (same bubble, same work) and holds
                 # all micro-batches' activations instead of at most pp, so it never ranks higher.
                 pruned += len(grid)
-                log.add(
-                    "dominated: GPipe has 1F1B's step time and more activation memory",
-                    "every pipelined mesh; pin --schedule gpipe to price it",
-                    len(grid),
-                )
+                if not gpipe_dominated:
+                    log.add(GPIPE_DOMINATED, "every pipelined mesh; pin --schedule gpipe to price it", 0)
+                gpipe_dominated += len(grid)
                 continue
             if ranked.full:  # bound the layout before building its table: cheap bound first
                 threshold = max(ranked.kth_best_s, reference_step_s or 0.0)
@@ -702,6 +712,8 @@ def search(
             ranked.add(step_s, peaks[fits], (mesh, mb, vpp, schedule, grid, fits))
     if progress is not None:
         progress(pair_count, pair_count)
+    if gpipe_dominated:
+        log.count(GPIPE_DOMINATED, gpipe_dominated)
     for rejections in grid_reasons.values():
         rejections.flush(log)
 
