@@ -544,8 +544,10 @@ def search(
     valid: list[tuple[Mesh, list[int]]] = []  # meshes that pass validation, with their micro-batches
     probe_reasons: dict[tuple, str | None] = {}
     mbs_by_dp: dict[int, list[int]] = {}
+    max_tp = c.max_tp or cluster.domain_size
+    order_valid: dict[str, bool] = {}
     for mesh in meshes(model, cluster, gpus, c):
-        reason = mesh_rejection(mesh, cluster, c)
+        reason = mesh_rejection(mesh, cluster, c) if mesh.tp > max_tp else None
         if mesh.dp not in mbs_by_dp:
             mbs_by_dp[mesh.dp] = micro_batches(training, mesh.dp, c)
         mbs = mbs_by_dp[mesh.dp]
@@ -554,7 +556,10 @@ def search(
         if reason is None:
             # the probe's checks read the order only to see it is a permutation (its own message
             # names it only then), so meshes that differ in a valid order share the result
-            probe_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mbs[0], sorted(mesh.order.split("-")) == SORTED_DIMS)
+            valid_order = order_valid.get(mesh.order)
+            if valid_order is None:
+                valid_order = order_valid[mesh.order] = sorted(mesh.order.split("-")) == SORTED_DIMS
+            probe_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mbs[0], valid_order)
             if probe_key not in probe_reasons or not probe_key[-1]:
                 probe_reasons[probe_key] = _mesh_probe(model, training, gpus, mesh, mbs[0], c)
             reason = probe_reasons[probe_key]
