@@ -699,11 +699,11 @@ _FULL_MODE = np.array([False, False, True])[:, None]
 """Rows of RECOMPUTE_MODES that re-run whole layers (full recompute), as a (3, 1) mask."""
 
 
-def _filled(n: int, value: float) -> np.ndarray:
-    """`np.full(n, value)` for a float, without its Python-level dispatch."""
-    out = np.empty(n)
-    out.fill(value)
-    return out
+STEP_PARTS = (
+    "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+    "optimizer_s", "overhead_s",
+)
+"""The parts of a step's seconds on its slowest pipeline rank, in the order they are added."""
 
 
 def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
@@ -764,21 +764,22 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     opt_off = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
     opt_t = np.where(offload, opt_off, opt_gpu)
 
-    parts = {
-        "compute_s": mb_count * compute_slow,
-        "recompute_s": mb_count * reco_s,
-        "tp_comm_s": mb_count * tp_s,
-        "cp_comm_s": mb_count * cp_rank[slow],
-        "ep_comm_s": mb_count * ep_s,
-        "pp_comm_s": _filled(J, mb_count * float(pp_c)),
-        "dp_comm_s": dp_exposed + mb_count * z3[rows, slow],
-        "bubble_s": bubble,
-        "optimizer_s": opt_t,
-        "overhead_s": _filled(J, cal.step_overhead_s),
-    }
+    # the parts of the step on its critical path, one row each; the step is their sum in row
+    # order (a reduction over the outer axis adds the rows one after another)
+    rows_out = np.empty((len(STEP_PARTS), J))
+    np.multiply(mb_count, compute_slow, out=rows_out[0])
+    np.multiply(mb_count, reco_s, out=rows_out[1])
+    np.multiply(mb_count, tp_s, out=rows_out[2])
+    np.multiply(mb_count, cp_rank[slow], out=rows_out[3])
+    np.multiply(mb_count, ep_s, out=rows_out[4])
+    rows_out[5] = mb_count * float(pp_c)
+    np.add(dp_exposed, mb_count * z3[rows, slow], out=rows_out[6])
+    rows_out[7] = bubble
+    rows_out[8] = opt_t
+    rows_out[9] = cal.step_overhead_s
     prices.stage_time = total
-    prices.parts = parts
-    prices.step_s = sum(parts.values())  # type: ignore[assignment]
+    prices.parts = dict(zip(STEP_PARTS, rows_out, strict=True))
+    prices.step_s = np.add.reduce(rows_out, axis=0)
     return prices
 
 

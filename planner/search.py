@@ -310,6 +310,8 @@ class _PairBounds:
     per_mb_s: np.ndarray  # seconds of one micro-batch summed over the pipeline ranks, per pair
     layer_moe: np.ndarray  # 1.0 for an MoE layer, 0.0 for a dense one, per layer
 
+    comm1_rows: list[tuple[float, float, float, float]] = field(default_factory=list)  # `comm1` as Python floats
+    comm2_rows: list[tuple[float, float, float, float]] = field(default_factory=list)
     layer_times: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, float, dict]] = field(default_factory=dict)
     """Memo of `pair_times`' per-layer parts per (geometry row, micro-batch column): every pair of
     one shard geometry and micro-batch shares them, and their per-rank sums (`_PairTimes.bound`)."""
@@ -318,8 +320,9 @@ class _PairBounds:
         mesh = self.meshes[mesh_index]
         times = self.compute
         row, at = times.rows[(mesh.tp, mesh.cp, mesh.ep, mesh.etp)], int(np.searchsorted(times.mbs, mb))
-        a, b = self.comm1[mesh_index], self.comm2[mesh_index]
-        comm = a + (b - a) * (mb - 1)  # affine in the micro-batch (`_pair_bounds`)
+        # affine in the micro-batch (`_pair_bounds`); Python floats, the same IEEE operations
+        steps = mb - 1
+        comm = tuple(a + (b - a) * steps for a, b in zip(self.comm1_rows[mesh_index], self.comm2_rows[mesh_index], strict=True))
         parts = self.layer_times.get((row, at))
         if parts is None:
             parts = self.layer_times[(row, at)] = (
@@ -334,7 +337,7 @@ class _PairBounds:
             layer_attention,
             self.layer_moe,
             head,
-            tuple(comm.tolist()),  # type: ignore[arg-type]
+            comm,  # type: ignore[arg-type]
             rank_sums,
         )
 
@@ -390,7 +393,7 @@ def _pair_bounds(
     m_count = training.global_batch // (mb * dp)
     bound = m_count * per_mb / pp
     layer_moe = np.array([float(k[0]) for k in layer_kinds(model)])
-    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, c1, c2, per_mb, layer_moe)
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, c1, c2, per_mb, layer_moe, comm1, comm2)
 
 
 def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, float]]:
