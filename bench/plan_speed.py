@@ -3,8 +3,11 @@
     python -m bench.plan_speed [--repeats 5] [--json]
 
 Each case runs `planner.search.search` end to end (including the CP-SAT re-partition of the best
-layout) in a fresh process-warm state: the first run (cold caches) is reported separately from
-the median of the following runs. Run it with `taskset -c 0` to pin it to one core.
+layout). Every run gets its own copies of the model, cluster and training objects, as separate
+API requests or CLI calls would. The first run of a case (cold: a fresh process's caches) is
+reported apart from the median of the following runs (warm: the process's memos of earlier equal
+jobs, `cost_models.interning`, as a long-running service has them). Run it with `taskset -c 0`
+to pin it to one core.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ CASES = [
 
 
 def run_case(model: str, cluster: str, gpus: int, seq: int, batch: int, repeats: int) -> dict:
-    spec, cl = get_model(model), get_cluster(cluster)
-    training = TrainingSpec(seq_len=seq, global_batch=batch)
     times = []
     plan = None
     for _ in range(repeats + 1):
+        spec, cl = get_model(model).model_copy(deep=True), get_cluster(cluster).model_copy(deep=True)
+        training = TrainingSpec(seq_len=seq, global_batch=batch)
         t0 = time.perf_counter()
         plan = search(spec, training, cl, gpus)
         times.append(time.perf_counter() - t0)

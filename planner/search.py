@@ -40,6 +40,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
+from cost_models.interning import canonical
 from cost_models.layout import Layout, validate_layout
 from cost_models.memory import MemoryBreakdown
 from cost_models.report import estimate_dict
@@ -536,9 +537,11 @@ def search(
     from planner.explain import explain
     from planner.placement import place
 
-    c = constraints or SearchConstraints()
-    cal = calibration or default_calibration()
     t0 = time.perf_counter()
+    c = constraints or SearchConstraints()
+    # equal job inputs share one object each, and with it the pricing memos (cost_models.interning)
+    model, training, cluster = canonical(model), canonical(training), canonical(cluster)
+    cal = canonical(calibration or default_calibration())
     usable = int(cluster.gpu.memory_bytes * (1.0 - c.memory_headroom))
     log = RejectionLog()
     generated = invalid = pruned = priced = feasible = 0

@@ -1,0 +1,36 @@
+"""Equal job inputs share one object (and so the pricing memos); nothing about a search changes."""
+
+import json
+
+from cluster_specs.presets import get_cluster
+from cost_models.interning import canonical
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+from planner.search import search
+
+
+def test_equal_inputs_map_to_the_first_object_seen() -> None:
+    first = TrainingSpec(seq_len=2048, global_batch=64)
+    again = TrainingSpec(seq_len=2048, global_batch=64)
+    other = TrainingSpec(seq_len=4096, global_batch=64)
+    assert again is not first and again == first
+    assert canonical(first) is first
+    assert canonical(again) is first
+    assert canonical(other) is other
+
+
+def test_unhashable_values_pass_through() -> None:
+    value = {"not": "hashable"}
+    assert canonical(value) is value
+
+
+def test_search_on_copies_gives_the_same_plan() -> None:
+    model, cluster = get_model("tiny-moe"), get_cluster("dgx-h100")
+    plans = []
+    for _ in range(2):
+        plan = search(model.model_copy(deep=True), TrainingSpec(seq_len=2048, global_batch=128), cluster.model_copy(deep=True), 32)
+        data = json.loads(plan.model_dump_json())
+        data.pop("created_at", None)
+        data["stats"].pop("seconds")
+        plans.append(data)
+    assert plans[0] == plans[1]
