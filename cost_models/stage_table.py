@@ -103,7 +103,8 @@ def _layer_arrays(
     tp, ep, etp = g.tp, g.ep, g.etp
     all_kinds = layer_kinds(model)
     firsts, of_layer = _layer_classes(model)
-    out: dict[str, list[float]] = {k: [] for k in ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn", "moe")}
+    # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
+    out: dict[str, list[Any]] = {k: [] for k in ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn", "moe")}
     # attn: the attention kernel's forward + backward seconds
     for i in firsts:
         key = all_kinds[i]
@@ -310,6 +311,7 @@ def mesh_comm_at(
         store = _comm_store(model, training, cluster, cal, gpus)
     expert_parallel = ep > 1 and model.is_moe
     out = []
+    key: tuple
     for mb in micro_batches:
         tokens = mb * training.seq_len / cp
         act_full = tokens * h * ab

@@ -774,7 +774,7 @@ def build_partition_data(
 def _lm_head_seconds(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, lay: Layout, cal: Calibration) -> float:
     """`lm_head_time` on the shard geometry the stage table uses (one micro-batch on one rank)."""
     g = ShardGeometry.of(lay, lay.micro_batch, training.seq_len)
-    return lm_head_time(model, g, cluster.gpu, "bf16", training.activation_bytes, cal)
+    return float(lm_head_time(model, g, cluster.gpu, "bf16", training.activation_bytes, cal))  # scalar geometry: a float
 
 
 def optimize_partition(

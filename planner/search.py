@@ -640,15 +640,15 @@ def search(
         if progress is not None:
             progress(done, pair_count)
         pair_key = (mesh.pp, mesh.dp, mesh.tp, mesh.cp, mb)
-        shape = pair_shapes.get(pair_key)
-        if shape is None:
+        pair_shape = pair_shapes.get(pair_key)
+        if pair_shape is None:
             grid_key = (mesh.dp, mesh.tp, mesh.cp)
             grid = grid_of(mesh)
             if grid_key not in grid_reasons:
                 grid_reasons[grid_key] = _GridRejections.of([_memory_reason(x) for x in grid])
             options = pipeline_options(model, training, mesh, mb, c)
-            shape = pair_shapes[pair_key] = (options, grid_key, grid, grid_reasons[grid_key], len(options) * len(grid))
-        options, grid_key, grid, rejections, n = shape
+            pair_shape = pair_shapes[pair_key] = (options, grid_key, grid, grid_reasons[grid_key], len(options) * len(grid))
+        options, grid_key, grid, rejections, n = pair_shape
         visited_knobs += n
         generated += n
         pair_times: _PairTimes | None = None

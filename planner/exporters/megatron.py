@@ -208,7 +208,7 @@ def _render(arg: Arg) -> str:
 def export_megatron(job: Job) -> ExportResult:
     lost: list[str] = []
     lay = job.lay
-    sections = [
+    sections: list[tuple[str, list[Arg]]] = [
         ("model", _model_args(job.model, job.training.seq_len, lost)),
         ("parallelism", _parallel_args(job, lost)),
         ("batch", [("--micro-batch-size", str(lay.micro_batch)), ("--global-batch-size", str(job.training.global_batch))]),
