@@ -146,32 +146,12 @@ def _rank_sums(
     hit = _RANK_SUMS.get(key)
     if hit is not None and hit[0][0] is model and hit[0][1] is cluster and hit[0][2] is cal:
         return hit[1]
-    out = _sum_ranks(model, cluster, precision, g, actx, partition, limit, cal)
-    for a in out:
-        a.flags.writeable = False
-    if len(_RANK_SUMS) > 1 << 13:
-        _RANK_SUMS.clear()
-    _RANK_SUMS[key] = ((model, cluster, cal), out)
-    return out
-
-
-def _sum_ranks(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    precision: str,
-    g: ShardGeometry,
-    actx: ActivationContext,
-    partition: StagePartition,
-    limit: int | None,
-    cal: Calibration,
-) -> tuple[np.ndarray, ...]:
-    """`_rank_sums` without the memo. Sums run over each rank's layers in model order (one
-    `np.bincount` over all quantities at once, which adds in input order)."""
+    # Sums run over each rank's layers in model order: one `np.bincount` over all quantities at
+    # once, which adds in input order.
     pp = partition.pp
-    owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
+    owner, mine, bins = _partition_index(partition)
     n = len(owner)
     arr = {k: v[:n] for k, v in _layer_arrays(model, cluster, precision, g, actx, cal).items()}
-    mine = owner[None, :] == np.arange(pp)[:, None]  # (pp, layers): the rank holds the layer
     if limit is None:
         recomputed = np.ones(n, dtype=bool)
     else:  # position of each layer within its rank: chunks of a rank come in model order
@@ -182,7 +162,7 @@ def _sum_ranks(
         return np.where(mine, x[None, :], 0.0).max(axis=1, initial=0.0)
 
     a0, fwd, moe = arr["a0"], arr["fwd"], arr["moe"]
-    k = 14
+    k = _RANK_QUANTITIES
     quantities = np.empty((k, n))
     quantities[0], quantities[1], quantities[2], quantities[3] = arr["dense"], arr["expert"], a0, arr["a1"]
     quantities[4] = np.where(recomputed, arr["a2"], a0)
@@ -190,17 +170,39 @@ def _sum_ranks(
     quantities[10] = np.where(recomputed, fwd, 0.0)
     quantities[11], quantities[12] = arr["attn"], recomputed
     quantities[13] = np.where(recomputed, moe, 0.0)
-    bins = (owner[None, :] + pp * np.arange(k)[:, None]).ravel()
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp)
     dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, attn, re_layers, re_moe = sums
     largest = peak(arr["dense"] + arr["expert"])
     working = peak(np.where(recomputed, a0, 0.0))
     acts = np.stack([acts0, acts1, acts2])
     reco = np.stack([np.zeros(pp), sel, full])
-    return (
+    out = (
         dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
         re_moe.copy(), compute.copy(), forward.copy(), reco, attn.copy(),
     )
+    for a in out:
+        a.flags.writeable = False
+    if len(_RANK_SUMS) > 1 << 13:
+        _RANK_SUMS.clear()
+    _RANK_SUMS[key] = ((model, cluster, cal), out)
+    return out
+
+
+_RANK_QUANTITIES = 14
+"""Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
+
+
+@lru_cache(maxsize=1024)
+def _partition_index(partition: StagePartition) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of a partition: each layer's pipeline rank, the (pp, layers) mask of the layers each rank
+    holds, and the bincount bins of `_rank_sums`' quantities (row-major, read-only arrays)."""
+    pp = partition.pp
+    owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
+    mine = owner[None, :] == np.arange(pp)[:, None]
+    bins = (owner[None, :] + pp * np.arange(_RANK_QUANTITIES)[:, None]).ravel()
+    for a in (owner, mine, bins):
+        a.flags.writeable = False
+    return owner, mine, bins
 
 
 @dataclass(frozen=True)
