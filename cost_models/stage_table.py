@@ -827,16 +827,17 @@ _DP_GRIDS: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray]]]
 def _dp_grid(
     t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration, table_key: tuple
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per (ZeRO stage, sharding group) pair of a grid: `_dp_times` stacked as one (pairs, 3, pp)
-    array of seconds, and the parameters per rank whose optimizer states the rank keeps and
-    updates ((pairs, pp): all of them under ZeRO-0, the shard's part from ZeRO-1 on). Memoized
-    like `_dp_times_cached` (tables of one mesh and micro-batch count share them); read-only."""
+    """Per (ZeRO stage, sharding group) pair of a grid: `_dp_times` ((pairs, 3, pp) seconds), and
+    the parameters per rank whose optimizer states the rank keeps and updates ((pairs, pp): all
+    of them under ZeRO-0, the shard's part from ZeRO-1 on). Memoized on `_dp_table_key` and the
+    pairs (the entry keeps the job objects alive, so their ids are not reused): tables of one mesh
+    and micro-batch count share them. Read-only."""
     objs = (t.cluster, t.training, cal)
     key = (table_key, shardings)
     hit = _DP_GRIDS.get(key)
     if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
         return hit[1]
-    dp = np.array([_dp_times_cached(t, z, d, cal, table_key) for z, d in shardings]).reshape(len(shardings), 3, t.mesh.pp)
+    dp = _dp_times(t, shardings, cal)
     zero = np.array([z for z, _ in shardings])[:, None]
     ds, es = _shards(t, np.array([d for _, d in shardings])[:, None])
     D, E = t.dense_params[None, :], t.expert_params[None, :]
@@ -850,9 +851,6 @@ def _dp_grid(
     return out
 
 
-_DP_TIMES: dict[tuple, tuple[tuple[object, ...], np.ndarray]] = {}
-
-
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     """What `_dp_times` reads of a table besides the knobs: the cluster, training and calibration
     objects (by identity), the mesh's degrees, order, framework and whether it accumulates, and the
@@ -864,68 +862,54 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     )
 
 
-def _dp_times_cached(t: StageTable, zero: int, dp_shard: int, cal: Calibration, table_key: tuple) -> np.ndarray:
-    """`_dp_times` as one (3, pp) array (seconds per rank), memoized on `_dp_table_key` and the
-    knobs (the entry keeps the job objects alive, so their ids are not reused). Tables of one mesh
-    at other micro-batches or pipeline options share the entries."""
-    objs = (t.cluster, t.training, cal)
-    key = (table_key, zero, dp_shard)
-    hit = _DP_TIMES.get(key)
-    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
-        return hit[1]
-    out = np.array(_dp_times(t, zero, dp_shard, cal))
-    out.flags.writeable = False
-    if len(_DP_TIMES) > 1 << 15:
-        _DP_TIMES.clear()
-    _DP_TIMES[key] = (objs, out)
-    return out
-
-
-def _dp_times(t: StageTable, zero: int, dp_shard: int, cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(per-micro-batch ZeRO gathers/reduce-scatters, once-per-step gradient reduction, once-per-
-    step weight all-gather) seconds per rank.
+def _dp_times(t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration) -> np.ndarray:
+    """Per (ZeRO stage, sharding group) pair: per-micro-batch ZeRO gathers/reduce-scatters,
+    once-per-step gradient reduction and once-per-step weight all-gather, seconds per rank, as one
+    (pairs, 3, pp) array.
 
     Once per step: ZeRO-0 all-reduces gradients (2 Psi); ZeRO-1 reduce-scatters gradients and
     all-gathers updated weights (2 Psi); ZeRO-2 still all-gathers weights once. Per micro-batch:
     ZeRO-3 all-gathers weights for forward and again for backward, ZeRO-2/3 reduce-scatter
     gradients (3 Psi per micro-batch for ZeRO-3, the FSDP volume). Hybrid sharding adds an
     all-reduce of each shard across the replicas. Expert weights use the expert-data-parallel
-    group. Collective time is linear in bytes (`collective_cost`), so ranks are priced at once."""
+    group. Collective time is linear in bytes (`collective_cost`), so ranks and pairs are priced
+    at once; a term a pair does not have adds 0.0, which leaves its sums bit for bit unchanged."""
     m, tr, cl, gpus = t.mesh, t.training, t.cluster, t.gpus
+    if not shardings:
+        return np.zeros((0, 3, m.pp))
     stv = mesh_strides(m)
-    shard_size = dp_shard * m.cp
-    shard_g = Group.strided(cl, shard_size, stv.dp_cp, gpus)
+    zero = np.array([z for z, _ in shardings])[:, None]  # (pairs, 1)
+    shard_gs = [Group.strided(cl, d * m.cp, stv.dp_cp, gpus) for _, d in shardings]
+    repl_gs = [Group.strided(cl, (m.dp_ * m.cp) // (d * m.cp), stv.dp_cp * d * m.cp, gpus) for _, d in shardings]
     full_g = Group.strided(cl, m.dp_ * m.cp, stv.dp_cp, gpus)
-    repl = (m.dp_ * m.cp) // shard_size
-    repl_g = Group.strided(cl, repl, stv.dp_cp * shard_size, gpus)
     edp_g = Group.strided(cl, m.expert_dp, stv.expert_dp, gpus)
     many = m.grad_accum_ > 1
-    per_mb = np.zeros(m.pp)
-    once = np.zeros(m.pp)
-    gather = np.zeros(m.pp)
-
+    out = np.zeros((len(shardings), 3, m.pp))
+    per_mb, once, gather = out[:, 0], out[:, 1], out[:, 2]
     framework_eff = cal.overlap(m.framework).bus_efficiency
 
-    def cost(kind: str, nbytes: np.ndarray, group: Group) -> np.ndarray:
-        per_byte, lat = collective_cost(kind, group, cal)  # type: ignore[arg-type]
+    def cost(kind: str, nbytes: np.ndarray, groups: list[Group]) -> np.ndarray:
+        """(pairs, pp) seconds of one collective per pair, over that pair's group."""
+        per_byte, lat = (np.array(c)[:, None] for c in zip(*(collective_cost(kind, g, cal) for g in groups), strict=True))  # type: ignore[arg-type]
         return np.where(nbytes > 0, nbytes * per_byte / framework_eff + lat, 0.0)
 
+    def add(into: np.ndarray, mask: np.ndarray, term: np.ndarray) -> None:
+        into += np.where(mask, term, 0.0)
+
+    pairs = len(shardings)
     for params, sg, fg, replicate in (
-        (t.dense_params, shard_g, full_g, repl_g),
-        (t.expert_params, edp_g, edp_g, None),
+        (t.dense_params, shard_gs, [full_g] * pairs, repl_gs),
+        (t.expert_params, [edp_g] * pairs, [edp_g] * pairs, None),
     ):
-        gb, wb = params * tr.grad_bytes, params * tr.param_bytes
-        if zero >= 3:
-            per_mb += 2 * cost("all_gather", wb, sg)
-        if zero >= 2 and many:
-            per_mb += cost("reduce_scatter", gb, sg)
-        if zero == 0:
-            once += cost("all_reduce", gb, fg)
-            continue
-        if zero == 1 or not many:
-            once += cost("reduce_scatter", gb, sg)
-        if zero <= 2:
-            gather += cost("all_gather", wb, sg)
-        if replicate is not None and replicate.size > 1:
-            once += cost("all_reduce", gb / sg.size, replicate)
-    return per_mb, once, gather
+        gb, wb = (params * tr.grad_bytes)[None, :], (params * tr.param_bytes)[None, :]
+        add(per_mb, zero >= 3, 2 * cost("all_gather", wb, sg))
+        if many:
+            add(per_mb, zero >= 2, cost("reduce_scatter", gb, sg))
+        add(once, zero == 0, cost("all_reduce", gb, fg))
+        add(once, (zero == 1) | (not many) & (zero > 0), cost("reduce_scatter", gb, sg))
+        add(gather, (zero >= 1) & (zero <= 2), cost("all_gather", wb, sg))
+        if replicate is not None:
+            sizes = np.array([g.size for g in sg])[:, None]
+            replicated = np.array([g.size > 1 for g in replicate])[:, None]
+            add(once, (zero > 0) & replicated, cost("all_reduce", gb / sizes, replicate))
+    return out

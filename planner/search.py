@@ -18,10 +18,10 @@ Whole space, priced or provably pruned (branch and bound):
    Feasible layouts are kept as arrays per table (`_RankedBlocks`); only the ones the Plan reports
    (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
-meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts,
-`_dp_times` and a grid's parameter/gradient/optimizer bytes (`stage_table._state_bytes`) are
-cached per degrees, stride and per-rank parameter counts, so a mesh's tables at other micro-batches
-reuse them; memory rejections are counted per grid setting with numpy and logged once.
+meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts, a
+grid's data-parallel times (`stage_table._dp_grid`) and its parameter/gradient/optimizer bytes
+(`stage_table._state_bytes`) are cached per degrees, stride and per-rank parameter counts, so a
+mesh's tables at other micro-batches reuse them; memory rejections are counted per grid setting with numpy and logged once.
 The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
 topology (`planner.placement`).
 """
