@@ -250,12 +250,7 @@ class StageTable:
 _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
 
 
-def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, Any]:
-    """The job's memo of communication parts (see `_comm_store`), for callers of `mesh_comm_at`."""
-    return _comm_store(model, training, cluster, cal, gpus)
-
-
-def _comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
+def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
     and rank stride it depends on (and of `build_table`'s LM head times and logits bytes). Job objects are matched by identity (the entry keeps them alive,
     so ids are not reused)."""
@@ -303,14 +298,14 @@ def mesh_comm_at(
     store: dict[tuple, Any] | None = None,
 ) -> list[tuple[float, float, float, float, float]]:
     """`mesh_comm` at each of `micro_batches` (sequences), sharing the mesh's strides and memo.
-    `store`: the job's `_comm_store`, when the caller prices many meshes of one job."""
+    `store`: the job's `comm_store`, when the caller prices many meshes of one job."""
     tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
     ab = training.activation_bytes
     st = mesh_strides(mesh)
     h = model.hidden_size
     sp = mesh.sp_
     if store is None:
-        store = _comm_store(model, training, cluster, cal, gpus)
+        store = comm_store(model, training, cluster, cal, gpus)
     expert_parallel = ep > 1 and model.is_moe
     out = []
     key: tuple
@@ -400,9 +395,9 @@ def build_table(
         dense[pp - 1] += pc.lm_head / tp
     elif pp > 1:  # tied embeddings: the last stage keeps its own copy of the head
         dense[pp - 1] += model.vocab_size * model.hidden_size / tp
-    # per-job memo (`_comm_store`): the head reads only the token count and TP degree of the
+    # per-job memo (`comm_store`): the head reads only the token count and TP degree of the
     # geometry, the logits only the activation context and the loss kernel
-    store: dict[tuple, Any] = _comm_store(model, training, cluster, cal, gpus)
+    store: dict[tuple, Any] = comm_store(model, training, cluster, cal, gpus)
     head_key = ("lm_head", g.tokens, g.tp)
     head = store.get(head_key)
     if head is None:
@@ -458,12 +453,6 @@ class KnobArrays:
             2 * (zero >= 3) + (mode == 2),
         )
 
-    def take(self, rows: np.ndarray) -> KnobArrays:
-        return KnobArrays(
-            self.zero[rows], self.shard[rows], self.mode[rows], self.offload[rows], self.sharding[rows], self.shardings,
-            self.phase[rows],
-        )
-
 
 @lru_cache(maxsize=4096)
 def _in_flight(schedule: str, pp: int, vpp: int, grad_accum: int) -> np.ndarray:
@@ -490,14 +479,6 @@ class KnobPrices:
     step_s: np.ndarray | None = None  # (J,)
     knobs: KnobArrays | None = None  # the settings priced, as arrays
     allocated: np.ndarray | None = None  # (J, pp) bytes: everything but `reserve`, as `price_memory` summed it
-
-    def take(self, rows: np.ndarray) -> KnobPrices:
-        """The memory prices of a subset of the settings (before `price_time`)."""
-        return KnobPrices(
-            self.parameters[rows], self.gradients[rows], self.optimizer[rows], self.activations[rows],
-            self.logits[rows], self.comm_buffers[rows], self.reserve[rows], self.host_optimizer[rows],
-            knobs=None if self.knobs is None else self.knobs.take(rows),
-        )
 
     @property
     def total(self) -> np.ndarray:
