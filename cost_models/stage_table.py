@@ -693,78 +693,69 @@ STEP_PARTS = (
 
 def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
     """Seconds per step for every setting (see cost_models.estimate for the composition)."""
-    tr, m, cl = t.training, t.mesh, t.cluster
+    m = t.mesh
     ov = cal.overlap(m.framework)
     pp, mb_count = m.pp, m.grad_accum_
     J = len(settings)
     knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
-    mode, offload = knobs.mode, knobs.offload
+    mode = knobs.mode
 
     # Everything but the ZeRO traffic depends on a setting only through its recompute mode: priced
-    # once per mode ((3, pp) arrays, rows in RECOMPUTE_MODES order) and picked per setting.
-    by_mode = np.empty((5, 3, pp))  # recompute, TP, EP, kernels (compute + recompute), all but ZeRO
-    reco_m, tp_m, ep_m, busy_m, base_m = by_mode
+    # once per mode ((3, pp) arrays, rows in RECOMPUTE_MODES order) and picked per setting. Rows:
+    # compute, recompute, TP, CP, EP, kernels ZeRO-3 gathers hide behind, all but ZeRO traffic.
+    by_mode = np.empty((7, 3, pp))
+    comp_m, reco_m, tp_m, cp_m, ep_m, busy_m, base_m = by_mode
+    comp_m[:] = t.compute
     reco_m[:] = t.recompute
     # TP collectives: forward and backward of every layer, plus the forward again when recomputed
     np.multiply(t.tp_per_layer, 2.0 * t.layers[None, :] + np.where(_FULL_MODE, t.recomputed_layers[None, :], 0.0), out=tp_m)
     tp_m *= 1 - ov.tp
     # ring attention hides its exchange behind the attention kernels (forward and backward)
-    cp_rank = np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)  # (pp,), every setting
+    cp_m[:] = np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)
     # all-to-all: dispatch + combine forward and backward; recompute repeats the forward half
     np.multiply(t.ep_per_moe_layer, t.moe_layers[None, :] + np.where(_FULL_MODE, 0.5 * t.recomputed_moe[None, :], 0.0), out=ep_m)
     ep_m *= 1 - ov.ep
     pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
-    np.add(t.compute[None, :], reco_m, out=busy_m)  # the kernels ZeRO-3 gathers hide behind
+    np.add(comp_m, reco_m, out=busy_m)
     np.add(busy_m, tp_m, out=base_m)
-    base_m += cp_rank[None, :]
+    base_m += cp_m
     base_m += ep_m
     base_m += pp_c
-    picked = by_mode[:, mode]  # (5, J, pp)
+    busy, base = by_mode[5:, mode]  # (J, pp) each
 
     # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting; the
-    # data-parallel traffic and local parameter counts are priced per (ZeRO stage, sharding group)
-    dp_grid, local_grid = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
+    # data-parallel traffic and optimizer step are priced per (ZeRO stage, sharding group)
+    dp_grid, opt_grid = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
     dp_t = dp_grid[knobs.sharding]  # (J, 3, pp): per micro-batch (ZeRO-3 / 2), reduction, gather
-    z3 = np.maximum(0.0, dp_t[:, 0] - ov.zero3 * picked[3])
-    total = picked[4] + z3
+    z3 = np.maximum(0.0, dp_t[:, 0] - ov.zero3 * busy)
+    total = base + z3
     slow = total.argmax(axis=1)
     rows = np.arange(J)
     t_max = total[rows, slow]
-    bubble = (total.sum(axis=1) - t_max) / vpp if pp > 1 else np.zeros(J)
-    reco_s, tp_s, ep_s = by_mode[:3, mode, slow]  # (3, J): at each setting's slowest rank
+    at_slow = by_mode[:5, mode, slow]  # (5, J): compute, recompute, TP, CP, EP on the slowest rank
     dp_s = dp_t[rows, :, slow]  # (J, 3)
     # Gradient reduction hides behind the last micro-batch's backward; the weight all-gather of a
     # sharded optimizer behind the next step's first forward (Megatron's --overlap-param-gather).
     forward_window = t.forward[slow]
-    compute_slow = t.compute[slow]
-    backward_window = compute_slow - forward_window
+    backward_window = at_slow[0] - forward_window
     dp_exposed = np.maximum(0.0, dp_s[:, 1] - ov.dp * backward_window)
     dp_exposed += np.maximum(0.0, dp_s[:, 2] - ov.dp * forward_window)
 
-    local = local_grid[knobs.sharding, slow]  # parameters whose optimizer states the rank updates
-    # optimizer step HBM traffic per local parameter: read and write the optimizer states (master,
-    # m, v: 2 x 12 bytes for AdamW), read the gradient, write the working weight
-    moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
-    opt_gpu = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    opt_off = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
-    opt_t = np.where(offload, opt_off, opt_gpu)
-
-    # the parts of the step on its critical path, one row each; the step is their sum in row
-    # order (a reduction over the outer axis adds the rows one after another)
-    rows_out = np.empty((len(STEP_PARTS), J))
-    np.multiply(mb_count, compute_slow, out=rows_out[0])
-    np.multiply(mb_count, reco_s, out=rows_out[1])
-    np.multiply(mb_count, tp_s, out=rows_out[2])
-    np.multiply(mb_count, cp_rank[slow], out=rows_out[3])
-    np.multiply(mb_count, ep_s, out=rows_out[4])
-    rows_out[5] = mb_count * float(pp_c)
-    np.add(dp_exposed, mb_count * z3[rows, slow], out=rows_out[6])
-    rows_out[7] = bubble
-    rows_out[8] = opt_t
-    rows_out[9] = cal.step_overhead_s
+    # the parts of the step on its critical path, one row each (STEP_PARTS); the step is their sum
+    # in row order (a reduction over the outer axis adds the rows one after another)
+    parts = np.empty((len(STEP_PARTS), J))
+    np.multiply(mb_count, at_slow, out=parts[:5])
+    parts[5] = mb_count * float(pp_c)
+    np.add(dp_exposed, mb_count * z3[rows, slow], out=parts[6])
+    if pp > 1:
+        np.divide(total.sum(axis=1) - t_max, vpp, out=parts[7])
+    else:
+        parts[7] = 0.0
+    parts[8] = opt_grid[knobs.sharding, slow, knobs.offload.view(np.int8)]  # on the GPU or offloaded
+    parts[9] = cal.step_overhead_s
     prices.stage_time = total
-    prices.parts = dict(zip(STEP_PARTS, rows_out, strict=True))
-    prices.step_s = np.add.reduce(rows_out, axis=0)
+    prices.parts = dict(zip(STEP_PARTS, parts, strict=True))
+    prices.step_s = np.add.reduce(parts, axis=0)
     return prices
 
 
@@ -809,8 +800,9 @@ def _dp_grid(
     t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration, table_key: tuple
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per (ZeRO stage, sharding group) pair of a grid: `_dp_times` ((pairs, 3, pp) seconds), and
-    the parameters per rank whose optimizer states the rank keeps and updates ((pairs, pp): all
-    of them under ZeRO-0, the shard's part from ZeRO-1 on). Memoized on `_dp_table_key` and the
+    the optimizer step's seconds per rank ((pairs, pp, 2): on the GPU, offloaded to the host) for
+    the parameters whose states the rank keeps and updates (all of them under ZeRO-0, the shard's
+    part from ZeRO-1 on). Memoized on `_dp_table_key` and the
     pairs (the entry keeps the job objects alive, so their ids are not reused): tables of one mesh
     and micro-batch count share them. Read-only."""
     objs = (t.cluster, t.training, cal)
@@ -818,12 +810,20 @@ def _dp_grid(
     hit = _DP_GRIDS.get(key)
     if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
         return hit[1]
+    tr, cl = t.training, t.cluster
     dp = _dp_times(t, shardings, cal)
     zero = np.array([z for z, _ in shardings])[:, None]
     ds, es = _shards(t, np.array([d for _, d in shardings])[:, None])
     D, E = t.dense_params[None, :], t.expert_params[None, :]
-    local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)
-    out = (dp, local)
+    local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)  # parameters the rank updates
+    # optimizer step HBM traffic per local parameter: read and write the optimizer states (master,
+    # m, v: 2 x 12 bytes for AdamW), read the gradient, write the working weight; offloaded, the
+    # gradient goes to the host and the weight comes back over the host link on top of that
+    moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
+    optimizer = np.empty(local.shape + (2,))
+    optimizer[..., 0] = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    optimizer[..., 1] = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
+    out = (dp, optimizer)
     for a in out:
         a.flags.writeable = False
     if len(_DP_GRIDS) > 1 << 14:
