@@ -870,8 +870,13 @@ def _dp_times(t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibr
     framework_eff = cal.overlap(m.framework).bus_efficiency
 
     def cost(kind: str, nbytes: np.ndarray, groups: list[Group]) -> np.ndarray:
-        """(pairs, pp) seconds of one collective per pair, over that pair's group."""
-        per_byte, lat = (np.array(c)[:, None] for c in zip(*(collective_cost(kind, g, cal) for g in groups), strict=True))  # type: ignore[arg-type]
+        """(pairs, pp) seconds of one collective per pair, over that pair's group (priced once per
+        distinct group: `Group.strided` returns one object per group)."""
+        priced: dict[int, tuple[float, float]] = {}
+        for g in groups:
+            if id(g) not in priced:
+                priced[id(g)] = collective_cost(kind, g, cal)  # type: ignore[arg-type]
+        per_byte, lat = (np.array(c)[:, None] for c in zip(*(priced[id(g)] for g in groups), strict=True))
         return np.where(nbytes > 0, nbytes * per_byte / framework_eff + lat, 0.0)
 
     def add(into: np.ndarray, mask: np.ndarray, term: np.ndarray) -> None:
