@@ -275,30 +275,18 @@ def mesh_comm(
     gpus: int,
     mesh: MeshLike,
     cal: Calibration,
-    micro_batch: int | None = None,
-) -> tuple[float, float, float, float, float]:
-    """Knob-independent communication of one micro-batch: seconds of a layer's forward TP/SP
-    collectives, of a layer's CP ring exchange (forward and backward), of an MoE layer's
-    all-to-alls (dispatch + combine, forward and backward), of one pipeline boundary send; and
-    the boundary's bytes. `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order.
-    Each part depends on a few degrees, the micro-batch and one rank stride: it is memoized on them.
-    `micro_batch` (sequences) overrides the mesh's own."""
-    mb = mesh.micro_batch if micro_batch is None else micro_batch
-    return mesh_comm_at(model, training, cluster, gpus, mesh, cal, (mb,))[0]
-
-
-def mesh_comm_at(
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: ClusterSpec,
-    gpus: int,
-    mesh: MeshLike,
-    cal: Calibration,
-    micro_batches: tuple[int, ...],
+    micro_batches: tuple[int, ...] | None = None,
     store: dict[tuple, Any] | None = None,
 ) -> list[tuple[float, float, float, float, float]]:
-    """`mesh_comm` at each of `micro_batches` (sequences), sharing the mesh's strides and memo.
-    `store`: the job's `comm_store`, when the caller prices many meshes of one job."""
+    """Knob-independent communication of one micro-batch, at each of `micro_batches` (sequences;
+    None: the mesh's own micro-batch only): seconds of a layer's forward TP/SP collectives, of a
+    layer's CP ring exchange (forward and backward), of an MoE layer's all-to-alls (dispatch +
+    combine, forward and backward), of one pipeline boundary send; and the boundary's bytes.
+    `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order. Each part depends on a few
+    degrees, the micro-batch and one rank stride: it is memoized on them, in the job's
+    `comm_store` (`store`: pass it when pricing many meshes of one job)."""
+    if micro_batches is None:
+        micro_batches = (mesh.micro_batch,)
     tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
     ab = training.activation_bytes
     st = mesh_strides(mesh)
@@ -406,7 +394,7 @@ def build_table(
     compute[pp - 1] += head_fwd + head_bwd
     forward[pp - 1] += head_fwd
 
-    comm = mesh_comm(model, training, cluster, gpus, mesh, cal)
+    comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
     tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary = comm
     logits_key = ("logits", actx, mesh.cross_entropy_)
     logits = store.get(logits_key)

@@ -51,7 +51,7 @@ from cost_models.stage_table import (
     comm_store,
     layer_kind_counts,
     layer_kinds,
-    mesh_comm_at,
+    mesh_comm,
     price_memory,
     price_time,
     rank_time_bound,
@@ -368,7 +368,7 @@ def _pair_bounds(
     comm1, comm2 = [], []
     store = comm_store(model, training, cluster, cal, gpus)
     for mesh, _ in meshes_mbs:
-        at1, at2 = mesh_comm_at(model, training, cluster, gpus, mesh, cal, (1, 2), store)
+        at1, at2 = mesh_comm(model, training, cluster, gpus, mesh, cal, (1, 2), store)
         comm1.append(at1[:4])
         comm2.append(at2[:4])
     c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
