@@ -462,20 +462,15 @@ class KnobPrices:
     comm_buffers: np.ndarray
     reserve: np.ndarray
     host_optimizer: np.ndarray
+    allocated: np.ndarray  # (J, pp) bytes: everything but `reserve`, as `price_memory` summed it
     stage_time: np.ndarray | None = None  # (J, pp) seconds per micro-batch
     parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
     step_s: np.ndarray | None = None  # (J,)
     knobs: KnobArrays | None = None  # the settings priced, as arrays
-    allocated: np.ndarray | None = None  # (J, pp) bytes: everything but `reserve`, as `price_memory` summed it
 
     @property
     def total(self) -> np.ndarray:
-        if self.allocated is not None:  # the same sum, in the same order, plus the reserve
-            return self.allocated + self.reserve
-        return (
-            self.parameters + self.gradients + self.optimizer + self.activations + self.logits
-            + self.comm_buffers + self.reserve
-        )
+        return self.allocated + self.reserve
 
     @property
     def peak(self) -> np.ndarray:
@@ -665,7 +660,7 @@ def price_memory(
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
     reserve = cal.cuda_context_bytes + cal.fragmentation * allocated
-    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, knobs=knobs, allocated=allocated)
+    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, knobs=knobs)
 
 
 _FULL_MODE = np.array([False, False, True])[:, None]

@@ -111,9 +111,15 @@ def describe(layout: Layout) -> str:
 GPIPE_DOMINATED = "dominated: GPipe has 1F1B's step time and more activation memory"
 
 
-def mesh_rejection(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> str | None:
-    """Planner rules on top of validity: tensor parallelism stays inside the NVLink domain."""
-    max_tp = c.max_tp or cluster.domain_size
+def max_tp_of(cluster: ClusterSpec, c: SearchConstraints) -> int:
+    """The largest tensor-parallel degree the planner tries: the NVLink domain, or less if pinned."""
+    return c.max_tp or cluster.domain_size
+
+
+def mesh_rejection(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints, limit: int | None = None) -> str | None:
+    """Planner rules on top of validity: tensor parallelism stays inside the NVLink domain.
+    `limit`: `max_tp_of(cluster, c)` when the caller has it already (it checks many meshes)."""
+    max_tp = max_tp_of(cluster, c) if limit is None else limit
     if mesh.tp > max_tp:
         if mesh.tp > cluster.domain_size:
             return f"tp: tp={mesh.tp} crosses the NVLink domain ({cluster.domain_size} GPUs)"
@@ -306,13 +312,10 @@ class _PairBounds:
     mb_of: np.ndarray  # micro-batch size, sequences
     bound_s: np.ndarray  # seconds per step no layout of the pair can beat
     compute: _ComputeTimes
-    comm1: np.ndarray  # (meshes, 4) `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
-    comm2: np.ndarray  # (meshes, 4) the same at micro-batch 2
     per_mb_s: np.ndarray  # seconds of one micro-batch summed over the pipeline ranks, per pair
     layer_moe: np.ndarray  # 1.0 for an MoE layer, 0.0 for a dense one, per layer
-
-    comm1_rows: list[tuple[float, float, float, float]] = field(default_factory=list)  # `comm1` as Python floats
-    comm2_rows: list[tuple[float, float, float, float]] = field(default_factory=list)
+    comm1: list[tuple[float, float, float, float]]  # per mesh, `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
+    comm2: list[tuple[float, float, float, float]]  # the same at micro-batch 2
     layer_times: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, float, dict]] = field(default_factory=dict)
     """Memo of `pair_times`' per-layer parts per (geometry row, micro-batch column): every pair of
     one shard geometry and micro-batch shares them, and their per-rank sums (`_PairTimes.bound`)."""
@@ -323,7 +326,7 @@ class _PairBounds:
         row, at = times.rows[(mesh.tp, mesh.cp, mesh.ep, mesh.etp)], int(np.searchsorted(times.mbs, mb))
         # affine in the micro-batch (`_pair_bounds`); Python floats, the same IEEE operations
         steps = mb - 1
-        comm = tuple(a + (b - a) * steps for a, b in zip(self.comm1_rows[mesh_index], self.comm2_rows[mesh_index], strict=True))
+        comm = tuple(a + (b - a) * steps for a, b in zip(self.comm1[mesh_index], self.comm2[mesh_index], strict=True))
         parts = self.layer_times.get((row, at))
         if parts is None:
             parts = self.layer_times[(row, at)] = (
@@ -394,7 +397,7 @@ def _pair_bounds(
     m_count = training.global_batch // (mb * dp)
     bound = m_count * per_mb / pp
     layer_moe = np.array([float(k[0]) for k in layer_kinds(model)])
-    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, c1, c2, per_mb, layer_moe, comm1, comm2)
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, per_mb, layer_moe, comm1, comm2)
 
 
 def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, float]]:
@@ -550,10 +553,10 @@ def search(
     valid: list[tuple[Mesh, list[int]]] = []  # meshes that pass validation, with their micro-batches
     probe_reasons: dict[tuple, str | None] = {}
     mbs_by_dp: dict[int, list[int]] = {}
-    max_tp = c.max_tp or cluster.domain_size
+    tp_limit = max_tp_of(cluster, c)
     order_valid: dict[str, bool] = {}
     for mesh in meshes(model, cluster, gpus, c):
-        reason = mesh_rejection(mesh, cluster, c) if mesh.tp > max_tp else None
+        reason = mesh_rejection(mesh, cluster, c, tp_limit)
         if mesh.dp not in mbs_by_dp:
             mbs_by_dp[mesh.dp] = micro_batches(training, mesh.dp, c)
         mbs = mbs_by_dp[mesh.dp]
