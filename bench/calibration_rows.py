@@ -1,4 +1,4 @@
-"""Turn the rows of `../shared/calibration/published_runs.csv` into priced-layout inputs.
+"""Turn the rows of `data/calibration/published_runs.csv` into priced-layout inputs.
 
 Each usable row becomes a `CalibrationRow`: (ModelSpec, TrainingSpec, cluster preset, GPUs, Layout,
 measured tokens/s/GPU, source id) plus the list of assumptions made where the source is silent.
@@ -48,7 +48,7 @@ from cost_models.layout import Layout
 from model_specs.spec import ModelSpec, TrainingSpec
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CSV = Path(os.environ.get("AUTOPAR_CALIBRATION_CSV", REPO.parent / "shared" / "calibration" / "published_runs.csv"))
+DEFAULT_CSV = Path(os.environ.get("AUTOPAR_CALIBRATION_CSV", REPO / "data" / "calibration" / "published_runs.csv"))
 
 CLUSTER_FOR_FAMILY = {
     "A100-40GB": "dgx-a100-40g",

@@ -4,7 +4,7 @@
     python -m bench.fit_calibration --dry-run    # fit and print, write nothing
     python -m bench.fit_calibration --params gemm_efficiency,attention_efficiency
 
-Data: every row of `../shared/calibration/published_runs.csv` that `bench.calibration_rows` can
+Data: every row of `data/calibration/published_runs.csv` that `bench.calibration_rows` can
 turn into a priced layout with a measured tokens/s/GPU.
 
 Split (deterministic, documented in the output JSON): rows are grouped into strata = source_id,
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         "optimizer": {k: v for k, v in info.items() if k != "sigma"},
         "unusable_rows": dict(reason_counts(bad)),
         "not_fitting_row_ids": [r.row.row_id for r in nf],
-        "data": "../shared/calibration/published_runs.csv",
+        "data": "data/calibration/published_runs.csv",
     }
     if not args.dry_run:
         out = Path(args.out)

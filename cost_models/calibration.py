@@ -6,7 +6,7 @@ GEMM and attention kernel efficiency, the share of the catalog bus bandwidth NCC
 communication each framework hides behind compute. Those fractions are below.
 
 They are *fitted*, not chosen: `bench/fit_calibration.py` fits them to
-`../shared/calibration/published_runs.csv` on a training split and writes
+`data/calibration/published_runs.csv` on a training split and writes
 `cost_models/data/calibration.json` together with the fit and hold-out errors. The defaults in
 `Calibration` are the priors the fit starts from (sources in each field's comment); they are used
 only when no fitted file exists.

@@ -8,7 +8,7 @@ import pytest
 from cluster_specs import units
 from cluster_specs.catalog import get_gpu, gpu_from_entry, list_gpus
 
-CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "calibration" / "published_runs.csv"
+CALIBRATION = Path(__file__).resolve().parents[2] / "data" / "calibration" / "published_runs.csv"
 
 
 def test_h100_units():
