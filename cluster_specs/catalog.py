@@ -6,7 +6,7 @@ to bytes/s in one direction. `GPUSpec.memory_bytes` is the driver-reported total
 memory-fit check can compare with, and the label's GB/GiB meaning differs between vendors and parts.
 
 Names resolve case-insensitively, with spaces and underscores read as dashes, through each entry's
-key and `aliases` (catalog keys are the `gpu_family` names of ../shared/calibration/published_runs.csv).
+key and `aliases` (catalog keys are the `gpu_family` names of data/calibration/published_runs.csv).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cluster_specs.spec import GPUSpec, Precision
 
 _KEYS = {
     "vendor", "aliases", "peak_dense", "memory", "memory_reported", "memory_reported_source",
-    "memory_bandwidth", "gpu_link", "tdp", "source", "notes",
+    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "source", "notes",
 }  # fmt: skip
 _REQUIRED = {"peak_dense", "memory", "memory_bandwidth", "gpu_link", "source"}
 
@@ -50,6 +50,7 @@ def gpu_from_entry(key: str, entry: dict[str, Any]) -> GPUSpec:
         memory_bandwidth_bytes_per_s=units.bytes_per_s(entry["memory_bandwidth"]),
         link_bandwidth_bytes_per_s=units.bytes_per_s(entry["gpu_link"], require_direction=True),
         tdp_w=units.watts(entry["tdp"]) if "tdp" in entry else None,
+        sm_count=int(entry["sm_count"]) if "sm_count" in entry else None,
         source=entry["source"],
     )
 

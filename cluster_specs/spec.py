@@ -29,6 +29,12 @@ class GPUSpec(BaseModel):
         ge=0, description="GPU-to-GPU fabric bandwidth per GPU, one direction (NVLink/xGMI/PCIe)"
     )
     tdp_w: float | None = None
+    sm_count: int | None = Field(
+        default=None,
+        ge=1,
+        description="streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles a GEMM can run "
+        "at once (wave quantization, cost_models.compute); None for devices without them (cpu)",
+    )
     source: str = Field(default="", description="datasheet the figures come from")
 
     def __hash__(self) -> int:  # the dict field keeps pydantic's generated hash from working

@@ -27,27 +27,31 @@ FITTED_PATH = Path(__file__).parent / "data" / "calibration.json"
 
 @dataclass(frozen=True)
 class Overlap:
-    """Fraction (0..1) of each communication that a framework hides behind compute when a
-    compute window is available. 0 = fully exposed."""
+    """How much of each communication a framework hides, where the step-time model
+    (`cost_models.step_time`) gives it a window to hide in. The windows themselves are rules, not
+    constants (a layer's gather behind the previous layer's compute, the gradient reduction behind
+    the last backward, ...); these fractions say how much of a window, or of a collective, the
+    framework really uses. 1 = all of it, 0 = none."""
 
-    dp: float = 0.8  # gradient reduce-scatter / all-reduce overlapped with backward (DDP buckets)
-    zero3: float = 0.8  # FSDP / ZeRO-3 parameter all-gathers prefetched during compute
-    tp: float = 0.0  # TP/SP collectives are on the critical path unless comm overlap is enabled
-    cp: float = 0.9  # ring attention overlaps KV exchange with attention compute
-    ep: float = 0.0  # MoE all-to-all on the critical path (no dispatcher overlap)
-    pp: float = 0.5  # p2p send/recv batched with compute in the steady state
+    dp: float = 1.0  # share of the once-per-step gradient reduction / parameter gather window used
+    zero3: float = 1.0  # share of a layer's compute window its prefetched ZeRO-3 gather / reduce-scatter uses
+    tp: float = 0.0  # share of TP/SP collectives hidden behind GEMMs when TP comm overlap is on
+    ep: float = 0.0  # share of the MoE all-to-all hidden behind other work (schedules that overlap it)
+    pp: float = 0.5  # share of pipeline send/recv hidden behind compute in the steady state
     bus_efficiency: float = 1.0  # share of the NCCL bus bandwidth the framework's data-parallel /
     # ZeRO collectives reach (DeepSpeed ZeRO-3 gathers many small partitions, far below NCCL's peak)
 
 
 def _default_overlaps() -> dict[str, Overlap]:
     return {
-        # Megatron-Core with --overlap-grad-reduce --overlap-param-gather (+ --tp-comm-overlap)
-        "megatron": Overlap(dp=0.9, zero3=0.9, tp=0.5, cp=0.9, ep=0.0, pp=0.7),
-        # PyTorch FSDP / FSDP2 (torchtitan, llm-foundry): backward prefetch, no TP overlap by default
-        "fsdp": Overlap(dp=0.8, zero3=0.8, tp=0.0, cp=0.9, ep=0.0, pp=0.5),
+        # Megatron-Core: --overlap-grad-reduce / --overlap-param-gather (bucket windows), TE
+        # userbuffers for --tp-comm-overlap (Layout.tp_comm_overlap), batched p2p
+        "megatron": Overlap(dp=1.0, zero3=1.0, tp=0.7, ep=0.0, pp=0.7),
+        # PyTorch FSDP2 (torchtitan, llm-foundry): backward prefetch of one layer, no TP overlap
+        # unless async TP is on
+        "fsdp": Overlap(dp=1.0, zero3=1.0, tp=0.5, ep=0.0, pp=0.5),
         # DeepSpeed ZeRO: overlap_comm=true, less aggressive prefetch
-        "deepspeed": Overlap(dp=0.7, zero3=0.6, tp=0.0, cp=0.5, ep=0.0, pp=0.5),
+        "deepspeed": Overlap(dp=0.8, zero3=0.7, tp=0.0, ep=0.0, pp=0.5),
     }
 
 
@@ -61,9 +65,10 @@ class Calibration:
     989 TFLOP/s for 8k x 8k x 8k; NVIDIA's published GEMM benchmarks)."""
     fp8_gemm_efficiency: float = 0.65
     """Same for FP8 GEMMs relative to the FP8 peak (FP8 runs further from its peak)."""
-    gemm_half_dim: float = 128.0
-    """Elements: each GEMM dimension d scales efficiency by d / (d + gemm_half_dim); small TP shards,
-    narrow experts and short micro-batches run slower (tile and wave quantization)."""
+    gemm_k_overhead: float = 128.0
+    """Elements of k: a GEMM tile's prologue and epilogue cost as much as this many more elements of
+    the reduction dimension (k efficiency k / (k + gemm_k_overhead), `cost_models.compute`); two
+    64-deep mainloop iterations as a prior. Tile and wave quantization are geometry, not fitted."""
     attention_efficiency: float = 0.55
     """Fraction of the bf16 peak flash attention reaches (FlashAttention-2/3 papers: 50-75%)."""
     hbm_efficiency: float = 0.80
@@ -76,6 +81,10 @@ class Calibration:
     overlaps: dict[str, Overlap] = field(default_factory=_default_overlaps)
     step_overhead_s: float = 0.0
     """Fixed seconds per optimizer step (launch, data loading, logging) not modelled elsewhere."""
+    kernel_launch_s: float = 6e-6
+    """Host seconds to launch one kernel from the training loop: the CUDA launch itself (2-4 us,
+    CUDA C++ Best Practices Guide, "kernel launch overhead") plus the framework's dispatch of the
+    op. A layer never runs faster than its kernels can be launched (`compute.layer_kernels`)."""
     # --- memory (priors, not fitted) ----------------------------------------------------------
     cuda_context_bytes: int = 768 * 2**20
     """CUDA context + cuBLAS/cuDNN workspaces outside the caching allocator (~0.5-1 GiB on Hopper,
@@ -95,10 +104,15 @@ class Calibration:
 
     @classmethod
     def from_json(cls, data: dict) -> Calibration:
+        """Fields this version knows; unknown keys (of an older file) are ignored, missing ones
+        keep their priors."""
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         if "overlaps" in kwargs:
-            kwargs["overlaps"] = {k: Overlap(**v) for k, v in kwargs["overlaps"].items()}
+            overlap_fields = {f.name for f in fields(Overlap)}
+            kwargs["overlaps"] = {
+                k: Overlap(**{f: x for f, x in v.items() if f in overlap_fields}) for k, v in kwargs["overlaps"].items()
+            }
         return cls(**kwargs)
 
 

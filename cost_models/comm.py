@@ -4,27 +4,50 @@ NCCL bus-bandwidth convention (nccl-tests PERFORMANCE.md): for n ranks, bus band
 buffer of S bytes (the full, gathered/reduced size)
     all-reduce                    2 (n-1)/n * S / B
     all-gather, reduce-scatter      (n-1)/n * S / B
-    all-to-all                      (n-1)/n * S / B   (S = bytes one rank sends, itself included)
-    send/recv (p2p)                          S / B
-plus a latency term: alpha per step, with (n_domain - 1) ring steps inside an NVLink domain and
-ceil(log2(domains)) tree steps across domains (doubled for all-reduce).
+plus NCCL's latency term (`cluster_specs.topology.collective_latency_s`: a base per collective and
+a per-step latency for each ring step, network steps at the network's figure).
+
 B is the bottleneck bus bandwidth of the group as placed (`cluster_specs.topology`), multiplied by
-the calibrated fraction NCCL achieves on that tier.
+the calibrated fraction NCCL achieves on that tier. Two patterns are not rings and are priced from
+the per-GPU links instead:
+
+- send/recv (pipeline boundaries, ring attention's K/V blocks): one GPU sends to one peer. Inside an
+  NVLink domain it gets the domain's bandwidth; across domains it gets *its own* share of its
+  node's NICs (`ClusterSpec.nic_bandwidth_per_gpu_bytes_per_s`), not the k NICs a ring of k ranks
+  per domain drives together.
+- all-to-all (MoE dispatch and combine; S = bytes one rank sends, itself included): each rank
+  sends S/n to every peer. Of it, (n - k)/n leaves the NVLink domain through the rank's own NIC
+  share and (k - 1)/n stays on NVLink (k ranks of the group per domain, PXN moving cross-rail
+  traffic over NVLink first). Both run at once and NVLink is the faster on every preset, so the
+  NIC part sets the time: (n - k)/n * S / (B / k), B / k being one rank's NIC share. A group
+  inside one domain is (n-1)/n * S / B.
+
+Channels. Every collective occupies one *channel* of a rank: the NVLink / PCIe domain (`INTRA`) when
+its group stays inside one domain, the scale-out NICs (`INTER`) when it leaves it. Collectives on
+one channel queue on it; collectives on different channels run side by side
+(`cost_models.step_time`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 from cluster_specs.spec import ClusterSpec
-from cluster_specs.topology import GroupLink, strided_group_link
+from cluster_specs.topology import GroupLink, collective_latency_s, strided_group_link
 from cost_models.calibration import Calibration
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
 
-_VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
+INTRA, INTER = 0, 1
+"""Channel indices: the NVLink / PCIe domain, the scale-out NICs."""
+CHANNELS = 2
+
+_VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+_LATENCY_KIND = {
+    "all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+    "all_to_all": "all_to_all", "p2p": "send_recv",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,11 @@ class Group:
         _GROUPS[key] = (cluster, group)
         return group
 
+    @property
+    def channel(self) -> int:
+        """`INTRA` when the group stays inside one NVLink domain (or is one rank), else `INTER`."""
+        return INTRA if self.link.domains <= 1 else INTER
+
 
 _GROUPS: dict[tuple[int, int, int, int | None], tuple[ClusterSpec, Group]] = {}
 
@@ -60,32 +88,35 @@ def effective_bandwidth(link: GroupLink, cal: Calibration) -> float:
 
 
 def latency(kind: Collective, link: GroupLink) -> float:
-    steps = max(link.ranks_per_domain - 1, 0) + (math.ceil(math.log2(link.domains)) if link.domains > 1 else 0)
-    if kind == "all_reduce":
-        steps *= 2
-    if kind == "p2p":
-        steps = 1
-    return link.latency_s * steps
+    """NCCL's latency term for one collective of `kind` over the group (ring algorithm)."""
+    return collective_latency_s(link, _LATENCY_KIND[kind])  # type: ignore[arg-type]
 
 
 def collective_cost(kind: Collective, group: Group, cal: Calibration) -> tuple[float, float]:
     """(seconds per byte of buffer, fixed latency seconds) of a collective over `group`: the time
-    of a buffer of S bytes is S * first + second (0 for a group of one)."""
+    of a buffer of S bytes is S * first + second (0 for a group of one). See the module doc for
+    what S is for each kind."""
     n = group.size
     if n <= 1:
         return 0.0, 0.0
-    bw = effective_bandwidth(group.link, cal)
+    link = group.link
+    bw = effective_bandwidth(link, cal)
+    lat = latency(kind, link)
     if kind == "p2p":
-        return 1.0 / bw, latency(kind, group.link)
-    return _VOLUME[kind] * (n - 1) / n / bw, latency(kind, group.link)
+        if link.domains > 1:  # the sender's own NIC share (module doc)
+            bw = bw / max(link.ranks_per_domain, 1)
+        return 1.0 / bw, lat
+    if kind == "all_to_all":
+        if link.domains <= 1:
+            return (n - 1) / n / bw, lat
+        k = max(link.ranks_per_domain, 1)
+        return (n - k) / n / (bw / k), lat  # the rank's own NIC share carries what leaves the domain
+    return _VOLUME[kind] * (n - 1) / n / bw, lat
 
 
 def collective_time(kind: Collective, nbytes: float, group: Group, cal: Calibration) -> float:
-    """Seconds for one collective of `nbytes` (full buffer size, see module doc) over `group`."""
-    n = group.size
-    if n <= 1 or nbytes <= 0:
+    """Seconds for one collective of `nbytes` (see the module doc) over `group`."""
+    if group.size <= 1 or nbytes <= 0:
         return 0.0
-    bw = effective_bandwidth(group.link, cal)
-    if kind == "p2p":
-        return nbytes / bw + latency(kind, group.link)
-    return _VOLUME[kind] * (n - 1) / n * nbytes / bw + latency(kind, group.link)
+    per_byte, lat = collective_cost(kind, group, cal)
+    return nbytes * per_byte + lat

@@ -1,20 +1,42 @@
 """Compute time of one micro-batch on one rank: GEMMs, attention and memory-bound kernels.
 
-Each GEMM (m x k) @ (k x n) takes 2*m*n*k FLOPs at `peak x efficiency(m, n, k)`, where efficiency
-is `calibration.gemm_efficiency x prod_d d / (d + gemm_half_dim)` (large GEMMs approach the fitted
-ceiling; thin ones pay for tile and wave quantization), bounded below by the roofline time
-`bytes / (hbm_bandwidth x hbm_efficiency)`. Backward runs two GEMMs of the same dimensions
-(input and weight gradients): 2x forward time.
+GEMMs. A GEMM (m x k) @ (k x n) is 2*m*n*k FLOPs. cuBLAS / CUTLASS run it as output tiles of
+tm x tn, each tile on one SM, in waves of `sm_count` tiles (NVIDIA, "Matrix Multiplication
+Background User's Guide": tile and wave quantization). So a GEMM reaches
+    `gemm_efficiency` (the fitted ceiling of a large, square GEMM)
+  x tile rate      of the tile shape chosen (smaller tiles reuse less data: `TILES`)
+  x utilization    useful output area / (waves x sm_count x tm x tn): partial tiles on the edges and
+                   a last wave that leaves SMs idle (tile and wave quantization)
+  x k efficiency   k / (k + `gemm_k_overhead`): each tile's prologue and epilogue cost about as
+                   much as that many more elements of k
+of the peak, and the library picks the fastest of the tile shapes in `TILES` and split-K factors in
+`SPLITS` (split-K fills idle SMs on thin GEMMs, at the price of an fp32 reduction of s partial
+outputs). A GEMM is never faster than its operands' HBM traffic (roofline). Grouped expert GEMMs
+(`count` > 1) share the waves. Backward runs two GEMMs of the forward's shape (input and weight
+gradients): 2x forward time. On devices without SMs (`GPUSpec.sm_count` None: the CPU runtime)
+only the k efficiency applies.
 
 Attention runs at `attention_efficiency x bf16 peak` on causal FLOPs (FlashAttention skips masked
-blocks); its backward costs `cost_models.flops.flash_backward_factor` x forward (2.5 for d_qk == d_v).
+blocks) times the share of its 128 x 128 tiles that holds scored pairs (`attention_tile_efficiency`:
+short sequences and context-parallel blocks waste part of each tile); its backward costs
+`cost_models.flops.flash_backward_factor` x forward (2.5 for d_qk == d_v).
 
-Norms, activations, residual adds and rotary embeddings are memory-bound: their time is the bytes
-they read and write over HBM bandwidth.
+Norms, activations, residual adds, rotary embeddings and the MoE router, permute and unpermute are
+memory-bound: their time is the bytes they read and write over HBM bandwidth.
+
+Host overhead. Every kernel is launched from the host; when a layer's kernels are short (tiny
+micro-batches, small models, thin TP shards) the GPU waits for the launches. A layer's forward takes
+at least `kernels x kernel_launch_s` (`layer_kernels`), its backward twice that.
+
+MoE load imbalance. The slowest expert-parallel rank sets the pace. With balanced routing the
+tokens a rank receives are a sum of independent draws (multinomial over the ep ranks), whose
+maximum over ep ranks exceeds the mean by about sqrt(2 ln ep) standard deviations (the expected
+maximum of ep near-Gaussian counts): `moe_imbalance`. Routed expert GEMMs are priced at that load.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,21 +118,100 @@ def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
     # balanced routing each of its E/ep local experts receives routed / (E/ep) of the ep group's.
     t_route = t / _where(g.sp, tp, 1) * model.moe_top_k * _where(g.sp, g.etp, 1)
     local_experts = model.num_experts / g.ep
-    per_expert = t_route / local_experts
+    per_expert = t_route * moe_imbalance(t_route, g.ep) / local_experts
     fe = model.moe_ffn_hidden_size / g.etp
     out += [Gemm(per_expert, gate * fe, h, local_experts), Gemm(per_expert, h, fe, local_experts)]
     return out
 
 
+def moe_imbalance(routed_per_rank: Scalars, ep: int | np.ndarray) -> Scalars:
+    """Load of the busiest expert-parallel rank over the mean (module doc): 1 + sqrt(2 ln ep) x the
+    relative standard deviation of a rank's share of the group's routed tokens under balanced
+    routing, sqrt((1 - 1/ep) / routed_per_rank). 1 for ep = 1 (one rank holds every expert)."""
+    if isinstance(ep, np.ndarray) or isinstance(routed_per_rank, np.ndarray):
+        ep_f = np.asarray(ep, dtype=float)
+        spread = np.sqrt(2.0 * np.log(np.maximum(ep_f, 1.0)) * (1.0 - 1.0 / ep_f) / np.maximum(routed_per_rank, 1.0))
+        return 1.0 + spread
+    if ep <= 1:
+        return 1.0
+    return 1.0 + math.sqrt(2.0 * math.log(ep) * (1.0 - 1.0 / ep) / max(routed_per_rank, 1.0))
+
+
+TILE_K = 64
+"""Elements of k one mainloop iteration consumes (CUTLASS / cuBLAS Hopper and Ampere BF16 kernels)."""
+
+
+def _tile_rate(tm: int, tn: int, ref: tuple[int, int] = (128, 256)) -> float:
+    """Throughput of a tm x tn tile relative to the large 128 x 256 tile: a tile loads (tm + tn)
+    elements per k step and does tm * tn multiply-adds on them, so its data reuse is
+    tm*tn / (tm + tn). Modelling choice (not fitted): the rate scales as the square root of that
+    reuse, which keeps 128 x 128 tiles within ~13% of the large tile (they run near peak on
+    Hopper) and halves nothing smaller than 64 x 64."""
+    reuse = tm * tn / (tm + tn)
+    ref_reuse = ref[0] * ref[1] / (ref[0] + ref[1])
+    return min(1.0, (reuse / ref_reuse) ** 0.5)
+
+
+TILES: tuple[tuple[int, int, float], ...] = tuple(
+    (tm, tn, _tile_rate(tm, tn)) for tm, tn in ((128, 256), (256, 128), (128, 128), (64, 128), (128, 64), (64, 64))
+)
+"""CTA tile shapes (rows of the output x columns) a GEMM library chooses from, with their rates."""
+
+SPLITS = (1, 2, 4, 8, 16)
+"""Split-K factors tried for thin GEMMs (k cut into s slices, partial outputs reduced in fp32)."""
+
+
 def gemm_time(gemm: Gemm, peak: float, gpu: GPUSpec, act_bytes: int, efficiency: float, cal: Calibration) -> Scalars:
-    """Seconds for one forward GEMM group (elementwise when the GEMM's dimensions are arrays)."""
-    shape: Scalars = 1.0
-    for d in (gemm.m, gemm.n, gemm.k):
-        shape *= d / (d + cal.gemm_half_dim)
-    compute = gemm.flops / (peak * efficiency * shape)
-    traffic = act_bytes * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n) * gemm.count
-    memory = traffic / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    return _larger(compute, memory)
+    """Seconds for one forward GEMM group (elementwise when the GEMM's dimensions are arrays): the
+    fastest tile shape and split-K factor (module doc), never faster than its HBM traffic."""
+    m, n, k, count = gemm.m, gemm.n, gemm.k, gemm.count
+    flops = gemm.flops
+    bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    traffic = act_bytes * (m * k + k * n + m * n) * count
+    memory = traffic / bandwidth
+    k0 = cal.gemm_k_overhead
+    rate = peak * efficiency
+    if gpu.sm_count is None:
+        return _larger(flops / (rate * k / (k + k0)), memory)
+    sms = gpu.sm_count
+    array = any(isinstance(x, np.ndarray) for x in (m, n, k, count))
+    ceil = np.ceil if array else math.ceil
+    best: Scalars = math.inf
+    area = m * n * count
+    for tm, tn, tile_rate in TILES:
+        tiles = ceil(m / tm) * ceil(n / tn) * count
+        utilization_tiles = area / (tiles * tm * tn)  # partial tiles on the edges
+        for split in SPLITS:
+            kk = k / split
+            waves = ceil(tiles * split / sms)
+            busy = tiles * split / (waves * sms)  # share of SM slots the waves fill
+            t = flops / (rate * tile_rate * utilization_tiles * busy * kk / (kk + k0))
+            if split > 1:
+                # s fp32 partial outputs written, read back and reduced into the output
+                t = t + area * 4 * (split + 1) / bandwidth
+                if array:
+                    t = np.where(kk >= 2 * TILE_K, t, np.inf)
+                elif kk < 2 * TILE_K:
+                    continue
+            best = np.minimum(best, t) if array else min(best, t)  # type: ignore[call-overload]
+    return _larger(best, memory)
+
+
+def attention_tile_efficiency(q_len: Scalars, k_len: Scalars, causal: bool) -> Scalars:
+    """Share of the 128 x 128 (query, key) tiles a flash-attention kernel runs that holds scored
+    pairs, for one call over q_len queries and k_len keys (causal: the square's lower triangle,
+    diagonal included; FlashAttention-2/3 skip fully masked tiles and compute diagonal ones whole)."""
+    block = 128.0
+    array = isinstance(q_len, np.ndarray) or isinstance(k_len, np.ndarray)
+    ceil = np.ceil if array else math.ceil
+    tq, tk = ceil(q_len / block), ceil(k_len / block)
+    if causal:
+        pairs = q_len * (q_len + 1) / 2
+        tiles = tq * (tq + 1) / 2
+    else:
+        pairs = q_len * k_len
+        tiles = tq * tk
+    return pairs / (tiles * block * block)
 
 
 def _larger(a: float | np.ndarray, b: float | np.ndarray) -> float | np.ndarray:
@@ -137,7 +238,23 @@ def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes:
     rep = _where(g.sp, tp, 1)
     per_token = (2 * 2 * h + 2 * 3 * h) / rep
     per_token += 2 * (model.num_heads + max(model.kv_heads, 1)) * model.qk_head_dim / tp
-    return per_token * g.tokens * act_bytes + activation_function_bytes(model, index, g, act_bytes)
+    total = per_token * g.tokens * act_bytes + activation_function_bytes(model, index, g, act_bytes)
+    if model.is_moe_layer(index):
+        total = total + moe_kernel_bytes(model, g, act_bytes)
+    return total
+
+
+def moe_kernel_bytes(model: ModelSpec, g: ShardGeometry, act_bytes: int) -> Scalars:
+    """HBM bytes of an MoE layer's memory-bound kernels, forward, per rank (Megatron-Core's
+    token dispatcher, `moe_utils.permute` / `unpermute`): the router's float32 logits, softmax and
+    top-k over the experts; permute reads each local token and writes its top_k copies; unpermute
+    reads the top_k expert outputs and the probabilities and writes one weighted sum per token."""
+    tokens = g.tokens / _where(g.sp, g.tp, 1)  # tokens this rank routes (sequence-sharded under SP)
+    router = tokens * model.num_experts * 4 * 3  # logits written, read by softmax/top-k, probs written
+    copies = tokens * model.moe_top_k * model.hidden_size * act_bytes
+    permute = tokens * model.hidden_size * act_bytes + copies
+    unpermute = copies + tokens * model.moe_top_k * 4 + tokens * model.hidden_size * act_bytes
+    return router + permute + unpermute
 
 
 def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
@@ -160,6 +277,7 @@ class LayerTime:
     elementwise_fwd: Scalars
     attention_bwd_factor: float  # flash backward / forward FLOPs (`flops.flash_backward_factor`)
     activation_fwd: Scalars  # the MLP activation function's share of elementwise_fwd
+    host_fwd: Scalars = 0.0  # the host's kernel launches of the forward (`layer_kernels` x kernel_launch_s)
 
     @property
     def attention(self) -> Scalars:
@@ -173,27 +291,79 @@ class LayerTime:
 
     @property
     def forward(self) -> Scalars:
-        return self.gemm_fwd + self.attention_fwd + self.elementwise_fwd
+        """GPU time of the forward, or the host's launches when they take longer."""
+        return _larger(self.gemm_fwd + self.attention_fwd + self.elementwise_fwd, self.host_fwd)
 
     @property
     def backward(self) -> Scalars:
-        return 2.0 * self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
+        """Input gradients and weight gradients (`backward_input` + `backward_weight`), or the
+        host's launches (twice the forward's kernels) when they take longer."""
+        return _larger(self.backward_input + self.backward_weight, 2.0 * self.host_fwd)
+
+    @property
+    def backward_input(self) -> Scalars:
+        """The backward's input-gradient part ("B" of zero-bubble schedules, Qi et al. 2024): one
+        GEMM per forward GEMM, the attention backward and the elementwise backward."""
+        return self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
+
+    @property
+    def backward_weight(self) -> Scalars:
+        """The backward's weight-gradient GEMMs ("W"), which zero-bubble schedules defer."""
+        return self.gemm_fwd
+
+
+def layer_kernels(model: ModelSpec, index: int, g: ShardGeometry) -> Scalars:
+    """Kernels one layer's forward launches on one rank (its backward launches about twice as many).
+
+    Dense layer: 2 norms, QKV GEMM, rotary, attention, output GEMM, 2 residual adds, 2 MLP GEMMs and
+    the activation (11), plus the 4 sequence-parallel all-gathers / reduce-scatters under TP. MLA
+    adds its 2 down-projections, 2 latent norms and the split of the rope part (5). An MoE block
+    adds the router GEMM, softmax/top-k, the load-balancing loss, permute and unpermute (5), the
+    2 all-to-alls under expert parallelism, and 3 per shared expert MLP; its expert MLPs are
+    grouped GEMMs (one kernel each). Ring context parallelism launches an attention kernel, a
+    send/receive and an output correction per extra ring step (3 x (cp - 1))."""
+    n: Scalars = 11.0 + _where(g.tp > 1, 4.0, 0.0)
+    if model.attention == "mla":
+        n = n + 5.0
+    if model.is_moe_layer(index):
+        n = n + 5.0 + 3.0 * model.num_shared_experts
+        n = n + _where(g.ep > 1, 2.0, 0.0)
+    return n + 3.0 * (g.cp - 1)
+
+
+def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
+    """Seconds of one layer's attention kernel forward on one rank: this rank's heads (nh / tp) for
+    its share of query positions (1 / cp, load-balanced causal chunks) against the keys before them,
+    at `attention_efficiency` of the bf16 peak times the tile efficiency of the kernel calls (one
+    causal call over the sequence, or under ring context parallelism calls over blocks of the
+    2 x cp load-balanced chunks)."""
+    pairs = attention_pairs(model, index, g.seq_len, "causal") / g.cp
+    seqs = g.tokens / (g.seq_len / g.cp)
+    attn_flops = 2.0 * pairs * seqs * model.num_heads / g.tp * (model.qk_head_dim + model.v_dim)
+    chunk = g.seq_len / (2.0 * g.cp)
+    if isinstance(g.cp, np.ndarray):
+        tiles = np.where(
+            g.cp > 1,
+            attention_tile_efficiency(chunk, chunk, causal=False),
+            attention_tile_efficiency(float(g.seq_len), float(g.seq_len), causal=True),
+        )
+    elif g.cp > 1:
+        tiles = attention_tile_efficiency(chunk, chunk, causal=False)
+    else:
+        tiles = attention_tile_efficiency(float(g.seq_len), float(g.seq_len), causal=True)
+    return attn_flops / (gpu.peak("bf16") * cal.attention_efficiency * tiles)
 
 
 def layer_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration) -> LayerTime:
     peak = gpu.peak(precision)
     eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
     gemm = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in layer_gemms(model, index, g))
-    # Attention: this rank computes its heads (nh / tp) for its share of query positions (1 / cp,
-    # load-balanced causal chunks) against the keys before them.
-    pairs = attention_pairs(model, index, g.seq_len, "causal") / g.cp
-    seqs = g.tokens / (g.seq_len / g.cp)
-    attn_flops = 2.0 * pairs * seqs * model.num_heads / g.tp * (model.qk_head_dim + model.v_dim)
-    attn = attn_flops / (gpu.peak("bf16") * cal.attention_efficiency)
+    attn = attention_time(model, index, g, gpu, cal)
     bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
     elem = elementwise_bytes(model, index, g, act_bytes) / bandwidth
     act = activation_function_bytes(model, index, g, act_bytes) / bandwidth
-    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act)
+    host = layer_kernels(model, index, g) * cal.kernel_launch_s
+    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host)
 
 
 def lm_head_times(

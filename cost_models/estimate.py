@@ -1,12 +1,10 @@
 """`estimate()`: price one layout. Memory of every pipeline stage, and the step time built from
 compute, exposed communication, pipeline bubble and the optimizer step.
 
-Step time (seconds):
-    t_stage(s)  = micro-batch forward + backward + recompute on stage s, plus the TP / CP / EP
-                  communication it cannot hide, plus ZeRO-3 gathers it cannot hide
-    pipeline    = m * max_s t_stage(s) + (sum_s t_stage(s) - max_s t_stage(s)) / v
-                  (equal stages: (m + (p-1)/v) * t_stage, the bubble of Narayanan et al. 2021)
-    step        = pipeline + exposed data-parallel communication + optimizer step + overhead
+The step time is `cost_models.step_time`'s schedule: every piece of work on the resource that runs
+it (the compute stream, the NVLink domain, the scale-out NICs), communication hidden only behind
+compute that runs at the same time and that the framework overlaps it with, and never less than
+the busiest channel's traffic. Its parts (`TimeBreakdown`) add up to the step.
 Throughput: tokens/s = global batch tokens / step. MFU = model FLOPs (full-attention convention,
 `cost_models.flops`) / (step x GPUs x dense peak of the training precision).
 """
@@ -38,6 +36,7 @@ class TimeBreakdown:
     ep_comm: float
     pp_comm: float
     dp_comm: float
+    comm_wait: float  # a saturated link: traffic beyond what the compute it overlaps lasts
     bubble: float
     optimizer: float
     overhead: float
@@ -46,7 +45,7 @@ class TimeBreakdown:
     def total(self) -> float:
         return (
             self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm + self.pp_comm
-            + self.dp_comm + self.bubble + self.optimizer + self.overhead
+            + self.dp_comm + self.comm_wait + self.bubble + self.optimizer + self.overhead
         )
 
     def as_dict(self) -> dict[str, float]:
@@ -58,6 +57,7 @@ class TimeBreakdown:
             "ep_comm_s": self.ep_comm,
             "pp_comm_s": self.pp_comm,
             "dp_comm_s": self.dp_comm,
+            "comm_wait_s": self.comm_wait,
             "bubble_s": self.bubble,
             "optimizer_s": self.optimizer,
             "overhead_s": self.overhead,

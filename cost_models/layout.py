@@ -50,6 +50,11 @@ class Layout(BaseModel):
     sp: bool | None = Field(None, description="sequence parallel with TP; defaults to tp > 1")
     schedule: Schedule | None = Field(None, description="defaults to interleaved_1f1b when vpp > 1, else 1f1b")
     offload_optimizer: bool = False
+    tp_comm_overlap: bool | None = Field(
+        None,
+        description="overlap TP/SP collectives with the GEMMs (Megatron --tp-comm-overlap with Transformer "
+        "Engine userbuffers; torchtitan's async TP); defaults to on for megatron with sequence parallel",
+    )
     order: str = DEFAULT_ORDER
     framework: Framework = Field(
         "megatron", description="execution framework whose overlap and kernels are assumed (calibration)"
@@ -107,6 +112,7 @@ class Layout(BaseModel):
                 "etp": self.etp or self.tp,
                 "sp": (self.tp > 1) if self.sp is None else self.sp,
                 "schedule": self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b"),
+                "tp_comm_overlap": self.tp_comm_overlap_,
             }
         )
 
@@ -152,6 +158,14 @@ class Layout(BaseModel):
     @property
     def schedule_(self) -> Schedule:
         return self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b")
+
+    @property
+    def tp_comm_overlap_(self) -> bool:
+        """Resolved `tp_comm_overlap`: on by default for Megatron with sequence parallel (NeMo's
+        performance recipes enable it), off otherwise."""
+        if self.tp_comm_overlap is not None:
+            return self.tp_comm_overlap
+        return self.framework == "megatron" and self.tp > 1 and self.sp_
 
     @property
     def cross_entropy_(self) -> CrossEntropy:
@@ -275,6 +289,8 @@ def validate_layout(model: ModelSpec, training: TrainingSpec, gpus: int, layout:
         v.append(Violation("sp", f"sequence parallel needs the per-CP-rank sequence divisible by tp={tp}"))
     if lay.sp_ and tp == 1:
         v.append(Violation("sp", "sequence parallel needs tp > 1"))
+    if lay.tp_comm_overlap and tp == 1:
+        v.append(Violation("tp_comm_overlap", "TP communication overlap needs tp > 1"))
     dps = lay.dp_shard_
     if dp % dps:
         v.append(Violation("dp_shard", f"dp_shard={dps} does not divide dp={dp}"))

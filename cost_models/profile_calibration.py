@@ -21,8 +21,8 @@ Model (a first-order surrogate of `cost_models.estimate` around the global calib
 
 Every compute time in `cost_models.compute` is FLOPs / (peak x efficiency) or bytes / (HBM x
 efficiency) (and the max of the two for a GEMM), so dividing `gemm_efficiency`,
-`fp8_gemm_efficiency`, `attention_efficiency` and `hbm_efficiency` by a_c multiplies every compute
-time by exactly a_c. Collective time is bytes / (bus bandwidth x tier efficiency) + latency
+`fp8_gemm_efficiency`, `attention_efficiency` and `hbm_efficiency` by a_c (and multiplying the host's
+`kernel_launch_s`, the floor of a layer's time, by a_c) multiplies every compute time by exactly a_c. Collective time is bytes / (bus bandwidth x tier efficiency) + latency
 (`cost_models.comm`), so dividing `intra_bus_efficiency` (`inter_bus_efficiency`) by a_intra
 (a_inter) multiplies the bandwidth part of that tier's collectives by a_tier; the latency part and
 the overlap windows (max(0, comm - overlap x window)) make the surrogate approximate there, which
@@ -379,6 +379,7 @@ def _apply(base: Calibration, theta: np.ndarray, source: str) -> Calibration:
         fp8_gemm_efficiency=base.fp8_gemm_efficiency / a_c,
         attention_efficiency=base.attention_efficiency / a_c,
         hbm_efficiency=base.hbm_efficiency / a_c,
+        kernel_launch_s=base.kernel_launch_s * a_c,
         intra_bus_efficiency=base.intra_bus_efficiency / a_intra,
         inter_bus_efficiency=base.inter_bus_efficiency / a_inter,
         step_overhead_s=float(theta[3]),

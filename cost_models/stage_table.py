@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
+from cost_models import step_time
 from cost_models.activations import (
     EAGER_FP32_NORM_BYTES,
     ActivationContext,
@@ -26,9 +27,10 @@ from cost_models.activations import (
     logits_bytes,
     retained_logits_bytes,
 )
-from cost_models.calibration import Calibration, Overlap
-from cost_models.comm import Group, collective_cost, collective_time
+from cost_models.calibration import Calibration
+from cost_models.comm import INTRA, Group, collective_time
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
+from cost_models.flops import flash_backward_factor
 from cost_models.layout import Layout
 from cost_models.mesh import MeshLike, mesh_strides
 from cost_models.pipeline import in_flight_micro_batches
@@ -94,9 +96,9 @@ def _layer_classes(model: ModelSpec) -> tuple[tuple[int, ...], np.ndarray]:
 @lru_cache(maxsize=4096)
 def _layer_arrays(
     model: ModelSpec, cluster: ClusterSpec, precision: str, g: ShardGeometry, actx: ActivationContext, cal: Calibration
-) -> dict[str, np.ndarray]:
-    """Per-layer quantities (arrays over the model's layers) for one shard geometry: priced once per
-    layer class (`_layer_classes`) and spread over the layers."""
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Per-layer quantities for one shard geometry: priced once per layer class (`_layer_classes`),
+    as arrays over the classes and spread over the model's layers (read-only)."""
     kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal)
     acts_by_kind = _layer_acts(model, actx)
     pc = count_params(model)
@@ -104,8 +106,8 @@ def _layer_arrays(
     all_kinds = layer_kinds(model)
     firsts, of_layer = _layer_classes(model)
     # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
-    out: dict[str, list[Any]] = {k: [] for k in ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn", "moe")}
-    # attn: the attention kernel's forward + backward seconds
+    names = ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn_f", "moe")
+    out: dict[str, list[Any]] = {k: [] for k in names}
     for i in firsts:
         key = all_kinds[i]
         lp = pc.layers[i]
@@ -119,9 +121,14 @@ def _layer_arrays(
         out["fwd"].append(lt.forward)
         out["fb"].append(lt.forward + lt.backward)
         out["sel"].append(lt.selective_recompute)
-        out["attn"].append(lt.attention)
+        out["attn_f"].append(lt.attention_fwd)  # the attention kernel's forward seconds
         out["moe"].append(float(key[0]))
-    return {k: np.array(v)[of_layer] for k, v in out.items()}
+    per_class = {k: np.array(v, dtype=float) for k, v in out.items()}
+    per_layer = {k: v[of_layer] for k, v in per_class.items()}
+    for d in (per_class, per_layer):
+        for a in d.values():
+            a.flags.writeable = False
+    return per_layer, per_class
 
 
 _RANK_SUMS: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, ...]]] = {}
@@ -151,7 +158,8 @@ def _rank_sums(
     pp = partition.pp
     owner, mine, bins = _partition_index(partition)
     n = len(owner)
-    arr = {k: v[:n] for k, v in _layer_arrays(model, cluster, precision, g, actx, cal).items()}
+    per_layer, per_class = _layer_arrays(model, cluster, precision, g, actx, cal)
+    arr = {k: v[:n] for k, v in per_layer.items()}
     if limit is None:
         recomputed = np.ones(n, dtype=bool)
     else:  # position of each layer within its rank: chunks of a rank come in model order
@@ -168,17 +176,20 @@ def _rank_sums(
     quantities[4] = np.where(recomputed, arr["a2"], a0)
     quantities[5], quantities[6], quantities[7], quantities[8], quantities[9] = 1.0, moe, arr["fb"], fwd, arr["sel"]
     quantities[10] = np.where(recomputed, fwd, 0.0)
-    quantities[11], quantities[12] = arr["attn"], recomputed
+    quantities[11], quantities[12] = 0.0, recomputed
     quantities[13] = np.where(recomputed, moe, 0.0)
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp)
-    dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, attn, re_layers, re_moe = sums
+    dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe = sums
     largest = peak(arr["dense"] + arr["expert"])
     working = peak(np.where(recomputed, a0, 0.0))
     acts = np.stack([acts0, acts1, acts2])
     reco = np.stack([np.zeros(pp), sel, full])
+    _, of_layer = _layer_classes(model)
+    n_classes = len(per_class["fwd"])
+    class_counts = np.bincount(owner * n_classes + of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
     out = (
         dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
-        re_moe.copy(), compute.copy(), forward.copy(), reco, attn.copy(),
+        re_moe.copy(), compute.copy(), forward.copy(), reco, class_counts,
     )
     for a in out:
         a.flags.writeable = False
@@ -237,14 +248,22 @@ class StageTable:
     compute: np.ndarray  # forward + backward seconds per micro-batch (LM head on the last rank)
     forward: np.ndarray  # the forward part of `compute`
     recompute: np.ndarray  # (3, pp): extra seconds per micro-batch per mode
-    attention: np.ndarray  # attention kernel forward + backward seconds per micro-batch
+    class_counts: np.ndarray  # (pp, K): layers of each layer class (`_layer_classes`) per rank
+    class_forward: np.ndarray  # (K,) forward compute seconds of one layer of each class, one micro-batch
+    class_backward: np.ndarray  # (K,) backward compute seconds of one layer
+    class_dense: np.ndarray  # (K,) dense parameters of one layer on this rank (after TP)
+    class_expert: np.ndarray  # (K,) expert parameters of one layer on this rank (after EP x ETP)
     logits: float  # bytes on the last rank
-    tp_per_layer: float  # seconds of one layer's forward TP/SP collectives (backward the same)
-    cp_per_layer: float
-    ep_per_moe_layer: float
+    tp_per_layer: float  # seconds of one layer's forward TP/SP collectives
+    tp_overlap: bool  # TP comm overlap on (`Layout.tp_comm_overlap`)
+    tp_backward_traffic: float  # backward TP traffic / forward's (2: Megatron re-gathers SP inputs)
+    cp_exposed: np.ndarray  # (2, pp): forward, backward seconds of CP exchange not hidden, per micro-batch
+    cp_busy: np.ndarray  # (2, pp): forward, backward seconds of CP traffic on its channel
+    ep_per_moe_layer: float  # one MoE layer's forward dispatch + combine (the backward the same)
     p2p: float  # one boundary send, one direction
     boundary_bytes: float
     nccl_groups: int
+    channels: tuple[int, int, int, int]  # channel of the TP, CP, EP and pipeline groups (`comm.INTRA` / `INTER`)
 
 
 _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
@@ -279,11 +298,16 @@ def mesh_comm(
     store: dict[tuple, Any] | None = None,
 ) -> list[tuple[float, float, float, float, float]]:
     """Knob-independent communication of one micro-batch, at each of `micro_batches` (sequences;
-    None: the mesh's own micro-batch only): seconds of a layer's forward TP/SP collectives, of a
-    layer's CP ring exchange (forward and backward), of an MoE layer's all-to-alls (dispatch +
-    combine, forward and backward), of one pipeline boundary send; and the boundary's bytes.
-    `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order. Each part depends on a few
-    degrees, the micro-batch and one rank stride: it is memoized on them, in the job's
+    None: the mesh's own micro-batch only), seconds:
+      tp    one layer's forward TP/SP collectives (attention block and MLP);
+      cp    one ring step of context parallelism: this rank's K/V block sent to the next rank
+            (forward; the backward sends K, V and dK, dV: twice the bytes); under all-gather
+            attention (`cp_attention = allgather_mask`), one layer's K/V all-gather;
+      ep    one MoE layer's forward all-to-alls (dispatch + combine; the backward has as many);
+      p2p   one pipeline boundary send;
+    and the boundary's bytes. Each is affine in the micro-batch (bytes x seconds per byte +
+    latency). `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order. Each part depends on a
+    few degrees, the micro-batch and one rank stride: it is memoized on them, in the job's
     `comm_store` (`store`: pass it when pricing many meshes of one job)."""
     if micro_batches is None:
         micro_batches = (mesh.micro_batch,)
@@ -295,41 +319,57 @@ def mesh_comm(
     if store is None:
         store = comm_store(model, training, cluster, cal, gpus)
     expert_parallel = ep > 1 and model.is_moe
+    allgather_cp = getattr(mesh, "cp_attention", "ring") == "allgather_mask"
     out = []
     key: tuple
     for mb in micro_batches:
         tokens = mb * training.seq_len / cp
         act_full = tokens * h * ab
         boundary = act_full / (tp if sp else 1)
-        tp_per_layer = cp_per_layer = ep_per_moe = p2p = 0.0
+        tp_per_layer = cp_step = ep_per_moe = p2p = 0.0
         if tp > 1:
             key = ("tp", tp, cp, sp, mb, st.tp)
             tp_per_layer = store.get(key)  # type: ignore[assignment]
             if tp_per_layer is None:
                 tp_per_layer = store[key] = _tp_comm(cluster, gpus, cal, tp, sp, act_full, st.tp)
         if cp > 1:
-            key = ("cp", tp, cp, mb, st.cp)
-            cp_per_layer = store.get(key)  # type: ignore[assignment]
-            if cp_per_layer is None:
+            key = ("cp", tp, cp, mb, st.cp, allgather_cp)
+            cp_step = store.get(key)  # type: ignore[assignment]
+            if cp_step is None:
                 kv_heads = model.num_heads / tp if model.attention == "mla" else max(model.kv_heads / tp, 1.0)
-                kv_bytes = mb * training.seq_len * kv_heads * (model.qk_head_dim + model.v_dim) * ab
-                # ring attention: forward passes K, V around the ring; backward passes K, V and dK, dV
-                cp_per_layer = 3 * collective_time("all_gather", kv_bytes, Group.strided(cluster, cp, st.cp, gpus), cal)
-                store[key] = cp_per_layer
+                block = mb * training.seq_len / cp * kv_heads * (model.qk_head_dim + model.v_dim) * ab
+                group = Group.strided(cluster, cp, st.cp, gpus)
+                if allgather_cp:
+                    cp_step = collective_time("all_gather", block * cp, group, cal)
+                else:
+                    cp_step = collective_time("p2p", block, group, cal)
+                store[key] = cp_step
         if expert_parallel:
-            key = ("ep", tp, cp, sp, ep, mb, st.ep)
+            key = ("ep", tp, cp, sp, ep, mesh.etp_, mb, st.ep)
             ep_per_moe = store.get(key)  # type: ignore[assignment]
             if ep_per_moe is None:
                 routed = tokens / (tp if sp else 1) * model.moe_top_k
                 a2a = collective_time("all_to_all", routed * h * ab, Group.strided(cluster, ep, st.ep, gpus), cal)
-                ep_per_moe = store[key] = 4 * a2a  # dispatch + combine, forward and backward
+                ep_per_moe = store[key] = 2 * a2a  # dispatch + combine
         if mesh.pp > 1:
             key = ("p2p", tp, cp, sp, mb, st.pp)
             p2p = store.get(key)  # type: ignore[assignment]
             if p2p is None:
                 p2p = store[key] = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal)
-        out.append((tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary))
+        out.append((tp_per_layer, cp_step, ep_per_moe, p2p, boundary))
     return out
+
+
+def mesh_channels(cluster: ClusterSpec, gpus: int, mesh: MeshLike) -> tuple[int, int, int, int]:
+    """The channel (`comm.INTRA` or `comm.INTER`) of the TP, CP, EP and pipeline groups of `mesh`:
+    which link their traffic occupies (`cost_models.comm`)."""
+    st = mesh_strides(mesh)
+    return (
+        Group.strided(cluster, mesh.tp, st.tp, gpus).channel,
+        Group.strided(cluster, mesh.cp, st.cp, gpus).channel,
+        Group.strided(cluster, mesh.ep, st.ep, gpus).channel,
+        Group.strided(cluster, 2, st.pp, gpus).channel if mesh.pp > 1 else INTRA,
+    )
 
 
 def _tp_comm(cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int) -> float:
@@ -375,7 +415,7 @@ def build_table(
     actx = activation_context(training, mesh, model)
     pc = count_params(model)
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)
-    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, attn = sums
+    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts = sums
     dense, compute, forward = dense.copy(), compute.copy(), forward.copy()  # the rest is read-only, shared
     dense[0] += pc.embedding / tp
     dense[pp - 1] += pc.final_norm
@@ -395,16 +435,66 @@ def build_table(
     forward[pp - 1] += head_fwd
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
-    tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary = comm
+    tp_per_layer, cp_step, ep_per_moe, p2p, boundary = comm
+    _, per_class = _layer_arrays(model, cluster, training.precision, g, actx, cal)
+    cp_exposed, cp_busy = cp_exposure(
+        cp_step, mesh.cp, per_class["attn_f"], flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
+    )
     logits_key = ("logits", actx, mesh.cross_entropy_)
     logits = store.get(logits_key)
     if logits is None:
         logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
-    groups = mesh.communicator_groups
+    channels_key = ("channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order)
+    channels = store.get(channels_key)
+    if channels is None:
+        channels = store[channels_key] = mesh_channels(cluster, gpus, mesh)
     return StageTable(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
-        re_layers, re_moe, compute, forward, reco, attn, logits, tp_per_layer, cp_per_layer, ep_per_moe, p2p, boundary, groups,
+        re_layers, re_moe, compute, forward, reco, counts, per_class["fwd"], per_class["fb"] - per_class["fwd"],
+        per_class["dense"], per_class["expert"], logits, tp_per_layer, mesh.tp_comm_overlap_,
+        tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, p2p, boundary,
+        mesh.communicator_groups, channels,
     )
+
+
+def tp_backward_traffic(framework: str, sp: bool) -> float:
+    """Backward TP/SP traffic over the forward's: Megatron's sequence-parallel linear layers
+    all-gather their input again in the backward for the weight gradient (Megatron-Core
+    `tensor_parallel.layers.LinearWithGradAccumulationAndAsyncCommunication`), 2x; PyTorch's
+    DTensor TP saves the gathered input (`cost_models.activations`), 1x."""
+    return 2.0 if framework == "megatron" and sp else 1.0
+
+
+def cp_exposure(
+    cp_step: float, cp: int, attention_f: np.ndarray, backward_factor: float, counts: np.ndarray, allgather: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Context-parallel exchange per micro-batch and pipeline rank ((2, pp) arrays, forward and
+    backward): seconds not hidden, and seconds on the CP group's channel. `cp_step`: one ring
+    step's K/V block send (or, under all-gather attention, one layer's K/V all-gather);
+    `attention_f` (K,): one layer's attention kernel forward of each layer class on this rank;
+    `counts` (pp, K): layers of each class per rank.
+
+    Ring attention (`cost_models.step_time`): each of the cp - 1 steps sends the next block while
+    this one's attention runs; the forward sends K, V, the backward K, V and dK, dV (twice the
+    bytes) behind the attention backward (`backward_factor` x forward). All-gather attention
+    gathers K/V before attending and reduce-scatters dK/dV after: nothing hidden."""
+    pp = counts.shape[0]
+    if cp <= 1:
+        zeros = np.zeros((2, pp))
+        return zeros, zeros
+    if allgather:
+        per_layer = np.full((2, len(attention_f)), cp_step)
+        busy = per_layer
+    else:
+        steps = cp - 1
+        per_layer = np.stack(
+            [
+                steps * np.maximum(0.0, cp_step - attention_f / cp),
+                steps * np.maximum(0.0, 2 * cp_step - backward_factor * attention_f / cp),
+            ]
+        )
+        busy = np.stack([np.full(len(attention_f), steps * cp_step), np.full(len(attention_f), 2 * steps * cp_step)])
+    return per_layer @ counts.T, busy @ counts.T
 
 
 # ------------------------------------------------------------------------------------------------
@@ -663,152 +753,39 @@ def price_memory(
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, knobs=knobs)
 
 
-_FULL_MODE = np.array([False, False, True])[:, None]
-"""Rows of RECOMPUTE_MODES that re-run whole layers (full recompute), as a (3, 1) mask."""
-
-
-STEP_PARTS = (
-    "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
-    "optimizer_s", "overhead_s",
-)
-"""The parts of a step's seconds on its slowest pipeline rank, in the order they are added."""
-
-
 def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
-    """Seconds per step for every setting (see cost_models.estimate for the composition)."""
-    m = t.mesh
-    ov = cal.overlap(m.framework)
-    pp, mb_count = m.pp, m.grad_accum_
+    """Seconds per step for every setting (`cost_models.step_time`: the composition and its
+    sources), filled into `prices` (step, per-rank micro-batch time, named parts)."""
     J = len(settings)
     knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
-    mode = knobs.mode
-
-    # Everything but the ZeRO traffic depends on a setting only through its recompute mode: priced
-    # once per mode ((3, pp) arrays, rows in RECOMPUTE_MODES order) and picked per setting. Rows:
-    # compute, recompute, TP, CP, EP, kernels ZeRO-3 gathers hide behind, all but ZeRO traffic.
-    by_mode = np.empty((7, 3, pp))
-    comp_m, reco_m, tp_m, cp_m, ep_m, busy_m, base_m = by_mode
-    comp_m[:] = t.compute
-    reco_m[:] = t.recompute
-    # TP collectives: forward and backward of every layer, plus the forward again when recomputed
-    np.multiply(t.tp_per_layer, 2.0 * t.layers[None, :] + np.where(_FULL_MODE, t.recomputed_layers[None, :], 0.0), out=tp_m)
-    tp_m *= 1 - ov.tp
-    # ring attention hides its exchange behind the attention kernels (forward and backward)
-    cp_m[:] = np.maximum(0.0, t.cp_per_layer * t.layers - ov.cp * t.attention)
-    # all-to-all: dispatch + combine forward and backward; recompute repeats the forward half
-    np.multiply(t.ep_per_moe_layer, t.moe_layers[None, :] + np.where(_FULL_MODE, 0.5 * t.recomputed_moe[None, :], 0.0), out=ep_m)
-    ep_m *= 1 - ov.ep
-    pp_c = 2 * t.p2p * vpp * (1 - ov.pp) if pp > 1 else 0.0
-    np.add(comp_m, reco_m, out=busy_m)
-    np.add(busy_m, tp_m, out=base_m)
-    base_m += cp_m
-    base_m += ep_m
-    base_m += pp_c
-    busy, base = by_mode[5:, mode]  # (J, pp) each
-
-    # ZeRO-3 gathers and ZeRO-2/3 per-micro-batch reduce-scatters, per rank, per setting; the
-    # data-parallel traffic and optimizer step are priced per (ZeRO stage, sharding group)
-    dp_grid, opt_grid = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
-    dp_t = dp_grid[knobs.sharding]  # (J, 3, pp): per micro-batch (ZeRO-3 / 2), reduction, gather
-    z3 = np.maximum(0.0, dp_t[:, 0] - ov.zero3 * busy)
-    total = base + z3
-    slow = total.argmax(axis=1)
-    rows = np.arange(J)
-    t_max = total[rows, slow]
-    at_slow = by_mode[:5, mode, slow]  # (5, J): compute, recompute, TP, CP, EP on the slowest rank
-    dp_s = dp_t[rows, :, slow]  # (J, 3)
-    # Gradient reduction hides behind the last micro-batch's backward; the weight all-gather of a
-    # sharded optimizer behind the next step's first forward (Megatron's --overlap-param-gather).
-    forward_window = t.forward[slow]
-    backward_window = at_slow[0] - forward_window
-    dp_exposed = np.maximum(0.0, dp_s[:, 1] - ov.dp * backward_window)
-    dp_exposed += np.maximum(0.0, dp_s[:, 2] - ov.dp * forward_window)
-
-    # the parts of the step on its critical path, one row each (STEP_PARTS); the step is their sum
-    # in row order (a reduction over the outer axis adds the rows one after another)
-    parts = np.empty((len(STEP_PARTS), J))
-    np.multiply(mb_count, at_slow, out=parts[:5])
-    parts[5] = mb_count * float(pp_c)
-    np.add(dp_exposed, mb_count * z3[rows, slow], out=parts[6])
-    if pp > 1:
-        np.divide(total.sum(axis=1) - t_max, vpp, out=parts[7])
-    else:
-        parts[7] = 0.0
-    parts[8] = opt_grid[knobs.sharding, slow, knobs.offload.view(np.int8)]  # on the GPU or offloaded
-    parts[9] = cal.step_overhead_s
-    prices.stage_time = total
-    prices.parts = dict(zip(STEP_PARTS, parts, strict=True))
-    prices.step_s = np.add.reduce(parts, axis=0)
+    dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
+    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal)
+    prices.stage_time = per_mb
+    prices.parts = parts
+    prices.step_s = step
     return prices
 
 
 def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
-    """Seconds no knob setting of this table can beat: compute and the knob-independent exposed
-    communication (TP without recompute, CP, EP, PP), the pipeline bubble, nothing else. Every
-    knob (recompute, ZeRO traffic, optimizer, offload) only adds to it."""
-    comm = (t.tp_per_layer, t.cp_per_layer, t.ep_per_moe_layer, t.p2p)
-    return rank_time_bound(t.compute, t.layers, t.attention, t.moe_layers, comm, vpp, t.mesh.grad_accum_, cal.overlap(t.mesh.framework))
+    """Seconds no knob setting of this table can beat (`step_time.lower_bound`)."""
+    return step_time.table_lower_bound(t, vpp, cal)
 
 
-def rank_time_bound(
-    compute: np.ndarray,
-    layers: np.ndarray,
-    attention: np.ndarray,
-    moe_layers: np.ndarray,
-    comm: tuple[float, float, float, float],
-    vpp: int,
-    grad_accum: int,
-    ov: Overlap,
-) -> float:
-    """`time_lower_bound` from per-pipeline-rank arrays (length pp: compute seconds per micro-batch
-    with the LM head, layer count, attention kernel seconds, MoE layer count) and the mesh's
-    per-micro-batch communication seconds (TP per layer, CP per layer, EP per MoE layer, one p2p
-    send), so a planner can bound a layout without building its `StageTable`."""
-    tp_per_layer, cp_per_layer, ep_per_moe_layer, p2p = comm
-    pp = len(compute)
-    per = compute + tp_per_layer * 2.0 * layers * (1 - ov.tp)
-    per = per + np.maximum(0.0, cp_per_layer * layers - ov.cp * attention)
-    per = per + ep_per_moe_layer * moe_layers * (1 - ov.ep)
-    if pp > 1:
-        per = per + 2 * p2p * vpp * (1 - ov.pp)
-    worst = float(per.max())
-    bubble = (float(per.sum()) - worst) / vpp if pp > 1 else 0.0
-    return grad_accum * worst + bubble
-
-
-_DP_GRIDS: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray]]] = {}
+_DP_GRIDS: dict[tuple, tuple[tuple[object, ...], step_time.DataParallelTimes]] = {}
 
 
 def _dp_grid(
     t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration, table_key: tuple
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per (ZeRO stage, sharding group) pair of a grid: `_dp_times` ((pairs, 3, pp) seconds), and
-    the optimizer step's seconds per rank ((pairs, pp, 2): on the GPU, offloaded to the host) for
-    the parameters whose states the rank keeps and updates (all of them under ZeRO-0, the shard's
-    part from ZeRO-1 on). Memoized on `_dp_table_key` and the
-    pairs (the entry keeps the job objects alive, so their ids are not reused): tables of one mesh
-    and micro-batch count share them. Read-only."""
+) -> step_time.DataParallelTimes:
+    """`step_time.data_parallel_times` of a table's (ZeRO stage, sharding group) pairs, memoized on
+    `_dp_table_key` and the pairs (the entry keeps the job objects alive, so their ids are not
+    reused): tables of one mesh and micro-batch count share them. Read-only."""
     objs = (t.cluster, t.training, cal)
     key = (table_key, shardings)
     hit = _DP_GRIDS.get(key)
     if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
         return hit[1]
-    tr, cl = t.training, t.cluster
-    dp = _dp_times(t, shardings, cal)
-    zero = np.array([z for z, _ in shardings])[:, None]
-    ds, es = _shards(t, np.array([d for _, d in shardings])[:, None])
-    D, E = t.dense_params[None, :], t.expert_params[None, :]
-    local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)  # parameters the rank updates
-    # optimizer step HBM traffic per local parameter: read and write the optimizer states (master,
-    # m, v: 2 x 12 bytes for AdamW), read the gradient, write the working weight; offloaded, the
-    # gradient goes to the host and the weight comes back over the host link on top of that
-    moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
-    optimizer = np.empty(local.shape + (2,))
-    optimizer[..., 0] = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    optimizer[..., 1] = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
-    out = (dp, optimizer)
-    for a in out:
-        a.flags.writeable = False
+    out = step_time.data_parallel_times(t, shardings, cal)
     if len(_DP_GRIDS) > 1 << 14:
         _DP_GRIDS.clear()
     _DP_GRIDS[key] = (objs, out)
@@ -816,69 +793,14 @@ def _dp_grid(
 
 
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
-    """What `_dp_times` reads of a table besides the knobs: the cluster, training and calibration
-    objects (by identity), the mesh's degrees, order, framework and whether it accumulates, and the
-    per-rank parameter counts."""
+    """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
+    training and calibration objects (by identity), the mesh's degrees, order, framework and
+    micro-batch count, the per-rank parameter counts, and the layer classes (counts per rank,
+    parameters and compute seconds of one layer)."""
     m = t.mesh
     return (
-        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.grad_accum_ > 1,
+        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.grad_accum_,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, t.dense_params.tobytes(), t.expert_params.tobytes(),
+        t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
+        t.class_dense.tobytes(), t.class_expert.tobytes(),
     )
-
-
-def _dp_times(t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration) -> np.ndarray:
-    """Per (ZeRO stage, sharding group) pair: per-micro-batch ZeRO gathers/reduce-scatters,
-    once-per-step gradient reduction and once-per-step weight all-gather, seconds per rank, as one
-    (pairs, 3, pp) array.
-
-    Once per step: ZeRO-0 all-reduces gradients (2 Psi); ZeRO-1 reduce-scatters gradients and
-    all-gathers updated weights (2 Psi); ZeRO-2 still all-gathers weights once. Per micro-batch:
-    ZeRO-3 all-gathers weights for forward and again for backward, ZeRO-2/3 reduce-scatter
-    gradients (3 Psi per micro-batch for ZeRO-3, the FSDP volume). Hybrid sharding adds an
-    all-reduce of each shard across the replicas. Expert weights use the expert-data-parallel
-    group. Collective time is linear in bytes (`collective_cost`), so ranks and pairs are priced
-    at once; a term a pair does not have adds 0.0, which leaves its sums bit for bit unchanged."""
-    m, tr, cl, gpus = t.mesh, t.training, t.cluster, t.gpus
-    if not shardings:
-        return np.zeros((0, 3, m.pp))
-    stv = mesh_strides(m)
-    zero = np.array([z for z, _ in shardings])[:, None]  # (pairs, 1)
-    shard_gs = [Group.strided(cl, d * m.cp, stv.dp_cp, gpus) for _, d in shardings]
-    repl_gs = [Group.strided(cl, (m.dp_ * m.cp) // (d * m.cp), stv.dp_cp * d * m.cp, gpus) for _, d in shardings]
-    full_g = Group.strided(cl, m.dp_ * m.cp, stv.dp_cp, gpus)
-    edp_g = Group.strided(cl, m.expert_dp, stv.expert_dp, gpus)
-    many = m.grad_accum_ > 1
-    out = np.zeros((len(shardings), 3, m.pp))
-    per_mb, once, gather = out[:, 0], out[:, 1], out[:, 2]
-    framework_eff = cal.overlap(m.framework).bus_efficiency
-
-    def cost(kind: str, nbytes: np.ndarray, groups: list[Group]) -> np.ndarray:
-        """(pairs, pp) seconds of one collective per pair, over that pair's group (priced once per
-        distinct group: `Group.strided` returns one object per group)."""
-        priced: dict[int, tuple[float, float]] = {}
-        for g in groups:
-            if id(g) not in priced:
-                priced[id(g)] = collective_cost(kind, g, cal)  # type: ignore[arg-type]
-        per_byte, lat = (np.array(c)[:, None] for c in zip(*(priced[id(g)] for g in groups), strict=True))
-        return np.where(nbytes > 0, nbytes * per_byte / framework_eff + lat, 0.0)
-
-    def add(into: np.ndarray, mask: np.ndarray, term: np.ndarray) -> None:
-        into += np.where(mask, term, 0.0)
-
-    pairs = len(shardings)
-    for params, sg, fg, replicate in (
-        (t.dense_params, shard_gs, [full_g] * pairs, repl_gs),
-        (t.expert_params, [edp_g] * pairs, [edp_g] * pairs, None),
-    ):
-        gb, wb = (params * tr.grad_bytes)[None, :], (params * tr.param_bytes)[None, :]
-        add(per_mb, zero >= 3, 2 * cost("all_gather", wb, sg))
-        if many:
-            add(per_mb, zero >= 2, cost("reduce_scatter", gb, sg))
-        add(once, zero == 0, cost("all_reduce", gb, fg))
-        add(once, (zero == 1) | (not many) & (zero > 0), cost("reduce_scatter", gb, sg))
-        add(gather, (zero >= 1) & (zero <= 2), cost("all_gather", wb, sg))
-        if replicate is not None:
-            sizes = np.array([g.size for g in sg])[:, None]
-            replicated = np.array([g.size > 1 for g in replicate])[:, None]
-            add(once, (zero > 0) & replicated, cost("all_reduce", gb / sizes, replicate))
-    return out

@@ -40,6 +40,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
+from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import Layout, validate_layout
 from cost_models.memory import MemoryBreakdown
@@ -54,10 +55,10 @@ from cost_models.stage_table import (
     mesh_comm,
     price_memory,
     price_time,
-    rank_time_bound,
     time_lower_bound,
 )
 from cost_models.stages import StagePartition
+from cost_models.step_time import lower_bound
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Candidate, ClosestMiss, Plan, PlanInputs, Rejection, SearchConstraints, SearchStats
 from planner.space import Mesh, meshes, micro_batches, pipeline_options, settings, to_layout
@@ -266,9 +267,10 @@ class _ComputeTimes:
     rows: dict[Geometry, int]
     mbs: np.ndarray  # (M,) micro-batch sizes, sequences
     compute: np.ndarray  # (G, M) forward + backward of all layers
-    attention: np.ndarray  # (G, M) attention kernels (forward + backward) of all layers
     kind_compute: np.ndarray  # (G, M, kinds) forward + backward of one layer of each kind
-    kind_attention: np.ndarray  # (G, M, kinds) attention kernels of one layer of each kind
+    kind_attention_f: np.ndarray  # (G, M, kinds) attention kernel forward of one layer of each kind
+    kind_counts: np.ndarray  # (kinds,) layers of each kind
+    kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
     kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
     head: np.ndarray  # (G, M) LM head and cross-entropy, forward + backward
 
@@ -286,7 +288,6 @@ class _ComputeTimes:
                 kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal)
         counts = layer_kind_counts(model)
         compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
-        attention = sum(n * kinds[k].attention for k, n in counts.items())
         head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # as build_table prices it
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
@@ -294,9 +295,10 @@ class _ComputeTimes:
             {geometry: row for row, geometry in enumerate(geometries)},
             mbs,
             np.broadcast_to(compute, shape),
-            np.broadcast_to(attention, shape),
             np.stack([np.broadcast_to(kinds[k].forward + kinds[k].backward, shape) for k in kind_list], axis=-1),
-            np.stack([np.broadcast_to(kinds[k].attention, shape) for k in kind_list], axis=-1),
+            np.stack([np.broadcast_to(kinds[k].attention_fwd, shape) for k in kind_list], axis=-1),
+            np.array([float(counts[k]) for k in kind_list]),
+            np.array([float(k[0]) for k in kind_list]),
             np.array([kind_list.index(k) for k in layer_kinds(model)]),
             np.broadcast_to(head_fwd + head_bwd, shape),
         )
@@ -313,12 +315,12 @@ class _PairBounds:
     bound_s: np.ndarray  # seconds per step no layout of the pair can beat
     compute: _ComputeTimes
     per_mb_s: np.ndarray  # seconds of one micro-batch summed over the pipeline ranks, per pair
-    layer_moe: np.ndarray  # 1.0 for an MoE layer, 0.0 for a dense one, per layer
     comm1: list[tuple[float, float, float, float]]  # per mesh, `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
     comm2: list[tuple[float, float, float, float]]  # the same at micro-batch 2
-    layer_times: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, float, dict]] = field(default_factory=dict)
-    """Memo of `pair_times`' per-layer parts per (geometry row, micro-batch column): every pair of
-    one shard geometry and micro-batch shares them, and their per-rank sums (`_PairTimes.bound`)."""
+    exposure: _Exposure
+    layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict]] = field(default_factory=dict)
+    """Memo of `pair_times`' per-layer compute per (geometry row, micro-batch column): every pair of
+    one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`)."""
 
     def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
         mesh = self.meshes[mesh_index]
@@ -327,23 +329,49 @@ class _PairBounds:
         # affine in the micro-batch (`_pair_bounds`); Python floats, the same IEEE operations
         steps = mb - 1
         comm = tuple(a + (b - a) * steps for a, b in zip(self.comm1[mesh_index], self.comm2[mesh_index], strict=True))
-        parts = self.layer_times.get((row, at))
+        parts = self.layer_compute.get((row, at))
         if parts is None:
-            parts = self.layer_times[(row, at)] = (
-                times.kind_compute[row, at][times.kind_of_layer],
-                times.kind_attention[row, at][times.kind_of_layer],
-                float(times.head[row, at]),
-                {},
-            )
-        layer_compute, layer_attention, head, rank_sums = parts
-        return _PairTimes(
-            layer_compute,
-            layer_attention,
-            self.layer_moe,
-            head,
-            comm,  # type: ignore[arg-type]
-            rank_sums,
-        )
+            parts = self.layer_compute[(row, at)] = (times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {})
+        layer_compute, head, rank_sums = parts
+        kind_exposed = self.exposure.per_kind(mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at])  # type: ignore[arg-type]
+        return _PairTimes(layer_compute, kind_exposed, head, comm[3], rank_sums, self.exposure)  # type: ignore[index]
+
+
+@dataclass(frozen=True)
+class _Exposure:
+    """The knob-independent exposed communication of one micro-batch per layer, as
+    `cost_models.step_time` charges it without recompute: TP/SP forward and backward (less the
+    share TP comm overlap hides: on by default for Megatron with TP), the MoE all-to-alls, the ring
+    attention steps (`stage_table.cp_exposure`) per layer kind."""
+
+    framework: str
+    overlap: Overlap
+    backward_factor: float  # flash-attention backward / forward
+    kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
+    kind_of_layer: np.ndarray
+
+    def tp_hidden(self, tp: int | np.ndarray) -> float | np.ndarray:
+        """Share of TP traffic hidden: `Overlap.tp` where `Layout.tp_comm_overlap` defaults to on."""
+        on = (tp > 1) & (self.framework == "megatron")
+        return np.where(on, self.overlap.tp, 0.0) if isinstance(on, np.ndarray) else (self.overlap.tp if on else 0.0)
+
+    def per_kind(self, tp, cp, comm, attention_f):  # type: ignore[no-untyped-def]
+        """Seconds exposed per layer of each kind (last axis), for one pair (scalars) or many
+        (arrays with a trailing kind axis): comm = (TP per layer, CP ring step, EP per MoE layer, p2p)."""
+        tau, x, eps = comm[0], comm[1], comm[2]
+        if isinstance(cp, np.ndarray):
+            steps = (cp - 1)[..., None]
+            cp_ = cp[..., None]
+            x_ = x[..., None]
+        else:
+            steps, cp_, x_ = cp - 1, cp, x
+        cp_exp = steps * (np.maximum(0.0, x_ - attention_f / cp_) + np.maximum(0.0, 2 * x_ - self.backward_factor * attention_f / cp_))
+        hidden = self.tp_hidden(tp)
+        base = 2 * tau * (1 - hidden)
+        moe = 2 * eps * (1 - self.overlap.ep)
+        if isinstance(base, np.ndarray):
+            return base[..., None] + moe[..., None] * self.kind_moe + cp_exp
+        return base + moe * self.kind_moe + cp_exp
 
 
 def _pair_bounds(
@@ -357,9 +385,9 @@ def _pair_bounds(
     framework: str,
 ) -> _PairBounds:
     """Seconds no layout of a (mesh, micro-batch) pair can beat: all micro-batches' forward and
-    backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as the
-    calibration says), spread perfectly over the pipeline ranks (the slowest rank is at least the
-    average). Recompute, ZeRO traffic, bubble and optimizer only add to it.
+    backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as
+    `cost_models.step_time` exposes them), spread perfectly over the pipeline ranks (the slowest
+    rank is at least the average). Recompute, ZeRO traffic, bubble and optimizer only add to it.
 
     Communication time is affine in the micro-batch (bytes x seconds-per-byte + latency), so it is
     priced per mesh at micro-batch 1 and 2 and extrapolated exactly; the rest is vectorized over
@@ -384,20 +412,18 @@ def _pair_bounds(
     at = np.searchsorted(mbs_all, mb)
     assert np.array_equal(mbs_all[at], mb), "micro-batch sizes outside all_mbs"
     row = np.array([times.rows[(m.tp, m.cp, m.ep, m.etp)] for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
-    compute, attention = times.compute[row, at], times.attention[row, at]
-    tp_l, cp_l, ep_l = (c1[mesh_of, i] + (c2[mesh_of, i] - c1[mesh_of, i]) * (mb - 1) for i in range(3))
-    counts = layer_kind_counts(model)
-    layers = model.num_layers
-    moe_layers = sum(n for k, n in counts.items() if k[0])
-    # CP exposure summed over all layers is at least its sum's positive part
-    per_mb = compute + layers * 2 * tp_l * (1 - ov.tp) + np.maximum(0.0, layers * cp_l - ov.cp * attention)
-    per_mb += moe_layers * ep_l * (1 - ov.ep)
+    compute = times.compute[row, at]
+    comm = tuple(c1[mesh_of, i] + (c2[mesh_of, i] - c1[mesh_of, i]) * (mb - 1) for i in range(4))
+    exposure = _Exposure(framework, ov, flash_backward_factor(model), times.kind_moe, times.kind_of_layer)
+    tp = np.array([m.tp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
+    cp = np.array([m.cp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
+    per_kind = exposure.per_kind(tp, cp, comm, times.kind_attention_f[row, at])  # (pairs, kinds)
+    per_mb = compute + per_kind @ times.kind_counts
     dp = np.array([m.dp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     pp = np.array([m.pp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     m_count = training.global_batch // (mb * dp)
     bound = m_count * per_mb / pp
-    layer_moe = np.array([float(k[0]) for k in layer_kinds(model)])
-    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, per_mb, layer_moe, comm1, comm2)
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, per_mb, comm1, comm2, exposure)
 
 
 def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, float]]:
@@ -414,18 +440,18 @@ def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> I
 @dataclass(frozen=True)
 class _PairTimes:
     """Per-micro-batch seconds of one (mesh, micro-batch) pair, as `build_table` prices them: per
-    layer (arrays over the model's layers) forward + backward and attention kernels; the LM head
-    forward + backward; the mesh's communication (TP per layer, CP per layer, EP per MoE layer, one
-    p2p send)."""
+    layer (arrays over the model's layers) forward + backward; per layer kind, the communication
+    exposed without recompute (`_Exposure`); the LM head forward + backward; one p2p send."""
 
     layer_compute: np.ndarray
-    layer_attention: np.ndarray
-    layer_moe: np.ndarray  # 1.0 for an MoE layer
+    kind_exposed: np.ndarray  # (kinds,)
     head: float
-    comm: tuple[float, float, float, float]
-    rank_sums: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
-    """Memo per (pp, vpp) of the per-rank sums `bound` reads (they depend on the layer times, not
-    on the mesh's communication), shared by the pairs of one shard geometry and micro-batch."""
+    p2p: float
+    rank_sums: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+    """Memo per (pp, vpp) of the per-rank compute and the layers of each kind per rank (they depend
+    on the layer times, not on the mesh's communication), shared by the pairs of one shard
+    geometry and micro-batch."""
+    exposure: _Exposure
 
     def bound(self, pp: int, vpp: int, grad_accum: int, ov: Overlap) -> float:
         """`stage_table.time_lower_bound` of this pair's layout with `vpp` virtual stages and the
@@ -435,12 +461,12 @@ class _PairTimes:
             owner = _rank_of_layer(len(self.layer_compute), pp, vpp)
             compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
             compute[pp - 1] += self.head
-            layers = np.bincount(owner, minlength=pp).astype(float)
-            attention = np.bincount(owner, weights=self.layer_attention, minlength=pp)
-            moe_layers = np.bincount(owner, weights=self.layer_moe, minlength=pp)
-            sums = self.rank_sums[(pp, vpp)] = (compute, layers, attention, moe_layers)
-        compute, layers, attention, moe_layers = sums
-        return rank_time_bound(compute, layers, attention, moe_layers, self.comm, vpp, grad_accum, ov)
+            kinds = len(self.kind_exposed)
+            counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
+            sums = self.rank_sums[(pp, vpp)] = (compute, counts.astype(float))
+        compute, counts = sums
+        pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
+        return lower_bound(compute, counts @ self.kind_exposed, pp_exposed, vpp, grad_accum)
 
 
 @lru_cache(maxsize=1024)

@@ -29,6 +29,7 @@ def slow_truth(base: Calibration, factor: float = 3.0, overhead_s: float = 0.02)
         fp8_gemm_efficiency=base.fp8_gemm_efficiency / factor,
         attention_efficiency=base.attention_efficiency / factor,
         hbm_efficiency=base.hbm_efficiency / factor,
+        kernel_launch_s=base.kernel_launch_s * factor,
         step_overhead_s=overhead_s,
         source="ground truth of the test",
     )

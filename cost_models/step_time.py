@@ -1,0 +1,365 @@
+"""Step time: every piece of work on the resource that runs it, each second counted once.
+
+Resources of a rank. The *compute stream* runs GEMMs, attention and the memory-bound kernels.
+Two *channels* carry communication (`cost_models.comm`): `INTRA`, the NVLink / PCIe domain, and
+`INTER`, the rank's share of its node's scale-out NICs. A collective occupies the channel of its
+group (a group that leaves the domain occupies `INTER`); collectives on one channel queue on it,
+channels and the compute stream run side by side.
+
+The schedule of one micro-batch on pipeline rank r (`compose`), forward phase then backward phase:
+
+    forward   F        compute of the rank's layers (and the LM head on the last stage)
+              + TPf    TP/SP collectives: blocking (a GEMM waits for its all-gather, the residual
+                       add for its reduce-scatter), except the share `Overlap.tp` hidden behind the
+                       GEMMs when TP comm overlap is on (`Layout.tp_comm_overlap`: Transformer
+                       Engine userbuffers, Megatron-LM `--tp-comm-overlap`)
+              + CPf    ring attention: at each of the cp - 1 ring steps the next K/V block is sent
+                       while this block's attention runs, so a step costs max(send, attention /
+                       cp) (Liu et al. 2023, "Ring Attention"; Megatron-Core / Transformer Engine's
+                       context parallelism overlaps the same way). All-gather attention
+                       (`cp_attention = allgather_mask`) gathers K/V before it attends: blocking.
+              + EPf    MoE dispatch and combine all-to-alls: blocking (the experts need their
+                       tokens, the next layer its output), except `Overlap.ep`
+              + Zf     ZeRO-3 / FSDP parameter all-gathers, prefetched one layer ahead (FSDP2's
+                       implicit forward prefetch, Megatron-FSDP's and DeepSpeed's prefetch): a
+                       layer's gather hides behind the previous layer's compute only, so the phase
+                       exposes sum over layers of max(0, gather - compute of one layer), plus the
+                       first layer's gather, which nothing hides
+    backward  B (+ R)  compute of the backward (+ the recompute forward)
+              + TPb    as TPf (Megatron's sequence-parallel backward also re-gathers the inputs for
+                       the weight gradients, overlapped with the input-gradient GEMM: twice the
+                       traffic on the channel, the forward's exposure)
+              + CPb    ring steps sending K, V and dK, dV behind attention-backward blocks
+              + EPb    the backward all-to-alls (and the recompute forward's, under full recompute)
+              + Zb     ZeRO-3 gathers again and the per-layer gradient reduce-scatter (ZeRO-2/3), a
+                       layer's behind the compute of one layer's backward, plus the last layer's
+                       reduce-scatter, which nothing hides
+    Each phase lasts max(compute + what is exposed, busiest channel): no channel carries more
+    traffic than the phase lasts (the excess is reported as `comm_wait_s`).
+    The pipeline send/recv of each of the rank's vpp chunk boundaries (activations forward,
+    gradients backward) hides `Overlap.pp` of itself (batched isend/irecv in the 1F1B steady state).
+
+The step (`compose`):
+    pipeline   m x slowest micro-batch + (sum_r t_r - max_r t_r) / v         (Narayanan et al. 2021)
+    + gradient reduction once per step (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter, the all-reduce
+      across replicas of hybrid sharding) in the window Megatron's `--overlap-grad-reduce` gives it:
+      the last micro-batch's backward, bucket by bucket, and the pipeline drain after this rank's
+      last backward (rank r idles while ranks r-1 .. 0 finish theirs); its last bucket
+      (`REDUCE_BUCKET_PARAMS`) is never hidden
+    + the parameter all-gather of a sharded optimizer (ZeRO-1/2) in the window of the first
+      micro-batch's forward (`--overlap-param-gather`) and the pipeline warm-up before it
+    + the optimizer step (HBM-bound, or over the host link when offloaded) + `step_overhead_s`
+    and never less than the busiest channel's traffic of the whole step (a roofline over channels).
+
+`lower_bound` is this with every knob at its cheapest (no recompute, no ZeRO traffic, no
+optimizer): what the search prunes with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cost_models.calibration import Calibration
+from cost_models.comm import CHANNELS, Group, collective_cost
+from cost_models.mesh import mesh_strides
+
+if TYPE_CHECKING:
+    from cost_models.stage_table import KnobArrays, StageTable
+
+STEP_PARTS = (
+    "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "comm_wait_s",
+    "bubble_s", "optimizer_s", "overhead_s",
+)
+"""The parts of a step's seconds, in the order they are added (they sum to the step)."""
+
+REDUCE_BUCKET_PARAMS = 40_000_000
+"""Parameters per gradient bucket: Megatron-Core `DistributedDataParallelConfig.bucket_size`
+default (max(40M, 1M x dp) elements; the 40M floor is used). The last bucket's reduction starts
+when the backward ends and is never hidden."""
+
+_FULL = np.array([0.0, 0.0, 1.0])[:, None]
+"""Rows of RECOMPUTE_MODES (none, selective, full) that re-run whole layers, as a (3, 1) mask."""
+
+
+@dataclass(frozen=True)
+class DataParallelTimes:
+    """Data-parallel and ZeRO communication of one table, per (ZeRO stage, sharding group) pair
+    (axis 0) and pipeline rank (last axis), seconds. Channel axes have `CHANNELS` entries."""
+
+    exposed_f: np.ndarray  # (pairs, pp) per micro-batch: forward gathers the prefetch cannot hide
+    exposed_b: np.ndarray  # (pairs, pp) per micro-batch: backward gathers + reduce-scatters not hidden
+    traffic_f: np.ndarray  # (pairs, CHANNELS, pp) per micro-batch, forward
+    traffic_b: np.ndarray  # (pairs, CHANNELS, pp) per micro-batch, backward
+    reduce: np.ndarray  # (pairs, CHANNELS, pp) once per step: gradient reduction
+    reduce_tail: np.ndarray  # (pairs, pp) once per step: its last bucket
+    gather: np.ndarray  # (pairs, CHANNELS, pp) once per step: sharded optimizer's parameter all-gather
+    optimizer: np.ndarray  # (pairs, pp, 2) optimizer step on the GPU / offloaded to the host
+
+
+def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration) -> DataParallelTimes:
+    """ZeRO and data-parallel collectives of table `t` for each (ZeRO stage, sharding group) pair.
+
+    Volumes (Rajbhandari et al. 2020): ZeRO-0 all-reduces gradients once per step (2 Psi); ZeRO-1
+    reduce-scatters them and all-gathers the updated weights (2 Psi); ZeRO-2 reduce-scatters each
+    layer's gradients as its backward ends and all-gathers weights once per step; ZeRO-3 / FSDP
+    all-gathers each layer's weights for its forward and again for its backward and
+    reduce-scatters its gradients (3 Psi per micro-batch). Hybrid sharding all-reduces each
+    rank's gradient shard across the dp / dp_shard replicas. Dense weights use the sharding group
+    (dp_shard x cp ranks), expert weights the expert-data-parallel group. Per-layer collectives
+    use the table's layer classes (`StageTable.class_*`), the rest the rank's totals (embedding
+    and LM head included)."""
+    m, tr, cl, gpus = t.mesh, t.training, t.cluster, t.gpus
+    pairs, pp = len(shardings), m.pp
+    ov = cal.overlap(m.framework)
+    framework_eff = ov.bus_efficiency
+    stv = mesh_strides(m)
+    zero = np.array([z for z, _ in shardings], dtype=np.int64)[:, None]  # (pairs, 1)
+    shard_gs = [Group.strided(cl, d * m.cp, stv.dp_cp, gpus) for _, d in shardings]
+    repl_gs = [Group.strided(cl, (m.dp_ * m.cp) // (d * m.cp), stv.dp_cp * d * m.cp, gpus) for _, d in shardings]
+    full_g = Group.strided(cl, m.dp_ * m.cp, stv.dp_cp, gpus)
+    edp_g = Group.strided(cl, m.expert_dp, stv.expert_dp, gpus)
+
+    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS)) of one collective
+        over each pair's group (priced once per distinct group)."""
+        priced: dict[int, tuple[float, float]] = {}
+        for g in groups:
+            if id(g) not in priced:
+                priced[id(g)] = collective_cost(kind, g, cal)  # type: ignore[arg-type]
+        per_byte = np.array([priced[id(g)][0] for g in groups])[:, None] / framework_eff
+        lat = np.array([priced[id(g)][1] for g in groups])[:, None]
+        onehot = np.zeros((len(groups), CHANNELS))
+        onehot[np.arange(len(groups)), [g.channel for g in groups]] = 1.0
+        return per_byte, lat, onehot
+
+    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        per_byte, lat, _ = cost
+        return np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+
+    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """(pairs, X) seconds -> (pairs, CHANNELS, X) on each pair's channel."""
+        return cost[2][:, :, None] * sec[:, None, :]
+
+    pb, gb = tr.param_bytes, tr.grad_bytes
+    ag_shard, rs_shard = per_pair("all_gather", shard_gs), per_pair("reduce_scatter", shard_gs)
+    ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
+    ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
+    ar_repl = per_pair("all_reduce", repl_gs)
+    z3 = zero >= 3
+    layerwise_rs = zero >= 2  # reduce-scatter as each layer's backward ends (ZeRO-2/3, FSDP)
+
+    # --- per layer class: gathers and reduce-scatters of one layer, (pairs, K) -------------------
+    cd, ce = t.class_dense[None, :], t.class_expert[None, :]
+    gather_k = seconds(cd * pb, ag_shard) + seconds(ce * pb, ag_edp)
+    rs_k = seconds(cd * gb, rs_shard) + seconds(ce * gb, rs_edp)
+    counts = t.class_counts  # (pp, K)
+    zf_k = np.where(z3, gather_k, 0.0)
+    zb_k = zf_k + np.where(layerwise_rs, rs_k, 0.0)
+    deficit_f = np.maximum(0.0, zf_k - ov.zero3 * t.class_forward[None, :])
+    deficit_b = np.maximum(0.0, zb_k - ov.zero3 * t.class_backward[None, :])
+    # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
+    # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
+    rest_dense = t.dense_params - counts @ t.class_dense  # (pp,)
+    rest_expert = t.expert_params - counts @ t.class_expert
+    present = counts > 0
+    first_gather = np.where(present[None, :, :], zf_k[:, None, :], 0.0).max(axis=2, initial=0.0)  # (pairs, pp)
+    last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
+    rest_gather = np.where(z3, seconds(rest_dense[None, :] * pb, ag_shard) + seconds(rest_expert[None, :] * pb, ag_edp), 0.0)
+    rest_rs = np.where(layerwise_rs, seconds(rest_dense[None, :] * gb, rs_shard) + seconds(rest_expert[None, :] * gb, rs_edp), 0.0)
+    exposed_f = deficit_f @ counts.T + first_gather + rest_gather
+    exposed_b = deficit_b @ counts.T + last_rs + rest_rs
+
+    # --- per micro-batch traffic by channel, rank totals ------------------------------------------
+    D, E = t.dense_params[None, :], t.expert_params[None, :]
+    gather_d, gather_e = seconds(D * pb, ag_shard), seconds(E * pb, ag_edp)
+    rs_d, rs_e = seconds(D * gb, rs_shard), seconds(E * gb, rs_edp)
+    traffic_f = np.where(z3[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
+    traffic_b = traffic_f + np.where(layerwise_rs[:, :, None], on_channels(rs_d, rs_shard) + on_channels(rs_e, rs_edp), 0.0)
+
+    # --- once per step ------------------------------------------------------------------------------
+    reduce = np.zeros((pairs, CHANNELS, pp))
+    gather = np.zeros((pairs, CHANNELS, pp))
+    z0, z1, z12 = zero == 0, zero == 1, (zero >= 1) & (zero <= 2)
+    reduce += np.where(z0[:, :, None], on_channels(seconds(D * gb, ar_full), ar_full) + on_channels(seconds(E * gb, ar_edp), ar_edp), 0.0)
+    reduce += np.where(z1[:, :, None], on_channels(rs_d, rs_shard) + on_channels(rs_e, rs_edp), 0.0)
+    sizes = np.array([g.size for g in shard_gs], dtype=float)[:, None]
+    replicated = np.array([g.size > 1 for g in repl_gs])[:, None]
+    repl = np.where((zero > 0) & replicated, seconds(D * gb / sizes, ar_repl), 0.0)
+    reduce += on_channels(repl, ar_repl)
+    gather += np.where(z12[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
+    # the last bucket of a once-per-step reduction (ZeRO-0/1) waits for the whole backward
+    bucket = np.minimum(D + E, REDUCE_BUCKET_PARAMS) * gb
+    tail_full = np.where(z0, seconds(bucket, ar_full), np.where(z1, seconds(bucket, rs_shard), 0.0))
+    reduce_tail = tail_full
+
+    # --- optimizer step ------------------------------------------------------------------------------
+    dense_shard = np.array([d * m.cp for _, d in shardings], dtype=float)[:, None]
+    expert_shard = np.maximum(1.0, np.array([d * m.cp * m.tp for _, d in shardings], dtype=float)[:, None] // (m.ep * m.etp_))
+    local = np.where(zero >= 1, D / dense_shard, D) + np.where(zero >= 1, E / expert_shard, E)
+    # HBM traffic per local parameter: read and write the optimizer states (fp32 master, m, v: 2 x
+    # 12 bytes for AdamW), read the gradient, write the working weight; offloaded, the gradient goes
+    # to the host and the weight comes back over the host link on top of that
+    moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
+    optimizer = np.empty(local.shape + (2,))
+    optimizer[..., 0] = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    optimizer[..., 1] = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
+    out = DataParallelTimes(exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer)
+    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer):
+        a.flags.writeable = False
+    return out
+
+
+@dataclass(frozen=True)
+class PhaseArrays:
+    """What one micro-batch costs on each pipeline rank apart from the ZeRO knobs: per recompute
+    mode (axis 0: none, selective, full) where it matters, seconds."""
+
+    sum_f: np.ndarray  # (pp,) forward compute + exposed TP / CP / EP
+    sum_b: np.ndarray  # (3, pp) backward (+ recompute) compute + exposed TP / CP / EP
+    busy_f: np.ndarray  # (CHANNELS, pp) forward traffic per channel (TP, CP, EP, pipeline)
+    busy_b: np.ndarray  # (3, CHANNELS, pp)
+    pp_exposed: float  # pipeline send/recv exposed per micro-batch
+    parts: np.ndarray  # (5, 3, pp): compute, recompute, TP, CP, EP exposed per micro-batch
+
+
+def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
+    """`PhaseArrays` of table `t` with `vpp` virtual stages (module doc)."""
+    m = t.mesh
+    ov = cal.overlap(m.framework)
+    pp = m.pp
+    forward = t.forward
+    backward = t.compute - t.forward
+    full = _FULL * t.recomputed_layers[None, :]  # (3, pp) layers re-run in the backward
+    full_moe = _FULL * t.recomputed_moe[None, :]
+    tp_hidden = ov.tp if t.tp_overlap else 0.0
+    tau = t.tp_per_layer
+    tp_f = t.layers * tau
+    tp_f_exp = tp_f * (1 - tp_hidden)
+    tp_b_exp = (t.layers[None, :] + full) * tau * (1 - tp_hidden)
+    tp_b_busy = t.layers[None, :] * tau * t.tp_backward_traffic + full * tau
+    share = np.divide(full, np.maximum(t.layers, 1.0)[None, :])  # recomputed share of the rank's layers
+    cp_f_exp, cp_b_exp0 = t.cp_exposed
+    cp_f_busy, cp_b_busy0 = t.cp_busy
+    cp_b_exp = cp_b_exp0[None, :] + share * cp_f_exp[None, :]
+    cp_b_busy = cp_b_busy0[None, :] + share * cp_f_busy[None, :]
+    eps = t.ep_per_moe_layer
+    ep_f = t.moe_layers * eps
+    ep_b = (t.moe_layers[None, :] + full_moe) * eps
+    p2p_one_way = vpp * t.p2p if pp > 1 else 0.0
+
+    sum_f = forward + tp_f_exp + cp_f_exp + ep_f * (1 - ov.ep)
+    sum_b = backward[None, :] + t.recompute + tp_b_exp + cp_b_exp + ep_b * (1 - ov.ep)
+    tp_ch, cp_ch, ep_ch, pp_ch = t.channels
+    busy_f = np.zeros((CHANNELS, pp))
+    busy_b = np.zeros((3, CHANNELS, pp))
+    busy_f[tp_ch] += tp_f
+    busy_b[:, tp_ch] += tp_b_busy
+    busy_f[cp_ch] += cp_f_busy
+    busy_b[:, cp_ch] += cp_b_busy
+    busy_f[ep_ch] += ep_f
+    busy_b[:, ep_ch] += ep_b
+    busy_f[pp_ch] += p2p_one_way
+    busy_b[:, pp_ch] += p2p_one_way
+    parts = np.empty((5, 3, pp))
+    parts[0] = t.compute
+    parts[1] = t.recompute
+    parts[2] = tp_f_exp[None, :] + tp_b_exp
+    parts[3] = cp_f_exp[None, :] + cp_b_exp
+    parts[4] = (ep_f[None, :] + ep_b) * (1 - ov.ep)
+    return PhaseArrays(sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts)
+
+
+def compose(
+    t: StageTable,
+    knobs: KnobArrays,
+    dp: DataParallelTimes,
+    phases: PhaseArrays,
+    vpp: int,
+    cal: Calibration,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Step seconds of every setting of `knobs` (module doc): (step (J,), per-micro-batch time of
+    every rank (J, pp), the parts (J,) named in `STEP_PARTS`, which sum to the step)."""
+    m = t.mesh
+    ov = cal.overlap(m.framework)
+    pp, mb_count = m.pp, m.grad_accum_
+    J = len(knobs.zero)
+    mode, pair = knobs.mode, knobs.sharding
+    rows = np.arange(J)
+
+    sum_f = phases.sum_f[None, :] + dp.exposed_f[pair]  # (J, pp)
+    sum_b = phases.sum_b[mode] + dp.exposed_b[pair]
+    busy_f = phases.busy_f[None, :, :] + dp.traffic_f[pair]  # (J, CHANNELS, pp)
+    busy_b = phases.busy_b[mode] + dp.traffic_b[pair]
+    t_f = np.maximum(sum_f, busy_f.max(axis=1))
+    t_b = np.maximum(sum_b, busy_b.max(axis=1))
+    per_mb = t_f + t_b + phases.pp_exposed
+    slow = per_mb.argmax(axis=1)
+    t_max = per_mb[rows, slow]
+    bubble = (per_mb.sum(axis=1) - t_max) / vpp if pp > 1 else np.zeros(J)
+
+    # once per step: windows of the last backward (+ drain) and the first forward (+ warm-up)
+    ranks = np.arange(pp, dtype=float)[None, :]
+    drain = ranks * t_b.mean(axis=1, keepdims=True) / vpp if pp > 1 else 0.0
+    warmup = ranks * t_f.mean(axis=1, keepdims=True) / vpp if pp > 1 else 0.0
+    free_b = np.maximum(0.0, t_b[:, None, :] - busy_b) + (drain[:, None, :] if pp > 1 else 0.0)
+    free_f = np.maximum(0.0, t_f[:, None, :] - busy_f) + (warmup[:, None, :] if pp > 1 else 0.0)
+    reduce = dp.reduce[pair]
+    exposed_reduce = np.maximum(0.0, reduce - ov.dp * free_b).max(axis=1)  # (J, pp)
+    exposed_reduce = np.maximum(exposed_reduce, dp.reduce_tail[pair])
+    exposed_gather = np.maximum(0.0, dp.gather[pair] - ov.dp * free_f).max(axis=1)
+    optimizer = dp.optimizer[pair, :, knobs.offload.astype(np.int64)]  # (J, pp)
+    tail = exposed_reduce + optimizer
+    tail_rank = tail.argmax(axis=1)
+    gather_s = exposed_gather.max(axis=1)
+
+    at = phases.parts[:, mode, slow]  # (5, J) at the slowest rank
+    parts = np.empty((len(STEP_PARTS), J))
+    np.multiply(mb_count, at, out=parts[:5])
+    parts[5] = mb_count * phases.pp_exposed
+    parts[6] = mb_count * (dp.exposed_f[pair, slow] + dp.exposed_b[pair, slow]) + exposed_reduce[rows, tail_rank] + gather_s
+    parts[7] = mb_count * ((t_f - sum_f)[rows, slow] + (t_b - sum_b)[rows, slow])
+    parts[8] = bubble
+    parts[9] = optimizer[rows, tail_rank]
+    parts[10] = cal.step_overhead_s
+    step = np.add.reduce(parts, axis=0)
+    # roofline over channels: a rank's whole-step traffic on one channel
+    traffic = mb_count * (busy_f + busy_b) + reduce + dp.gather[pair]  # (J, CHANNELS, pp)
+    busiest = traffic.max(axis=(1, 2)) + cal.step_overhead_s
+    excess = np.maximum(0.0, busiest - step)
+    parts[7] += excess
+    step = step + excess
+    return step, per_mb, dict(zip(STEP_PARTS, parts, strict=True))
+
+
+def lower_bound(
+    compute: np.ndarray,
+    exposed: np.ndarray,
+    pp_exposed: float,
+    vpp: int,
+    grad_accum: int,
+) -> float:
+    """Seconds no knob setting can beat, from per-rank arrays (length pp): compute (forward +
+    backward) and the knob-independent exposed communication (TP, CP, EP without recompute) of
+    one micro-batch, and the pipeline send/recv exposed per micro-batch. Every knob (recompute,
+    ZeRO traffic, once-per-step reduction, optimizer, offload) only adds to it, and the channel
+    rooflines only raise it."""
+    per = compute + exposed + pp_exposed
+    worst = float(per.max())
+    bubble = (float(per.sum()) - worst) / vpp if len(per) > 1 else 0.0
+    return grad_accum * worst + bubble
+
+
+def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
+    """`lower_bound` of a built table."""
+    ph = phase_arrays(t, vpp, cal)
+    exposed = ph.sum_f + ph.sum_b[0] - t.compute
+    return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_)
+
+
+__all__ = [
+    "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "compose", "data_parallel_times", "lower_bound",
+    "phase_arrays", "table_lower_bound",
+]
