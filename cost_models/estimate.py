@@ -128,12 +128,12 @@ def pricing_context(
     """Resolve a layout and its partition. Raises `LayoutError` listing every violated constraint
     (skip the check with `validate=False` when the caller generated a valid layout)."""
     if validate:
-        problems = validate_layout(model, training, gpus, layout)
+        problems = validate_layout(model, training, gpus, layout, partition)
         if problems:
             raise LayoutError(problems)
     lay = layout.resolved(gpus, training)
     if partition is None:
-        partition = StagePartition.even(model.num_layers, lay.pp, lay.vpp)
+        partition = StagePartition.for_layout(model.num_layers, lay)
     elif (partition.pp, partition.vpp) != (lay.pp, lay.vpp) or partition.num_layers != model.num_layers:
         raise ValueError(
             f"partition is for pp={partition.pp} x vpp={partition.vpp} over {partition.num_layers} layers; "

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models.stages import StagePartition, megatron_split
 from model_specs.spec import ModelSpec, TrainingSpec
 
 Recompute = Literal["none", "selective", "full"]
@@ -49,6 +50,18 @@ class Layout(BaseModel):
     )
     sp: bool | None = Field(None, description="sequence parallel with TP; defaults to tp > 1")
     schedule: Schedule | None = Field(None, description="defaults to interleaved_1f1b when vpp > 1, else 1f1b")
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="Megatron-Core: the embedding takes one layer slot of the first pipeline chunk"
+    )
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="Megatron-Core: the loss (LM head) takes one layer slot of the last pipeline chunk"
+    )
+    decoder_first_pipeline_num_layers: int | None = Field(
+        None, ge=0, description="Megatron-Core: layers on the first pipeline rank (the others split the rest)"
+    )
+    decoder_last_pipeline_num_layers: int | None = Field(
+        None, ge=0, description="Megatron-Core: layers on the last pipeline rank (the others split the rest)"
+    )
     offload_optimizer: bool = False
     tp_comm_overlap: bool | None = Field(
         None,
@@ -160,6 +173,14 @@ class Layout(BaseModel):
         return self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b")
 
     @property
+    def uneven_split(self) -> bool:
+        """Whether a Megatron-Core uneven pipeline split option is set (`stages.megatron_split`)."""
+        return (
+            self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split
+            or self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
+        )
+
+    @property
     def tp_comm_overlap_(self) -> bool:
         """Resolved `tp_comm_overlap`: on by default for Megatron with sequence parallel (NeMo's
         performance recipes enable it), off otherwise."""
@@ -210,11 +231,15 @@ class LayoutError(ValueError):
         super().__init__("; ".join(str(v) for v in violations))
 
 
-def validate_layout(model: ModelSpec, training: TrainingSpec, gpus: int, layout: Layout) -> list[Violation]:
+def validate_layout(
+    model: ModelSpec, training: TrainingSpec, gpus: int, layout: Layout, partition: StagePartition | None = None
+) -> list[Violation]:
     """Every constraint a layout violates, each naming its field. Empty list = valid.
 
     `layout` may be unresolved; derived fields are filled first (a failure to derive them is
-    reported as a violation)."""
+    reported as a violation). An explicit `partition` (layers per chunk) is validated on its own
+    terms: it must be cut for the layout's pp x vpp, cover the layers, and leave no middle chunk
+    empty; the split options and Megatron's divisibility rule then do not apply."""
     try:
         lay = layout.resolved(gpus, training)
     except LayoutError as exc:
@@ -253,16 +278,9 @@ def validate_layout(model: ModelSpec, training: TrainingSpec, gpus: int, layout:
         v.append(Violation("ep", f"ep={ep} needs a mixture-of-experts model; {model.name} is dense"))
     if pp > model.num_layers:
         v.append(Violation("pp", f"pp={pp} exceeds the {model.num_layers} layers"))
-    if lay.vpp > 1:
-        if pp == 1:
-            v.append(Violation("vpp", "virtual pipeline stages (vpp > 1) need pp > 1"))
-        elif model.num_layers % (pp * lay.vpp):
-            v.append(
-                Violation(
-                    "vpp",
-                    f"vpp={lay.vpp} x pp={pp} = {pp * lay.vpp} chunks do not divide the {model.num_layers} layers",
-                )
-            )
+    if lay.vpp > 1 and pp == 1:
+        v.append(Violation("vpp", "virtual pipeline stages (vpp > 1) need pp > 1"))
+    v += _split_violations(model, lay, partition)
     sched = lay.schedule_
     if sched == "interleaved_1f1b" and lay.vpp == 1:
         v.append(Violation("schedule", "interleaved_1f1b needs vpp > 1"))
@@ -307,3 +325,39 @@ def validate_layout(model: ModelSpec, training: TrainingSpec, gpus: int, layout:
     if sorted(order_dims) != sorted(["tp", "cp", "ep", "dp", "pp"]):
         v.append(Violation("order", f"order must be a permutation of tp-cp-ep-dp-pp, got {lay.order!r}"))
     return v
+
+
+def _split_violations(model: ModelSpec, lay: Layout, partition: StagePartition | None) -> list[Violation]:
+    """How the layers are cut into pp x vpp chunks (`cost_models.stages`)."""
+    pp, vpp = lay.pp, lay.vpp
+    if partition is not None:
+        if (partition.pp, partition.vpp) != (pp, vpp):
+            return [Violation("partition", f"cut for pp={partition.pp} x vpp={partition.vpp}, the layout has pp={pp} x vpp={vpp}")]
+        return [Violation("partition", p) for p in partition.problems(model.num_layers)]
+    if lay.uneven_split:
+        if pp == 1:
+            return [Violation("pp", "uneven pipeline split options need pp > 1")]
+        field = "decoder_first_pipeline_num_layers" if (
+            lay.decoder_first_pipeline_num_layers is not None or lay.decoder_last_pipeline_num_layers is not None
+        ) else "account_for_embedding_in_pipeline_split"
+        try:
+            chunks = megatron_split(
+                model.num_layers, pp, vpp,
+                account_for_embedding=lay.account_for_embedding_in_pipeline_split,
+                account_for_loss=lay.account_for_loss_in_pipeline_split,
+                first_stage_layers=lay.decoder_first_pipeline_num_layers,
+                last_stage_layers=lay.decoder_last_pipeline_num_layers,
+            )
+        except ValueError as exc:
+            return [Violation(field, str(exc))]
+        return [Violation(field, p) for p in StagePartition(chunks, pp, vpp).problems(model.num_layers)]
+    if vpp > 1 and model.num_layers % (pp * vpp):
+        return [
+            Violation(
+                "vpp",
+                f"vpp={vpp} x pp={pp} = {pp * vpp} chunks do not divide the {model.num_layers} layers "
+                "(Megatron-Core splits unevenly with account_for_embedding_in_pipeline_split / "
+                "account_for_loss_in_pipeline_split or decoder_first/last_pipeline_num_layers, or give a partition)",
+            )
+        ]
+    return []

@@ -9,6 +9,26 @@ the last chunk (rank pp - 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class SplitLike(Protocol):
+    """What `StagePartition.for_layout` reads of a layout."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def vpp(self) -> int: ...
+    @property
+    def account_for_embedding_in_pipeline_split(self) -> bool: ...
+    @property
+    def account_for_loss_in_pipeline_split(self) -> bool: ...
+    @property
+    def decoder_first_pipeline_num_layers(self) -> int | None: ...
+    @property
+    def decoder_last_pipeline_num_layers(self) -> int | None: ...
+    @property
+    def uneven_split(self) -> bool: ...
 
 
 def even_partition(num_layers: int, chunks: int) -> tuple[int, ...]:
@@ -22,6 +42,65 @@ def even_partition(num_layers: int, chunks: int) -> tuple[int, ...]:
     order = sorted(range(chunks), key=lambda c: (abs(c - (chunks - 1) / 2), c))
     for c in order[:extra]:
         counts[c] += 1
+    return tuple(counts)
+
+
+def megatron_split(
+    num_layers: int,
+    pp: int,
+    vpp: int = 1,
+    *,
+    account_for_embedding: bool = False,
+    account_for_loss: bool = False,
+    first_stage_layers: int | None = None,
+    last_stage_layers: int | None = None,
+) -> tuple[int, ...]:
+    """Layers per chunk as Megatron-Core cuts them (`transformer_block.get_num_layers_to_build`).
+
+    - `first_stage_layers` / `last_stage_layers` (`--decoder-first-pipeline-num-layers`,
+      `--decoder-last-pipeline-num-layers`): the first / last pipeline rank holds that many layers;
+      the others split the rest evenly. Each rank's layers are split evenly over its vpp chunks.
+    - `account_for_embedding` / `account_for_loss` (`--account-for-embedding-in-pipeline-split`,
+      `--account-for-loss-in-pipeline-split`): the embedding and the loss each take one layer slot,
+      so the pp x vpp chunks split num_layers + slots evenly and the first (last) chunk holds one
+      layer fewer. Llama-3.1-405B: 126 + 2 = 128 = 8 x 8 x 2.
+    - Neither: every chunk holds num_layers / (pp x vpp) layers.
+    Raises `ValueError` saying which count does not divide."""
+    chunks = pp * vpp
+    uneven = first_stage_layers is not None or last_stage_layers is not None
+    if uneven and (account_for_embedding or account_for_loss):
+        raise ValueError("give either the first/last pipeline stage layer counts or the account_for_* flags, not both")
+    if uneven:
+        rest, stages = num_layers, pp
+        for n in (first_stage_layers, last_stage_layers):
+            if n is not None:
+                rest -= n
+                stages -= 1
+        if stages < 0 or rest < 0 or (stages == 0 and rest) or (stages and rest % stages):
+            raise ValueError(
+                f"the {rest} layers left after the first/last stage do not split evenly over the other {max(stages, 0)} pipeline ranks"
+            )
+        per_rank = [rest // stages if stages else 0] * pp
+        if first_stage_layers is not None:
+            per_rank[0] = first_stage_layers
+        if last_stage_layers is not None:
+            per_rank[-1] = last_stage_layers
+        for r, n in enumerate(per_rank):
+            if n % vpp:
+                raise ValueError(f"pipeline rank {r} holds {n} layers, not divisible by vpp={vpp}")
+        return tuple(per_rank[c % pp] // vpp for c in range(chunks))
+    slots = num_layers + int(account_for_embedding) + int(account_for_loss)
+    if slots % chunks:
+        what = "layers" if slots == num_layers else f"layers + {slots - num_layers} slots ({slots})"
+        raise ValueError(f"pp x vpp = {chunks} chunks do not divide the {num_layers} {what}")
+    per = slots // chunks
+    counts = [per] * chunks
+    if account_for_embedding:
+        counts[0] -= 1
+    if account_for_loss:
+        counts[-1] -= 1
+    if min(counts) < 0:
+        raise ValueError(f"{chunks} chunks of {per} slots leave a chunk with fewer than 0 layers")
     return tuple(counts)
 
 
@@ -39,13 +118,44 @@ class StagePartition:
         if any(n < 0 for n in self.chunk_layers):
             raise ValueError("negative layer count in partition")
 
+
     @classmethod
     def even(cls, num_layers: int, pp: int, vpp: int = 1) -> StagePartition:
         return cls(even_partition(num_layers, pp * vpp), pp, vpp)
 
+    @classmethod
+    def for_layout(cls, num_layers: int, layout: SplitLike) -> StagePartition:
+        """The partition a layout asks for: Megatron-Core's split (`megatron_split`) when it sets
+        an uneven-split option, else `even` (which Megatron also cuts when the layers divide)."""
+        if layout.uneven_split:
+            return cls(
+                megatron_split(
+                    num_layers, layout.pp, layout.vpp,
+                    account_for_embedding=layout.account_for_embedding_in_pipeline_split,
+                    account_for_loss=layout.account_for_loss_in_pipeline_split,
+                    first_stage_layers=layout.decoder_first_pipeline_num_layers,
+                    last_stage_layers=layout.decoder_last_pipeline_num_layers,
+                ),
+                layout.pp,
+                layout.vpp,
+            )
+        return cls.even(num_layers, layout.pp, layout.vpp)
+
     @property
     def num_layers(self) -> int:
         return sum(self.chunk_layers)
+
+    def problems(self, num_layers: int) -> list[str]:
+        """Why this partition cannot train a model of `num_layers` layers (empty: it can): it must
+        cover the layers, and every chunk must hold a layer, except the first (which holds the
+        embedding) and the last (the LM head and loss)."""
+        out = []
+        if self.num_layers != num_layers:
+            out.append(f"the chunks hold {self.num_layers} layers, the model has {num_layers}")
+        empty = [c for c, n in enumerate(self.chunk_layers) if n == 0 and 0 < c < len(self.chunk_layers) - 1]
+        if empty:
+            out.append(f"chunks {empty} hold no layer (only the first and last chunk may: they hold the embedding / the loss)")
+        return out
 
     def chunk_ranges(self) -> list[range]:
         """Global layer indices of every chunk, in model order."""

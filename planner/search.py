@@ -61,7 +61,7 @@ from cost_models.stages import StagePartition
 from cost_models.step_time import lower_bound
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Candidate, ClosestMiss, Plan, PlanInputs, Rejection, SearchConstraints, SearchStats
-from planner.space import Mesh, meshes, micro_batches, pipeline_options, settings, to_layout
+from planner.space import Mesh, PipeOption, meshes, micro_batches, pipeline_options, settings, to_layout
 
 GIB = 2**30
 Progress = Callable[[int, int], None]  # (pairs done, pairs total)
@@ -135,7 +135,7 @@ SORTED_DIMS = sorted(["tp", "cp", "ep", "dp", "pp"])
 def _mesh_probe(model: ModelSpec, training: TrainingSpec, gpus: int, mesh: Mesh, mb: int, c: SearchConstraints) -> str | None:
     """The first mesh-level violation of `mesh` at micro-batch `mb` (a default-knob probe layout
     through `validate_layout`), as a rejection reason; None when it is valid."""
-    probe = to_layout(mesh, mb, 1, "1f1b", Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy, validate=False)
+    probe = to_layout(mesh, mb, PipeOption(1, "1f1b"), Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy, validate=False)
     problems = [v for v in validate_layout(model, training, gpus, probe) if v.field in MESH_FIELDS]
     if problems:
         return f"{problems[0].field}: {problems[0].message}"
@@ -148,16 +148,15 @@ class _LazyLayout(NamedTuple):
 
     mesh: Mesh
     micro_batch: int
-    vpp: int
-    schedule: str
+    option: PipeOption
     setting: Setting
     framework: str
     cross_entropy: str | None = None
 
     def build(self, gpus: int, training: TrainingSpec) -> Layout:
-        return to_layout(
-            self.mesh, self.micro_batch, self.vpp, self.schedule, self.setting, self.framework, self.cross_entropy
-        ).resolved(gpus, training)
+        return to_layout(self.mesh, self.micro_batch, self.option, self.setting, self.framework, self.cross_entropy).resolved(
+            gpus, training
+        )
 
 
 class _Ranked(NamedTuple):
@@ -168,9 +167,9 @@ class _Ranked(NamedTuple):
     peak_bytes: int
 
 
-Block = tuple[Mesh, int, int, str, list[Setting], np.ndarray]
-"""The layouts of one priced table that fit: (mesh, micro-batch, vpp, schedule, the knob grid, the
-indices of the settings that fit)."""
+Block = tuple[Mesh, int, PipeOption, list[Setting], np.ndarray]
+"""The layouts of one priced table that fit: (mesh, micro-batch, pipeline option, the knob grid,
+the indices of the settings that fit)."""
 
 
 class _RankedBlocks:
@@ -227,9 +226,9 @@ class _RankedView:
 
     def _named(self, i: int) -> _Ranked:
         b = int(self.block_of[i])
-        mesh, mb, vpp, schedule, grid, fits = self.blocks[b]
+        mesh, mb, option, grid, fits = self.blocks[b]
         first = int(np.searchsorted(self.block_of, b))  # blocks are contiguous, in order
-        layout = _LazyLayout(mesh, mb, vpp, schedule, grid[int(fits[i - first])], self.framework, self.cross_entropy)
+        layout = _LazyLayout(mesh, mb, option, grid[int(fits[i - first])], self.framework, self.cross_entropy)
         return _Ranked(float(self.step_s[i]), layout, int(self.peak_bytes[i]))
 
     def first(self, n: int) -> list[_Ranked]:
@@ -447,38 +446,44 @@ class _PairTimes:
     kind_exposed: np.ndarray  # (kinds,)
     head: float
     p2p: float
-    rank_sums: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
-    """Memo per (pp, vpp) of the per-rank compute and the layers of each kind per rank (they depend
+    rank_sums: dict[tuple[int, PipeOption], tuple[np.ndarray, np.ndarray]]
+    """Memo per (pp, pipeline option) of the per-rank compute and the layers of each kind per rank (they depend
     on the layer times, not on the mesh's communication), shared by the pairs of one shard
     geometry and micro-batch."""
     exposure: _Exposure
 
-    def bound(self, pp: int, vpp: int, grad_accum: int, ov: Overlap) -> float:
-        """`stage_table.time_lower_bound` of this pair's layout with `vpp` virtual stages and the
-        even partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
-        sums = self.rank_sums.get((pp, vpp))
+    def bound(self, pp: int, option: PipeOption, grad_accum: int, ov: Overlap) -> float:
+        """`stage_table.time_lower_bound` of this pair's layout with pipeline `option` and its
+        partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
+        vpp = option.vpp
+        sums = self.rank_sums.get((pp, option))
         if sums is None:
-            owner = _rank_of_layer(len(self.layer_compute), pp, vpp)
+            owner = _rank_of_layer(len(self.layer_compute), pp, option)
             compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
             compute[pp - 1] += self.head
             kinds = len(self.kind_exposed)
             counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
-            sums = self.rank_sums[(pp, vpp)] = (compute, counts.astype(float))
+            sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
         compute, counts = sums
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
         return lower_bound(compute, counts @ self.kind_exposed, pp_exposed, vpp, grad_accum)
 
 
 @lru_cache(maxsize=1024)
-def _even_partition(num_layers: int, pp: int, vpp: int) -> StagePartition:
-    """`StagePartition.even` (frozen, so shared across the pairs of one pipeline shape)."""
-    return StagePartition.even(num_layers, pp, vpp)
+def _partition(num_layers: int, pp: int, option: PipeOption) -> StagePartition:
+    """The partition of a pipeline option (`StagePartition.for_layout`; frozen, so shared across
+    the pairs of one pipeline shape)."""
+    probe = Layout.model_construct(
+        pp=pp, vpp=option.vpp, account_for_embedding_in_pipeline_split=option.embedding_slot,
+        account_for_loss_in_pipeline_split=option.loss_slot,
+    )
+    return StagePartition.for_layout(num_layers, probe)
 
 
 @lru_cache(maxsize=1024)
-def _rank_of_layer(num_layers: int, pp: int, vpp: int) -> np.ndarray:
-    """Pipeline rank of every layer under the even partition into pp x vpp chunks."""
-    partition = StagePartition.even(num_layers, pp, vpp)
+def _rank_of_layer(num_layers: int, pp: int, option: PipeOption) -> np.ndarray:
+    """Pipeline rank of every layer under the pipeline option's partition (`_partition`)."""
+    partition = _partition(num_layers, pp, option)
     owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
     owner.flags.writeable = False
     return owner
@@ -687,7 +692,8 @@ def search(
             generated += later
             pruned += n + later
             break
-        for vpp, schedule in options:
+        for option in options:
+            vpp, schedule = option.vpp, option.schedule
             near_threshold = True
             if schedule == "gpipe" and c.schedule != "gpipe":
                 # Dominated: GPipe has exactly 1F1B's step time (same bubble, same work) and holds
@@ -704,14 +710,14 @@ def search(
                     pruned += len(grid)
                     continue
                 pair_times = pair_times or bounds.pair_times(mesh_index, mb)
-                bound = pair_times.bound(mesh.pp, vpp, ga, overlap)
+                bound = pair_times.bound(mesh.pp, option, ga, overlap)
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
                 # within the margin of the threshold only the table's own bound decides
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
-            base = to_layout(mesh, mb, vpp, schedule, grid[0], c.framework, c.cross_entropy, validate=False).resolved(gpus, training)
-            partition = _even_partition(model.num_layers, mesh.pp, vpp)
+            base = to_layout(mesh, mb, option, grid[0], c.framework, c.cross_entropy, validate=False).resolved(gpus, training)
+            partition = _partition(model.num_layers, mesh.pp, option)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.kth_best_s, reference_step_s or 0.0):
                 pruned += len(grid)
@@ -727,13 +733,13 @@ def search(
                 jm = int(over_idx[np.argmin(peaks[over_idx])])
                 over = int(peaks[jm] - usable)
                 if closest is None or over < closest[0]:
-                    layout = to_layout(mesh, mb, vpp, schedule, grid[jm], c.framework, c.cross_entropy).resolved(gpus, training)
+                    layout = to_layout(mesh, mb, option, grid[jm], c.framework, c.cross_entropy).resolved(gpus, training)
                     worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
                     closest = (over, layout, worst)
                 for j in new_reasons:  # a reason's example comes from its first setting
                     reason = rejections.reasons[j]
                     if reason not in log.examples:
-                        layout = to_layout(mesh, mb, vpp, schedule, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
+                        layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
                         worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
                         log.examples[reason] = (
                             f"{describe(layout)}: needs {worst.total / GIB:.1f} GiB on stage {worst.stage}, "
@@ -749,7 +755,7 @@ def search(
             feasible += len(fits)
             if reference_step_s is not None:
                 faster += int(np.count_nonzero(step_s < reference_step_s * (1 - 1e-9)))
-            ranked.add(step_s, peaks[fits], (mesh, mb, vpp, schedule, grid, fits))
+            ranked.add(step_s, peaks[fits], (mesh, mb, option, grid, fits))
     if progress is not None:
         progress(pair_count, pair_count)
     if gpipe_dominated:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import Layout
@@ -117,20 +119,46 @@ def shard_groups(mesh: Mesh, cluster: ClusterSpec) -> list[int]:
     return sorted(groups)
 
 
-def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: int, c: SearchConstraints) -> list[tuple[int, str]]:
-    """(vpp, schedule) pairs: 1F1B and GPipe without virtual stages; interleaved 1F1B for every vpp
-    that divides the layers per rank when the micro-batches are a multiple of pp."""
+class PipeOption(NamedTuple):
+    """How one mesh pipelines: virtual stages, schedule, and Megatron-Core's uneven-split slots
+    (`Layout.account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split`)."""
+
+    vpp: int
+    schedule: str
+    embedding_slot: bool = False
+    loss_slot: bool = False
+
+
+def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: int, c: SearchConstraints) -> list[PipeOption]:
+    """1F1B and GPipe without virtual stages; interleaved 1F1B for every vpp >= 2 whose pp x vpp
+    chunks split the layers, when the micro-batches are a multiple of pp. Where the layers do not
+    divide, Megatron-Core's slots make them: the loss takes one slot (it is the heavier end: LM
+    head and cross-entropy), or the embedding and the loss one each (126 + 2 = 128 = 8 x 8 x 2 for
+    Llama-3.1-405B). A vpp is offered while every chunk keeps at least one layer."""
     if mesh.pp == 1:
-        out = [(1, "1f1b")]
+        out = [PipeOption(1, "1f1b")]
     else:
         m = training.global_batch // (mb * mesh.dp)
-        out = [(1, "1f1b"), (1, "gpipe")]
-        if model.num_layers % mesh.pp == 0 and m % mesh.pp == 0:
-            per_rank = model.num_layers // mesh.pp
-            out += [(v, "interleaved_1f1b") for v in divisors(per_rank) if v > 1]
+        out = [PipeOption(1, "1f1b"), PipeOption(1, "gpipe")]
+        if m % mesh.pp == 0:
+            out += interleaved_options(model.num_layers, mesh.pp)
     if c.schedule:
-        out = [o for o in out if o[1] == c.schedule]
+        out = [o for o in out if o.schedule == c.schedule]
     return out
+
+
+@lru_cache(maxsize=4096)
+def interleaved_options(num_layers: int, pp: int) -> tuple[PipeOption, ...]:
+    """`pipeline_options`' interleaved entries of a (layers, pp) pair (cached)."""
+    out = []
+    for v in range(2, num_layers // pp + 1):
+        chunks = pp * v
+        for emb, loss in ((False, False), (False, True), (True, True)):
+            slots = num_layers + emb + loss
+            if slots % chunks == 0 and slots // chunks >= 2 - (not emb and not loss):
+                out.append(PipeOption(v, "interleaved_1f1b", emb, loss))
+                break
+    return tuple(out)
 
 
 def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Setting]:
@@ -167,8 +195,7 @@ def _construct(values: dict[str, object]) -> Layout:
 def to_layout(
     mesh: Mesh,
     mb: int,
-    vpp: int,
-    schedule: str,
+    option: PipeOption,
     s: Setting,
     framework: str,
     cross_entropy: str | None = None,
@@ -185,16 +212,20 @@ def to_layout(
         dp=mesh.dp,
         ep=mesh.ep,
         etp=mesh.etp,
-        vpp=vpp,
+        vpp=option.vpp,
         dp_shard=s.dp_shard,
         zero_stage=s.zero_stage,
         micro_batch=mb,
         recompute=s.recompute,
         sp=mesh.tp > 1,
-        schedule=schedule,
+        schedule=option.schedule,
         offload_optimizer=s.offload_optimizer,
         order=mesh.order,
         framework=framework,
         cross_entropy=cross_entropy,
     )
+    if option.embedding_slot:
+        values["account_for_embedding_in_pipeline_split"] = True
+    if option.loss_slot:
+        values["account_for_loss_in_pipeline_split"] = True
     return Layout(**values) if validate else _construct(values)  # type: ignore[arg-type]

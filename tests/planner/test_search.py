@@ -34,9 +34,9 @@ def brute_force_best(model, training, cluster, gpus, c: SearchConstraints) -> fl
         if mesh.tp > cluster.domain_size:
             continue
         for mb in micro_batches(training, mesh.dp, c):
-            for vpp, schedule in pipeline_options(model, training, mesh, mb, c):
+            for option in pipeline_options(model, training, mesh, mb, c):
                 for s in settings(mesh, cluster, c):
-                    layout = to_layout(mesh, mb, vpp, schedule, s, c.framework)
+                    layout = to_layout(mesh, mb, option, s, c.framework)
                     if validate_layout(model, training, gpus, layout):
                         continue
                     est = estimate(model, training, cluster, gpus, layout)

@@ -15,7 +15,7 @@ from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
 from planner.search import _bubble_bound, _pair_bounds
-from planner.space import meshes, micro_batches, pipeline_options, settings, to_layout
+from planner.space import PipeOption, meshes, micro_batches, pipeline_options, settings, to_layout
 
 CASES = [
     # model, cluster, gpus, seq, global batch
@@ -31,7 +31,7 @@ def _valid_pairs(model, training, cluster, gpus, c, limit):
         mbs = micro_batches(training, mesh.dp, c)
         if mesh.tp > cluster.domain_size or not mbs:
             continue
-        probe = to_layout(mesh, mbs[0], 1, "1f1b", settings(mesh, cluster, c)[0], c.framework)
+        probe = to_layout(mesh, mbs[0], PipeOption(1, "1f1b"), settings(mesh, cluster, c)[0], c.framework)
         if any(v.field in {"dp", "tp", "pp", "cp", "ep", "etp", "sp", "order"} for v in validate_layout(model, training, gpus, probe)):
             continue
         out.append((mesh, mbs))
@@ -52,11 +52,12 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch) -> 
     for index, (mesh, mbs) in enumerate(valid):
         for mb in mbs[:: max(1, len(mbs) // 3)]:
             times = bounds.pair_times(index, mb)
-            for vpp, schedule in pipeline_options(model, training, mesh, mb, c):
-                layout = to_layout(mesh, mb, vpp, schedule, settings(mesh, cluster, c)[0], c.framework).resolved(gpus, training)
-                table = build_table(model, training, cluster, gpus, layout, StagePartition.even(model.num_layers, mesh.pp, vpp), cal)
+            for option in pipeline_options(model, training, mesh, mb, c):
+                vpp = option.vpp
+                layout = to_layout(mesh, mb, option, settings(mesh, cluster, c)[0], c.framework).resolved(gpus, training)
+                table = build_table(model, training, cluster, gpus, layout, StagePartition.for_layout(model.num_layers, layout), cal)
                 exact = time_lower_bound(table, vpp, cal)
-                assert times.bound(mesh.pp, vpp, layout.grad_accum_, ov) == pytest.approx(exact, rel=1e-12)
+                assert times.bound(mesh.pp, option, layout.grad_accum_, ov) == pytest.approx(exact, rel=1e-12)
                 pair = np.flatnonzero((bounds.mesh_of == index) & (bounds.mb_of == mb))[0]
                 cheap = _bubble_bound(float(bounds.per_mb_s[pair]), mesh.pp, vpp, layout.grad_accum_)
                 assert bounds.bound_s[pair] <= cheap * (1 + 1e-12)
