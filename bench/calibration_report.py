@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the repo root importable
@@ -60,8 +60,20 @@ class Result:
 
 
 def evaluate_row(row: CalibrationRow, cal: Calibration) -> Result:
+    """Price the row's layout. Where the source does not state the recompute and the layout does
+    not fit without it, the published run must have recomputed: the least recompute with which it
+    fits (selective, then full) is taken and written into the row's assumptions."""
     try:
         est = estimate(row.model, row.training, row.cluster, row.gpus, row.layout, calibration=cal)
+        if not est.fits and not row.recompute_stated and row.layout.recompute == "none":
+            for mode in ("selective", "full"):
+                layout = row.layout.model_copy(update={"recompute": mode})
+                trial = estimate(row.model, row.training, row.cluster, row.gpus, layout, calibration=cal)
+                if trial.fits:
+                    note = f"does not fit without recompute (not stated): {mode} recompute, the least that fits"
+                    row = replace(row, layout=layout, assumptions=(*row.assumptions, note))
+                    est = trial
+                    break
     except Exception as exc:  # a LayoutError or a modelling failure: report it, never hide it
         return Result(row, None, f"{type(exc).__name__}: {exc}")
     return Result(row, est)

@@ -55,6 +55,7 @@ CLUSTER_FOR_FAMILY = {
     "A100-80GB": "dgx-a100-80g",
     "H100-80GB": "dgx-h100",
     "H100-96GB-HBM2e-500W": "grand-teton-h100",
+    "GB200": "gb200-nvl72",
 }
 
 
@@ -77,6 +78,9 @@ class CalibrationRow:
     reported_tflops_per_gpu: float | None = None
     reported_memory_gib: float | None = None
     memory_kind: str = ""
+    recompute_stated: bool = True
+    """False: the source does not say which recompute ran (`calibration_report.evaluate_row` then
+    takes the least recompute with which the published layout fits: it ran)."""
     flops_check: float | None = None
     """Reported TFLOP/s / (reported tokens/s x our model FLOPs per token), where the row prints both:
     1.0 means the source's FLOP convention equals `cost_models.flops` model FLOPs."""
@@ -104,7 +108,7 @@ class CalibrationRow:
         parts.append(f"mb{lay.micro_batch}")
         parts.append(f"z{lay.zero_stage}")
         if lay.recompute != "none":
-            parts.append({"full": "rcF", "selective": "rcS"}[lay.recompute])
+            parts.append({"full": "rcF", "selective": "rcS", "op_sac": "rcOp"}[lay.recompute])
         if lay.sp:
             parts.append("sp")
         return " ".join(parts)
@@ -150,6 +154,8 @@ def _style(c: _Ctx) -> str:
     sid, name = c.s("source_id"), c.s("model").lower()
     if sid == "llmfoundry_mpt":
         return "mpt"
+    if "deepseek-v3" in name:
+        return "deepseek-v3"
     if c.i("moe_experts"):
         return "mixtral"
     if "llama" in name:
@@ -164,6 +170,16 @@ def _model(c: _Ctx) -> ModelSpec:
     if not (layers and hidden and seq):
         raise _Skip("no model shape (layers / hidden / seq_len blank)")
     style = _style(c)
+    if style == "deepseek-v3":
+        # the row's shape columns are DeepSeek-V3's (61 layers, 7168, dense FFN 18432, 256 experts
+        # top-8); the MLA and shared-expert details come from the preset (its config.json). NeMo's
+        # performance recipe does not state multi-token prediction: priced without it.
+        from model_specs.presets import get_model
+
+        c.notes.append("DeepSeek-V3 shape from the deepseek-v3 preset; MTP not stated: priced without")
+        return get_model("deepseek-v3").model_copy(
+            update={"name": f"{c.s('model')} (row {c.s('row_id')})", "num_layers": layers, "mtp_layers": 0}
+        )
     heads = c.i("heads")
     vocab = c.i("vocab")
     ffn = c.i("ffn_hidden")
@@ -229,6 +245,13 @@ def _framework(c: _Ctx) -> str:
     fw = c.s("framework").lower()
     if "llm-foundry" in fw or "composer" in fw:
         return "fsdp"
+    if "torchtitan" in fw:
+        return "fsdp"
+    if "maxtext" in fw:
+        # MaxText shards parameters, gradients and optimizer state over its `fsdp` mesh axis and
+        # replicates over `data`: FSDP-style ZeRO-3 with hybrid sharding, priced as framework fsdp
+        c.notes.append("MaxText (JAX) priced as FSDP ZeRO-3 (its fsdp mesh axis); XLA kernels as PyTorch's")
+        return "fsdp"
     if "deepspeed" in fw:
         return "deepspeed"
     if "megatron" in fw or "nemo" in fw:
@@ -239,7 +262,7 @@ def _framework(c: _Ctx) -> str:
 def _precision(c: _Ctx, gpu_family: str, framework: str) -> tuple[str, str]:
     """(compute precision, gradient dtype)."""
     p = c.s("precision").lower()
-    if "fp8" in p:
+    if "fp8" in p or "float8" in p:  # torchtitan: "BF16 + Float8 linears" (torchao float8 GEMMs)
         prec = "fp8"
     elif "bf16" in p:
         prec = "bf16"
@@ -250,7 +273,12 @@ def _precision(c: _Ctx, gpu_family: str, framework: str) -> tuple[str, str]:
     if prec == "fp16" and "fp16" not in get_gpu(gpu_family).peak_flops_per_s:
         c.notes.append(f"fp16 priced as bf16: the {gpu_family} catalog entry has no fp16 peak (equal rates on Ampere)")
         prec = "bf16"
-    if framework == "megatron" and c.s("source_id") == "nemo_perf_2407" and prec == "fp8":
+    if framework == "megatron" and c.s("source_id") == "dgxc_benchmarking":
+        # NeMo's performance scripts (scripts/performance, which the DGX Cloud recipes run) set
+        # `grad_reduce_in_fp32 = False`: bf16 gradient buffers and bf16 reduce-scatter
+        grad = "bf16"
+        c.notes.append("NeMo performance recipe: bf16 gradient buffers (grad_reduce_in_fp32 = False)")
+    elif framework == "megatron" and c.s("source_id") == "nemo_perf_2407" and prec == "fp8":
         # NeMo 24.07's FP8 performance recipes: the Nemotron-340B row (TP8 PP8 DP2) cannot hold
         # fp32 main gradients (21.5 GiB/GPU on top of 43 GiB of weights and optimizer), yet it ran;
         # bf16 gradient buffers (grad_reduce_in_fp32=False) is the configuration consistent with it.
@@ -277,6 +305,8 @@ def _recompute(c: _Ctx, default: str) -> str:
         return default
     if r.startswith("full"):
         return "full"
+    if r.startswith("selective") and "op-level" in r:
+        return "op_sac"
     if r.startswith("selective"):
         return "selective"
     if r.startswith("none"):
@@ -342,14 +372,29 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         if paired and paired > 1:
             vpp = paired
             c.notes.append(f"vpp {vpp} taken from the paired selective-recompute row (same pipeline)")
-    if vpp > 1 and model.num_layers % (pp * vpp):
-        raise _Skip(f"vpp={vpp} x pp={pp} does not divide {model.num_layers} layers")
+    if pp == 1 and vpp > 1:
+        c.notes.append(f"virtual pipeline {vpp} printed with PP1: ignored (no pipeline)")
+        vpp = 1
+    split = _pipeline_split(c, model.num_layers, pp, vpp)
     if pp > 1 and vpp == 1 and not c.s("vpp"):
         c.notes.append("vpp not stated: plain 1F1B")
+    dp_shard = None
+    m = re.search(r"FSDP=(\d+)", zero_col)
+    if framework == "fsdp" and m and int(m.group(1)) < dp:
+        dp_shard = int(m.group(1))
+        c.notes.append(f"hybrid sharding: parameters sharded over {dp_shard} GPUs, replicated {dp // dp_shard}x")
+    etp = c.i("etp")
+    if model.num_experts and etp is None and ep > 1:
+        c.notes.append("expert tensor parallel not stated: = tp")
     if sid in ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022"):
         recompute = _recompute(c, "full")
         sp = _sp(c, tp, False)
     elif framework == "deepspeed":
+        recompute = _recompute(c, "full")
+        sp = False
+    elif "maxtext" in c.s("framework").lower():
+        # MaxText's recipes rematerialise (policy not printed); without it a 70B layer stack at
+        # micro-batch 2 x 4096 tokens holds > 100 GiB of activations per GPU
         recompute = _recompute(c, "full")
         sp = False
     else:
@@ -362,9 +407,35 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         cross_entropy = "fused"
         c.notes.append("loss: fused cross-entropy (llm-foundry default)")
     return Layout(
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero_stage=zero, micro_batch=mb, grad_accum=ga,
-        recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,  # type: ignore[arg-type]
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero, micro_batch=mb, grad_accum=ga,
+        dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,  # type: ignore[arg-type]
+        **split,
     )
+
+
+def _pipeline_split(c: _Ctx, layers: int, pp: int, vpp: int) -> dict[str, Any]:
+    """Megatron-Core's uneven split options for a pipeline the layers do not divide.
+
+    With `account_for_embedding_in_pipeline_split` and `account_for_loss_in_pipeline_split` the
+    embedding and the loss take one layer slot each, so layers + 2 must divide pp x vpp (Llama 3.1
+    405B: 126 + 2 = 8 x 8 x 2): the recipes that print such a layout set both. Otherwise (DeepSeek-V3,
+    61 layers on PP8 / PP16) the last pipeline rank takes the remainder
+    (`decoder_last_pipeline_num_layers`), the others ceil(layers / pp) each."""
+    chunks = pp * vpp
+    if pp == 1 or layers % chunks == 0:
+        return {}
+    if (layers + 2) % chunks == 0:
+        c.notes.append(f"{layers} layers + embedding + loss slots = {layers + 2} over pp {pp} x vpp {vpp}: "
+                       "account_for_embedding/loss_in_pipeline_split")
+        return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+    if vpp == 1:
+        per_rank = -(-layers // pp)
+        last = layers - (pp - 1) * per_rank
+        if last >= 1:
+            c.notes.append(f"uneven pipeline not printed: {per_rank} layers per rank, {last} on the last "
+                           "(decoder_last_pipeline_num_layers)")
+            return {"decoder_last_pipeline_num_layers": last}
+    raise _Skip(f"vpp={vpp} x pp={pp} does not divide {layers} layers (nor layers + 2)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -458,7 +529,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         cluster_name=CLUSTER_FOR_FAMILY[family], gpus=gpus, layout=layout,
         measured_tokens_per_s_per_gpu=measured, measured_from=measured_from, confidence=c.s("confidence"),
         assumptions=tuple(c.notes), reported_tflops_per_gpu=tfl, reported_memory_gib=c.f("memory_per_gpu_gib"),
-        memory_kind=c.s("memory_kind"), flops_check=flops_check,
+        memory_kind=c.s("memory_kind"), flops_check=flops_check, recompute_stated=bool(c.s("recompute")),
     )
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from cost_models import op_sac
 from model_specs.spec import ModelSpec
 
 Framework = Literal["megatron", "fsdp", "deepspeed"]
@@ -152,11 +153,32 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     if model.num_shared_experts:
         shared_w = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size)
         total += widths * t * shared_w / ctx.tp * ab
-    routed = t_local * model.moe_top_k * (ctx.etp if ctx.sp else 1)  # token copies at this rank's experts
-    # permuted input before dispatch, received input (expert GEMM input), expert output for combine
-    total += 3 * routed * h * ab
     routed_widths = full_w if ctx.framework == "fsdp" else widths  # module doc: not recomputed
-    total += routed_widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
+    return total + routed_expert_bytes(model, ctx, routed_widths)
+
+
+def routed_expert_bytes(model: ModelSpec, ctx: ActivationContext, widths: int) -> float:
+    """Saved bytes of the routed experts of one MoE layer: the token copies this rank's experts
+    receive (permuted input before dispatch, received input = expert GEMM input, expert output for
+    the combine, each hidden-size wide) and `widths` x the expert FFN width per copy."""
+    assert model.moe_ffn_hidden_size
+    ab, h = ctx.act_bytes, model.hidden_size
+    routed = ctx.tokens / ctx.replicated_divisor * model.moe_top_k * (ctx.etp if ctx.sp else 1)
+    return 3 * routed * h * ab + widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
+
+
+def op_sac_bytes(model: ModelSpec, index: int, ctx: ActivationContext) -> float:
+    """Bytes layer `index` keeps under torchtitan's op-level selective checkpointing
+    (`cost_models.op_sac`): the block input, every other matmul output, the attention output and
+    its log-sum-exp; in an MoE layer also the router's outputs and the routed experts' activations
+    (grouped matmuls, not recomputed)."""
+    t, ab = ctx.tokens, ctx.act_bytes
+    total = t * op_sac.saved_widths(model, index, ctx.tp, ctx.replicated_divisor) * ab
+    total += t * model.num_heads / ctx.tp * LSE_BYTES
+    if model.is_moe_layer(index):
+        full_w, _ = _mlp_act_widths(model, ctx.framework)
+        total += 2 * t / ctx.replicated_divisor * model.num_experts * ROUTER_BYTES
+        total += routed_expert_bytes(model, ctx, full_w)
     return total
 
 
@@ -166,9 +188,12 @@ def layer_input_bytes(model: ModelSpec, ctx: ActivationContext) -> float:
 
 
 def layer_activation_bytes(model: ModelSpec, index: int, ctx: ActivationContext, recompute: str) -> float:
-    """Bytes layer `index` keeps for backward per micro-batch under `recompute` (none|selective|full)."""
+    """Bytes layer `index` keeps for backward per micro-batch under `recompute`
+    (none | selective | full | op_sac)."""
     if recompute == "full":
         return layer_input_bytes(model, ctx)
+    if recompute == "op_sac":
+        return op_sac_bytes(model, index, ctx)
     return attention_bytes(model, ctx, recompute) + mlp_bytes(model, ctx, recompute, index)
 
 

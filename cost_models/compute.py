@@ -43,6 +43,7 @@ import numpy as np
 
 from cluster_specs.spec import GPUSpec
 from cost_models.calibration import Calibration
+from cost_models import op_sac
 from cost_models.flops import attention_pairs, flash_backward_factor
 from cost_models.mesh import MeshLike
 from model_specs.spec import ModelSpec
@@ -278,6 +279,7 @@ class LayerTime:
     attention_bwd_factor: float  # flash backward / forward FLOPs (`flops.flash_backward_factor`)
     activation_fwd: Scalars  # the MLP activation function's share of elementwise_fwd
     host_fwd: Scalars = 0.0  # the host's kernel launches of the forward (`layer_kernels` x kernel_launch_s)
+    op_sac_gemm_share: float = 0.0  # share of gemm_fwd op-level SAC re-runs (`op_sac.recomputed_macs_share`)
 
     @property
     def attention(self) -> Scalars:
@@ -288,6 +290,12 @@ class LayerTime:
     def selective_recompute(self) -> Scalars:
         """What selective recompute re-runs: the attention core and the MLP activation function."""
         return self.attention_fwd + self.activation_fwd
+
+    @property
+    def op_sac_recompute(self) -> Scalars:
+        """What torchtitan's op-level SAC re-runs (`cost_models.op_sac`): every second matmul of the
+        block and all elementwise kernels (norms, rotary, activation), not the attention kernel."""
+        return self.op_sac_gemm_share * self.gemm_fwd + self.elementwise_fwd
 
     @property
     def forward(self) -> Scalars:
@@ -363,7 +371,22 @@ def layer_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, pre
     elem = elementwise_bytes(model, index, g, act_bytes) / bandwidth
     act = activation_function_bytes(model, index, g, act_bytes) / bandwidth
     host = layer_kernels(model, index, g) * cal.kernel_launch_s
-    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host)
+    share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, g)
+    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share)
+
+
+def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:
+    """Share of a layer's GEMM FLOPs outside the routed experts (1 in a dense layer): op-level SAC's
+    matmul rule applies to that part only (`cost_models.op_sac`)."""
+    gemms = layer_gemms(model, index, g)
+    flops = [float(np.mean(x.m * x.n * x.k * x.count)) for x in gemms]
+    total = sum(flops)
+    if not model.is_moe_layer(index) or not total:
+        return 1.0
+    n_attn = 5 if model.attention == "mla" and model.q_lora_rank else (4 if model.attention == "mla" else 2)
+    shared = 2 if model.num_shared_experts else 0
+    dense = sum(flops[:n_attn]) + sum(flops[n_attn + 1 : n_attn + 1 + shared])
+    return dense / total
 
 
 def lm_head_times(

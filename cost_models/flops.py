@@ -132,7 +132,7 @@ def step_flops(
     model: ModelSpec,
     seq_len: int,
     sequences: int,
-    recompute: Literal["none", "selective", "full"] = "none",
+    recompute: Literal["none", "selective", "full", "op_sac"] = "none",
     recomputed_layer_fraction: float = 1.0,
 ) -> StepFlops:
     """FLOPs of a step over `sequences` sequences of `seq_len` tokens (cached: specs are frozen).
@@ -155,6 +155,12 @@ def step_flops(
         hardware += recomputed_layer_fraction * (layer_matmul_fwd + attn_causal_fwd)
     elif recompute == "selective":
         hardware += attn_causal_fwd
+    elif recompute == "op_sac":  # every second matmul of each block (cost_models.op_sac)
+        from cost_models.op_sac import block_matmuls
+
+        hardware += sum(
+            2.0 * tokens * sum(m.macs_per_token for m in block_matmuls(model, i)[1::2]) for i in range(model.num_layers)
+        )
     return StepFlops(model_flops, model_causal, hardware, 3.0 * matmul_fwd, 3.0 * attn_full_fwd)
 
 

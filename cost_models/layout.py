@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_models.stages import StagePartition, megatron_split
 from model_specs.spec import ModelSpec, TrainingSpec
 
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op_sac"]
+"""none; selective (Megatron: attention core + MLP activation recomputed); full (whole layers, all or
+`recompute_layers` per stage); op_sac (torchtitan op-level selective checkpointing, `cost_models.op_sac`)."""
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Framework = Literal["megatron", "fsdp", "deepspeed"]
 CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]

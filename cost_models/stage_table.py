@@ -38,7 +38,7 @@ from cost_models.stages import StagePartition
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full", "op_sac")
 
 @lru_cache(maxsize=256)
 def layer_kinds(model: ModelSpec) -> tuple[tuple[bool, bool], ...]:
@@ -66,8 +66,8 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, precision: str, act_byte
 
 @lru_cache(maxsize=4096)
 def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[tuple[bool, bool], tuple[float, float, float]]:
-    """Saved bytes per layer kind and micro-batch under none / selective / full recompute."""
-    out: dict[tuple[bool, bool], tuple[float, float, float]] = {}
+    """Saved bytes per layer kind and micro-batch under each of `RECOMPUTE_MODES`."""
+    out: dict[tuple[bool, bool], tuple[float, ...]] = {}
     for i, key in enumerate(layer_kinds(model)):
         if key not in out:
             out[key] = tuple(layer_activation_bytes(model, i, actx, mode) for mode in RECOMPUTE_MODES)  # type: ignore[assignment]
@@ -106,7 +106,7 @@ def _layer_arrays(
     all_kinds = layer_kinds(model)
     firsts, of_layer = _layer_classes(model)
     # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
-    names = ("dense", "expert", "a0", "a1", "a2", "fwd", "fb", "sel", "attn_f", "moe")
+    names = ("dense", "expert", "a0", "a1", "a2", "a3", "fwd", "fb", "sel", "osac", "attn_f", "moe")
     out: dict[str, list[Any]] = {k: [] for k in names}
     for i in firsts:
         key = all_kinds[i]
@@ -118,9 +118,11 @@ def _layer_arrays(
         out["a0"].append(a[0])
         out["a1"].append(a[1])
         out["a2"].append(a[2])
+        out["a3"].append(a[3])
         out["fwd"].append(lt.forward)
         out["fb"].append(lt.forward + lt.backward)
         out["sel"].append(lt.selective_recompute)
+        out["osac"].append(lt.op_sac_recompute)
         out["attn_f"].append(lt.attention_fwd)  # the attention kernel's forward seconds
         out["moe"].append(float(key[0]))
     per_class = {k: np.array(v, dtype=float) for k, v in out.items()}
@@ -178,12 +180,14 @@ def _rank_sums(
     quantities[10] = np.where(recomputed, fwd, 0.0)
     quantities[11], quantities[12] = 0.0, recomputed
     quantities[13] = np.where(recomputed, moe, 0.0)
+    quantities[14], quantities[15] = arr["a3"], arr["osac"]
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp)
-    dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe = sums
+    (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
+     acts3, osac) = sums
     largest = peak(arr["dense"] + arr["expert"])
     working = peak(np.where(recomputed, a0, 0.0))
-    acts = np.stack([acts0, acts1, acts2])
-    reco = np.stack([np.zeros(pp), sel, full])
+    acts = np.stack([acts0, acts1, acts2, acts3])
+    reco = np.stack([np.zeros(pp), sel, full, osac])
     _, of_layer = _layer_classes(model)
     n_classes = len(per_class["fwd"])
     class_counts = np.bincount(owner * n_classes + of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
@@ -199,7 +203,7 @@ def _rank_sums(
     return out
 
 
-_RANK_QUANTITIES = 14
+_RANK_QUANTITIES = 16
 """Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
 
 
@@ -239,7 +243,7 @@ class StageTable:
     dense_params: np.ndarray
     expert_params: np.ndarray
     largest_layer: np.ndarray
-    acts: np.ndarray  # (3, pp): saved bytes per micro-batch, all layers in none/selective/full mode
+    acts: np.ndarray  # (4, pp): saved bytes per micro-batch, all layers, per RECOMPUTE_MODES
     working: np.ndarray  # one layer's full activations (recompute working set)
     layers: np.ndarray  # layer count
     moe_layers: np.ndarray
@@ -247,7 +251,7 @@ class StageTable:
     recomputed_moe: np.ndarray
     compute: np.ndarray  # forward + backward seconds per micro-batch (LM head on the last rank)
     forward: np.ndarray  # the forward part of `compute`
-    recompute: np.ndarray  # (3, pp): extra seconds per micro-batch per mode
+    recompute: np.ndarray  # (4, pp): extra seconds per micro-batch per RECOMPUTE_MODES
     class_counts: np.ndarray  # (pp, K): layers of each layer class (`_layer_classes`) per rank
     class_forward: np.ndarray  # (K,) forward compute seconds of one layer of each class, one micro-batch
     class_backward: np.ndarray  # (K,) backward compute seconds of one layer
@@ -528,7 +532,7 @@ class KnobArrays:
             np.array([s.offload_optimizer for s in settings]),
             np.array(index, dtype=np.int64),
             tuple(distinct),
-            2 * (zero >= 3) + (mode == 2),
+            2 * (zero >= 3) + (mode >= 2),  # full and op_sac re-create a layer in the backward
         )
 
 

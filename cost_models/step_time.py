@@ -80,8 +80,8 @@ REDUCE_BUCKET_PARAMS = 40_000_000
 default (max(40M, 1M x dp) elements; the 40M floor is used). The last bucket's reduction starts
 when the backward ends and is never hidden."""
 
-_FULL = np.array([0.0, 0.0, 1.0])[:, None]
-"""Rows of RECOMPUTE_MODES (none, selective, full) that re-run whole layers, as a (3, 1) mask."""
+_FULL = np.array([0.0, 0.0, 1.0, 0.0])[:, None]
+"""Rows of RECOMPUTE_MODES (none, selective, full, op_sac) that re-run whole layers, as a (4, 1) mask."""
 
 
 @dataclass(frozen=True)
@@ -218,11 +218,11 @@ class PhaseArrays:
     mode (axis 0: none, selective, full) where it matters, seconds."""
 
     sum_f: np.ndarray  # (pp,) forward compute + exposed TP / CP / EP
-    sum_b: np.ndarray  # (3, pp) backward (+ recompute) compute + exposed TP / CP / EP
+    sum_b: np.ndarray  # (modes, pp) backward (+ recompute) compute + exposed TP / CP / EP
     busy_f: np.ndarray  # (CHANNELS, pp) forward traffic per channel (TP, CP, EP, pipeline)
-    busy_b: np.ndarray  # (3, CHANNELS, pp)
+    busy_b: np.ndarray  # (modes, CHANNELS, pp)
     pp_exposed: float  # pipeline send/recv exposed per micro-batch
-    parts: np.ndarray  # (5, 3, pp): compute, recompute, TP, CP, EP exposed per micro-batch
+    parts: np.ndarray  # (5, modes, pp): compute, recompute, TP, CP, EP exposed per micro-batch
 
 
 def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
@@ -232,7 +232,7 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     pp = m.pp
     forward = t.forward
     backward = t.compute - t.forward
-    full = _FULL * t.recomputed_layers[None, :]  # (3, pp) layers re-run in the backward
+    full = _FULL * t.recomputed_layers[None, :]  # (modes, pp) layers re-run in the backward
     full_moe = _FULL * t.recomputed_moe[None, :]
     tp_hidden = ov.tp if t.tp_overlap else 0.0
     tau = t.tp_per_layer
@@ -254,7 +254,7 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     sum_b = backward[None, :] + t.recompute + tp_b_exp + cp_b_exp + ep_b * (1 - ov.ep)
     tp_ch, cp_ch, ep_ch, pp_ch = t.channels
     busy_f = np.zeros((CHANNELS, pp))
-    busy_b = np.zeros((3, CHANNELS, pp))
+    busy_b = np.zeros((len(_FULL), CHANNELS, pp))
     busy_f[tp_ch] += tp_f
     busy_b[:, tp_ch] += tp_b_busy
     busy_f[cp_ch] += cp_f_busy
@@ -263,7 +263,7 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     busy_b[:, ep_ch] += ep_b
     busy_f[pp_ch] += p2p_one_way
     busy_b[:, pp_ch] += p2p_one_way
-    parts = np.empty((5, 3, pp))
+    parts = np.empty((5, len(_FULL), pp))
     parts[0] = t.compute
     parts[1] = t.recompute
     parts[2] = tp_f_exp[None, :] + tp_b_exp
