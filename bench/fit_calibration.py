@@ -7,11 +7,11 @@
 Data: every row of `data/calibration/published_runs.csv` that `bench.calibration_rows` can
 turn into a priced layout with a measured tokens/s/GPU.
 
-Split (deterministic, documented in the output JSON): rows are grouped into strata = source_id,
-except that Narayanan 2021 Table 2 is split by framework (its Megatron PTD-P rows and its DeepSpeed
-ZeRO-3 rows measure different software). Inside a stratum rows are sorted by row_id; the 1st, 3rd,
-5th... go to the fit set, the 2nd, 4th, ... to the hold-out set, so every stratum with two or more
-rows is on both sides. A stratum with a single row goes to the hold-out set.
+Split (deterministic, documented in the output JSON): by source FAMILY, not by row. Rows are
+grouped into strata = source_id (Narayanan 2021 Table 2 split by framework: its Megatron PTD-P rows
+and its DeepSpeed ZeRO-3 rows measure different software), strata into families (`FAMILIES`: the
+same team and software); the families in `HOLDOUT_FAMILIES` are never fitted on, so the hold-out
+error is the error on software and hardware generations the fit has not seen.
 
 Objective: mean squared log error of tokens/s/GPU, balanced over strata (each stratum's fit rows
 carry total weight 1, so the 108 llm-foundry fit rows do not drown the 4-5 rows of a paper table):
@@ -21,7 +21,7 @@ minimized with scipy.optimize.least_squares (trust-region reflective, bounds) fr
 Fitted constants (a small set: each one is identified by a visible contrast in the data):
     gemm_efficiency        bf16/fp16 GEMM ceiling (all dense rows)
     fp8_gemm_efficiency    FP8 GEMM ceiling (NeMo and llm-foundry FP8 rows)
-    gemm_half_dim          shape penalty (small models and TP shards: MPT-125m..1b, TP=8 rows)
+    gemm_k_overhead        tile prologue/epilogue per GEMM, in elements of k (small models, TP shards)
     attention_efficiency   flash-attention rate (long-sequence rows: NeMo CP table, MPT 16k-64k)
     hbm_efficiency         memory-bound ops (the H100/A100 contrast: same code, 2x the FLOP/byte)
     inter_bus_efficiency   scale-out collectives (DP/FSDP rows over many nodes)
@@ -61,28 +61,41 @@ from bench.calibration_report import Result, error_stats, evaluate, not_fitting 
 from bench.calibration_rows import CalibrationRow, load_rows, reason_counts, stratum  # noqa: E402
 from cost_models.calibration import FITTED_PATH, Calibration, Overlap  # noqa: E402
 
+FAMILIES: dict[str, str] = {
+    "megatron_readme_h100": "NVIDIA Megatron-LM README",
+    "narayanan2021_table1": "Megatron papers 2021-22",
+    "narayanan2021_table2/megatron": "Megatron papers 2021-22",
+    "korthikanti2022": "Megatron papers 2021-22",
+    "narayanan2021_table2/deepspeed": "DeepSpeed ZeRO-3 (2021)",
+    "llmfoundry_mpt": "MosaicML llm-foundry",
+    "nemo_perf_2407": "NVIDIA NeMo performance summaries",
+    "nemo_longseq_h100": "NVIDIA NeMo performance summaries",
+    "mcore_moe_readme": "NVIDIA NeMo performance summaries",
+    "dgxc_benchmarking": "NVIDIA DGX Cloud recipes",
+    "torchtitan_2412": "torchtitan",
+}
+"""Source family of each stratum: sources written by the same team with the same software."""
+
+HOLDOUT_FAMILIES = ("NVIDIA DGX Cloud recipes", "torchtitan", "NVIDIA Megatron-LM README")
+"""Families never fitted on: the newest NVIDIA recipes (dense and MoE, H100 and GB200), torchtitan
+(FSDP2, measured memory) and the Megatron-LM README table. Every other family is fitted on whole."""
+
 SPLIT_DOC = (
-    "strata = source_id (narayanan2021_table2 split by framework); inside a stratum rows sorted by "
-    "row_id alternate fit (1st, 3rd, ...) / hold-out (2nd, 4th, ...); single-row strata go to hold-out"
+    "by source family (bench.fit_calibration.FAMILIES): the families in HOLDOUT_FAMILIES "
+    f"({', '.join(HOLDOUT_FAMILIES)}) are held out whole, every row of the other families is fitted on"
 )
 
 EXCLUDED_FROM_FIT: dict[str, str] = {}
 
 
+def family(row: CalibrationRow) -> str:
+    return FAMILIES.get(stratum(row), stratum(row))
+
+
 def split_rows(rows: list[CalibrationRow]) -> tuple[list[CalibrationRow], list[CalibrationRow]]:
-    """(fit, hold-out): deterministic, stratified (see `SPLIT_DOC`)."""
-    by: dict[str, list[CalibrationRow]] = {}
-    for r in rows:
-        by.setdefault(stratum(r), []).append(r)
-    fit: list[CalibrationRow] = []
-    hold: list[CalibrationRow] = []
-    for members in by.values():
-        members = sorted(members, key=lambda r: r.row_id)
-        if len(members) == 1:
-            hold += members
-            continue
-        for i, r in enumerate(members):
-            (fit if i % 2 == 0 else hold).append(r)
+    """(fit, hold-out): whole source families on each side (see `SPLIT_DOC`)."""
+    fit = [r for r in rows if family(r) not in HOLDOUT_FAMILIES]
+    hold = [r for r in rows if family(r) in HOLDOUT_FAMILIES]
     return sorted(fit, key=lambda r: r.row_id), sorted(hold, key=lambda r: r.row_id)
 
 
@@ -121,7 +134,8 @@ ALL_PARAMS: dict[str, Param] = {
     for p in (
         _field("gemm_efficiency", 0.2, 1.0),
         _field("fp8_gemm_efficiency", 0.1, 1.0),
-        _field("gemm_half_dim", 0.0, 4096.0),
+        _field("gemm_k_overhead", 0.0, 4096.0),
+        _field("kernel_launch_s", 1e-6, 5e-5),
         _field("attention_efficiency", 0.05, 1.0),
         _field("hbm_efficiency", 0.1, 1.0),
         _field("inter_bus_efficiency", 0.05, 1.0),
@@ -130,7 +144,7 @@ ALL_PARAMS: dict[str, Param] = {
         _overlap("fsdp", "dp"),
         _overlap("megatron", "tp"),
         _overlap("megatron", "dp"),
-        _overlap("megatron", "cp"),
+        _overlap("megatron", "ep"),
         _overlap("megatron", "pp"),
         _overlap("deepspeed", "zero3"),
         _overlap("deepspeed", "bus_efficiency", 0.01, 1.0),
@@ -140,7 +154,7 @@ ALL_PARAMS: dict[str, Param] = {
 DEFAULT_PARAMS = (
     "gemm_efficiency",
     "fp8_gemm_efficiency",
-    "gemm_half_dim",
+    "gemm_k_overhead",
     "attention_efficiency",
     "hbm_efficiency",
     "inter_bus_efficiency",
@@ -187,7 +201,12 @@ def balanced_msle(results: list[Result]) -> float:
 
 
 def fit(
-    rows: list[CalibrationRow], base: Calibration, params: list[Param], max_nfev: int = 60, verbose: bool = True
+    rows: list[CalibrationRow],
+    base: Calibration,
+    params: list[Param],
+    max_nfev: int = 60,
+    verbose: bool = True,
+    n_random_starts: int = 2,
 ) -> tuple[Calibration, dict]:
     from scipy.optimize import least_squares
 
@@ -208,7 +227,7 @@ def fit(
         return r
 
     rng = np.random.default_rng(20240715)
-    starts = [x0, (lo + hi) / 2] + [lo + (hi - lo) * rng.uniform(0.2, 0.8, len(params)) for _ in range(2)]
+    starts = [x0, (lo + hi) / 2] + [lo + (hi - lo) * rng.uniform(0.2, 0.8, len(params)) for _ in range(n_random_starts)]
     sol = None
     for i, start in enumerate(starts):
         cand = least_squares(
@@ -272,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default=",".join(DEFAULT_PARAMS), help="comma-separated constants to fit")
     ap.add_argument("--max-nfev", type=int, default=80, help="objective evaluations (x ~1 s each)")
+    ap.add_argument("--random-starts", type=int, default=2, help="seeded random starts beside the priors and midpoints")
     ap.add_argument("--dry-run", action="store_true", help="do not write cost_models/data/calibration.json")
     ap.add_argument("--out", default=str(FITTED_PATH), help="where to write the fitted calibration")
     args = ap.parse_args(argv)
@@ -294,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fitting {len(params)} constants: {', '.join(names)}")
 
     t0 = time.time()
-    cal, info = fit(train, prior, params, max_nfev=args.max_nfev)
+    cal, info = fit(train, prior, params, max_nfev=args.max_nfev, n_random_starts=args.random_starts)
     today = _dt.date.today().isoformat()
     cal = replace(cal, source=f"fitted by bench/fit_calibration.py on {today}")
     print(f"fit done in {time.time() - t0:.0f} s, {info['evaluations']} evaluations: {info['message']}")
@@ -311,6 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     fit_stats, hold_stats = stats_by_stratum(cal_fit), stats_by_stratum(cal_hold)
     print_errors("FIT rows: tokens/s/GPU absolute % error", stats_by_stratum(prior_fit), fit_stats)
     print_errors("HOLD-OUT rows: tokens/s/GPU absolute % error", stats_by_stratum(prior_hold), hold_stats)
+    by_family = {}
+    for r in cal_hold:
+        by_family.setdefault(family(r.row), []).append(r)
+    regimes = {
+        "dense": [r for r in cal_hold if not r.row.model.num_experts],
+        "MoE": [r for r in cal_hold if r.row.model.num_experts],
+    }
+    print("\nHOLD-OUT by family and regime (median APE of tokens/s/GPU):")
+    for name, members in [*by_family.items(), *regimes.items()]:
+        st = error_stats(members)
+        if st.get("n"):
+            print(f"  {name:<36} n={st['n']:>4}  median APE {st['median_ape']:5.1f}%  median signed {st['median_signed_pct']:+6.1f}%")
     in_scope = [r for r in cal_hold if stratum(r.row) not in EXCLUDED_FROM_FIT]
     s_in = error_stats(in_scope)
     print(f"\nhold-out excluding {', '.join(EXCLUDED_FROM_FIT)}: n={s_in['n']}, median APE {s_in['median_ape']:.1f}%, MAPE {s_in['mape']:.1f}%")
@@ -331,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             "median_ape": hold_stats["ALL"].get("median_ape"),
             "mape": hold_stats["ALL"].get("mape"),
             "in_scope": {"excluding": list(EXCLUDED_FROM_FIT), **s_in},
+            "by_family": {k: error_stats(v) for k, v in by_family.items()},
+            "by_regime": {k: error_stats(v) for k, v in regimes.items()},
             "by_stratum": hold_stats,
         },
         "split": SPLIT_DOC,

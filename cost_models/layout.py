@@ -316,6 +316,8 @@ def validate_layout(
         v.append(Violation("dp_shard", f"dp_shard={dps} does not divide dp={dp}"))
     if dps < dp and lay.zero_stage == 0:
         v.append(Violation("dp_shard", "hybrid sharding (dp_shard < dp) needs zero_stage >= 1"))
+    if lay.recompute == "op_sac" and lay.framework != "fsdp":
+        v.append(Violation("recompute", "op_sac (torchtitan's op-level selective checkpointing) needs framework fsdp"))
     if lay.recompute_layers is not None:
         if lay.recompute != "full":
             v.append(Violation("recompute_layers", "recompute_layers applies to full recompute only"))

@@ -753,7 +753,7 @@ def price_memory(
             buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
-    reserve = cal.cuda_context_bytes + cal.fragmentation * allocated
+    reserve = cal.cuda_context_bytes + cal.fragmentation_of(m.framework) * allocated
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, knobs=knobs)
 
 

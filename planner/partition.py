@@ -679,7 +679,7 @@ def build_partition_data(
     }
     base, full = variants[base_mode], variants["full"]
     P, L = lay.pp, model.num_layers
-    frag = 1.0 + cal.fragmentation
+    frag = 1.0 + cal.fragmentation_of(lay.framework)
     probe = _Probe(model, training, cluster, gpus, cal)
 
     # --- fixed per rank: every rank empty (rank 0 keeps the embedding, the last the LM head) ----

@@ -33,7 +33,7 @@ class SearchConstraints(BaseModel):
     dp: int | None = Field(None, ge=1)
     zero_stage: int | None = Field(None, ge=0, le=3)
     micro_batch: int | None = Field(None, ge=1)
-    recompute: str | None = Field(None, pattern="^(none|selective|full)$")
+    recompute: str | None = Field(None, pattern="^(none|selective|full|op_sac)$")
     schedule: str | None = Field(None, pattern="^(gpipe|1f1b|interleaved_1f1b)$")
     framework: str = Field("megatron", pattern="^(megatron|fsdp|deepspeed)$")
     cross_entropy: str | None = Field(

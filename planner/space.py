@@ -161,12 +161,18 @@ def interleaved_options(num_layers: int, pp: int) -> tuple[PipeOption, ...]:
     return tuple(out)
 
 
+def recompute_modes(framework: str) -> list[str]:
+    """Recompute modes a framework runs: op-level selective checkpointing is torchtitan's (FSDP2)."""
+    modes = ["none", "selective", "full"]
+    return [*modes, "op_sac"] if framework == "fsdp" else modes
+
+
 def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Setting]:
     """ZeRO stage x sharding group x recompute x optimizer offload."""
     out = []
     for zero in _pinned(c.zero_stage, [0, 1, 2, 3]):
         for shard in shard_groups(mesh, cluster) if zero > 0 else [mesh.dp]:
-            for recompute in [c.recompute] if c.recompute else ["none", "selective", "full"]:
+            for recompute in [c.recompute] if c.recompute else recompute_modes(c.framework):
                 for offload in (False, True) if (c.allow_offload and zero > 0) else (False,):
                     out.append(Setting(zero, shard, recompute, offload))
     return out

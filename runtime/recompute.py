@@ -1,4 +1,5 @@
-"""Activation recompute: full (per layer) and selective (attention core + MLP activation).
+"""Activation recompute: full (per layer), selective (attention core + MLP activation) and op-level
+selective checkpointing (`op_sac`, torchtitan's default).
 
 - `full`: each selected transformer block is wrapped in `checkpoint_wrapper` (non-reentrant
   `torch.utils.checkpoint`): only the block input is kept; the block's forward runs again in
@@ -13,10 +14,15 @@
   freed (`resize_(0)`) and refilled in place before it is read again.
   Routed experts of MoE layers are not covered (their activation runs per expert inside
   `GroupedExperts`); shared experts are (they are `FeedForward`s).
+- `op_sac` (`cost_models/op_sac.py` semantics, torchtitan `selective_ac_option="op"`): every block
+  is checkpointed with a selective-checkpoint policy (`torch.utils.checkpoint.
+  create_selective_checkpoint_contexts`): outputs of matmuls are saved except every second one of
+  the block, outputs of the attention kernel are saved, everything else is recomputed.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -104,14 +110,54 @@ def selective_region(fn: Callable[..., torch.Tensor], inputs: tuple, consumer: n
     return y
 
 
+def _attention_ops() -> set[Any]:
+    ops = set()
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ):
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is not None:
+            ops.add(packet.default)
+    return ops
+
+
+def op_sac_context() -> tuple[Any, Any]:
+    """The (forward, recompute) contexts of one checkpointed block call under op-level SAC (module
+    doc): a fresh matmul counter per call, so "every second matmul" restarts in each block."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = {False: 0, True: 0}
+    attention = _attention_ops()
+    mm = torch.ops.aten.mm.default
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func == mm:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.MUST_SAVE if func in attention else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def apply_recompute(
     model: nn.Module, mode: str, layer_ids: Sequence[int] | None = None
 ) -> None:
-    """Apply `mode` (none|selective|full) to `model`'s blocks. `layer_ids`: the global indices of
+    """Apply `mode` (none|selective|full|op_sac) to `model`'s blocks. `layer_ids`: the global indices of
     the blocks full recompute covers (default: all)."""
     if mode == "none":
         return
     layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
+    if mode == "op_sac":
+        for key in list(layers.keys()):
+            layers[key] = checkpoint_wrapper(
+                layers[key], preserve_rng_state=False, context_fn=functools.partial(op_sac_context)
+            )
+        return
     if mode == "full":
         chosen = {str(i) for i in layer_ids} if layer_ids is not None else set(layers.keys())
         for key in list(layers.keys()):

@@ -19,7 +19,7 @@ from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
 from planner.search import search
 
-SHAPES = [(64, 4), (128, 8), (256, 8), (64, 16)]  # (seq_len, global_batch): compute spans x5
+SHAPES = [(512, 32), (1024, 32), (2048, 32), (512, 128)]  # (seq_len, global_batch): compute spans x5
 
 
 def slow_truth(base: Calibration, factor: float = 3.0, overhead_s: float = 0.02) -> Calibration:
@@ -68,7 +68,8 @@ def test_slow_profiles_recover_compute_scale_and_overhead() -> None:
     assert fit.n_profiles == 4
     assert fit.multipliers["compute"] == pytest.approx(3.0, rel=0.05)
     assert fit.calibration.gemm_efficiency == pytest.approx(truth.gemm_efficiency, rel=0.05)
-    assert fit.calibration.step_overhead_s == pytest.approx(0.02, abs=0.008)
+    # the fixed cost moves from the global one most of the way to the truth (MAP: the prior pulls)
+    assert abs(fit.calibration.step_overhead_s - 0.02) < 0.25 * abs(base.step_overhead_s - 0.02)
     assert fit.error_before is not None and fit.error_after is not None and fit.error_loo is not None
     assert fit.error_before.mape_pct > 40.0 and fit.error_before.mean_signed_pct < -40.0  # predicted too fast
     assert fit.error_after.mape_pct < 3.0
@@ -106,7 +107,7 @@ def test_preflight_bandwidth_identifies_the_intra_domain_tier() -> None:
     base = default_calibration()
     catalog = resolve_cluster("local-cpu").intra_node.bus_bandwidth_bytes_per_s
     measured = 0.25 * catalog * base.intra_bus_efficiency  # the host reaches a quarter of the catalog
-    pair = measured_pair(64, 4, base, preflight=measured)
+    pair = measured_pair(512, 32, base, preflight=measured)
     fit = fit_cluster_calibration("local-cpu", [pair])
     factors = {f.name: f for f in fit.factors}
     assert factors["intra_bus_efficiency"].identified
@@ -120,7 +121,7 @@ def test_preflight_bandwidth_identifies_the_intra_domain_tier() -> None:
 
 def test_one_profile_moves_compute_only_and_no_profile_changes_nothing() -> None:
     base = default_calibration()
-    fit = fit_cluster_calibration("local-cpu", [measured_pair(64, 4, slow_truth(base))])
+    fit = fit_cluster_calibration("local-cpu", [measured_pair(512, 32, slow_truth(base))])
     assert fit.calibration.step_overhead_s == base.step_overhead_s
     assert fit.multipliers["compute"] > 1.5
     assert fit.error_after is not None and fit.error_after.mape_pct < 5.0
@@ -129,7 +130,7 @@ def test_one_profile_moves_compute_only_and_no_profile_changes_nothing() -> None
 
 
 def test_pair_needs_a_breakdown_and_a_positive_step() -> None:
-    plan = json.loads(plan_json(64, 4))
+    plan = json.loads(plan_json(512, 32))
     with pytest.raises(ValueError):
         ProfilePair.from_plan_and_profile(plan, {"step_s": None})
     with pytest.raises(ValueError):

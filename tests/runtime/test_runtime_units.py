@@ -124,14 +124,14 @@ def test_recompute_modes_give_identical_gradients(name: str) -> None:
     base = build_model(spec)
     tok = torch.randint(0, spec.vocab_size, (2, 17))
     grads = {}
-    for mode in ("none", "selective", "full"):
+    for mode in ("none", "selective", "full", "op_sac"):
         m = copy.deepcopy(base)
         apply_recompute(m, mode)
         m.loss(tok[:, :-1], tok[:, 1:]).backward()
         grads[mode] = {
             n.replace("._checkpoint_wrapped_module", ""): p.grad for n, p in m.named_parameters() if p.grad is not None
         }
-    for mode in ("selective", "full"):
+    for mode in ("selective", "full", "op_sac"):
         assert grads[mode].keys() == grads["none"].keys()
         for n, g in grads["none"].items():
             torch.testing.assert_close(grads[mode][n], g, rtol=1e-5, atol=1e-7)
@@ -170,10 +170,11 @@ def _step_peak(mode: str, tracker_cls: str) -> int:
 
 
 def test_live_storage_tracker_matches_torch_memtracker_and_recompute_saves_memory() -> None:
-    peaks = {mode: _step_peak(mode, "live") for mode in ("none", "selective", "full")}
+    peaks = {mode: _step_peak(mode, "live") for mode in ("none", "selective", "full", "op_sac")}
     for mode, peak in peaks.items():
         assert peak == _step_peak(mode, "memtracker"), mode
     assert peaks["full"] < peaks["selective"] < peaks["none"]
+    assert peaks["full"] < peaks["op_sac"] < peaks["none"]
 
 
 # ---- data and one-rank launch ---------------------------------------------------------------------
