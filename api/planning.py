@@ -100,7 +100,7 @@ def run_evaluation(
             except ValueError as exc:
                 raise ApiError(422, str(exc), ["body", "partition"], "value_error") from exc
         est = estimate(model, job.training, cluster, job.gpus, job.layout, partition, calibration=calibration)
-        return estimate_dict(model, cluster.name, est)
+        return estimate_dict(model, cluster.name, est, cluster.gpu.name)
     except LayoutError as exc:
         err = ApiError(422, "invalid layout", ["body", "layout"], "layout")
         err.items = [

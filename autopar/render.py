@@ -52,6 +52,20 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None) -> 
         f"{result['model_flops_per_s_per_gpu'] / 1e12:,.1f} model TFLOP/s/GPU, MFU {100 * result['mfu']:.1f}% "
         f"(HFU {100 * result['hfu']:.1f}%), bubble {100 * result['bubble_fraction']:.1f}%"
     )
+    band = result.get("error_band")
+    if band:
+        console.print(
+            f"error band ({band['regime']}, {band['holdout_rows']} hold-out runs, 10th-90th percentile): "
+            f"{band['tokens_per_s_per_gpu_low']:,.1f}-{band['tokens_per_s_per_gpu_high']:,.1f} tokens/s/GPU, "
+            f"MFU {100 * band['mfu_low']:.1f}-{100 * band['mfu_high']:.1f}%"
+        )
+
+
+def _mfu_with_band(e: dict) -> str:
+    """MFU and, when the estimate has one, its error band (`cost_models.error_band`)."""
+    band = e.get("error_band")
+    mfu = f"{100 * e['mfu']:.1f}%"
+    return f"{mfu} ({100 * band['mfu_low']:.0f}-{100 * band['mfu_high']:.0f})" if band else mfu
 
 
 MEMORY_COLUMNS = [
@@ -128,8 +142,10 @@ def print_plan(plan: object, console: Console | None = None) -> None:
         for i, cand in enumerate([plan.best, *plan.alternatives]):
             e = cand.estimate
             table.add_row(
-                str(i + 1), describe(cand.layout), f"{e['step_s']:.3f}", f"{e['tokens_per_s_per_gpu']:,.0f}",
-                f"{100 * e['mfu']:.1f}%", f"{e['memory']['peak_bytes'] / GIB:.1f}",
+                str(i + 1),
+                describe(cand.layout) + (f" (and {cand.equivalent_count} equivalent)" if cand.equivalent_count else ""),
+                f"{e['step_s']:.3f}", f"{e['tokens_per_s_per_gpu']:,.0f}",
+                _mfu_with_band(e), f"{e['memory']['peak_bytes'] / GIB:.1f}",
             )
         console.print(table)
         console.print(memory_table(plan.best.estimate["memory"]["stages"]))

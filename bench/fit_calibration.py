@@ -59,7 +59,8 @@ if __package__ in (None, ""):
 
 from bench.calibration_report import Result, error_stats, evaluate, not_fitting  # noqa: E402
 from bench.calibration_rows import CalibrationRow, load_rows, reason_counts, stratum  # noqa: E402
-from cost_models.calibration import FITTED_PATH, Calibration, Overlap  # noqa: E402
+from cost_models.calibration import FITTED_PATH, Calibration, Overlap, default_calibration  # noqa: E402
+from cost_models.error_band import bands_from_ratios, regime_keys  # noqa: E402
 
 FAMILIES: dict[str, str] = {
     "megatron_readme_h100": "NVIDIA Megatron-LM README",
@@ -287,15 +288,42 @@ def print_errors(title: str, prior: dict[str, dict], fitted: dict[str, dict]) ->
         )
 
 
+def holdout_bands(results: list[Result]) -> dict[str, dict[str, float | int]]:
+    """Error bands per regime (`cost_models.error_band`) from priced hold-out rows."""
+    samples = []
+    for r in results:
+        m, p = r.row.measured_tokens_per_s_per_gpu, r.predicted
+        if m and p and p > 0:
+            samples.append((regime_keys(r.row.model, r.row.cluster.gpu.name, r.row.gpus), m / p))
+    return bands_from_ratios(samples)
+
+
+def write_bands_only(path: Path) -> int:
+    """Recompute `error_bands` of the stored calibration file without refitting."""
+    rows, _ = load_rows()
+    _, hold = split_rows([r for r in rows if r.has_throughput])
+    bands = holdout_bands(evaluate(hold, default_calibration()))
+    doc = json.loads(path.read_text())
+    doc["error_bands"] = bands
+    path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    for k, b in bands.items():
+        print(f"  {k:<24} n={b['rows']:>4}  measured/predicted q10 {b['q10']:.2f}  q50 {b['q50']:.2f}  q90 {b['q90']:.2f}")
+    print(f"wrote error_bands into {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default=",".join(DEFAULT_PARAMS), help="comma-separated constants to fit")
     ap.add_argument("--max-nfev", type=int, default=80, help="objective evaluations (x ~1 s each)")
     ap.add_argument("--random-starts", type=int, default=2, help="seeded random starts beside the priors and midpoints")
+    ap.add_argument("--bands-only", action="store_true", help="recompute the error bands of the stored fit, no refit")
     ap.add_argument("--dry-run", action="store_true", help="do not write cost_models/data/calibration.json")
     ap.add_argument("--out", default=str(FITTED_PATH), help="where to write the fitted calibration")
     args = ap.parse_args(argv)
 
+    if args.bands_only:
+        return write_bands_only(Path(args.out))
     names = [n.strip() for n in args.params.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALL_PARAMS]
     if unknown:
@@ -367,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             "by_regime": {k: error_stats(v) for k, v in regimes.items()},
             "by_stratum": hold_stats,
         },
+        "error_bands": holdout_bands(cal_hold),
         "split": SPLIT_DOC,
         "fit_row_ids": [r.row_id for r in fit_rows],
         "holdout_row_ids": [r.row_id for r in hold_rows],

@@ -96,7 +96,7 @@ def run_job(raw: dict[str, Any]) -> dict[str, Any]:
         lay = job.layout.resolved(job.gpus, job.training)
         partition = StagePartition(tuple(job.partition), lay.pp, lay.vpp) if job.partition else None
         est = estimate(model, job.training, cluster, job.gpus, job.layout, partition)
-        return estimate_dict(model, cluster.name, est)
+        return estimate_dict(model, cluster.name, est, cluster.gpu.name)
     except ValidationError as exc:
         return {"ok": False, "error": format_validation_error(exc)}
     except LayoutError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cost_models.error_band import error_band
 from cost_models.estimate import Estimate
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec
@@ -17,8 +18,11 @@ FLOP_CONVENTION = (
 )
 
 
-def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate) -> dict[str, Any]:
+def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: str | None = None) -> dict[str, Any]:
+    """The JSON form of an estimate. With `gpu_name`, it carries the error band of its regime
+    (`cost_models.error_band`: measured / predicted quantiles of the calibration's hold-out rows)."""
     pc = count_params(model)
+    band = error_band(model, gpu_name, est.gpus) if gpu_name else None
     worst = est.peak_memory
     return {
         "ok": True,
@@ -53,4 +57,5 @@ def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate) -> dict[st
         "hfu": est.hfu,
         "bubble_fraction": est.bubble_fraction,
         "peak_flops_per_s": est.peak_flops_per_s,
+        "error_band": band.as_dict(est.tokens_per_s_per_gpu, est.mfu, est.step_s) if band else None,
     }

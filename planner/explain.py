@@ -38,6 +38,15 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
         f"Best: {est['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {100 * est['mfu']:.1f}%, step {step:.3f} s "
         f"({top3}); peak memory {est['memory']['peak_bytes'] / GIB:.1f} GiB of {usable_bytes / GIB:.1f} GiB usable."
     )
+    band = est.get("error_band")
+    if band:
+        out.append(
+            f"Error band: 80% of the published runs the calibration never saw in regime {band['regime']} "
+            f"({band['holdout_rows']} runs) measured {band['measured_over_predicted_q10']:.2f}-"
+            f"{band['measured_over_predicted_q90']:.2f}x their prediction: MFU {100 * band['mfu_low']:.1f}-"
+            f"{100 * band['mfu_high']:.1f}%, {band['tokens_per_s_per_gpu_low']:,.0f}-"
+            f"{band['tokens_per_s_per_gpu_high']:,.0f} tokens/s/GPU."
+        )
     if plan.best.placement is not None:
         for g in plan.best.placement.groups:
             if g.dim == "tp" and g.size > 1:
@@ -52,5 +61,8 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
     if plan.alternatives:
         alt = plan.alternatives[0]
         gap = alt.estimate["step_s"] / step - 1
-        out.append(f"Runner-up is {100 * gap:.1f}% slower.")
+        if gap >= 0:
+            out.append(f"Runner-up is {100 * gap:.1f}% slower.")
+        else:
+            out.append(f"Runner-up is predicted {100 * -gap:.1f}% faster, a tie within the model's resolution.")
     return out

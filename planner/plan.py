@@ -78,6 +78,8 @@ class Candidate(BaseModel):
     partition: list[int]  # layers per chunk (pp x vpp chunks)
     estimate: dict[str, Any]  # cost_models.report.estimate_dict
     placement: Placement | None = None
+    equivalent_count: int = Field(0, description="other layouts of the same price folded into this one")
+    equivalents: list[str] = Field(default_factory=list, description="some of them (rank order / split)")
 
     @property
     def step_s(self) -> float:

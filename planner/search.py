@@ -28,6 +28,7 @@ topology (`planner.placement`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -39,10 +40,11 @@ import numpy as np
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
+from cost_models.error_band import error_band
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
 from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
-from cost_models.layout import Layout, validate_layout
+from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
 from cost_models.memory import MemoryBreakdown
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
@@ -177,9 +179,10 @@ class _RankedBlocks:
     peak bytes) in generation order, and the k best step times so far (`kth_best_s` is the
     pruning threshold once `full`). Layouts are only named for what the Plan reports."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, tie_rel: float = 0.0) -> None:
         self.k = k
-        self.best = np.zeros(0)  # the k smallest step times so far, ascending (duplicates kept)
+        self.tie_rel = tie_rel  # layouts within (1 + tie_rel) of the best are kept for the tie-break
+        self.best = np.zeros(0)  # the k smallest distinct step times so far (1 ns apart), ascending
         self.steps: list[np.ndarray] = []
         self.peaks: list[np.ndarray] = []
         self.blocks: list[Block] = []
@@ -192,9 +195,16 @@ class _RankedBlocks:
     def kth_best_s(self) -> float:
         return float(self.best[-1])
 
+    @property
+    def threshold_s(self) -> float:
+        """Pruning threshold once `full`: the k-th best distinct step time, and never less than the
+        tie window above the best (`choose_among_ties` needs every layout in it)."""
+        return max(float(self.best[-1]), float(self.best[0]) * (1.0 + self.tie_rel))
+
     def add(self, step_s: np.ndarray, peak_bytes: np.ndarray, block: Block) -> None:
         if not self.full or step_s.min() < self.best[-1]:
-            self.best = np.sort(np.concatenate([self.best, step_s]))[: self.k]
+            # equivalent layouts (same price from another rank order or split) share one slot
+            self.best = np.unique(np.round(np.concatenate([self.best, step_s]), 9))[: self.k]
         self.steps.append(step_s)
         self.peaks.append(peak_bytes)
         self.blocks.append(block)
@@ -618,7 +628,9 @@ def search(
 
     # --- level 2: knobs, branch and bound ---------------------------------------------------------
     k = max(c.top_k, 1) + 1  # keep one spare so alternatives exclude the best
-    ranked = _RankedBlocks(k)
+    band = error_band(model, cluster.gpu.name, gpus)
+    tie_rel = band.half_width_rel * TIE_SHARE_OF_BAND if band else MIN_TIE_REL
+    ranked = _RankedBlocks(k, max(tie_rel, MIN_TIE_REL))
     closest: tuple[int, Layout, MemoryBreakdown] | None = None
     faster = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
@@ -686,7 +698,7 @@ def search(
         visited_knobs += n
         generated += n
         pair_times: _PairTimes | None = None
-        if ranked.full and lb >= max(ranked.kth_best_s, reference_step_s or 0.0):
+        if ranked.full and lb >= max(ranked.threshold_s, reference_step_s or 0.0):
             # pairs are sorted by bound: every later pair is pruned too
             later = total_knobs - visited_knobs
             generated += later
@@ -704,7 +716,7 @@ def search(
                 gpipe_dominated += len(grid)
                 continue
             if ranked.full:  # bound the layout before building its table: cheap bound first
-                threshold = max(ranked.kth_best_s, reference_step_s or 0.0)
+                threshold = max(ranked.threshold_s, reference_step_s or 0.0)
                 ga = training.global_batch // (mb * mesh.dp)
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
@@ -719,7 +731,7 @@ def search(
             base = to_layout(mesh, mb, option, grid[0], c.framework, c.cross_entropy, validate=False).resolved(gpus, training)
             partition = _partition(model.num_layers, mesh.pp, option)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
-            if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.kth_best_s, reference_step_s or 0.0):
+            if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s, reference_step_s or 0.0):
                 pruned += len(grid)
                 continue
             prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
@@ -765,11 +777,16 @@ def search(
 
     ranked_all = ranked.ranked(c.framework, c.cross_entropy)
     inputs = PlanInputs(model=model, cluster=cluster, gpus=gpus, training=training, constraints=c)
-    best_list = [
-        _candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=refine and i == 0, usable=usable)
-        for i, r in enumerate(ranked_all.first(c.top_k + 1))
-    ]
-    best_list.sort(key=lambda cand: cand.step_s)
+    groups = fold_equivalents(ranked_all, c.top_k + 1, ranked.tie_rel)
+    groups, tie_note = choose_among_ties(groups, ranked.tie_rel, usable)
+    best_list = []
+    for i, group in enumerate(groups):
+        cand = _candidate(
+            model, training, cluster, gpus, group[0].layout.build(gpus, training), cal, refine=refine and i == 0, usable=usable
+        )
+        cand.equivalents = [describe(r.layout.build(gpus, training)) for r in group[1 : 1 + MAX_EQUIVALENTS_LISTED]]
+        cand.equivalent_count = len(group) - 1
+        best_list.append(cand)
     best = best_list[0] if best_list else None
     if best is not None:
         best.placement = place(cluster, gpus, best.layout)
@@ -793,8 +810,76 @@ def search(
         ),
     )
     plan.why = explain(plan, usable)
+    if tie_note:
+        plan.why.append(tie_note)
     plan.stats.seconds = time.perf_counter() - t0
     return plan
+
+
+TIE_SHARE_OF_BAND = 0.25
+"""Two layouts of one job whose predicted step times differ by less than this share of the
+regime's error half-width (`cost_models.error_band`) are a tie. The band measures how far the model
+is off for one layout; the *difference* between two layouts of the same job is known far better
+(same kernels, same fabric, same framework: most of the error is shared), and a quarter of the
+band is taken as the resolution of such a comparison: 2.9% for dense Hopper, 5.4% for MoE."""
+
+MIN_TIE_REL = 0.005
+"""Ties are never narrower than 0.5% (without bands, or with very tight ones)."""
+
+MAX_EQUIVALENTS_LISTED = 8
+
+
+def _moving_parts(r: _Ranked) -> float:
+    """Fewer is simpler: doublings of the context-parallel degree and of the virtual stages (each
+    adds a ring step or a chunk boundary per micro-batch), and a non-default rank order."""
+    lay = r.layout
+    return math.log2(lay.mesh.cp) + math.log2(lay.option.vpp) + float(lay.mesh.order != DEFAULT_ORDER)
+
+
+def fold_equivalents(view: _RankedView, groups_wanted: int, tie_rel: float) -> list[list[_Ranked]]:
+    """The fastest layouts, with layouts of the same price (step time equal to 1 ns, peak memory
+    to 1 MiB: another rank order, another CP / DP split of equal cost) folded into one group whose
+    first member is the simplest (`_moving_parts`). Groups in step order, at least `groups_wanted`
+    of them and every group within the tie window of the fastest."""
+    if not len(view.step_s):
+        return []
+    order = np.argsort(view.step_s, kind="stable")
+    fastest = float(view.step_s[order[0]])
+    groups: dict[tuple[float, int], list[_Ranked]] = {}
+    for i in order:
+        step = float(view.step_s[i])
+        key = (round(step, 9), int(view.peak_bytes[i]) >> 20)
+        if key not in groups and len(groups) >= groups_wanted and step > fastest * (1 + tie_rel):
+            break
+        groups.setdefault(key, []).append(view._named(int(i)))
+    out = [sorted(members, key=_moving_parts) for members in groups.values()]
+    return out
+
+
+def choose_among_ties(groups: list[list[_Ranked]], tie_rel: float, usable_bytes: int) -> tuple[list[list[_Ranked]], str]:
+    """Within the tie window of the fastest group (`TIE_SHARE_OF_BAND`), prefer fewer moving parts
+    (lower CP, fewer virtual stages), then more memory headroom (in whole GiB), then the faster.
+    Returns the groups with the chosen one first, and a sentence when it is not the fastest."""
+    if len(groups) < 2:
+        return groups, ""
+    fastest = groups[0][0].step_s
+    tied = [g for g in groups if g[0].step_s <= fastest * (1 + tie_rel)]
+
+    def key(g: list[_Ranked]) -> tuple:
+        r = g[0]
+        return (_moving_parts(r), -((usable_bytes - r.peak_bytes) >> 30), r.step_s)
+
+    chosen = min(tied, key=key)
+    rest = [g for g in groups if g is not chosen]
+    if chosen is groups[0]:
+        return groups, ""
+    note = (
+        f"Chosen over a layout predicted {100 * (chosen[0].step_s / fastest - 1):.1f}% faster: the two are "
+        f"within the model's resolution ({100 * tie_rel:.1f}%, a quarter of the error band), and this one "
+        f"has fewer moving parts or more memory headroom ({(usable_bytes - chosen[0].peak_bytes) / GIB:.1f} "
+        f"vs {(usable_bytes - groups[0][0].peak_bytes) / GIB:.1f} GiB free)."
+    )
+    return [chosen, *rest], note
 
 
 def _candidate(
@@ -821,7 +906,7 @@ def _candidate(
             est2 = price(ctx2, calibration=cal)
             if (usable is None or est2.peak_bytes <= usable) and est2.step_s < est.step_s:
                 est = est2
-    return Candidate(layout=layout, partition=list(est.partition.chunk_layers), estimate=estimate_dict(model, cluster.name, est))
+    return Candidate(layout=layout, partition=list(est.partition.chunk_layers), estimate=estimate_dict(model, cluster.name, est, cluster.gpu.name))
 
 
 def _closest(closest: tuple[int, Layout, MemoryBreakdown], usable: int) -> ClosestMiss:

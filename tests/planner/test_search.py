@@ -24,7 +24,10 @@ def test_best_matches_evaluate() -> None:
     assert est.peak_bytes == plan.best.estimate["memory"]["peak_bytes"]
     assert est.fits
     steps = [c.estimate["step_s"] for c in [plan.best, *plan.alternatives]]
-    assert steps == sorted(steps)
+    # the best is the fastest, or a simpler layout within the tie window (planner.search.TIE_SHARE_OF_BAND)
+    assert steps[1:] == sorted(steps[1:])
+    assert steps[0] == min(steps) or any("Chosen over a layout predicted" in w for w in plan.why)
+    assert steps[0] <= min(steps) * 1.06
 
 
 def brute_force_best(model, training, cluster, gpus, c: SearchConstraints) -> float:

@@ -1,0 +1,129 @@
+"""Error bands of predicted throughput, from the hold-out residuals of the calibration fit.
+
+`bench/fit_calibration.py` prices every hold-out row (source families never fitted on) and stores,
+per *regime*, quantiles of measured / predicted tokens/s/GPU in `cost_models/data/calibration.json`
+under `error_bands`. A regime is (dense | moe, GPU generation, scale); a prediction takes the most
+specific regime with at least `MIN_ROWS` hold-out rows, falling back to coarser ones:
+
+    moe|hopper|>1024  ->  moe|hopper  ->  moe  ->  all
+
+The band of a predicted figure x (tokens/s, MFU; inversely a step time) is [x * q10, x * q90]: the
+10th and 90th percentile of measured / predicted over that regime's hold-out rows, so 80% of the
+published runs the fit never saw fell inside it. Bands say how far the model has been off, not why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from cost_models.calibration import FITTED_PATH
+from model_specs.spec import ModelSpec
+
+MIN_ROWS = 8
+"""Hold-out rows a regime needs before its quantiles are used (else the next coarser regime)."""
+
+SCALES = ((64, "<=64"), (1024, "<=1024"))
+"""GPU-count classes of a regime: up to 64, up to 1024, more."""
+
+
+def gpu_generation(gpu_name: str) -> str:
+    """The GPU's architecture generation from its catalog name (the regime's hardware axis)."""
+    name = gpu_name.upper()
+    for prefix, generation in (
+        ("GB", "blackwell"), ("B200", "blackwell"), ("B300", "blackwell"),
+        ("H100", "hopper"), ("H800", "hopper"), ("H200", "hopper"),
+        ("A100", "ampere"), ("V100", "volta"), ("MI300", "cdna3"),
+    ):
+        if name.startswith(prefix):
+            return generation
+    return "other"
+
+
+def scale_class(gpus: int) -> str:
+    for limit, label in SCALES:
+        if gpus <= limit:
+            return label
+    return f">{SCALES[-1][0]}"
+
+
+def regime_keys(model: ModelSpec, gpu_name: str, gpus: int) -> list[str]:
+    """Most specific first (module doc)."""
+    kind = "moe" if model.num_experts else "dense"
+    gen = gpu_generation(gpu_name)
+    return [f"{kind}|{gen}|{scale_class(gpus)}", f"{kind}|{gen}", kind, "all"]
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """measured / predicted quantiles of one regime's hold-out rows."""
+
+    regime: str
+    rows: int
+    q10: float
+    q50: float
+    q90: float
+
+    def as_dict(self, tokens_per_s_per_gpu: float, mfu: float, step_s: float) -> dict[str, float | int | str]:
+        return {
+            "regime": self.regime,
+            "holdout_rows": self.rows,
+            "measured_over_predicted_q10": self.q10,
+            "measured_over_predicted_q50": self.q50,
+            "measured_over_predicted_q90": self.q90,
+            "tokens_per_s_per_gpu_low": tokens_per_s_per_gpu * self.q10,
+            "tokens_per_s_per_gpu_high": tokens_per_s_per_gpu * self.q90,
+            "mfu_low": mfu * self.q10,
+            "mfu_high": mfu * self.q90,
+            "step_s_low": step_s / self.q90,
+            "step_s_high": step_s / self.q10,
+        }
+
+    @property
+    def half_width_rel(self) -> float:
+        """Half the band's width relative to the prediction ((q90 - q10) / 2)."""
+        return (self.q90 - self.q10) / 2
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of an ascending list."""
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def bands_from_ratios(samples: Iterable[tuple[list[str], float]]) -> dict[str, dict[str, float | int]]:
+    """Quantiles of measured / predicted per regime key, from (regime keys of a row, ratio) pairs:
+    each row counts in all of its keys (its own regime and every coarser one)."""
+    by: dict[str, list[float]] = {}
+    for keys, ratio in samples:
+        for k in keys:
+            by.setdefault(k, []).append(ratio)
+    out: dict[str, dict[str, float | int]] = {}
+    for k, values in sorted(by.items()):
+        values.sort()
+        out[k] = {"rows": len(values), "q10": _quantile(values, 0.1), "q50": _quantile(values, 0.5), "q90": _quantile(values, 0.9)}
+    return out
+
+
+@lru_cache(maxsize=4)
+def _stored_bands(path: Path = FITTED_PATH) -> dict[str, dict[str, float | int]]:
+    if not path.exists():
+        return {}
+    return dict(json.loads(path.read_text()).get("error_bands", {}))
+
+
+def error_band(model: ModelSpec, gpu_name: str, gpus: int, bands: dict[str, dict] | None = None) -> ErrorBand | None:
+    """The band of the most specific regime with `MIN_ROWS` hold-out rows (module doc); None when
+    the calibration file holds no bands."""
+    table = _stored_bands() if bands is None else bands
+    for key in regime_keys(model, gpu_name, gpus):
+        cell = table.get(key)
+        if cell and int(cell["rows"]) >= MIN_ROWS:
+            return ErrorBand(key, int(cell["rows"]), float(cell["q10"]), float(cell["q50"]), float(cell["q90"]))
+    return None
