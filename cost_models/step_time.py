@@ -326,12 +326,23 @@ def compose(
     parts[10] = cal.step_overhead_s
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
-    traffic = mb_count * (busy_f + busy_b) + reduce + dp.gather[pair]  # (J, CHANNELS, pp)
+    traffic = channel_traffic(t, knobs, dp, phases)  # (J, CHANNELS, pp)
     busiest = traffic.max(axis=(1, 2)) + cal.step_overhead_s
     excess = np.maximum(0.0, busiest - step)
     parts[7] += excess
     step = step + excess
     return step, per_mb, dict(zip(STEP_PARTS, parts, strict=True))
+
+
+def channel_traffic(t: StageTable, knobs: KnobArrays, dp: DataParallelTimes, phases: PhaseArrays) -> np.ndarray:
+    """Seconds each rank's channels are busy over a whole step, (J, CHANNELS, pp): every
+    micro-batch's TP / CP / EP / pipeline traffic, ZeRO gathers and reduce-scatters, and the
+    once-per-step gradient reduction and parameter gather. No step is shorter than its busiest
+    channel (`compose`'s roofline)."""
+    mode, pair = knobs.mode, knobs.sharding
+    busy_f = phases.busy_f[None, :, :] + dp.traffic_f[pair]
+    busy_b = phases.busy_b[mode] + dp.traffic_b[pair]
+    return t.mesh.grad_accum_ * (busy_f + busy_b) + dp.reduce[pair] + dp.gather[pair]
 
 
 def lower_bound(
@@ -360,6 +371,6 @@ def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
 
 
 __all__ = [
-    "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "compose", "data_parallel_times", "lower_bound",
+    "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times", "lower_bound",
     "phase_arrays", "table_lower_bound",
 ]

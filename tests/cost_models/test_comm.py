@@ -1,0 +1,54 @@
+"""Collective costs over the topology (cost_models.comm): NCCL bus-bandwidth volumes, channels,
+p2p at a GPU's own NIC share, all-to-all across NVLink domains."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster_specs.presets import get_cluster
+from cost_models.calibration import Calibration
+from cost_models.comm import INTER, INTRA, Group, collective_cost, collective_time
+
+CAL = Calibration()
+
+
+def test_ring_volumes_follow_the_nccl_convention() -> None:
+    cl = get_cluster("dgx-h100")
+    g = Group.strided(cl, 8, 1, 64)  # one node
+    assert g.channel == INTRA
+    ag, _ = collective_cost("all_gather", g, CAL)
+    ar, _ = collective_cost("all_reduce", g, CAL)
+    assert ar == pytest.approx(2 * ag)
+    assert ag == pytest.approx(7 / 8 / (g.link.bus_bandwidth_bytes_per_s * CAL.intra_bus_efficiency))
+
+
+def test_groups_leaving_the_domain_use_the_nics() -> None:
+    cl = get_cluster("dgx-h100")
+    across = Group.strided(cl, 8, 8, 64)  # one GPU per node
+    assert across.channel == INTER
+    inside = Group.strided(cl, 8, 1, 64)
+    assert collective_time("all_gather", 1e9, across, CAL) > 5 * collective_time("all_gather", 1e9, inside, CAL)
+
+
+def test_p2p_across_nodes_gets_one_gpus_nic_share_not_the_nodes() -> None:
+    cl = get_cluster("dgx-h100")
+    g = Group.strided(cl, 2, 8, 64)  # pipeline neighbours on two nodes
+    per_byte, _ = collective_cost("p2p", g, CAL)
+    nic_share = cl.nic_bandwidth_per_gpu_bytes_per_s
+    assert 1 / per_byte <= nic_share * CAL.inter_bus_efficiency * 1.0001
+
+
+def test_all_to_all_leaving_the_domain_is_bound_by_the_nic_share() -> None:
+    cl = get_cluster("dgx-h100")
+    inside = Group.strided(cl, 8, 1, 64)
+    spanning = Group.strided(cl, 16, 1, 64)  # two nodes, 8 ranks each
+    t_in = collective_time("all_to_all", 1e9, inside, CAL)
+    t_out = collective_time("all_to_all", 1e9, spanning, CAL)
+    # half of what each rank sends leaves the node through its own share of the group's bandwidth
+    # (the node's NICs, capped by NVLink: PXN moves cross-rail traffic over NVLink first)
+    k = spanning.link.ranks_per_domain
+    assert k == 8
+    share = spanning.link.bus_bandwidth_bytes_per_s * CAL.inter_bus_efficiency / k
+    assert share <= cl.nic_bandwidth_per_gpu_bytes_per_s
+    assert t_out == pytest.approx(0.5 * 1e9 / share + collective_cost("all_to_all", spanning, CAL)[1], rel=0.05)
+    assert t_out > 3 * t_in

@@ -1,0 +1,91 @@
+"""Kernel-level costs (cost_models.compute): GEMM shape efficiency, attention tiles, MoE imbalance,
+launch floor, and torchtitan's op-level SAC recompute share."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cluster_specs.catalog import get_gpu
+from cost_models.calibration import Calibration
+from cost_models.compute import (
+    Gemm,
+    ShardGeometry,
+    attention_tile_efficiency,
+    gemm_time,
+    layer_time,
+    moe_imbalance,
+)
+from model_specs.presets import get_model
+
+H100 = get_gpu("H100-80GB")
+CAL = Calibration()
+PEAK = H100.peak("bf16")
+
+
+def _eff(m: int, n: int, k: int) -> float:
+    g = Gemm(m, n, k)
+    return g.flops / gemm_time(g, PEAK, H100, 2, CAL.gemm_efficiency, CAL) / PEAK
+
+
+def test_large_gemm_reaches_the_calibrated_ceiling_and_small_ones_do_not() -> None:
+    # 132 x 8 tiles of 128 x 256 fill 8 waves of H100's 132 SMs exactly: the ceiling x k efficiency
+    big = _eff(128 * 132, 256 * 8, 8192)
+    assert big == pytest.approx(CAL.gemm_efficiency * 8192 / (8192 + CAL.gemm_k_overhead), rel=1e-6)
+    assert _eff(8192, 8192, 8192) == pytest.approx(big * 2048 / (16 * 132), rel=1e-6)  # 15.5 waves -> 16
+    # micro-batch 1 x a narrow expert: far below, never above the ceiling
+    assert _eff(256, 2048, 7168) < 0.8 * big
+    assert _eff(64, 64, 64) < 0.2 * big
+
+
+def test_wave_quantization_makes_one_more_tile_row_cost_a_wave() -> None:
+    # 132 SMs on H100: 132 tiles of 128 x 256 fill one wave; one more tile row needs a second wave
+    full = Gemm(128 * 12, 256 * 11, 8192)
+    assert H100.sm_count == 132
+    t_full = gemm_time(full, PEAK, H100, 2, CAL.gemm_efficiency, CAL)
+    more = Gemm(128 * 13, 256 * 11, 8192)
+    t_more = gemm_time(more, PEAK, H100, 2, CAL.gemm_efficiency, CAL)
+    assert t_more > t_full * 1.05  # 8% more work, a partly empty second wave
+
+
+def test_gemm_time_is_elementwise_for_arrays() -> None:
+    ms = np.array([256.0, 4096.0, 16384.0])
+    arr = gemm_time(Gemm(ms, 4096, 4096), PEAK, H100, 2, CAL.gemm_efficiency, CAL)
+    one = [gemm_time(Gemm(float(m), 4096, 4096), PEAK, H100, 2, CAL.gemm_efficiency, CAL) for m in ms]
+    np.testing.assert_allclose(arr, one, rtol=1e-12)
+
+
+def test_attention_tiles_waste_the_diagonal_and_short_blocks() -> None:
+    assert attention_tile_efficiency(8192.0, 8192.0, causal=True) == pytest.approx((8192 * 8193 / 2) / (64 * 65 / 2 * 128**2))
+    assert attention_tile_efficiency(128.0, 128.0, causal=True) == pytest.approx(129 / 256)
+    assert attention_tile_efficiency(100.0, 100.0, causal=False) == pytest.approx(100 * 100 / 128**2)
+
+
+def test_moe_imbalance_shrinks_with_routed_tokens_and_vanishes_without_ep() -> None:
+    assert moe_imbalance(1000.0, 1) == 1.0
+    small, large = moe_imbalance(1000.0, 64), moe_imbalance(1_000_000.0, 64)
+    assert small > large > 1.0
+    assert small == pytest.approx(1 + math.sqrt(2 * math.log(64) * (1 - 1 / 64) / 1000))
+
+
+def test_host_launch_floor_binds_tiny_layers_only() -> None:
+    model = get_model("llama3-8b")
+    tiny = ShardGeometry(tokens=16.0, seq_len=16, cp=1, tp=8, sp=True, ep=1, etp=8)
+    big = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1)
+    lt_tiny = layer_time(model, 0, tiny, H100, "bf16", 2, CAL)
+    lt_big = layer_time(model, 0, big, H100, "bf16", 2, CAL)
+    assert lt_tiny.forward == pytest.approx(lt_tiny.host_fwd)  # launches take longer than the kernels
+    assert lt_big.forward > 10 * lt_big.host_fwd
+
+
+def test_op_sac_recomputes_every_second_matmul_and_no_attention() -> None:
+    model = get_model("llama3-8b")
+    g = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1)
+    lt = layer_time(model, 0, g, H100, "bf16", 2, CAL)
+    # Llama-3.1-8B: k (1024) + o (4096) + w3 (14336) over q, k, v, o, w1, w3, w2
+    share = (1024 + 4096 + 14336) / (4096 + 1024 + 1024 + 4096 + 3 * 14336)
+    assert lt.op_sac_gemm_share == pytest.approx(share)
+    assert lt.op_sac_recompute == pytest.approx(share * lt.gemm_fwd + lt.elementwise_fwd)
+    assert lt.selective_recompute < lt.op_sac_recompute < lt.forward

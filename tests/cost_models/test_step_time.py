@@ -1,0 +1,108 @@
+"""Physics of the step-time composition (cost_models.step_time), on every layout the search of a
+reference job prices: the step is never shorter than its compute, nor than any channel's busy
+time, and the exposed communication is at least the communication the compute cannot cover."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cluster_specs.presets import get_cluster
+from cost_models import step_time
+from cost_models.calibration import default_calibration
+from cost_models.stage_table import KnobArrays, _dp_grid, _dp_table_key, build_table, price_memory, price_time
+from cost_models.layout import validate_layout
+from cost_models.stages import StagePartition
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+from planner.plan import SearchConstraints
+from planner.space import meshes, micro_batches, pipeline_options, settings, to_layout
+
+JOBS = [
+    # (model, cluster, gpus, seq_len, global batch, precision, framework): dense with TP/PP/CP,
+    # MoE with EP across nodes, FSDP
+    ("llama3-70b", "dgx-h100", 64, 8192, 64, "bf16", "megatron"),
+    ("mixtral-8x7b", "dgx-h100", 32, 4096, 64, "bf16", "megatron"),
+    ("llama3-8b", "dgx-h100", 16, 8192, 32, "bf16", "fsdp"),
+]
+
+COMM_PARTS = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "comm_wait_s")
+
+
+def _priced_tables(model_name, cluster_name, gpus, seq, gbs, precision, framework, limit=120):
+    """The tables the search would price for this job (every mesh, its smallest micro-batch and
+    first pipeline option), up to `limit`, with their knob grids."""
+    model, cluster = get_model(model_name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=gbs, precision=precision)
+    c = SearchConstraints(framework=framework)
+    cal = default_calibration()
+    out = []
+    for mesh in meshes(model, cluster, gpus, c):
+        if mesh.tp > cluster.domain_size:
+            continue
+        mbs = micro_batches(training, mesh.dp, c)
+        if not mbs:
+            continue
+        mb = mbs[0]
+        options = [o for o in pipeline_options(model, training, mesh, mb, c) if o.schedule != "gpipe"]
+        if not options:
+            continue
+        option = options[-1]  # the most interleaved: the most p2p and warm-up
+        grid = settings(mesh, cluster, c)
+        layout = to_layout(mesh, mb, option, grid[0], framework, None, validate=False)
+        if validate_layout(model, training, gpus, layout):
+            continue  # the search's validation rejects it: not priced
+        lay = layout.resolved(gpus, training)
+        partition = StagePartition.for_layout(model.num_layers, lay)
+        table = build_table(model, training, cluster, gpus, lay, partition, cal)
+        out.append((table, grid, option.vpp, option.schedule))
+        if len(out) >= limit:
+            break
+    assert out, "no layout priced"
+    return out, cal
+
+
+@pytest.mark.parametrize("job", JOBS, ids=[j[0] for j in JOBS])
+def test_step_is_bounded_by_compute_and_every_channel(job) -> None:
+    tables, cal = _priced_tables(*job)
+    checked = 0
+    for table, grid, vpp, schedule in tables:
+        prices = price_memory(table, grid, schedule, vpp, cal)
+        timed = price_time(table, grid, prices, vpp, cal)
+        knobs = KnobArrays.of(grid)
+        phases = step_time.phase_arrays(table, vpp, cal)
+        dp = _dp_grid(table, knobs.shardings, cal, _dp_table_key(table, cal))
+        traffic = step_time.channel_traffic(table, knobs, dp, phases)  # (J, CHANNELS, pp)
+        step = timed.step_s
+        parts = timed.parts
+        ga = table.mesh.grad_accum_
+        # compute of the slowest rank over the step, recompute included
+        compute = ga * (table.compute[None, :] + table.recompute[knobs.mode]).max(axis=1)
+        assert np.all(step >= compute - 1e-9)
+        busiest = traffic.max(axis=(1, 2))
+        assert np.all(step >= busiest + cal.step_overhead_s - 1e-9)
+        # the parts sum to the step, none negative
+        total = sum(parts[k] for k in step_time.STEP_PARTS)
+        np.testing.assert_allclose(total, step, rtol=1e-9)
+        assert all(np.all(parts[k] >= -1e-12) for k in step_time.STEP_PARTS)
+        # exposed communication >= communication minus the work it can hide behind
+        exposed = sum(parts[k] for k in COMM_PARTS)
+        cover = parts["compute_s"] + parts["recompute_s"] + parts["bubble_s"] + parts["optimizer_s"]
+        assert np.all(exposed >= busiest - cover - 1e-9)
+        checked += len(grid)
+    assert checked > 100
+
+
+def test_more_zero3_traffic_never_makes_a_step_faster() -> None:
+    """ZeRO-3 moves 3 Psi per micro-batch where ZeRO-1 moves 2 Psi per step: on the same mesh and
+    micro-batch, with every other knob equal, ZeRO-3 is never faster (no free parallelism)."""
+    tables, cal = _priced_tables("llama3-70b", "dgx-h100", 64, 8192, 64, "bf16", "megatron")
+    compared = 0
+    for table, grid, vpp, schedule in tables:
+        prices = price_time(table, grid, price_memory(table, grid, schedule, vpp, cal), vpp, cal)
+        by_key = {(s.dp_shard, s.recompute, s.offload_optimizer, s.zero_stage): float(prices.step_s[j]) for j, s in enumerate(grid)}
+        for (shard, recompute, offload, zero), step in by_key.items():
+            if zero == 3 and (shard, recompute, offload, 1) in by_key:
+                assert step >= by_key[(shard, recompute, offload, 1)] - 1e-9
+                compared += 1
+    assert compared > 10
