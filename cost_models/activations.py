@@ -13,9 +13,13 @@ how models are trained today; each adaptation is named where it is made:
 - Gated MLPs (SwiGLU): the gate and up outputs (f each), the activation output and the product that
   feeds the down projection. Eager PyTorch saves 4 tensors of width f; Megatron's fused
   bias-SwiGLU saves the fc1 output (2f) and the product (f): 3f.
-- MoE: router logits and probabilities in float32, the permuted token copies before and after
-  dispatch, each routed token's expert MLP activations and the expert outputs kept for the
-  weighted combine.
+- MoE: router logits and probabilities in float32 and each routed token's expert MLP activations.
+  The token copies depend on the dispatcher: PyTorch (torchtitan, framework `fsdp`) keeps the
+  permuted copies before and after dispatch and the expert outputs for the weighted combine (three
+  hidden-size copies per routed token); Megatron-Core's fused permute (`--moe-permute-fusion`,
+  Transformer Engine's `moe_permute` / `moe_unpermute`, on in NVIDIA's recipes) keeps one, the
+  expert GEMM input (FP8 under FP8 recipes), and applies the router probabilities inside the
+  expert activation (`--moe-apply-probs-on-input`), so the combine keeps nothing more.
 - Norms: a fused RMSNorm / LayerNorm kernel saves its 16-bit input and a float32 statistic per
   token (measured on an H100 with PyTorch's CUDA `nn.RMSNorm`: the bf16 input and a (tokens, 1)
   float32 rstd). An eager RMSNorm that upcasts (PyTorch's CPU decomposition, HF `LlamaRMSNorm`)
@@ -159,12 +163,16 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
 
 def routed_expert_bytes(model: ModelSpec, ctx: ActivationContext, widths: int) -> float:
     """Saved bytes of the routed experts of one MoE layer: the token copies this rank's experts
-    receive (permuted input before dispatch, received input = expert GEMM input, expert output for
-    the combine, each hidden-size wide) and `widths` x the expert FFN width per copy."""
+    receive (module doc: one under Megatron's fused permute, three otherwise, hidden-size wide) and
+    `widths` x the expert FFN width per copy."""
     assert model.moe_ffn_hidden_size
     ab, h = ctx.act_bytes, model.hidden_size
     routed = ctx.tokens / ctx.replicated_divisor * model.moe_top_k * (ctx.etp if ctx.sp else 1)
-    return 3 * routed * h * ab + widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
+    if ctx.framework == "megatron":  # fused permute: the expert input only (module doc)
+        copies = routed * h * ctx.gemm_input_bytes
+    else:
+        copies = 3 * routed * h * ab
+    return copies + widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
 
 
 def op_sac_bytes(model: ModelSpec, index: int, ctx: ActivationContext) -> float:

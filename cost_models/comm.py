@@ -20,7 +20,9 @@ the per-GPU links instead:
   share and (k - 1)/n stays on NVLink (k ranks of the group per domain, PXN moving cross-rail
   traffic over NVLink first). Both run at once and NVLink is the faster on every preset, so the
   NIC part sets the time: (n - k)/n * S / (B / k), B / k being one rank's NIC share. A group
-  inside one domain is (n-1)/n * S / B.
+  inside one domain is (n-1)/n * S / B. A deduplicating dispatcher (DeepEP) sends a token once per
+  remote domain it needs (`remote_domains_per_token`) and fans it out over NVLink there
+  (`dedup_dispatch_time`).
 
 Channels. Every collective occupies one *channel* of a rank: the NVLink / PCIe domain (`INTRA`) when
 its group stays inside one domain, the scale-out NICs (`INTER`) when it leaves it. Collectives on
@@ -30,6 +32,7 @@ one channel queue on it; collectives on different channels run side by side
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,6 +115,37 @@ def collective_cost(kind: Collective, group: Group, cal: Calibration) -> tuple[f
         k = max(link.ranks_per_domain, 1)
         return (n - k) / n / (bw / k), lat  # the rank's own NIC share carries what leaves the domain
     return _VOLUME[kind] * (n - 1) / n / bw, lat
+
+
+def remote_domains_per_token(num_experts: int, top_k: int, domains: int, groups: int = 0, group_topk: int = 0) -> float:
+    """Expected NVLink domains other than its own that one token's top_k experts live in, with the
+    experts spread evenly over the EP group's `domains`: hypergeometric, (D - 1) x (1 - P(a given
+    domain holds none of the choices)). Group-limited routing (DeepSeek-V3: 8 groups, a token
+    reaches 4; `ModelSpec.moe_router_groups`) draws `group_topk` of `groups` groups instead of
+    `top_k` of the experts, when the groups do not straddle domains (groups a multiple of D)."""
+    if domains <= 1:
+        return 0.0
+    if groups and group_topk and groups % domains == 0:
+        units, picks = groups, group_topk
+    else:
+        units, picks = num_experts, top_k
+    per_domain = units // domains
+    miss = math.comb(units - per_domain, picks) / math.comb(units, picks) if units - per_domain >= picks else 0.0
+    return (domains - 1) * (1.0 - miss)
+
+
+def dedup_dispatch_time(copy_bytes: float, top_k: int, remote_copies: float, group: Group, cal: Calibration) -> float:
+    """Seconds of one deduplicating MoE dispatch (or combine) over `group` (DeepEP; Megatron-Core's
+    flex dispatcher): a token crosses to each remote domain it needs once, through the sender's own
+    NIC share, and NVLink fans it out to the experts there; inside one domain it is an ordinary
+    all-to-all of its top_k copies. `copy_bytes`: one hidden-size copy of all tokens this rank routes."""
+    if group.size <= 1 or copy_bytes <= 0:
+        return 0.0
+    link = group.link
+    if link.domains <= 1:
+        return collective_time("all_to_all", top_k * copy_bytes, group, cal)
+    share = effective_bandwidth(link, cal) / max(link.ranks_per_domain, 1)
+    return remote_copies * copy_bytes / share + latency("all_to_all", link)
 
 
 def collective_time(kind: Collective, nbytes: float, group: Group, cal: Calibration) -> float:

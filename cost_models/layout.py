@@ -21,6 +21,7 @@ Recompute = Literal["none", "selective", "full", "op_sac"]
 `recompute_layers` per stage); op_sac (torchtitan op-level selective checkpointing, `cost_models.op_sac`)."""
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Framework = Literal["megatron", "fsdp", "deepspeed"]
+MoeDispatcher = Literal["alltoall", "flex"]
 CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
 NormKernel = Literal["fused", "eager_fp32"]
 CpAttention = Literal["ring", "allgather_mask"]
@@ -85,6 +86,13 @@ class Layout(BaseModel):
         description="RMSNorm kernel: fused (saves its 16-bit input and a float32 rstd per token: Transformer "
         "Engine, Apex, PyTorch's CUDA RMSNorm) or eager_fp32 (upcasts and saves the float32 input and "
         "normalized output: PyTorch's CPU decomposition, HF LlamaRMSNorm-style modules)",
+    )
+
+    moe_token_dispatcher: MoeDispatcher = Field(
+        "alltoall",
+        description="MoE token dispatcher: alltoall (Megatron-Core's default, torchtitan: every routed copy "
+        "sent) or flex (Megatron-Core's flex dispatcher with DeepEP: a token crosses to each remote node "
+        "once and NVLink fans it out; with group-limited routing at most moe_router_group_topk nodes)",
     )
 
     cp_attention: CpAttention = Field(

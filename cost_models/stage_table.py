@@ -28,7 +28,7 @@ from cost_models.activations import (
     retained_logits_bytes,
 )
 from cost_models.calibration import Calibration
-from cost_models.comm import INTRA, Group, collective_time
+from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.flops import flash_backward_factor
 from cost_models.layout import Layout
@@ -349,11 +349,20 @@ def mesh_comm(
                     cp_step = collective_time("p2p", block, group, cal)
                 store[key] = cp_step
         if expert_parallel:
-            key = ("ep", tp, cp, sp, ep, mesh.etp_, mb, st.ep)
+            dispatcher = getattr(mesh, "moe_token_dispatcher", "alltoall")
+            key = ("ep", tp, cp, sp, ep, mesh.etp_, mb, st.ep, dispatcher)
             ep_per_moe = store.get(key)  # type: ignore[assignment]
             if ep_per_moe is None:
-                routed = tokens / (tp if sp else 1) * model.moe_top_k
-                a2a = collective_time("all_to_all", routed * h * ab, Group.strided(cluster, ep, st.ep, gpus), cal)
+                copy_bytes = tokens / (tp if sp else 1) * h * ab  # one copy of the tokens this rank routes
+                group = Group.strided(cluster, ep, st.ep, gpus)
+                if dispatcher == "flex":
+                    remote = remote_domains_per_token(
+                        model.num_experts, model.moe_top_k, group.link.domains,
+                        model.moe_router_groups, model.moe_router_group_topk,
+                    )
+                    a2a = dedup_dispatch_time(copy_bytes, model.moe_top_k, remote, group, cal)
+                else:
+                    a2a = collective_time("all_to_all", model.moe_top_k * copy_bytes, group, cal)
                 ep_per_moe = store[key] = 2 * a2a  # dispatch + combine
         if mesh.pp > 1:
             key = ("p2p", tp, cp, sp, mb, st.pp)

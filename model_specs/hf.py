@@ -180,6 +180,10 @@ def _moe(c: ConfigFields, fam: Family, ffn: int | None) -> dict[str, Any]:
         "moe_ffn_hidden_size": expert_ffn,
         "router_bias": fam.router_bias,
     }
+    groups = c.integer("n_group", default=0) or 0
+    if groups > 1:  # group-limited routing (DeepSeek-V2/V3): a token reaches topk_group groups
+        out["moe_router_groups"] = groups
+        out["moe_router_group_topk"] = c.integer("topk_group", default=groups)
     method = c.text("topk_method", default="noaux_tc" if fam.score_correction else None)
     out["router_score_correction_bias"] = method == "noaux_tc"
     shared_ffn = c.integer(*SHARED_FFN, default=None)

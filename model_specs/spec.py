@@ -88,6 +88,14 @@ class ModelSpec(BaseModel):
     dense_layers: tuple[int, ...] = Field((), description="layers forced dense (Qwen's mlp_only_layers)")
     router_bias: bool = False
     router_score_correction_bias: bool = Field(False, description="DeepSeek-V3 aux-loss-free bias per expert")
+    moe_router_groups: int = Field(
+        0, ge=0, description="expert groups of group-limited routing (DeepSeek n_group; Megatron "
+        "--moe-router-num-groups); 0 = none"
+    )
+    moe_router_group_topk: int = Field(
+        0, ge=0, description="groups a token may reach (DeepSeek topk_group; Megatron --moe-router-group-topk): "
+        "DeepSeek-V3 sends a token to at most 4 of 8 groups, one group per node in its EP layout"
+    )
     mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules; not counted in params")
 
     @model_validator(mode="after")
@@ -113,6 +121,13 @@ class ModelSpec(BaseModel):
                 )
             elif not self.moe_layer_count:
                 problems.append("the MoE layer pattern selects no layer")
+            if self.moe_router_groups and (
+                self.num_experts % self.moe_router_groups or not 0 < self.moe_router_group_topk <= self.moe_router_groups
+            ):
+                problems.append(
+                    f"moe_router_groups ({self.moe_router_groups}) must divide num_experts and "
+                    f"moe_router_group_topk ({self.moe_router_group_topk}) be in 1..groups"
+                )
         elif self.moe_top_k or self.num_shared_experts:
             problems.append("moe_top_k / num_shared_experts need num_experts > 0")
         for what, indices in (("dense_layers", self.dense_layers), ("sliding_window_layers", self.sliding_window_layers)):

@@ -52,3 +52,27 @@ def test_all_to_all_leaving_the_domain_is_bound_by_the_nic_share() -> None:
     assert share <= cl.nic_bandwidth_per_gpu_bytes_per_s
     assert t_out == pytest.approx(0.5 * 1e9 / share + collective_cost("all_to_all", spanning, CAL)[1], rel=0.05)
     assert t_out > 3 * t_in
+
+
+def test_remote_domains_per_token_with_and_without_group_limited_routing() -> None:
+    from cost_models.comm import remote_domains_per_token
+
+    # DeepSeek-V3: 8 groups = 8 nodes, a token reaches 4 groups: 3.5 remote nodes on average
+    assert remote_domains_per_token(256, 8, 8, groups=8, group_topk=4) == pytest.approx(4 * 7 / 8)
+    # without the limit its 8 experts land on ~4.6 of the other 7 nodes: 7 x (1 - C(224, 8) / C(256, 8))
+    free = remote_domains_per_token(256, 8, 8)
+    assert 4.55 < free < 4.7
+    assert remote_domains_per_token(256, 8, 1) == 0.0
+
+
+def test_deduplicating_dispatch_sends_fewer_bytes_across_nodes() -> None:
+    from cost_models.comm import dedup_dispatch_time, remote_domains_per_token
+
+    cl = get_cluster("dgx-h800")
+    g = Group.strided(cl, 64, 1, 2048)  # EP64 over 8 nodes
+    copy = 4096 * 7168 * 2.0  # one bf16 copy of 4096 tokens
+    plain = collective_time("all_to_all", 8 * copy, g, CAL)
+    dedup = dedup_dispatch_time(copy, 8, remote_domains_per_token(256, 8, g.link.domains, 8, 4), g, CAL)
+    assert dedup < 0.55 * plain  # 3.5 node crossings instead of 7 copies
+    inside = Group.strided(cl, 8, 1, 2048)
+    assert dedup_dispatch_time(copy, 8, 0.0, inside, CAL) == pytest.approx(collective_time("all_to_all", 8 * copy, inside, CAL))
