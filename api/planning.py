@@ -21,11 +21,10 @@ from pydantic import ValidationError
 from api.errors import ApiError
 from api.metrics import Metrics
 from cluster_specs.spec import ClusterSpec
+from cost_models.auto_knobs import AutoError
 from cost_models.calibration import Calibration
-from cost_models.estimate import estimate
-from cost_models.jobs import Job
+from cost_models.jobs import Job, JobError, price_job
 from cost_models.layout import LayoutError
-from cost_models.report import estimate_dict
 from cost_models.stages import StagePartition
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Plan, SearchConstraints
@@ -92,15 +91,15 @@ def run_evaluation(
 ) -> dict[str, Any]:
     """Price the job's layout (as `cost_models.jobs.run_job` does, with the cluster's calibration)."""
     try:
-        lay = job.layout.resolved(job.gpus, job.training)
-        partition = None
-        if job.partition:
+        if job.partition and not job.auto:
+            lay = job.layout.resolved(job.gpus, job.training)
             try:
-                partition = StagePartition(tuple(job.partition), lay.pp, lay.vpp)
+                StagePartition(tuple(job.partition), lay.pp, lay.vpp)
             except ValueError as exc:
                 raise ApiError(422, str(exc), ["body", "partition"], "value_error") from exc
-        est = estimate(model, job.training, cluster, job.gpus, job.layout, partition, calibration=calibration)
-        return estimate_dict(model, cluster.name, est, cluster.gpu.name)
+        return price_job(job, model, cluster, calibration)
+    except (AutoError, JobError) as exc:
+        raise ApiError(422, str(exc), ["body", "layout"], "value_error") from exc
     except LayoutError as exc:
         err = ApiError(422, "invalid layout", ["body", "layout"], "layout")
         err.items = [

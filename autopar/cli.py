@@ -43,6 +43,16 @@ def _gpus(gpus: int | None, nodes: int | None, cluster_ref: Any) -> int:
     raise typer.BadParameter("give --gpus or --nodes")
 
 
+def _int_or_auto(option: str, value: str) -> int | str:
+    """An integer option that also takes "auto" (`cost_models.auto_knobs`)."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes an integer or auto, not {value!r}") from None
+
+
 @app.command()
 def evaluate(
     model: str | None = typer.Option(None, help="model preset or path to a HF config.json"),
@@ -60,15 +70,23 @@ def evaluate(
     cp: int = 1,
     ep: int = 1,
     etp: int | None = None,
-    vpp: int = 1,
-    zero: int = typer.Option(1, help="ZeRO stage 0-3 (3 = FSDP)"),
+    vpp: str = typer.Option("1", help="virtual stages per pipeline rank, or auto"),
+    zero: str = typer.Option("1", help="ZeRO stage 0-3 (3 = FSDP), or auto"),
     dp_shard: int | None = typer.Option(None, help="sharding group (< dp: hybrid sharding)"),
-    micro_batch: int = 1,
-    recompute: str = typer.Option("none", help="none | selective | full"),
+    micro_batch: str = typer.Option("1", help="sequences per micro-batch, or auto"),
+    recompute: str = typer.Option("none", help="none | selective | full | op_sac (fsdp) | auto"),
     recompute_layers: int | None = typer.Option(None, help="full recompute: layers per stage"),
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
-    schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b"),
+    schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b | auto"),
     offload_optimizer: bool = False,
+    account_for_embedding: bool = typer.Option(
+        False, "--account-for-embedding", help="Megatron: the embedding takes a layer slot of the first chunk"
+    ),
+    account_for_loss: bool = typer.Option(
+        False, "--account-for-loss", help="Megatron: the loss takes a layer slot of the last chunk"
+    ),
+    first_stage_layers: int | None = typer.Option(None, help="Megatron decoder_first_pipeline_num_layers"),
+    last_stage_layers: int | None = typer.Option(None, help="Megatron decoder_last_pipeline_num_layers"),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
     jobs: Path | None = typer.Option(None, help="JSONL file of jobs ('-' = stdin); one JSON result per line"),
@@ -91,10 +109,15 @@ def evaluate(
     if global_batch:
         training["global_batch"] = global_batch
     layout = {
-        "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp, "zero_stage": zero,
-        "dp_shard": dp_shard, "micro_batch": micro_batch, "recompute": recompute,
+        "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": _int_or_auto("--vpp", vpp),
+        "zero_stage": _int_or_auto("--zero", zero), "dp_shard": dp_shard,
+        "micro_batch": _int_or_auto("--micro-batch", micro_batch), "recompute": recompute,
         "recompute_layers": recompute_layers, "sp": sp, "schedule": schedule,
         "offload_optimizer": offload_optimizer, "framework": framework,
+        "account_for_embedding_in_pipeline_split": account_for_embedding or None,
+        "account_for_loss_in_pipeline_split": account_for_loss or None,
+        "decoder_first_pipeline_num_layers": first_stage_layers,
+        "decoder_last_pipeline_num_layers": last_stage_layers,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),

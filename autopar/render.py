@@ -33,6 +33,14 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None) -> 
                                       "micro_batch", "grad_accum", "recompute", "sp", "schedule", "framework")
         )
     )
+    auto = result.get("auto")
+    if auto:
+        chosen = ", ".join(f"{k}={v}" for k, v in auto["chosen"].items())
+        line = f"auto: chose {chosen}: {auto['why']}"
+        if "runner_up" in auto:
+            runner = ", ".join(f"{k}={v}" for k, v in auto["runner_up"].items())
+            line += f"; runner-up {runner} is {auto['runner_up_slower_pct']:.1f}% slower"
+        console.print(line)
     verdict = "[green]fits[/]" if result["fits"] else "[red]does not fit[/]"
     console.print(
         f"memory: peak {gib(mem['peak_bytes'])} on stage {mem['worst_stage']} of {gib(mem['capacity_bytes'])}: {verdict}"

@@ -29,7 +29,6 @@ from cost_models.estimate import estimate
 from planner.plan import SearchConstraints
 from planner.search import search
 
-
 FSDP_ONLY_SOURCES = {"llmfoundry_mpt": "llm-foundry runs PyTorch FSDP only (no tensor, pipeline or context parallelism)"}
 """Sources whose software stack runs a subset of the layouts: their plans are searched in it."""
 

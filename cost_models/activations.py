@@ -168,10 +168,8 @@ def routed_expert_bytes(model: ModelSpec, ctx: ActivationContext, widths: int) -
     assert model.moe_ffn_hidden_size
     ab, h = ctx.act_bytes, model.hidden_size
     routed = ctx.tokens / ctx.replicated_divisor * model.moe_top_k * (ctx.etp if ctx.sp else 1)
-    if ctx.framework == "megatron":  # fused permute: the expert input only (module doc)
-        copies = routed * h * ctx.gemm_input_bytes
-    else:
-        copies = 3 * routed * h * ab
+    # Megatron's fused permute keeps the expert input only (module doc)
+    copies = routed * h * ctx.gemm_input_bytes if ctx.framework == "megatron" else 3 * routed * h * ab
     return copies + widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
 
 

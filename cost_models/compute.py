@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cluster_specs.spec import GPUSpec
-from cost_models.calibration import Calibration
 from cost_models import op_sac
+from cost_models.calibration import Calibration
 from cost_models.flops import attention_pairs, flash_backward_factor
 from cost_models.mesh import MeshLike
 from model_specs.spec import ModelSpec

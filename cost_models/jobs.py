@@ -8,6 +8,9 @@ A job is
      "layout": {"tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
                 "sp", "schedule", ...},
      "partition": [layers per chunk, ...]            (optional; default: even split)}
+Any of micro_batch, recompute, zero_stage, vpp, schedule, offload_optimizer may be "auto": the
+fastest fitting value is chosen with the rest pinned (`cost_models.auto_knobs`), and the result's
+"auto" says what was chosen and why.
 Missing layout fields take the defaults of `cost_models.layout.Layout` (all degrees 1 except dp,
 which takes the remaining GPUs; ZeRO-1; micro-batch 1; no recompute; SP on when tp > 1; 1F1B, or
 interleaved 1F1B when vpp > 1; Megatron-Core execution).
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cluster_specs.presets import cluster_from_dict, get_cluster
 from cluster_specs.spec import ClusterSpec
+from cost_models.auto_knobs import choose, split_auto
+from cost_models.calibration import Calibration
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, LayoutError
 from cost_models.report import estimate_dict
@@ -51,6 +56,10 @@ def resolve_cluster(ref: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
     return cluster_from_dict(ref)
 
 
+class JobError(ValueError):
+    """A job field that names something we cannot resolve (unknown preset, unreadable config)."""
+
+
 class Job(BaseModel):
     """One evaluation request (the `--jobs` line and the API's /v1/evaluate body)."""
 
@@ -62,6 +71,37 @@ class Job(BaseModel):
     training: TrainingSpec
     layout: Layout = Layout()
     partition: list[int] | None = None
+    auto: list[str] = Field(
+        default_factory=list, description="layout knobs given as \"auto\" (cost_models.auto_knobs): chosen, not pinned"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _take_auto(cls, data: Any) -> Any:
+        """Layout entries equal to "auto" become `auto` knobs (`cost_models.auto_knobs`)."""
+        if isinstance(data, dict) and isinstance(data.get("layout"), dict):
+            layout, auto = split_auto(data["layout"])
+            if auto:
+                data = {**data, "layout": layout, "auto": sorted(set(data.get("auto") or []) | set(auto))}
+        return data
+
+
+def price_job(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Calibration | None = None) -> dict[str, Any]:
+    """Price a validated job: its layout, or with `auto` knobs the fastest fitting choice for them
+    (the result's `auto` says what was chosen and why)."""
+    partition = None
+    if job.auto:
+        if job.partition:
+            raise JobError("partition: an explicit partition cannot be combined with auto knobs")
+        choice = choose(model, job.training, cluster, job.gpus, job.layout.model_dump(exclude_unset=True), job.auto, calibration)
+        out = estimate_dict(model, cluster.name, choice.estimate, cluster.gpu.name)
+        out["auto"] = choice.report
+        return out
+    lay = job.layout.resolved(job.gpus, job.training)
+    if job.partition:
+        partition = StagePartition(tuple(job.partition), lay.pp, lay.vpp)
+    est = estimate(model, job.training, cluster, job.gpus, job.layout, partition, calibration=calibration)
+    return estimate_dict(model, cluster.name, est, cluster.gpu.name)
 
 
 def format_validation_error(exc: ValidationError) -> str:
@@ -69,12 +109,10 @@ def format_validation_error(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "job"
         msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
+        parts.append(f"{loc}: {msg}" if err["loc"] else msg)
     return "; ".join(parts)
 
 
-class JobError(ValueError):
-    """A job field that names something we cannot resolve (unknown preset, unreadable config)."""
 
 
 def _resolve(field: str, fn: Any, ref: Any) -> Any:
@@ -93,10 +131,7 @@ def run_job(raw: dict[str, Any]) -> dict[str, Any]:
         job = Job.model_validate(raw)
         model = _resolve("model", resolve_model, job.model)
         cluster = _resolve("cluster", resolve_cluster, job.cluster)
-        lay = job.layout.resolved(job.gpus, job.training)
-        partition = StagePartition(tuple(job.partition), lay.pp, lay.vpp) if job.partition else None
-        est = estimate(model, job.training, cluster, job.gpus, job.layout, partition)
-        return estimate_dict(model, cluster.name, est, cluster.gpu.name)
+        return price_job(job, model, cluster)
     except ValidationError as exc:
         return {"ok": False, "error": format_validation_error(exc)}
     except LayoutError as exc:

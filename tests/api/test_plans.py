@@ -164,6 +164,18 @@ def test_evaluate_is_not_stored_unless_asked(user: httpx.Client) -> None:
     assert stored.json()["result"] == r.json()["result"]
 
 
+def test_evaluate_auto_knobs_say_what_they_chose(user: httpx.Client) -> None:
+    job = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 16},
+           "layout": {"tp": 2, "micro_batch": "auto", "recompute": "auto"}}
+    r = user.post("/v1/evaluate", json=job)
+    assert r.status_code == 200, r.text
+    auto = r.json()["result"]["auto"]
+    assert auto["knobs"] == ["micro_batch", "recompute"] and auto["fitting"] >= 1
+    assert r.json()["result"]["layout"]["micro_batch"] == auto["chosen"]["micro_batch"]
+    r = user.post("/v1/evaluate", json={**job, "layout": {"tp": "auto"}})
+    assert r.status_code == 422 and "'auto' is supported for" in r.text
+
+
 def test_evaluate_bad_layout_names_the_field(user: httpx.Client) -> None:
     job = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 16},
            "layout": {"tp": 3}}

@@ -10,8 +10,8 @@ import pytest
 from cluster_specs.presets import get_cluster
 from cost_models import step_time
 from cost_models.calibration import default_calibration
-from cost_models.stage_table import KnobArrays, _dp_grid, _dp_table_key, build_table, price_memory, price_time
 from cost_models.layout import validate_layout
+from cost_models.stage_table import KnobArrays, _dp_grid, _dp_table_key, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec

@@ -15,5 +15,5 @@ torchrun \
     --nproc-per-node 8 \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:29500" \
-    --rdzv-id "${RDZV_ID:-autopar-8e3ba62110}" \
+    --rdzv-id "${RDZV_ID:-autopar-b866674e0f}" \
     -m runtime.launch plan.json

@@ -15,5 +15,5 @@ torchrun \
     --nproc-per-node 8 \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:29500" \
-    --rdzv-id "${RDZV_ID:-autopar-d8bdab8a14}" \
+    --rdzv-id "${RDZV_ID:-autopar-a25aa7823d}" \
     -m runtime.launch plan.json

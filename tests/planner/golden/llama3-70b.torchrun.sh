@@ -15,5 +15,5 @@ torchrun \
     --nproc-per-node 8 \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:29500" \
-    --rdzv-id "${RDZV_ID:-autopar-17138d3313}" \
+    --rdzv-id "${RDZV_ID:-autopar-c75cc8c323}" \
     -m runtime.launch plan.json

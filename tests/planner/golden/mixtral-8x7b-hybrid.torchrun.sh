@@ -15,5 +15,5 @@ torchrun \
     --nproc-per-node 8 \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:29500" \
-    --rdzv-id "${RDZV_ID:-autopar-f5a427709c}" \
+    --rdzv-id "${RDZV_ID:-autopar-6fd15df983}" \
     -m runtime.launch plan.json
