@@ -324,8 +324,7 @@ def validate_layout(
         v.append(Violation("dp_shard", f"dp_shard={dps} does not divide dp={dp}"))
     if dps < dp and lay.zero_stage == 0:
         v.append(Violation("dp_shard", "hybrid sharding (dp_shard < dp) needs zero_stage >= 1"))
-    if lay.recompute == "op_sac" and lay.framework != "fsdp":
-        v.append(Violation("recompute", "op_sac (torchtitan's op-level selective checkpointing) needs framework fsdp"))
+    v += framework_violations(lay)
     if lay.recompute_layers is not None:
         if lay.recompute != "full":
             v.append(Violation("recompute_layers", "recompute_layers applies to full recompute only"))
@@ -336,6 +335,43 @@ def validate_layout(
     order_dims = lay.order.split("-")
     if sorted(order_dims) != sorted(["tp", "cp", "ep", "dp", "pp"]):
         v.append(Violation("order", f"order must be a permutation of tp-cp-ep-dp-pp, got {lay.order!r}"))
+    return v
+
+
+def framework_violations(lay: Layout) -> list[Violation]:
+    """What the layout's framework cannot run (`Layout.framework`), each rule with its source, so a
+    plan never prices what its export cannot express.
+
+    - deepspeed: no context parallelism in DeepSpeed's training engine (its Ulysses "sequence
+      parallelism" is a different, all-to-all scheme); the PipelineEngine runs one stage per rank
+      with its 1F1B TrainSchedule (no interleaving, no GPipe schedule) and supports ZeRO stage 0-1
+      only ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", DeepSpeed pipeline docs).
+    - fsdp (PyTorch FSDP2 / torchtitan): op-level SAC is its own; Megatron's uneven-split options
+      and TP communication overlap through Transformer Engine userbuffers are Megatron's.
+    - megatron: op-level SAC is torchtitan's."""
+    v: list[Violation] = []
+    fw = lay.framework
+    if lay.recompute == "op_sac" and fw != "fsdp":
+        v.append(Violation("recompute", "op_sac (torchtitan's op-level selective checkpointing) needs framework fsdp"))
+    if fw == "deepspeed":
+        if lay.cp > 1:
+            v.append(Violation("cp", "DeepSpeed has no context parallelism (framework deepspeed)"))
+        if lay.pp > 1 and lay.vpp > 1:
+            v.append(Violation("vpp", "DeepSpeed's pipeline engine runs one stage per rank (no virtual stages)"))
+        if lay.pp > 1 and lay.schedule_ not in ("1f1b", "interleaved_1f1b"):
+            v.append(Violation("schedule", f"DeepSpeed's pipeline engine runs 1F1B, not {lay.schedule_}"))
+        if lay.pp > 1 and lay.zero_stage >= 2:
+            v.append(Violation("zero_stage", "DeepSpeed's pipeline engine supports ZeRO stage 0-1 only"))
+    if fw != "megatron":
+        split = (
+            lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split
+            or lay.decoder_first_pipeline_num_layers is not None or lay.decoder_last_pipeline_num_layers is not None
+        )
+        if split:
+            v.append(Violation("account_for_embedding_in_pipeline_split",
+                               f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
+        if lay.tp_comm_overlap:
+            v.append(Violation("tp_comm_overlap", f"TP communication overlap is Megatron-Core's (framework {fw})"))
     return v
 
 

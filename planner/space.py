@@ -82,7 +82,8 @@ def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstrain
             rest = gpus // (tp * pp) if gpus % (tp * pp) == 0 else 0
             if not rest:
                 continue
-            for cp in _pinned(c.cp, [d for d in divisors(rest)]):
+            cps = [1] if c.framework == "deepspeed" else divisors(rest)  # no CP in DeepSpeed
+            for cp in _pinned(c.cp, cps):
                 if rest % cp:
                     continue
                 dp = rest // cp
@@ -137,6 +138,8 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
     Llama-3.1-405B). A vpp is offered while every chunk keeps at least one layer."""
     if mesh.pp == 1:
         out = [PipeOption(1, "1f1b")]
+    elif c.framework == "deepspeed":  # its pipeline engine: one stage per rank, 1F1B
+        out = [PipeOption(1, "1f1b")]
     else:
         m = training.global_batch // (mb * mesh.dp)
         out = [PipeOption(1, "1f1b"), PipeOption(1, "gpipe")]
@@ -170,7 +173,8 @@ def recompute_modes(framework: str) -> list[str]:
 def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Setting]:
     """ZeRO stage x sharding group x recompute x optimizer offload."""
     out = []
-    for zero in _pinned(c.zero_stage, [0, 1, 2, 3]):
+    zeros = [0, 1] if c.framework == "deepspeed" and mesh.pp > 1 else [0, 1, 2, 3]  # DeepSpeed PP: ZeRO 0-1
+    for zero in _pinned(c.zero_stage, zeros):
         for shard in shard_groups(mesh, cluster) if zero > 0 else [mesh.dp]:
             for recompute in [c.recompute] if c.recompute else recompute_modes(c.framework):
                 for offload in (False, True) if (c.allow_offload and zero > 0) else (False,):

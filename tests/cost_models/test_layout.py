@@ -67,3 +67,14 @@ def test_resolved_defaults() -> None:
     assert (lay.dp, lay.grad_accum, lay.dp_shard, lay.sp, lay.schedule) == (4, 64, 4, True, "interleaved_1f1b")
     with pytest.raises(LayoutError):
         Layout(tp=8, micro_batch=3).resolved(64, TRAIN)
+
+
+def test_framework_rules_name_what_the_framework_cannot_run() -> None:
+    from cost_models.layout import framework_violations
+
+    ds = Layout(tp=2, pp=4, vpp=2, cp=2, zero_stage=3, framework="deepspeed")
+    fields = {v.field for v in framework_violations(ds)}
+    assert {"cp", "vpp", "zero_stage"} <= fields
+    titan = Layout(pp=2, account_for_loss_in_pipeline_split=True, framework="fsdp", recompute="op_sac")
+    assert [v.field for v in framework_violations(titan)] == ["account_for_embedding_in_pipeline_split"]
+    assert [v.field for v in framework_violations(Layout(recompute="op_sac"))] == ["recompute"]

@@ -100,3 +100,14 @@ def test_placement_reports_groups_on_topology() -> None:
     groups = {g.dim: g for g in plan.best.placement.groups}
     assert groups["tp"].tier == "intra_domain"
     assert groups["tp"].first_group_ranks == list(range(8))
+
+
+def test_deepspeed_plans_only_what_deepspeed_runs() -> None:
+    model, cluster = get_model("llama3-70b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=8192, global_batch=128)
+    plan = search(model, training, cluster, 64, SearchConstraints(framework="deepspeed", top_k=8), refine=False)
+    assert plan.best is not None
+    for cand in [plan.best, *plan.alternatives, *plan.pareto]:
+        lay = cand.layout
+        assert lay.cp == 1 and lay.vpp == 1
+        assert lay.pp == 1 or lay.zero_stage <= 1
