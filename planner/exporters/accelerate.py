@@ -127,8 +127,8 @@ def export_accelerate(job: Job) -> ExportResult:
             "Accelerate config (FSDP2) written by autopar",
             *summary_lines(job),
             "On every node (NODE_RANK 0 .. num_machines - 1, MASTER_ADDR the first node's address):",
-            "  accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK \\",
-            "      --main_process_ip $MASTER_ADDR train.py",
+            "  accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK "
+            "--main_process_ip $MASTER_ADDR train.py",
         ]
     )
     notes = comment_block(notes_lines("Accelerate", lost))

@@ -356,8 +356,8 @@ def export_megatron(job: Job) -> ExportResult:
                 "Add data, tokenizer (vocabulary size "
                 f"{job.model.vocab_size}), optimizer and checkpoint arguments, then on every node:",
                 "  source megatron_args.sh",
-                f"  torchrun --nnodes {job.nodes} --nproc-per-node {job.gpus_per_node} --rdzv-backend c10d \\",
-                '      --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...',
+                f"  torchrun --nnodes {job.nodes} --nproc-per-node {job.gpus_per_node} --rdzv-backend c10d "
+                '--rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...',
             ]
         ),
         comment_block(notes_lines("Megatron-LM", lost)),
