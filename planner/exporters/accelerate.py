@@ -110,6 +110,7 @@ def export_accelerate(job: Job) -> ExportResult:
         "main_process_port": RDZV_PORT,
         "main_training_function": "main",
         "mixed_precision": MIXED[job.training.precision],
+        **({"fp8_config": {"backend": "AO"}} if job.training.precision == "fp8" else {}),  # torchao float8
         "num_machines": job.nodes,
         "num_processes": job.gpus,
         "parallelism_config": {
