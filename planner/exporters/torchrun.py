@@ -34,7 +34,7 @@ from planner.exporters.common import (
 def _rdzv_id(job: Job) -> str:
     """A stable rendezvous id for this layout (every node must pass the same one)."""
     key = f"{job.model.name}|{job.gpus}|{job.lay.model_dump_json()}|{job.chunk_layers}"
-    return "autopar-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+    return "autopar-" + hashlib.sha256(key.encode("utf-8", "backslashreplace")).hexdigest()[:10]
 
 
 def plan_environment(job: Job) -> dict[str, str]:

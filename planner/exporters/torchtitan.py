@@ -161,7 +161,6 @@ def export_torchtitan(job: Job) -> ExportResult:
         lost.append("fp16 training: torchtitan mixed precision is bf16 or fp32; written as bf16")
     if lay.norm_kernel != "fused":
         lost.append(f"{lay.norm_kernel} RMSNorm: torchtitan's models use torch's fused RMSNorm")
-    lost += framework_note(job, "fsdp", "torchtitan")
     tables = [
         ("job", {"description": f"autopar: {model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name})"}),
         ("model", model_table),
@@ -170,6 +169,7 @@ def export_torchtitan(job: Job) -> ExportResult:
         ("activation_checkpoint", _activation_checkpoint(job, lost)),
         ("compile", {"enable": False}),
     ]
+    lost += framework_note(job, "fsdp", "torchtitan")
     doc: dict[str, Any] = dict(tables)
     if tr.precision == "fp8":
         doc["quantize"] = {"linear": {"float8": {"recipe_name": "rowwise"}}}

@@ -8,8 +8,7 @@
 # estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
 # Add data, tokenizer (vocabulary size 128256), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
-#   torchrun --nnodes 16 --nproc-per-node 8 --rdzv-backend c10d \\
-#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+#   torchrun --nnodes 16 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
 # Everything the plan priced is expressed in this Megatron-LM file.
 # tensor/context parallelism: one CUDA hardware queue, so communication kernels are
 # scheduled before the GEMMs they overlap with (validate_args, Hopper and earlier)

@@ -8,8 +8,7 @@
 # estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
 # Add data, tokenizer (vocabulary size 32000), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
-#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d \\
-#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
 # Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
 # - GPipe schedule: Megatron always runs 1F1B (same bubble, fewer micro-batches in flight)
 # Megatron-FSDP needs more than one CUDA hardware queue (validate_args)
