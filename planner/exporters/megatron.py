@@ -29,7 +29,14 @@ import shlex
 
 from cost_models.stages import megatron_split
 from model_specs.spec import ModelSpec
-from planner.exporters.common import ExportResult, Job, comment_block, framework_note, notes_lines, summary_lines
+from planner.exporters.common import (
+    ExportResult,
+    Job,
+    comment_block,
+    framework_note,
+    notes_lines,
+    summary_lines,
+)
 
 Arg = tuple[str, ...]  # a flag and its value(s)
 

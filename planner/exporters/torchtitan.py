@@ -23,7 +23,14 @@ from typing import Any
 import tomli_w
 
 from model_specs.spec import ModelSpec
-from planner.exporters.common import ExportResult, Job, comment_block, framework_note, notes_lines, summary_lines
+from planner.exporters.common import (
+    ExportResult,
+    Job,
+    comment_block,
+    framework_note,
+    notes_lines,
+    summary_lines,
+)
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 MODEL_NAMES = {

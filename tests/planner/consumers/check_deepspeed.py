@@ -27,12 +27,11 @@ class DataParallelOnly:
 
 
 def main(manifest: str) -> None:
-    import torch.distributed as tdist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     import deepspeed.comm as ds_dist
     import deepspeed.comm.torch as ds_torch
+    import torch.distributed as tdist
     from deepspeed.runtime.config import DeepSpeedConfig
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     ds_torch.build_shm_op = lambda: None  # stub (README.md): no CPU shared-memory kernel JIT build
     for entry in json.loads(Path(manifest).read_text()):

@@ -23,10 +23,9 @@ USER_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters"
 def _setup() -> object:
     import importlib.util
 
+    import megatron.core.utils as core_utils
     import torch
     from packaging.version import Version
-
-    import megatron.core.utils as core_utils
 
     # Import stubs (README.md): the planned GPU is a Hopper; Transformer Engine 2.9.0.
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
