@@ -79,6 +79,8 @@ def _losses(job: Job, lost: list[str]) -> None:
         lost.append(f"{lay.cross_entropy_} cross entropy: the loss is the model's (Transformers: eager)")
     if lay.norm_kernel != "eager_fp32":
         lost.append(f"{lay.norm_kernel} RMSNorm: the norm is the model's (Transformers: eager, fp32 upcast)")
+    if job.training.precision != "fp32" and job.training.grad_dtype == "bf16":
+        lost.append("bf16 gradient reduction: Accelerate's FSDP2 mixed precision reduces gradients in float32")
     if job.model.family not in DECODER_LAYERS:
         lost.append(f"model family {job.model.family}: set fsdp_transformer_layer_cls_to_wrap to its decoder layer class")
 

@@ -141,8 +141,8 @@ def export_deepspeed(job: Job) -> ExportResult:
         config["bf16"] = {"enabled": True}
     elif tr.precision == "fp16":
         config["fp16"] = {"enabled": True}
-    if tr.precision != "fp32" and tr.grad_dtype == "fp32":
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if tr.precision != "fp32":
+        config["data_types"] = {"grad_accum_dtype": tr.grad_dtype}  # the gradient buffers the plan priced
     config["zero_optimization"] = _zero_section(job, lost)
     if lay.tp > 1:
         config["tensor_parallel"] = {"autotp_size": lay.tp}

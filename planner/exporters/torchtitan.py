@@ -92,8 +92,7 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
                 'ZeRO-2-like FSDP (fsdp_reshard_after_forward = "never")'
             )
     p["tensor_parallel_degree"] = lay.tp
-    # async TP (torch's symmetric-memory collective matmuls) needs torch.compile in torchtitan
-    p["enable_async_tensor_parallel"] = lay.tp > 1 and lay.tp_comm_overlap_
+    p["enable_async_tensor_parallel"] = lay.tp > 1 and lay.tp_comm_overlap_  # with [compile] on
     if lay.tp > 1 and not lay.sp_:
         lost.append("tensor parallelism without sequence parallelism: torchtitan's TP plans shard the sequence")
     p["pipeline_parallel_degree"] = lay.pp
@@ -107,7 +106,10 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
         if lay.cp_attention == "allgather_mask":
             lost.append("allgather_mask CP attention: torchtitan all-gathers K/V without a dense mask")
     if lay.tp > 1:
-        p["disable_loss_parallel"] = lay.cross_entropy_ != "loss_parallel"
+        # loss_parallel and Megatron's vocab_parallel both keep the logits vocabulary-sharded
+        p["disable_loss_parallel"] = lay.cross_entropy_ == "eager"
+        if lay.cross_entropy_ == "fused":
+            lost.append("fused (chunked) cross entropy: torchtitan runs its loss-parallel cross entropy")
     if job.model.is_moe:
         p["expert_parallel_degree"] = lay.ep
         p["expert_tensor_parallel_degree"] = lay.etp_
@@ -166,15 +168,19 @@ def export_torchtitan(job: Job) -> ExportResult:
         )
     if tr.precision == "fp16":
         lost.append("fp16 training: torchtitan mixed precision is bf16 or fp32; written as bf16")
+    if tr.precision != "fp32" and tr.grad_dtype == "bf16" and lay.zero_stage >= 1 and job.dp_shard > 1:
+        lost.append("bf16 gradient reduction: torchtitan's FSDP reduces gradients in float32 (mixed_precision_reduce)")
     if lay.norm_kernel != "fused":
         lost.append(f"{lay.norm_kernel} RMSNorm: torchtitan's models use torch's fused RMSNorm")
+    async_tp = lay.tp > 1 and lay.tp_comm_overlap_
     tables = [
         ("job", {"description": f"autopar: {model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name})"}),
         ("model", model_table),
         ("training", training),
         ("parallelism", _parallelism(job, lost)),
         ("activation_checkpoint", _activation_checkpoint(job, lost)),
-        ("compile", {"enable": False}),
+        # async TP (torch's symmetric-memory collective matmuls) runs only on a compiled model
+        ("compile", {"enable": True, "components": ["model", "loss"]} if async_tp else {"enable": False}),
     ]
     lost += framework_note(job, "fsdp", "torchtitan")
     doc: dict[str, Any] = dict(tables)

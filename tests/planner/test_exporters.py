@@ -119,10 +119,11 @@ FIXTURES = {
     "llama3-70b-512": lambda: make_plan(
         "llama3-70b", 512, Layout(tp=4, pp=4, cp=2, vpp=5), training=TrainingSpec(seq_len=8192, global_batch=512)
     ),
-    # Llama-3-8B on one 8 x H100 node: FSDP (ZeRO-3), full recompute, priced for the fsdp framework
+    # Llama-3-8B on one 8 x H100 node: FSDP (ZeRO-3, fp32 gradient reduction), full recompute,
+    # priced for the fsdp framework
     "llama3-8b-fsdp": lambda: make_plan(
         "llama3-8b", 8, Layout(zero_stage=3, micro_batch=2, recompute="full", framework="fsdp"),
-        training=TrainingSpec(seq_len=8192, global_batch=64),
+        training=TrainingSpec(seq_len=8192, global_batch=64, grad_dtype="fp32"),
     ),
     # Llama-3.1-405B with Megatron's own split options: 126 + embedding + loss = 128 = 8 x 8 x 2
     "llama3-405b-split": lambda: make_plan(
@@ -350,10 +351,12 @@ def test_nothing_lost_where_the_target_expresses_everything() -> None:
     assert export(plan, "torchrun").lost == []
     assert export(plan, "megatron").lost == []
     assert "Everything the plan priced is expressed in this Megatron-LM file." in export(plan, "megatron").text
-    # the uneven cut is written as module FQNs; ZeRO-1 has no FSDP2 equivalent, and the plan was
-    # priced for Megatron's kernels and overlap
+    # the uneven cut is written as module FQNs; ZeRO-1 and bf16 gradient reduction have no FSDP2
+    # equivalent, and the plan was priced for Megatron's kernels and overlap
     lost = export(plan, "torchtitan").lost
-    assert len(lost) == 2 and lost[0].startswith("ZeRO-1") and lost[1].startswith("priced for framework 'megatron'")
+    assert sorted(line.split(":")[0] for line in lost) == [
+        "ZeRO-1", "bf16 gradient reduction", "priced for framework 'megatron'",
+    ]
     fsdp = FIXTURES["llama3-8b-fsdp"]()
     assert export(fsdp, "torchtitan").lost == []
     assert _has(export(fsdp, "megatron").lost, "priced for framework 'fsdp'")

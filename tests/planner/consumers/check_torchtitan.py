@@ -65,6 +65,9 @@ def main(manifest: str) -> None:
             table = flavors(root, cfg.model.name) if has_model else set()
             unknown = set(cfg.model.converters) - known_converters
             assert not unknown, f"converters {sorted(unknown)} not registered by torchtitan ({sorted(known_converters)})"
+            # torchtitan/distributed/tensor_parallel.py: async TP needs the model compiled
+            if par.enable_async_tensor_parallel:
+                assert cfg.compile.enable and "model" in cfg.compile.components, "async TP without compile"
             # the trainer's own batch rule (torchtitan/train.py): global = local x dp x accumulation
             dp = dims.dp_replicate * dims.dp_shard
             tr = cfg.training

@@ -48,5 +48,4 @@ MEGATRON_ARGS=(
     --recompute-num-layers 1
     # precision
     --bf16
-    --grad-reduce-in-bf16
 )
