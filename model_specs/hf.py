@@ -210,6 +210,43 @@ def _moe(c: ConfigFields, fam: Family, ffn: int | None) -> dict[str, Any]:
     return out
 
 
+_ROPE_SCALING_FIELDS = (
+    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+    "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+)
+
+
+def _rope(c: ConfigFields) -> dict[str, Any]:
+    """`rope_theta` and `rope_scaling` (HF's `rope_type`, or the older `type`; `default` and
+    null mean none). Keys autopar does not model (e.g. GPT-OSS's `truncate`) are dropped."""
+    out: dict[str, Any] = {}
+    theta = c.raw.get("rope_theta")
+    if theta is not None:
+        if isinstance(theta, bool) or not isinstance(theta, int | float):
+            raise c.error(f"field 'rope_theta' must be a number, got {theta!r}")
+        out["rope_theta"] = float(theta)
+    scaling = c.raw.get("rope_scaling")
+    if scaling is None:
+        return out
+    if not isinstance(scaling, Mapping):
+        raise c.error(f"field 'rope_scaling' must be an object, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if not isinstance(kind, str):
+        raise c.error(f"field 'rope_scaling' needs a string rope_type, got {kind!r}")
+    if kind == "default":
+        return out
+    values: dict[str, Any] = {"rope_type": kind}
+    for key in _ROPE_SCALING_FIELDS:
+        v = scaling.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise c.error(f"field 'rope_scaling.{key}' must be a number, got {v!r}")
+        values[key] = v
+    out["rope_scaling"] = values
+    return out
+
+
 def _read(c: ConfigFields, family: str) -> dict[str, Any]:
     fam = FAMILIES[family]
     hidden = c.integer(*HIDDEN)
@@ -249,6 +286,7 @@ def _read(c: ConfigFields, family: str) -> dict[str, Any]:
         spec["num_kv_heads"] = None  # MLA up-projects full heads for k and v
     spec |= _window(c, fam, num_layers)
     spec |= _moe(c, fam, ffn)
+    spec |= _rope(c)
     return spec
 
 

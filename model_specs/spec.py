@@ -30,6 +30,25 @@ MlpKind = Literal["swiglu", "geglu", "gelu", "relu", "relu2", "silu"]
 GATED_MLPS: frozenset[str] = frozenset({"swiglu", "geglu"})
 
 
+class RopeScaling(BaseModel):
+    """RoPE frequency scaling for long context, as HF `config.json`'s `rope_scaling` gives it.
+    `rope_type` is HF's name (`llama3`: Llama-3.1's wavelength-dependent scaling; `yarn`: YaRN,
+    DeepSeek-V3 and GPT-OSS; `linear`, `dynamic`, ...). Unused fields stay None. Shapes, memory and
+    FLOPs do not depend on it; exporters pass it to the training framework."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rope_type: str
+    factor: float | None = Field(None, gt=0)
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = Field(None, gt=0)
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+
+
 class ModelSpec(BaseModel):
     """Shape of a decoder-only transformer. All sizes are element counts, not bytes."""
 
@@ -55,6 +74,8 @@ class ModelSpec(BaseModel):
     tie_embeddings: bool = False
     position_embedding: Literal["rope", "learned", "alibi"] = "rope"
     max_position_embeddings: int = Field(8192, gt=0)
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base (HF rope_theta); None = 10000")
+    rope_scaling: RopeScaling | None = Field(None, description="RoPE scaling for long context (HF rope_scaling)")
     parallel_residual: bool = Field(False, description="attention and MLP read the same input (GPT-NeoX)")
     sliding_window: int | None = Field(None, gt=0, description="attention window in tokens, if any")
     sliding_window_every: int = Field(

@@ -9,6 +9,10 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[runtime,api,dev]'
+# The frameworks that check the exports (pyproject.toml, extra exports-check): torch stays 2.13.0,
+# DeepSpeed builds no kernels, torchtitan comes without its training-time dependencies.
+DS_BUILD_OPS=0 python -m pip install -q -c scripts/torch-constraint.txt -e '.[exports-check]'
+python -m pip install -q -c scripts/torch-constraint.txt --no-deps torchtitan==0.2.2
 
 if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "skip" ]]; then
     AUTOPAR_TEST_POSTGRES_URL="$(bash scripts/postgres.sh)" || {

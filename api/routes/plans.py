@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from api.calibration import calibration_for
 from api.deps import DB, MetricsDep, Pool, SettingsDep, User
-from api.errors import ERROR_RESPONSES, ApiError, conflict, not_found
+from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, conflict, not_found
 from api.models import EvaluationRow, PlanRow, ProfileRow
 from api.planning import request_sha256, run_evaluation, run_search
 from api.resolve import resolve_cluster_ref, resolve_model_ref
@@ -186,10 +186,66 @@ def get_plan(plan_id: PlanId, db: DB) -> PlanRecord:
         return plan_record(_plan_row(session, plan_id))
 
 
-@router.get("/plans/{plan_id}/export/{format}", response_model=ExportOut, summary="Export a plan's layout")
-def export_plan(plan_id: PlanId, format: ExportFormat, db: DB) -> ExportOut:  # type: ignore[valid-type]
+RAW_MEDIA_TYPES = ("text/x-shellscript", "application/yaml", "application/toml", "text/plain", "application/octet-stream")
+"""What `Accept` may name to get the exported file itself (besides the format's own media type)."""
+
+
+def _accept(header: str | None) -> list[tuple[str, float]]:
+    """`Accept` as (media range, q) pairs, highest q first (RFC 9110 section 12.5.1); no header = */*."""
+    ranges: list[tuple[str, float]] = []
+    for part in (header or "*/*").split(","):
+        fields = [f.strip() for f in part.split(";")]
+        media, q = fields[0].lower(), 1.0
+        for param in fields[1:]:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if media and 0.0 < q <= 1.0:
+            ranges.append((media, q))
+    return sorted(ranges, key=lambda r: -r[1])
+
+
+def _wants_file(header: str | None, media_type: str) -> bool | None:
+    """True: the exported file; False: the JSON wrapper; None: nothing acceptable. The wrapper is
+    application/json and wins ties (and `*/*`); the file is asked for by its own media type,
+    text/plain, text/*, application/octet-stream, or one of RAW_MEDIA_TYPES (for DeepSpeed, whose
+    file is JSON, application/json ties and so gives the wrapper)."""
+    file_types = {media_type, *RAW_MEDIA_TYPES}
+    best_wrapper = best_file = 0.0
+    for media, q in _accept(header):
+        if media in ("*/*", "application/*", "application/json"):
+            best_wrapper = max(best_wrapper, q)
+        if media in file_types or media == "text/*":
+            best_file = max(best_file, q)
+    if best_wrapper == best_file == 0.0:
+        return None
+    return best_file > best_wrapper
+
+
+@router.get(
+    "/plans/{plan_id}/export/{format}", response_model=ExportOut, summary="Export a plan's layout",
+    responses={
+        200: {
+            "description": "the JSON wrapper (Accept: application/json, the default) or the exported file "
+            "itself (Accept: the file's media type, text/plain or application/octet-stream), with "
+            "Content-Disposition naming the file",
+            "content": {media: {"schema": {"type": "string"}} for media in RAW_MEDIA_TYPES},
+        },
+        406: {"model": ErrorResponse, "description": "Accept names neither JSON nor the file"},
+    },
+)
+def export_plan(
+    plan_id: PlanId, format: ExportFormat, db: DB, response: Response,  # type: ignore[valid-type]
+    accept: Annotated[str | None, Header(max_length=1024)] = None,
+) -> Any:
     """Launch files for torchrun, Megatron-LM, DeepSpeed, torchtitan or Accelerate
-    (`planner.exporters.export`); `lost` lists what the target cannot express."""
+    (`planner.exporters.export`); `lost` lists what the target cannot express (the file lists it
+    too). `Accept` decides: application/json (default) gives the JSON wrapper, the file's own
+    media type (text/x-shellscript, application/json for DeepSpeed's ds_config.json,
+    application/toml, application/yaml), text/plain or application/octet-stream give the file."""
     with db.read_session() as session:
         plan = Plan.model_validate(_plan_row(session, plan_id).plan)
     if plan.best is None:
@@ -200,6 +256,19 @@ def export_plan(plan_id: PlanId, format: ExportFormat, db: DB) -> ExportOut:  # 
         out = export(plan, fmt)
     except ExportError as exc:
         raise ApiError(422, str(exc), ["path", "format"], "export") from exc
+    wants_file = _wants_file(accept, out.media_type)
+    if wants_file is None:
+        raise ApiError(
+            406, f"Accept {accept!r} names neither application/json nor the file ({out.media_type}, "
+            "text/plain, application/octet-stream)", ["header", "accept"], "not_acceptable",
+        )
+    if wants_file:
+        return Response(
+            content=out.text.encode("utf-8", "backslashreplace"),
+            media_type=f"{out.media_type}; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{out.filename}"', "Vary": "Accept"},
+        )
+    response.headers["Vary"] = "Accept"
     return ExportOut(plan_id=plan_id, format=fmt, filename=out.filename, text=out.text, lost=list(out.lost))
 
 

@@ -1,7 +1,13 @@
 """Hugging Face Accelerate config (YAML) for FSDP2, with Accelerate's N-D `parallelism_config`
 (data-parallel replicate x shard, tensor and context parallelism). Accelerate has no pipeline or
 expert parallelism, and FSDP2 shards weights and gradients (ZeRO-2/3), so those parts of a plan
-are reported as lost."""
+are reported as lost, in the file's own comments.
+
+The file names no node address: every node runs
+`accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK
+--main_process_ip $MASTER_ADDR train.py`, which overrides `machine_rank` and sets the address.
+Values are written by PyYAML's `safe_dump`; user text (model, cluster, GPU names) appears only in
+comments, escaped by `one_line`."""
 
 from __future__ import annotations
 
@@ -9,7 +15,16 @@ from typing import Any
 
 import yaml
 
-from planner.exporters.common import RDZV_PORT, ExportResult, Job, comment_block, nodes_note, summary_lines
+from planner.exporters.common import (
+    RDZV_PORT,
+    ExportResult,
+    Job,
+    comment_block,
+    framework_note,
+    nodes_note,
+    notes_lines,
+    summary_lines,
+)
 
 DECODER_LAYERS = {
     "llama": "LlamaDecoderLayer",
@@ -56,6 +71,16 @@ def _losses(job: Job, lost: list[str]) -> None:
         )
     elif lay.recompute == "selective":
         lost.append("selective recompute: fsdp_activation_checkpointing recomputes whole layers")
+    if lay.cp > 1 and lay.cp_attention != "ring":
+        lost.append(f"{lay.cp_attention} context-parallel attention: Accelerate's CP is torch's ring attention")
+    if lay.tp_comm_overlap_ and lay.tp > 1:
+        lost.append("TP communication overlap: Accelerate's TP (DTensor) runs its collectives after the GEMMs")
+    if lay.cross_entropy_ not in ("eager", "loss_parallel"):
+        lost.append(f"{lay.cross_entropy_} cross entropy: the loss is the model's (Transformers: eager)")
+    if lay.norm_kernel != "eager_fp32":
+        lost.append(f"{lay.norm_kernel} RMSNorm: the norm is the model's (Transformers: eager, fp32 upcast)")
+    if job.training.precision != "fp32" and job.training.grad_dtype == "bf16":
+        lost.append("bf16 gradient reduction: Accelerate's FSDP2 mixed precision reduces gradients in float32")
     if job.model.family not in DECODER_LAYERS:
         lost.append(f"model family {job.model.family}: set fsdp_transformer_layer_cls_to_wrap to its decoder layer class")
 
@@ -64,6 +89,7 @@ def export_accelerate(job: Job) -> ExportResult:
     lost = nodes_note(job)
     lay = job.lay
     _losses(job, lost)
+    lost += framework_note(job, "fsdp", "Accelerate (FSDP2)")
     # Without pipeline parallelism in Accelerate, the pp dimension folds into the shard group.
     shard = job.dp_shard * lay.pp
     fsdp: dict[str, Any] = {
@@ -83,10 +109,10 @@ def export_accelerate(job: Job) -> ExportResult:
         "downcast_bf16": "no",
         "fsdp_config": fsdp,
         "machine_rank": 0,
-        "main_process_ip": "MASTER_ADDR",
         "main_process_port": RDZV_PORT,
         "main_training_function": "main",
         "mixed_precision": MIXED[job.training.precision],
+        **({"fp8_config": {"backend": "AO"}} if job.training.precision == "fp8" else {}),  # torchao float8
         "num_machines": job.nodes,
         "num_processes": job.gpus,
         "parallelism_config": {
@@ -103,8 +129,11 @@ def export_accelerate(job: Job) -> ExportResult:
         [
             "Accelerate config (FSDP2) written by autopar",
             *summary_lines(job),
-            "On every node set machine_rank (0 .. num_machines - 1) and main_process_ip (the first node's address).",
+            "On every node (NODE_RANK 0 .. num_machines - 1, MASTER_ADDR the first node's address):",
+            "  accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK "
+            "--main_process_ip $MASTER_ADDR train.py",
         ]
     )
+    notes = comment_block(notes_lines("Accelerate", lost))
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
-    return ExportResult(head + "\n" + body, "accelerate_config.yaml", lost)
+    return ExportResult(head + "\n" + notes + "\n" + body, "accelerate_config.yaml", lost, "application/yaml")

@@ -1,8 +1,15 @@
 """What every exporter reads from a Plan: the chosen layout, resolved, with the model, training,
-cluster and stage partition it was planned for, plus small formatting helpers."""
+cluster and stage partition it was planned for, plus small formatting helpers.
+
+Names are data. A model, cluster or GPU name comes from the user and may hold any character
+(newlines, quotes, `$()`, backticks, YAML or TOML syntax). Exporters never splice such text into
+syntax: values go through the file format's own writer (`shlex.quote`, a YAML dumper, a TOML
+writer, `json.dumps`), and text in comments goes through `one_line`, which escapes every
+character that could end a comment line in shell, YAML or TOML."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +33,7 @@ class ExportResult:
     text: str
     filename: str
     lost: list[str]
+    media_type: str = "text/plain"
 
 
 class ExportError(ValueError):
@@ -45,6 +53,7 @@ class Job:
     estimate: dict[str, Any]
     nodes: int
     gpus_per_node: int
+    plan_json: str = "{}"  # the Plan with this candidate as its best (what `runtime.launch` reads)
 
     # ---- shorthands ---------------------------------------------------------------------------
     @property
@@ -118,7 +127,12 @@ def job_of(plan: Plan, candidate: Candidate | None = None) -> Job:
     else:
         per_node = min(inp.cluster.gpus_per_node, inp.gpus)
         nodes = math.ceil(inp.gpus / per_node)
-    return Job(inp.model, inp.training, inp.cluster, inp.gpus, lay, chunks, cand.estimate, nodes, per_node)
+    chosen = plan if cand is plan.best else plan.model_copy(update={"best": cand})
+    return Job(
+        inp.model, inp.training, inp.cluster, inp.gpus, lay, chunks, cand.estimate, nodes, per_node,
+        # ASCII JSON on one line: every non-ASCII and control character (lone surrogates too) escaped
+        json.dumps(chosen.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":")),
+    )
 
 
 # ---- text helpers ---------------------------------------------------------------------------------
@@ -173,8 +187,46 @@ def summary_lines(job: Job) -> list[str]:
     return lines
 
 
+def one_line(text: str) -> str:
+    """`text` as one printable line: every character that is not printable (newlines, carriage
+    returns, NEL, the Unicode line and paragraph separators, other control and format
+    characters, lone surrogates) is written as its Python escape (`\\n`, `\\x85`, `\\u2028`), and
+    backslashes are doubled so the escapes are unambiguous. Safe inside a `#` comment of shell,
+    YAML and TOML, whose comments end only at a line break."""
+    out = []
+    for c in text:
+        if c == "\\":
+            out.append("\\\\")
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(c.encode("unicode_escape", "backslashreplace").decode("ascii"))
+    return "".join(out)
+
+
 def comment_block(lines: list[str], prefix: str = "# ") -> str:
-    return "\n".join(f"{prefix}{line}".rstrip() for line in lines)
+    """`#` comment lines; each line passes through `one_line`, so user text cannot end a comment."""
+    return "\n".join(f"{prefix}{one_line(line)}".rstrip() for line in lines)
+
+
+def notes_lines(target: str, lost: list[str]) -> list[str]:
+    """The file's own list of what the plan priced and `target` cannot express (empty: none)."""
+    if not lost:
+        return [f"Everything the plan priced is expressed in this {target} file."]
+    return [f"Not expressible in {target} (the plan priced it; this file does what each line says):"] + [
+        f"- {line}" for line in lost
+    ]
+
+
+def framework_note(job: Job, framework: str, target: str) -> list[str]:
+    """A note when the plan was priced for another execution framework than the file's target
+    (`Layout.framework`: the overlap and kernel efficiencies the step time assumed)."""
+    if job.lay.framework == framework:
+        return []
+    return [
+        f"priced for framework '{job.lay.framework}': the step time assumed that framework's overlap and "
+        f"kernels; re-plan with --framework {framework} for {target}'s own"
+    ]
 
 
 def nodes_note(job: Job) -> list[str]:

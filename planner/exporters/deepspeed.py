@@ -6,6 +6,16 @@ training (`tensor_parallel.autotp_size`) and the pipeline engine's section (`sta
 reported as lost: pipeline cuts other than DeepSpeed's own partition methods, interleaving,
 context parallelism, Megatron-style sequence parallelism, expert parallelism (`deepspeed.moe`'s
 `ep_size`), and selective or partial recompute.
+
+Batch: DeepSpeed checks `train_batch_size == micro x accumulation x its data-parallel size`, and
+its data-parallel size is world / (TP x PP): it has no context-parallel dimension, so the CP ranks
+of a plan are data-parallel ranks here (`ds_dp = dp x cp`). The file keeps the plan's global
+batch and micro-batch and divides the accumulation by cp when it can; otherwise the closest
+micro-batch that divides, and the note says so. DeepSpeed's pipeline engine takes ZeRO-0/1 only,
+so a pipelined plan with ZeRO-2/3 is written as ZeRO-1 with a note.
+
+JSON has no comments: what the file cannot express is listed in its own `autopar` key
+(`summary`, `not_expressible`), which DeepSpeed ignores.
 """
 
 from __future__ import annotations
@@ -13,18 +23,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner.exporters.common import ExportResult, Job
+from planner.exporters.common import ExportResult, Job, framework_note, summary_lines
 
 
 def _zero_section(job: Job, lost: list[str]) -> dict[str, Any]:
     lay = job.lay
-    zero: dict[str, Any] = {"stage": lay.zero_stage}
-    if lay.zero_stage >= 1:
+    stage = lay.zero_stage
+    if lay.pp > 1 and stage >= 2:
+        stage = 1
+        lost.append(
+            f"ZeRO-{lay.zero_stage} with pipeline parallelism: DeepSpeed's pipeline engine supports ZeRO-0/1 "
+            "only; written as ZeRO-1 (gradients and weights replicated over data-parallel ranks: more memory)"
+        )
+    zero: dict[str, Any] = {"stage": stage}
+    if stage >= 1:
         zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True})
     if lay.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if job.dp_replicate > 1 and lay.zero_stage >= 1:
-        if lay.zero_stage == 3:
+    if job.dp_replicate > 1 and stage >= 1:
+        if stage == 3:
             zero["zero_hpz_partition_size"] = job.dp_shard
             lost.append(
                 f"hybrid sharding over groups of {job.dp_shard}: DeepSpeed's closest is ZeRO++ hpZ "
@@ -33,13 +50,9 @@ def _zero_section(job: Job, lost: list[str]) -> dict[str, Any]:
             )
         else:
             lost.append(
-                f"hybrid sharding over groups of {job.dp_shard}: ZeRO-{lay.zero_stage} in DeepSpeed shards "
+                f"hybrid sharding over groups of {job.dp_shard}: ZeRO-{stage} in DeepSpeed shards "
                 f"over all {job.dp} data-parallel ranks (less memory, more traffic than planned)"
             )
-    if lay.pp > 1 and lay.zero_stage >= 2:
-        lost.append(
-            f"ZeRO-{lay.zero_stage} with pipeline parallelism: DeepSpeed's pipeline engine supports ZeRO-0/1 only"
-        )
     return zero
 
 
@@ -65,11 +78,6 @@ def _pipeline_section(job: Job, lost: list[str]) -> dict[str, Any] | None:
 
 def _other_losses(job: Job, lost: list[str]) -> None:
     lay = job.lay
-    if lay.cp > 1:
-        lost.append(
-            f"context parallelism (cp={lay.cp}, ring attention): not in ds_config; DeepSpeed's Ulysses "
-            "sequence parallelism is set up in model code"
-        )
     if lay.sp_:
         lost.append("Megatron-style sequence parallelism with TP: AutoTP replicates norms and activations")
     if lay.ep > 1:
@@ -83,23 +91,58 @@ def _other_losses(job: Job, lost: list[str]) -> None:
         lost.append("FP8 GEMMs: ds_config has no FP8 switch (use Transformer Engine layers); config runs bf16")
     if lay.order != "tp-cp-ep-dp-pp":
         lost.append(f"rank order {lay.order}: DeepSpeed's topology orders ranks pipe-data-model")
+    if lay.offload_optimizer and lay.pp > 1:
+        lost.append("optimizer CPU offload with pipeline parallelism: DeepSpeed offloads only with ZeRO-1/2/3 engines")
+    if lay.tp_comm_overlap_ and lay.tp > 1:
+        lost.append("TP communication overlap: AutoTP runs its all-reduces after the GEMMs")
+    if lay.cross_entropy_ not in ("eager",):
+        lost.append(f"{lay.cross_entropy_} cross entropy: the loss is model code under DeepSpeed")
+    if lay.norm_kernel != "fused":
+        lost.append(f"{lay.norm_kernel} RMSNorm: the norm kernel is model code under DeepSpeed")
+
+
+def deepspeed_dp(job: Job) -> int:
+    """DeepSpeed's data-parallel size: world / (TP x PP) (no context-parallel dimension)."""
+    return job.gpus // (job.lay.tp * job.lay.pp)
+
+
+def _batch(job: Job, lost: list[str]) -> tuple[int, int, int]:
+    """(train_batch_size, micro-batch, accumulation) that DeepSpeed's check accepts."""
+    lay, tr = job.lay, job.training
+    ds_dp = deepspeed_dp(job)
+    if lay.cp == 1:
+        return tr.global_batch, lay.micro_batch, lay.grad_accum_
+    what = (
+        f"context parallelism (cp={lay.cp}, {lay.cp_attention} attention): DeepSpeed has no CP dimension "
+        f"(Ulysses sequence parallelism is model code); its {ds_dp} = dp x cp data-parallel ranks each run "
+        "whole sequences (more activation memory than planned)"
+    )
+    for micro in (lay.micro_batch, *range(lay.micro_batch - 1, 0, -1)):
+        if tr.global_batch % (micro * ds_dp) == 0:
+            accum = tr.global_batch // (micro * ds_dp)
+            lost.append(f"{what}; global batch {tr.global_batch} kept as micro-batch {micro} x accumulation {accum} x {ds_dp}")
+            return tr.global_batch, micro, accum
+    batch = lay.micro_batch * ds_dp
+    lost.append(f"{what}; {tr.global_batch} sequences do not split over {ds_dp} ranks, so the global batch is {batch}")
+    return batch, lay.micro_batch, 1
 
 
 def export_deepspeed(job: Job) -> ExportResult:
     lost: list[str] = []
     lay, tr = job.lay, job.training
+    batch, micro, accum = _batch(job, lost)
     config: dict[str, Any] = {
-        "train_batch_size": tr.global_batch,
-        "train_micro_batch_size_per_gpu": lay.micro_batch,
-        "gradient_accumulation_steps": lay.grad_accum_,
+        "train_batch_size": batch,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
         "gradient_clipping": 1.0,
     }
     if tr.precision in ("bf16", "fp8"):
         config["bf16"] = {"enabled": True}
     elif tr.precision == "fp16":
         config["fp16"] = {"enabled": True}
-    if tr.precision != "fp32" and tr.grad_dtype == "fp32":
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if tr.precision != "fp32":
+        config["data_types"] = {"grad_accum_dtype": tr.grad_dtype}  # the gradient buffers the plan priced
     config["zero_optimization"] = _zero_section(job, lost)
     if lay.tp > 1:
         config["tensor_parallel"] = {"autotp_size": lay.tp}
@@ -107,6 +150,13 @@ def export_deepspeed(job: Job) -> ExportResult:
     if pipeline is not None:
         config["pipeline"] = pipeline
     _other_losses(job, lost)
+    lost += framework_note(job, "deepspeed", "DeepSpeed")
     config["steps_per_print"] = 10
     config["wall_clock_breakdown"] = False
-    return ExportResult(json.dumps(config, indent=2) + "\n", "ds_config.json", lost)
+    config["autopar"] = {
+        "summary": summary_lines(job),
+        "deepspeed_data_parallel_size": deepspeed_dp(job),
+        "not_expressible": lost,
+    }
+    text = json.dumps(config, indent=2, ensure_ascii=True) + "\n"
+    return ExportResult(text, "ds_config.json", lost, "application/json")

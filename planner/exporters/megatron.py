@@ -6,17 +6,37 @@ interleaving); a cut whose only odd stages are the first and/or last uses
 written as `--pipeline-model-parallel-layout` (stages separated by `|`, `E` the embedding, `L` the
 LM head and loss, `t*N` N decoder layers; virtual stage s runs on pipeline rank s % pp).
 
+A Layout's own Megatron-Core split options (`account_for_*_in_pipeline_split`,
+`decoder_first/last_pipeline_num_layers`) are written as those flags when they produce the plan's cut.
+
 ZeRO: stage 1 is the distributed optimizer; stages 2 and 3 are Megatron-FSDP
 (`--data-parallel-sharding-strategy optim_grads` / `optim_grads_params`); hybrid sharding keeps
 `dp / dp_shard` distributed-optimizer instances.
+
+`CUDA_DEVICE_MAX_CONNECTIONS`: Megatron's `validate_args` requires it to be 1 with tensor or
+context parallelism (on Hopper and earlier; overlapping TP communication needs one hardware queue)
+and forbids 1 with Megatron-FSDP; the file exports or unsets it accordingly.
+
+Flags and their spelling are checked against Megatron-LM core_v0.16.1's `parse_args` +
+`validate_args` in tests/planner/test_exporters.py. Every value is written through `shlex.quote`;
+user text (model, cluster, GPU names) appears only in comments, escaped by `one_line`.
 """
 
 from __future__ import annotations
 
 import itertools
+import shlex
 
+from cost_models.stages import megatron_split
 from model_specs.spec import ModelSpec
-from planner.exporters.common import ExportResult, Job, comment_block, summary_lines
+from planner.exporters.common import (
+    ExportResult,
+    Job,
+    comment_block,
+    framework_note,
+    notes_lines,
+    summary_lines,
+)
 
 Arg = tuple[str, ...]  # a flag and its value(s)
 
@@ -49,6 +69,7 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str]) -> list[Arg]:
     ]
     if m.position_embedding == "rope":
         args.append(("--position-embedding-type", "rope"))
+        args += _rope_args(m, lost)
     elif m.position_embedding == "learned":
         args.append(("--position-embedding-type", "learned_absolute"))
     else:
@@ -93,10 +114,86 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str]) -> list[Arg]:
     return args
 
 
+# Megatron-Core's fixed Llama-3.1 scaling constants (RotaryEmbedding._apply_scaling) and YaRN
+# defaults (MLATransformerConfig: beta_fast, beta_slow, original_max_position_embeddings).
+_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 4096}
+
+
+def _rope_args(m: ModelSpec, lost: list[str]) -> list[Arg]:
+    """RoPE base (`--rotary-base`, an integer in Megatron) and scaling: Llama-3.1's
+    (`--use-rope-scaling --rope-scaling-factor`) and, with MLA, YaRN (`--rope-type yarn`)."""
+    args: list[Arg] = []
+    if m.rope_theta is not None:
+        if m.rope_theta.is_integer():
+            args.append(("--rotary-base", str(int(m.rope_theta))))
+        else:
+            lost.append(f"RoPE base {m.rope_theta}: Megatron's --rotary-base takes an integer")
+    sc = m.rope_scaling
+    if sc is None:
+        return args
+    if sc.rope_type == "llama3" and sc.factor is not None:
+        args += [("--use-rope-scaling",), ("--rope-scaling-factor", repr(float(sc.factor)))]
+        for key, fixed in _LLAMA3_SCALING.items():
+            value = getattr(sc, key)
+            if value is not None and float(value) != fixed:
+                lost.append(f"RoPE scaling {key} {value}: Megatron-Core's Llama-3 scaling fixes it at {fixed}")
+    elif sc.rope_type == "yarn" and m.attention == "mla" and sc.factor is not None:
+        args += [("--rope-type", "yarn"), ("--rotary-scaling-factor", repr(float(sc.factor)))]
+        if sc.mscale is not None:
+            args.append(("--mscale", repr(float(sc.mscale))))
+        if sc.mscale_all_dim is not None:
+            args.append(("--mscale-all-dim", repr(float(sc.mscale_all_dim))))
+        for key, default in _YARN_DEFAULTS.items():
+            value = getattr(sc, key)
+            if value is not None and float(value) != default:
+                lost.append(
+                    f"YaRN {key} {value}: no Megatron argument (MLATransformerConfig.{key} defaults to {default:g}); "
+                    "set it in the transformer config"
+                )
+    else:
+        lost.append(
+            f"RoPE scaling '{sc.rope_type}' (factor {sc.factor}): Megatron-Core GPT arguments have Llama-3 "
+            "scaling, and YaRN for multi-latent attention only"
+        )
+    return args
+
+
 def _layer_pattern(bits: list[int]) -> str:
     """Megatron's Python-list form of a per-layer 0/1 pattern, run-length encoded: ([0]*3+[1]*58)."""
     runs = [f"[{b}]*{len(list(g))}" for b, g in itertools.groupby(bits)]
     return "(" + "+".join(runs) + ")"
+
+
+def _split_option_args(job: Job) -> list[Arg] | None:
+    """The Layout's own Megatron split options, when they cut the layers as the plan does."""
+    lay = job.lay
+    if not lay.uneven_split:
+        return None
+    try:
+        cut = megatron_split(
+            job.model.num_layers, lay.pp, lay.vpp,
+            account_for_embedding=lay.account_for_embedding_in_pipeline_split,
+            account_for_loss=lay.account_for_loss_in_pipeline_split,
+            first_stage_layers=lay.decoder_first_pipeline_num_layers,
+            last_stage_layers=lay.decoder_last_pipeline_num_layers,
+        )
+    except ValueError:
+        return None
+    if cut != job.chunk_layers:
+        return None
+    args: list[Arg] = []
+    if lay.account_for_embedding_in_pipeline_split:
+        args.append(("--account-for-embedding-in-pipeline-split",))
+    if lay.account_for_loss_in_pipeline_split:
+        args.append(("--account-for-loss-in-pipeline-split",))
+    if lay.decoder_first_pipeline_num_layers is not None:
+        args.append(("--decoder-first-pipeline-num-layers", str(lay.decoder_first_pipeline_num_layers)))
+    if lay.decoder_last_pipeline_num_layers is not None:
+        args.append(("--decoder-last-pipeline-num-layers", str(lay.decoder_last_pipeline_num_layers)))
+    if lay.vpp > 1:
+        args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
+    return args
 
 
 def _pipeline_args(job: Job) -> list[Arg]:
@@ -104,6 +201,9 @@ def _pipeline_args(job: Job) -> list[Arg]:
     if pp == 1:
         return []
     args: list[Arg] = [("--pipeline-model-parallel-size", str(pp))]
+    split = _split_option_args(job)
+    if split is not None:
+        return args + split
     if job.even:
         if vpp > 1:
             args.append(("--num-layers-per-virtual-pipeline-stage", str(chunks[0])))
@@ -131,8 +231,14 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
     if lay.sp_:
         args.append(("--sequence-parallel",))
     args += _pipeline_args(job)
+    if lay.tp_comm_overlap_:
+        if lay.sp_:
+            args.append(("--tp-comm-overlap",))  # Transformer Engine userbuffers
+        else:
+            lost.append("TP communication overlap without sequence parallelism: Megatron overlaps only with SP")
     if lay.cp > 1:
-        args += [("--context-parallel-size", str(lay.cp)), ("--cp-comm-type", "p2p")]
+        comm = "p2p" if lay.cp_attention == "ring" else "all_gather"
+        args += [("--context-parallel-size", str(lay.cp)), ("--cp-comm-type", comm)]
     if lay.ep > 1 or job.model.is_moe:
         args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.etp_))]
     if lay.zero_stage == 1:
@@ -152,7 +258,12 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
         if lay.zero_stage >= 1:
             args.append(("--overlap-param-gather",))
     if lay.offload_optimizer:
-        args += [("--optimizer-cpu-offload",), ("--overlap-cpu-optimizer-d2h-h2d",)]
+        # validate_args: the CPU-offloaded (hybrid device) optimizer runs on the precision-aware path
+        args += [
+            ("--optimizer-cpu-offload",),
+            ("--overlap-cpu-optimizer-d2h-h2d",),
+            ("--use-precision-aware-optimizer",),
+        ]
     if lay.pp > 1 and lay.schedule_ == "gpipe":
         lost.append("GPipe schedule: Megatron always runs 1F1B (same bubble, fewer micro-batches in flight)")
     if lay.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
@@ -182,6 +293,22 @@ def _recompute_args(job: Job, lost: list[str]) -> list[Arg]:
     ]
 
 
+def _kernel_args(job: Job, lost: list[str]) -> list[Arg]:
+    lay = job.lay
+    args: list[Arg] = []
+    ce = lay.cross_entropy_
+    if ce == "fused":
+        args.append(("--cross-entropy-loss-fusion",))
+    elif ce != "vocab_parallel":
+        lost.append(
+            f"{ce} cross entropy: Megatron computes the loss vocabulary-parallel (fp32), or fused with "
+            "--cross-entropy-loss-fusion; the file keeps Megatron's default"
+        )
+    if lay.norm_kernel != "fused":
+        lost.append(f"{lay.norm_kernel} RMSNorm: Megatron's norms are fused kernels (Transformer Engine or Apex)")
+    return args
+
+
 def _precision_args(job: Job) -> list[Arg]:
     tr = job.training
     args: list[Arg] = []
@@ -197,12 +324,23 @@ def _precision_args(job: Job) -> list[Arg]:
 
 
 def _render(arg: Arg) -> str:
-    if len(arg) == 1:
-        return arg[0]
-    value = arg[1]
-    if any(c in value for c in "|*()[]+, "):
-        value = f'"{value}"'
-    return f"{arg[0]} {value}"
+    return " ".join(shlex.quote(a) for a in arg)
+
+
+def _environment(job: Job) -> list[str]:
+    lay = job.lay
+    if lay.zero_stage >= 2:
+        return [
+            "# Megatron-FSDP needs more than one CUDA hardware queue (validate_args)",
+            "unset CUDA_DEVICE_MAX_CONNECTIONS",
+        ]
+    if lay.tp > 1 or lay.cp > 1:
+        return [
+            "# tensor/context parallelism: one CUDA hardware queue, so communication kernels are",
+            "# scheduled before the GEMMs they overlap with (validate_args, Hopper and earlier)",
+            "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        ]
+    return []
 
 
 def export_megatron(job: Job) -> ExportResult:
@@ -213,8 +351,10 @@ def export_megatron(job: Job) -> ExportResult:
         ("parallelism", _parallel_args(job, lost)),
         ("batch", [("--micro-batch-size", str(lay.micro_batch)), ("--global-batch-size", str(job.training.global_batch))]),
         ("recompute", _recompute_args(job, lost)),
+        ("kernels", _kernel_args(job, lost)),
         ("precision", _precision_args(job)),
     ]
+    lost += framework_note(job, "megatron", "Megatron-LM")
     lines = [
         "#!/usr/bin/env bash",
         comment_block(["Megatron-LM arguments written by autopar", *summary_lines(job)]),
@@ -222,10 +362,13 @@ def export_megatron(job: Job) -> ExportResult:
             [
                 "Add data, tokenizer (vocabulary size "
                 f"{job.model.vocab_size}), optimizer and checkpoint arguments, then on every node:",
-                f"  torchrun --nnodes {job.nodes} --nproc-per-node {job.gpus_per_node} --rdzv-backend c10d \\",
-                '      --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...',
+                "  source megatron_args.sh",
+                f"  torchrun --nnodes {job.nodes} --nproc-per-node {job.gpus_per_node} --rdzv-backend c10d "
+                '--rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...',
             ]
         ),
+        comment_block(notes_lines("Megatron-LM", lost)),
+        *_environment(job),
         "MEGATRON_ARGS=(",
     ]
     for name, args in sections:
@@ -234,4 +377,4 @@ def export_megatron(job: Job) -> ExportResult:
         lines.append(f"    # {name}")
         lines += [f"    {_render(a)}" for a in args]
     lines.append(")")
-    return ExportResult("\n".join(lines) + "\n", "megatron_args.sh", lost)
+    return ExportResult("\n".join(lines) + "\n", "megatron_args.sh", lost, "text/x-shellscript")

@@ -1,40 +1,66 @@
-"""torchtitan job config (TOML).
+"""torchtitan job config (TOML), for torchtitan 0.2.x's `--job.config_file` (`JobConfig`).
 
 Data parallelism maps onto FSDP2 / HSDP / DDP: `data_parallel_shard_degree` = dp_shard and
 `data_parallel_replicate_degree` = dp / dp_shard for ZeRO-2/3 (ZeRO-2 keeps parameters gathered
 between forward and backward: `fsdp_reshard_after_forward = "never"`), plain replication for
 ZeRO-0. Stage cuts are written exactly, as `module_fqns_per_model_part` (one list of module names
 per virtual stage: `tok_embeddings`, `layers.i`, `norm`, `output`).
+
+`[model] name` is torchtitan's model module (`llama3`, `deepseek_v3`, `qwen3`, `gpt_oss`) and
+`flavor` the key of that module's config table, as torchtitan spells it ("8B", "70B", "405B",
+"671B", ...), found by the model's shape (`FLAVORS`, from torchtitan 0.2.2's
+`torchtitan/models/*/__init__.py`).
+
+The file is written by `tomli_w` (every value a TOML value, strings escaped); user text (model,
+cluster, GPU names) appears in comments escaped by `one_line` and in `job.description` as a TOML
+string. What torchtitan cannot express is listed in the file's comments.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from planner.exporters.common import ExportResult, Job, comment_block, summary_lines
+import tomli_w
+
+from model_specs.spec import ModelSpec
+from planner.exporters.common import (
+    ExportResult,
+    Job,
+    comment_block,
+    framework_note,
+    notes_lines,
+    summary_lines,
+)
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-MODEL_NAMES = {"llama": "llama3", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
+MODEL_NAMES = {
+    "llama": "llama3",
+    "deepseek_v3": "deepseek_v3",
+    "deepseek_v2": "deepseek_v3",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3",
+    "gpt_oss": "gpt_oss",
+}
+FLAVORS: dict[str, dict[tuple[int, int], str]] = {
+    # torchtitan module -> (hidden size, layers) -> flavor key, from torchtitan 0.2.2
+    # (https://github.com/pytorch/torchtitan/tree/v0.2.2/torchtitan/models)
+    "llama3": {(4096, 32): "8B", (8192, 80): "70B", (16384, 126): "405B"},
+    "deepseek_v3": {(2048, 27): "16B", (5120, 60): "236B", (7168, 61): "671B"},
+    "qwen3": {
+        (1024, 28): "0.6B", (2048, 28): "1.7B", (2560, 36): "4B", (4096, 36): "8B", (5120, 40): "14B",
+        (5120, 64): "32B", (2048, 48): "30B-A3B", (4096, 94): "235B-A22B",
+    },
+    "gpt_oss": {(2880, 24): "20b", (2880, 36): "120b"},
+}
+CP_ROTATE = {"ring": "alltoall", "allgather_mask": "allgather"}
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        if v and isinstance(v[0], list):
-            inner = ",\n".join(f"    {_toml_value(x)}" for x in v)
-            return "[\n" + inner + ",\n]"
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _table(name: str, values: dict[str, Any]) -> str:
-    lines = [f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in values.items()]
-    return "\n".join(lines)
+def flavor_of(model: ModelSpec) -> tuple[str | None, str | None]:
+    """(torchtitan model module, flavor) for `model`, None where torchtitan has none."""
+    name = MODEL_NAMES.get(model.family)
+    if name is None:
+        return None, None
+    return name, FLAVORS.get(name, {}).get((model.hidden_size, model.num_layers))
 
 
 def _stage_modules(job: Job) -> list[list[str]]:
@@ -66,7 +92,7 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
                 'ZeRO-2-like FSDP (fsdp_reshard_after_forward = "never")'
             )
     p["tensor_parallel_degree"] = lay.tp
-    p["enable_async_tensor_parallel"] = False
+    p["enable_async_tensor_parallel"] = lay.tp > 1 and lay.tp_comm_overlap_  # with [compile] on
     if lay.tp > 1 and not lay.sp_:
         lost.append("tensor parallelism without sequence parallelism: torchtitan's TP plans shard the sequence")
     p["pipeline_parallel_degree"] = lay.pp
@@ -75,9 +101,20 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
         p["pipeline_parallel_microbatch_size"] = lay.micro_batch
         p["module_fqns_per_model_part"] = _stage_modules(job)
     p["context_parallel_degree"] = lay.cp
+    if lay.cp > 1:
+        p["context_parallel_rotate_method"] = CP_ROTATE[lay.cp_attention]
+        if lay.cp_attention == "allgather_mask":
+            lost.append("allgather_mask CP attention: torchtitan all-gathers K/V without a dense mask")
+    if lay.tp > 1:
+        # loss_parallel and Megatron's vocab_parallel both keep the logits vocabulary-sharded
+        p["disable_loss_parallel"] = lay.cross_entropy_ == "eager"
+        if lay.cross_entropy_ == "fused":
+            lost.append("fused (chunked) cross entropy: torchtitan runs its loss-parallel cross entropy")
     if job.model.is_moe:
         p["expert_parallel_degree"] = lay.ep
         p["expert_tensor_parallel_degree"] = lay.etp_
+    if job.model.is_moe and lay.ep > 1 and lay.etp_ not in (1, lay.tp):
+        lost.append(f"expert tensor parallel {lay.etp_}: torchtitan supports etp = tp or 1")
     if lay.order != "tp-cp-ep-dp-pp":
         lost.append(f"rank order {lay.order}: torchtitan builds its device mesh as pp, dp_replicate, dp_shard, cp, tp")
     return p
@@ -100,15 +137,20 @@ def _activation_checkpoint(job: Job, lost: list[str]) -> dict[str, Any]:
 def export_torchtitan(job: Job) -> ExportResult:
     lost: list[str] = []
     lay, tr, model = job.lay, job.training, job.model
-    name = MODEL_NAMES.get(model.family)
+    name, flavor = flavor_of(model)
     if name is None:
         lost.append(
-            f"model family {model.family}: no torchtitan model of that family; [model] names the preset, "
-            "register it with torchtitan before use"
+            f"model family {model.family}: no torchtitan model of that family; [model] names the family "
+            "and the preset, register them with torchtitan before use"
         )
-    model_table: dict[str, Any] = {"name": name or model.family, "flavor": model.name}
+    elif flavor is None:
+        lost.append(
+            f"{model.name}: no {name} flavor with hidden size {model.hidden_size} and {model.num_layers} layers; "
+            f"[model] flavor names the preset, add it to torchtitan's {name} config table before use"
+        )
+    model_table: dict[str, Any] = {"name": name or model.family, "flavor": flavor or model.name}
     if tr.precision == "fp8":
-        model_table["converters"] = ["float8"]
+        model_table["converters"] = ["quantize.linear.float8"]
     # With pipelining torchtitan splits the local batch into micro-batches; without, it
     # accumulates gradients until the global batch is reached.
     local = lay.micro_batch * lay.grad_accum_ if lay.pp > 1 else lay.micro_batch
@@ -126,16 +168,25 @@ def export_torchtitan(job: Job) -> ExportResult:
         )
     if tr.precision == "fp16":
         lost.append("fp16 training: torchtitan mixed precision is bf16 or fp32; written as bf16")
+    if tr.precision != "fp32" and tr.grad_dtype == "bf16" and lay.zero_stage >= 1 and job.dp_shard > 1:
+        lost.append("bf16 gradient reduction: torchtitan's FSDP reduces gradients in float32 (mixed_precision_reduce)")
+    if lay.norm_kernel != "fused":
+        lost.append(f"{lay.norm_kernel} RMSNorm: torchtitan's models use torch's fused RMSNorm")
+    async_tp = lay.tp > 1 and lay.tp_comm_overlap_
     tables = [
         ("job", {"description": f"autopar: {model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name})"}),
         ("model", model_table),
         ("training", training),
         ("parallelism", _parallelism(job, lost)),
         ("activation_checkpoint", _activation_checkpoint(job, lost)),
-        ("compile", {"enable": False}),
+        # async TP (torch's symmetric-memory collective matmuls) runs only on a compiled model
+        ("compile", {"enable": True, "components": ["model", "loss"]} if async_tp else {"enable": False}),
     ]
+    lost += framework_note(job, "fsdp", "torchtitan")
+    doc: dict[str, Any] = dict(tables)
     if tr.precision == "fp8":
-        tables.append(("float8", {"recipe_name": "rowwise"}))
-    text = comment_block(["torchtitan job config written by autopar", *summary_lines(job)]) + "\n\n"
-    text += "\n\n".join(_table(n, v) for n, v in tables) + "\n"
-    return ExportResult(text, "torchtitan.toml", lost)
+        doc["quantize"] = {"linear": {"float8": {"recipe_name": "rowwise"}}}
+    text = comment_block(["torchtitan job config written by autopar", *summary_lines(job)]) + "\n"
+    text += comment_block(notes_lines("torchtitan", lost)) + "\n\n"
+    text += tomli_w.dumps(doc, multiline_strings=False)
+    return ExportResult(text, "torchtitan.toml", lost, "application/toml")

@@ -59,6 +59,37 @@ def test_export_every_format(user: httpx.Client, tiny_plan: dict[str, Any], fmt:
     assert out["format"] == fmt and out["text"].strip() and out["filename"]
 
 
+RAW_TYPES = {
+    "torchrun": "text/x-shellscript", "megatron": "text/x-shellscript", "deepspeed": "application/json",
+    "torchtitan": "application/toml", "accelerate": "application/yaml",
+}
+
+
+@pytest.mark.parametrize("fmt", formats())
+def test_export_as_a_file_when_accept_asks_for_it(user: httpx.Client, tiny_plan: dict[str, Any], fmt: str) -> None:
+    wrapped = user.get(f"/v1/plans/{tiny_plan['id']}/export/{fmt}", headers={"Accept": "application/json"}).json()
+    for accept in (RAW_TYPES[fmt], "application/octet-stream", "text/plain", "text/*;q=0.9, application/json;q=0.5"):
+        r = user.get(f"/v1/plans/{tiny_plan['id']}/export/{fmt}", headers={"Accept": accept})
+        assert r.status_code == 200, (accept, r.text)
+        if fmt == "deepspeed" and accept == RAW_TYPES[fmt]:
+            assert r.json()["text"] == wrapped["text"]  # application/json names the wrapper
+            continue
+        assert r.headers["content-type"] == f"{RAW_TYPES[fmt]}; charset=utf-8", accept
+        assert r.headers["content-disposition"] == f'attachment; filename="{wrapped["filename"]}"'
+        assert r.headers["vary"] == "Accept"
+        assert r.text == wrapped["text"]
+    # no Accept, */* and JSON preferred by q: the wrapper
+    for accept in ("*/*", "application/json, text/plain;q=0.5", "application/*"):
+        r = user.get(f"/v1/plans/{tiny_plan['id']}/export/{fmt}", headers={"Accept": accept})
+        assert r.headers["content-type"] == "application/json" and r.json() == wrapped, accept
+
+
+def test_export_refuses_an_accept_it_cannot_give(user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    r = user.get(f"/v1/plans/{tiny_plan['id']}/export/torchrun", headers={"Accept": "image/png"})
+    assert r.status_code == 406
+    assert r.json()["detail"][0]["loc"] == ["header", "accept"]
+
+
 def test_export_unknown_format_names_the_field(user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
     r = user.get(f"/v1/plans/{tiny_plan['id']}/export/slurm")
     assert r.status_code == 422

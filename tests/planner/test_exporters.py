@@ -1,5 +1,7 @@
-"""Exporters: golden files per format and fixture, the files parse and describe the plan, and
-what a target cannot express is reported.
+"""Exporters: golden files per format and fixture; the files parse and describe the plan; each
+framework's own parser and validation accepts them (tests/planner/consumers/); what a target
+cannot express is reported, in the file itself too; names are data (property tests that run the
+exported shell and parse the YAML, TOML and JSON with names full of metacharacters).
 
 Regenerate the golden files with `AUTOPAR_UPDATE_GOLDEN=1 pytest tests/planner/test_exporters.py`
 and review the diff."""
@@ -12,15 +14,18 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cluster_specs.presets import get_cluster
 from cost_models.layout import Layout, validate_layout
-from cost_models.stages import even_partition
+from cost_models.stages import even_partition, megatron_split
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.exporters import EXPORTERS, ExportError, export
@@ -46,6 +51,16 @@ def make_plan(
     problems = validate_layout(m, tr, gpus, layout)
     assert not problems, problems
     lay = layout.resolved(gpus, tr)
+    if partition is None and lay.uneven_split:
+        partition = list(
+            megatron_split(
+                m.num_layers, lay.pp, lay.vpp,
+                account_for_embedding=lay.account_for_embedding_in_pipeline_split,
+                account_for_loss=lay.account_for_loss_in_pipeline_split,
+                first_stage_layers=lay.decoder_first_pipeline_num_layers,
+                last_stage_layers=lay.decoder_last_pipeline_num_layers,
+            )
+        )
     chunks = partition or list(even_partition(m.num_layers, lay.pp * lay.vpp))
     estimate = {  # the keys of cost_models.report.estimate_dict that exporters read; fixed numbers
         "ok": True,
@@ -99,6 +114,31 @@ FIXTURES = {
         Layout(tp=8, pp=16, ep=8, recompute="full"),
         [5, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3],
         training=TrainingSpec(seq_len=4096, global_batch=1024),
+    ),
+    # The issue's reference jobs. Llama-3-70B on 512 H100: TP4 PP4 CP2 VPP5 (NVIDIA's recipe shape)
+    "llama3-70b-512": lambda: make_plan(
+        "llama3-70b", 512, Layout(tp=4, pp=4, cp=2, vpp=5), training=TrainingSpec(seq_len=8192, global_batch=512)
+    ),
+    # Llama-3-8B on one 8 x H100 node: FSDP (ZeRO-3, fp32 gradient reduction), full recompute,
+    # priced for the fsdp framework
+    "llama3-8b-fsdp": lambda: make_plan(
+        "llama3-8b", 8, Layout(zero_stage=3, micro_batch=2, recompute="full", framework="fsdp"),
+        training=TrainingSpec(seq_len=8192, global_batch=64, grad_dtype="fp32"),
+    ),
+    # Llama-3.1-405B with Megatron's own split options: 126 + embedding + loss = 128 = 8 x 8 x 2
+    "llama3-405b-split": lambda: make_plan(
+        "llama3-405b", 512,
+        Layout(
+            tp=8, pp=8, vpp=8, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
+        ),
+        training=TrainingSpec(seq_len=8192, global_batch=512),
+    ),
+    # DeepSeek-V3 on 2048 H800 in FP8: PP16 EP64, first/last pipeline ranks 3 and 2 layers
+    "deepseek-v3-h800-fp8": lambda: make_plan(
+        "deepseek-v3", 2048,
+        Layout(pp=16, ep=64, decoder_first_pipeline_num_layers=3, decoder_last_pipeline_num_layers=2, recompute="full"),
+        cluster="dgx-h800",
+        training=TrainingSpec(seq_len=4096, global_batch=15360, precision="fp8"),
     ),
 }
 
@@ -176,7 +216,7 @@ def test_megatron_arguments(plan_name: str) -> None:
     lay, model = plan.best.layout, plan.inputs.model
     args = _megatron_args(export(plan, "megatron").text)
     assert args["--tensor-model-parallel-size"] == [str(lay.tp)]
-    assert args["--pipeline-model-parallel-size"] == [str(lay.pp)]
+    assert args.get("--pipeline-model-parallel-size", ["1"]) == [str(lay.pp)]
     assert args["--num-layers"] == [str(model.num_layers)]
     assert args["--micro-batch-size"] == [str(lay.micro_batch)]
     assert args["--global-batch-size"] == [str(plan.inputs.training.global_batch)]
@@ -188,15 +228,20 @@ def test_megatron_arguments(plan_name: str) -> None:
         assert _parse_layout(layout) == cut
         assert layout.startswith("E,") and layout.endswith(",L")
         assert "--num-layers-per-virtual-pipeline-stage" not in args
-    else:
-        first = int(args.get("--decoder-first-pipeline-num-layers", [0])[0]) or None
-        last = int(args.get("--decoder-last-pipeline-num-layers", [0])[0]) or None
-        rest = model.num_layers - (first or 0) - (last or 0)
-        middle = lay.pp - (first is not None) - (last is not None)
-        expect = [first] if first else []
-        expect += [rest // middle] * middle if middle else []
-        expect += [last] if last else []
-        assert expect == cut
+    elif lay.pp > 1:
+        first = args.get("--decoder-first-pipeline-num-layers")
+        last = args.get("--decoder-last-pipeline-num-layers")
+        vpp = int(args.get("--num-virtual-stages-per-pipeline-rank", ["1"])[0])
+        if "--num-layers-per-virtual-pipeline-stage" in args:
+            vpp = model.num_layers // lay.pp // int(args["--num-layers-per-virtual-pipeline-stage"][0])
+        expect = megatron_split(
+            model.num_layers, lay.pp, vpp,
+            account_for_embedding="--account-for-embedding-in-pipeline-split" in args,
+            account_for_loss="--account-for-loss-in-pipeline-split" in args,
+            first_stage_layers=int(first[0]) if first else None,
+            last_stage_layers=int(last[0]) if last else None,
+        )
+        assert list(expect) == cut
 
 
 def test_megatron_model_shapes() -> None:
@@ -233,8 +278,11 @@ def test_deepspeed_config(plan_name: str) -> None:
     plan = FIXTURES[plan_name]()
     lay = plan.best.layout
     cfg = json.loads(export(plan, "deepspeed").text)
-    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * lay.dp
-    assert cfg["zero_optimization"]["stage"] == lay.zero_stage
+    ds_dp = plan.inputs.gpus // (lay.tp * lay.pp)  # DeepSpeed has no CP: its data-parallel size
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * ds_dp
+    assert cfg["train_batch_size"] == plan.inputs.training.global_batch
+    assert cfg["zero_optimization"]["stage"] == (min(lay.zero_stage, 1) if lay.pp > 1 else lay.zero_stage)
+    assert cfg["autopar"]["not_expressible"] == export(plan, "deepspeed").lost
     if lay.pp > 1:
         assert cfg["pipeline"]["stages"] == lay.pp
     assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == lay.tp
@@ -244,21 +292,24 @@ def test_torchtitan_config(plan_name: str) -> None:
     plan = FIXTURES[plan_name]()
     lay, model = plan.best.layout, plan.inputs.model
     cfg = tomllib.loads(export(plan, "torchtitan").text)
+    train = cfg["training"]
+    assert train["seq_len"] == plan.inputs.training.seq_len
+    assert train["global_batch_size"] == plan.inputs.training.global_batch
     par = cfg["parallelism"]
     world = (
         par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]
         * par["pipeline_parallel_degree"] * par["context_parallel_degree"]
     )
     assert world == plan.inputs.gpus
+    if lay.pp == 1:
+        assert "module_fqns_per_model_part" not in par
+        return
     parts = par["module_fqns_per_model_part"]
     assert len(parts) == lay.pp * lay.vpp
     assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == plan.best.partition
     flat = [m for p in parts for m in p]
     assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(model.num_layers)), "norm", "output"]
     assert par["pipeline_parallel_schedule"] == {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "gpipe": "GPipe"}[lay.schedule_]
-    train = cfg["training"]
-    assert train["seq_len"] == plan.inputs.training.seq_len
-    assert train["global_batch_size"] == plan.inputs.training.global_batch
 
 
 def test_accelerate_config(plan_name: str) -> None:
@@ -273,14 +324,19 @@ def test_accelerate_config(plan_name: str) -> None:
     )
     assert world == cfg["num_processes"] == plan.inputs.gpus
     assert cfg["num_machines"] == plan.inputs.gpus // 8
+    assert "main_process_ip" not in cfg  # given on the launch line, never a placeholder
 
 
 def test_torchrun_command() -> None:
-    text = export(FIXTURES["llama3-70b"](), "torchrun").text
+    plan = FIXTURES["llama3-70b"]()
+    text = export(plan, "torchrun").text
     assert "--nnodes 8" in text and "--nproc-per-node 8" in text
     assert "--rdzv-backend c10d" in text
-    assert '--rdzv-endpoint "$MASTER_ADDR:29500"' in text
-    assert text.rstrip().endswith("-m runtime.launch plan.json")
+    assert '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"' in text and 'MASTER_PORT="${MASTER_PORT:-29500}"' in text
+    assert '-m runtime.launch "$AUTOPAR_PLAN" "$@"' in text  # the autopar runtime, as an option
+    assert text.rstrip().endswith('"$@"')  # by default: the user's own script and its arguments
+    for key, value in {"AUTOPAR_TP": "8", "AUTOPAR_PP": "4", "AUTOPAR_DP": "2", "AUTOPAR_STAGE_LAYERS": "19,21,21,19"}.items():
+        assert f"export {key}={value}\n" in text
 
 
 # ---- lost features ---------------------------------------------------------------------------------
@@ -294,17 +350,38 @@ def test_nothing_lost_where_the_target_expresses_everything() -> None:
     plan = FIXTURES["llama3-70b"]()
     assert export(plan, "torchrun").lost == []
     assert export(plan, "megatron").lost == []
-    # the uneven cut is written as module FQNs; only ZeRO-1 has no FSDP2 equivalent
+    assert "Everything the plan priced is expressed in this Megatron-LM file." in export(plan, "megatron").text
+    # the uneven cut is written as module FQNs; ZeRO-1 and bf16 gradient reduction have no FSDP2
+    # equivalent, and the plan was priced for Megatron's kernels and overlap
     lost = export(plan, "torchtitan").lost
-    assert len(lost) == 1 and lost[0].startswith("ZeRO-1")
+    assert sorted(line.split(":")[0] for line in lost) == [
+        "ZeRO-1", "bf16 gradient reduction", "priced for framework 'megatron'",
+    ]
+    fsdp = FIXTURES["llama3-8b-fsdp"]()
+    assert export(fsdp, "torchtitan").lost == []
+    assert _has(export(fsdp, "megatron").lost, "priced for framework 'fsdp'")
+
+
+@pytest.mark.parametrize("fmt", list(EXPORTERS))
+def test_what_is_lost_is_written_in_the_file(plan_name: str, fmt: str) -> None:
+    """The notes survive a redirect: every lost line is in the file itself (a comment, or the
+    `autopar.not_expressible` key of the DeepSpeed JSON)."""
+    result = export(FIXTURES[plan_name](), fmt)
+    if fmt == "deepspeed":
+        assert json.loads(result.text)["autopar"]["not_expressible"] == result.lost
+        return
+    comments = [line[2:] for line in result.text.splitlines() if line.startswith("# ")]
+    for line in result.lost:
+        assert f"- {line}" in comments
 
 
 def test_deepspeed_reports_what_it_cannot_express() -> None:
     lost = export(FIXTURES["mixtral-8x7b-hybrid"](), "deepspeed").lost
     assert _has(lost, "context parallelism")
     assert _has(lost, "expert parallelism")
-    assert _has(lost, "hybrid sharding", "zero_hpz_partition_size")
-    assert _has(lost, "ZeRO-3 with pipeline")
+    assert _has(lost, "hybrid sharding over groups of 4")
+    assert _has(lost, "ZeRO-3 with pipeline", "written as ZeRO-1")
+    assert _has(lost, "cp=2", "global batch 512 kept")
     assert _has(lost, "FP8")
     assert _has(lost, "GPipe")
     assert _has(lost, "stage cut 15 | 17")
@@ -374,3 +451,273 @@ def test_bad_partition_is_rejected() -> None:
     plan.best.partition = [40, 40]
     with pytest.raises(ExportError, match="does not cut 80 layers"):
         export(plan, "megatron")
+
+
+# ---- the frameworks' own parsers accept the files ---------------------------------------------------
+
+CONSUMERS = Path(__file__).parent / "consumers"
+
+
+def _consumer_results(fmt: str, tmp_path: Path) -> dict[str, tuple[Plan, dict]]:
+    """Write every fixture's `fmt` export and run tests/planner/consumers/check_<fmt>.py on them."""
+    manifest, plans = [], {}
+    for name, build in FIXTURES.items():
+        plan = build()
+        result = export(plan, fmt)
+        path = tmp_path / f"{name}.{result.filename}"
+        path.write_text(result.text)
+        lay = plan.best.layout
+        manifest.append(
+            {"name": name, "path": str(path), "gpus": plan.inputs.gpus, "tp": lay.tp, "pp": lay.pp,
+             "vocab_size": plan.inputs.model.vocab_size}
+        )
+        plans[name] = plan
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    proc = subprocess.run(
+        [sys.executable, str(CONSUMERS / f"check_{fmt}.py"), str(tmp_path / "manifest.json")],
+        capture_output=True, text=True, timeout=600,
+    )
+    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and len(results) == len(manifest), proc.stderr[-4000:]
+    rejected = {r["name"]: r["error"] for r in results if not r["ok"]}
+    assert not rejected, f"{fmt} rejected: {rejected}"
+    return {r["name"]: (plans[r["name"]], r["values"]) for r in results}
+
+
+@pytest.mark.slow
+def test_megatron_accepts_the_exports(tmp_path: Path) -> None:
+    """Megatron-LM core_v0.16.1's parse_args + validate_args + core_transformer_config_from_args."""
+    for name, (plan, got) in _consumer_results("megatron", tmp_path).items():
+        lay, model = plan.best.layout, plan.inputs.model
+        assert (got["tp"], got["pp"], got["vpp"], got["cp"]) == (lay.tp, lay.pp, lay.vpp, lay.cp), name
+        assert got["dp"] == lay.dp and got["micro_batch"] == lay.micro_batch, name
+        assert got["global_batch"] == plan.inputs.training.global_batch, name
+        if model.is_moe:
+            assert (got["ep"], got["etp"]) == (lay.ep, lay.etp_), name
+        assert got["rotary_base"] == int(model.rope_theta or 10000), name
+        llama3_scaling = model.rope_scaling is not None and model.rope_scaling.rope_type == "llama3"
+        assert got["use_rope_scaling"] == llama3_scaling, name
+        fsdp = lay.zero_stage >= 2
+        assert got["cuda_device_max_connections"] == (None if fsdp or (lay.tp == 1 and lay.cp == 1) else "1"), name
+        assert got["config"] == ("MLATransformerConfig" if model.attention == "mla" else "TransformerConfig")
+
+
+@pytest.mark.slow
+def test_deepspeed_accepts_the_exports(tmp_path: Path) -> None:
+    """DeepSpeed 0.19.8's DeepSpeedConfig with the plan's world size and TP x PP."""
+    for name, (plan, got) in _consumer_results("deepspeed", tmp_path).items():
+        lay = plan.best.layout
+        assert got["world_size"] == plan.inputs.gpus // (lay.tp * lay.pp), name
+        assert got["train_batch_size"] == plan.inputs.training.global_batch, name
+        assert got["zero_stage"] == (min(lay.zero_stage, 1) if lay.pp > 1 else lay.zero_stage), name
+        assert got["offload_optimizer"] == lay.offload_optimizer, name
+        assert got["pipeline_stages"] == (lay.pp if lay.pp > 1 else "auto"), name
+
+
+@pytest.mark.slow
+def test_accelerate_accepts_the_exports(tmp_path: Path) -> None:
+    """Accelerate 1.15.0's ClusterConfig, launcher validation and environment, ParallelismConfig
+    and FSDP plugin."""
+    for name, (plan, got) in _consumer_results("accelerate", tmp_path).items():
+        lay = plan.best.layout
+        assert got["num_processes"] == got["parallel_total"] == plan.inputs.gpus, name
+        assert got["main_process_ip"] is None, name
+        assert (got["tp"], got["cp"], got["fsdp_version"]) == (lay.tp, lay.cp, 2), name
+        assert got["mixed_precision"] == plan.inputs.training.precision, name
+
+
+@pytest.mark.slow
+def test_torchtitan_accepts_the_exports(tmp_path: Path) -> None:
+    """torchtitan 0.2.2's ConfigManager (--job.config_file) and ParallelDims; the model flavor is
+    one of torchtitan's own where torchtitan has the model."""
+    results = _consumer_results("torchtitan", tmp_path)
+    for name, (plan, got) in results.items():
+        lay, model = plan.best.layout, plan.inputs.model
+        assert (got["tp"], got["pp"], got["cp"]) == (lay.tp, lay.pp, lay.cp), name
+        assert got["dp_replicate"] * got["dp_shard"] == lay.dp, name
+        assert got["model_parts"] == (lay.pp * lay.vpp if lay.pp > 1 else 0), name
+        assert got["description"].startswith(f"autopar: {model.name} on {plan.inputs.gpus} x "), name
+        if model.family in ("llama", "deepseek_v3"):
+            assert got["known_model"] and got["known_flavor"], (name, got["flavor"])
+        else:
+            assert not got["known_model"] and _has(export(plan, "torchtitan").lost, f"model family {model.family}")
+    flavors = {n: v["flavor"] for n, (_, v) in results.items()}
+    assert flavors["llama3-70b"] == "70B" and flavors["llama3-8b-fsdp"] == "8B" and flavors["llama3-405b-split"] == "405B"
+
+
+def _run_launch_script(text: str, cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run an exported launch.sh with a `torchrun` on PATH that records its arguments (one per
+    line) instead of starting processes; returns the process and the recorded arguments."""
+    bin_dir = cwd / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "torchrun"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$TORCHRUN_ARGS"\nenv | grep ^AUTOPAR_ | sort > "$TORCHRUN_ENV"\n')
+    fake.chmod(0o755)
+    (cwd / "launch.sh").write_text(text)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin", "MASTER_ADDR": "127.0.0.1", "HOME": str(cwd),
+        "TORCHRUN_ARGS": str(cwd / "bin" / "args.txt"), "TORCHRUN_ENV": str(cwd / "bin" / "env.txt"),
+    }
+    proc = subprocess.run(["bash", "launch.sh", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    recorded = (cwd / "bin" / "args.txt").read_text().splitlines() if (cwd / "bin" / "args.txt").exists() else []
+    return proc, recorded
+
+
+def test_torchrun_accepts_the_launch_lines(tmp_path: Path) -> None:
+    """The launch script, run by bash, calls torchrun with arguments torchrun's own parser
+    (`torch.distributed.run`) turns into the plan's launch config; it writes the plan it embeds
+    and exports the plan's degrees."""
+    import torch.distributed.run as torchrun
+
+    from planner.plan import Plan as PlanModel
+
+    plan = FIXTURES["llama3-70b"]()
+    text = export(plan, "torchrun").text
+    proc, argv = _run_launch_script(text, tmp_path, "train.py", "--lr", "3e-4")
+    assert proc.returncode == 0, proc.stderr
+    assert argv[-3:] == ["train.py", "--lr", "3e-4"]
+    config, cmd, cmd_args = torchrun.config_from_args(torchrun.parse_args(argv))
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (8, 8, 8)
+    assert config.rdzv_backend == "c10d" and config.rdzv_endpoint == "127.0.0.1:29500"
+    assert cmd_args[-3:] == ["train.py", "--lr", "3e-4"]
+    written = PlanModel.model_validate(json.loads((tmp_path / "plan.json").read_text()))
+    assert written.best is not None and written.best.layout == plan.best.layout
+    env = dict(line.split("=", 1) for line in (tmp_path / "bin" / "env.txt").read_text().splitlines())
+    assert env["AUTOPAR_TP"] == "8" and env["AUTOPAR_PP"] == "4" and env["AUTOPAR_GLOBAL_BATCH"] == "512"
+
+    proc, argv = _run_launch_script(text, tmp_path, "--autopar-runtime", "--steps", "5")
+    assert proc.returncode == 0, proc.stderr
+    config, cmd, cmd_args = torchrun.config_from_args(torchrun.parse_args(argv))
+    assert argv[-5:] == ["-m", "runtime.launch", "plan.json", "--steps", "5"]
+
+    proc, argv = _run_launch_script(text, tmp_path)
+    assert proc.returncode == 2 and "usage: launch.sh" in proc.stderr
+
+
+# ---- names are data: every exporter quotes or escapes for its own syntax ---------------------------
+
+MARKER = "pwned"
+PAYLOADS = [
+    f"x\ntouch {MARKER}\n",
+    f"$(touch {MARKER})",
+    f"`touch {MARKER}`",
+    f"'; touch {MARKER}; '",
+    f'"; touch {MARKER}; "',
+    f"\\\ntouch {MARKER}",
+    f"a\rtouch {MARKER}",
+    f"\u2028touch {MARKER}\u2029\x85",
+    "\nevil_key: 1\nnum_processes: 1",
+    '"\n[evil]\nx = 1\n',
+    "]]\n[[x]]\n#",
+    "${IFS}$((1+1))!${PATH}*?[a]{b,c}~|&;<>",
+    "AUTOPAR_PLAN_JSON",
+    "\ud800 lone surrogate \x00 nul \x7f del \ufeff bom",
+]
+_name = st.one_of(
+    st.sampled_from(PAYLOADS),
+    st.lists(
+        st.sampled_from(list("\n\r\t\x0b\x0c\x85\u2028\u2029 '\"`$(){}[]|&;<>*?!#~=:,-\\\x00\x7f") + [f"touch {MARKER}"]),
+        max_size=12,
+    ).map("".join),
+    st.text(max_size=30),
+).map(lambda s: s or "x")
+
+
+def _renamed(model: str, cluster: str, gpu: str, family: str | None = None) -> Plan:
+    plan = make_plan("llama3-8b", 16, Layout(tp=2, pp=2, zero_stage=1), training=TrainingSpec(seq_len=4096, global_batch=32))
+    inp = plan.inputs
+    spec = inp.model.model_copy(update={"name": model, **({"family": family} if family else {})})
+    clus = inp.cluster.model_copy(update={"name": cluster, "gpu": inp.cluster.gpu.model_copy(update={"name": gpu})})
+    plan.inputs = inp.model_copy(update={"model": spec, "cluster": clus})
+    return plan
+
+
+def _no_marker(root: Path) -> None:
+    assert not any(MARKER in p.name for p in root.rglob("*")), "an injected command ran"
+
+
+def _megatron_array(path: Path, cwd: Path) -> list[str]:
+    out = subprocess.run(
+        ["bash", "-c", 'source "$1" && printf "%s\\0" "${MEGATRON_ARGS[@]}"', "bash", str(path)],
+        cwd=cwd, env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)}, capture_output=True, text=True, check=True,
+    ).stdout
+    return out.split("\0")[:-1]
+
+
+_BENIGN = _renamed("llama3-8b", "dgx-h100", "H100-80GB")
+
+
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=_name, cluster=_name, gpu=_name)
+def test_names_are_data_in_every_export(model: str, cluster: str, gpu: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Names with shell, YAML and TOML metacharacters, line breaks of every kind, quotes, `$()`
+    and backticks: the shell scripts pass `bash -n` and, run by bash, execute no injected command
+    and carry the same arguments as with plain names; the YAML, TOML and JSON parse to the same
+    documents, with the names (where a file carries them as data) given back exactly."""
+    work = tmp_path_factory.mktemp("inject")
+    plan = _renamed(model, cluster, gpu)
+    benign = {fmt: export(_BENIGN, fmt) for fmt in EXPORTERS}
+    got = {fmt: export(plan, fmt) for fmt in EXPORTERS}
+    for fmt in ("torchrun", "megatron"):
+        subprocess.run(["bash", "-n"], input=got[fmt].text, text=True, check=True)
+
+    # megatron: sourcing runs the whole file; the array is the one plain names give
+    (work / "m.sh").write_text(got["megatron"].text)
+    (work / "b.sh").write_text(benign["megatron"].text)
+    assert _megatron_array(work / "m.sh", work) == _megatron_array(work / "b.sh", work)
+    _no_marker(work)
+
+    # torchrun: the script runs end to end; the plan it writes gives the names back
+    from planner.plan import Plan as PlanModel
+
+    proc, argv = _run_launch_script(got["torchrun"].text, work, "train.py")
+    assert proc.returncode == 0, proc.stderr
+    plain = _run_launch_script(benign["torchrun"].text, work / "bin", "train.py")[1]
+    rdzv = argv.index("--rdzv-id") + 1  # a hash of the job, names included
+    assert argv[:rdzv] + argv[rdzv + 1 :] == plain[:rdzv] + plain[rdzv + 1 :]
+    written = PlanModel.model_validate(json.loads((work / "plan.json").read_text()))  # as runtime.spec reads it
+    assert (written.inputs.model.name, written.inputs.cluster.name, written.inputs.cluster.gpu.name) == (model, cluster, gpu)
+    _no_marker(work)
+
+    # YAML: the same document (no injected key, no overridden value)
+    assert yaml.safe_load(got["accelerate"].text) == yaml.safe_load(benign["accelerate"].text)
+    # TOML: the same document but the description, which holds the names exactly
+    doc, ref = tomllib.loads(got["torchtitan"].text), tomllib.loads(benign["torchtitan"].text)
+    assert doc.pop("job") == {"description": f"autopar: {model} on 16 x {gpu} ({cluster})"}
+    ref.pop("job")
+    assert doc == ref
+    # JSON: the same config; the notes give the names back exactly
+    cfg, ref = json.loads(got["deepspeed"].text), json.loads(benign["deepspeed"].text)
+    assert cfg.pop("autopar")["summary"][0].startswith(f"{model} on 16 x {gpu} ({cluster}): ")
+    ref.pop("autopar")
+    assert cfg == ref
+
+
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(family=_name)
+def test_family_is_data_too(family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The architecture family (a config.json's model_type) reaches lost notes and torchtitan's
+    [model] name: still data."""
+    work = tmp_path_factory.mktemp("family")
+    plan = _renamed("m", "c", "g", family=family)
+    for fmt in ("torchrun", "megatron"):
+        text = export(plan, fmt).text
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+        (work / f"{fmt}.sh").write_text(text)
+    _megatron_array(work / "megatron.sh", work)
+    _no_marker(work)
+    doc = tomllib.loads(export(plan, "torchtitan").text)
+    assert doc["model"]["name"] == {"llama": "llama3", "qwen3": "qwen3", "qwen3_moe": "qwen3", "gpt_oss": "gpt_oss",
+                                    "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v3"}.get(family, family)
+    assert set(yaml.safe_load(export(plan, "accelerate").text)) == set(yaml.safe_load(export(_BENIGN, "accelerate").text))
+    json.loads(export(plan, "deepspeed").text)
+
+
+def test_one_line_escapes_every_line_break() -> None:
+    from planner.exporters.common import comment_block, one_line
+
+    for brk in ("\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"):
+        line = one_line(f"a{brk}b")
+        assert len(line.splitlines()) == 1 and line.isprintable(), repr(brk)
+    assert one_line("a\\nb\nc") == "a\\\\nb\\nc"  # backslashes doubled: escapes stay unambiguous
+    assert comment_block(["x\ny"]) == "# x\\ny"

@@ -7,8 +7,12 @@
 # layers per stage: 5 | 3 | 3 | 3 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 4 | 3
 # estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
 # Add data, tokenizer (vocabulary size 129280), optimizer and checkpoint arguments, then on every node:
-#   torchrun --nnodes 128 --nproc-per-node 8 --rdzv-backend c10d \
-#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+#   source megatron_args.sh
+#   torchrun --nnodes 128 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Everything the plan priced is expressed in this Megatron-LM file.
+# tensor/context parallelism: one CUDA hardware queue, so communication kernels are
+# scheduled before the GEMMs they overlap with (validate_args, Hopper and earlier)
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 MEGATRON_ARGS=(
     # model
     --num-layers 61
@@ -24,6 +28,11 @@ MEGATRON_ARGS=(
     --seq-length 4096
     --max-position-embeddings 163840
     --position-embedding-type rope
+    --rotary-base 10000
+    --rope-type yarn
+    --rotary-scaling-factor 40.0
+    --mscale 1.0
+    --mscale-all-dim 1.0
     --swiglu
     --normalization RMSNorm
     --untie-embeddings-and-output-weights
@@ -32,14 +41,15 @@ MEGATRON_ARGS=(
     --moe-router-topk 8
     --moe-ffn-hidden-size 2048
     --moe-shared-expert-intermediate-size 2048
-    --moe-layer-freq "([0]*3+[1]*58)"
+    --moe-layer-freq '([0]*3+[1]*58)'
     --moe-grouped-gemm
     --moe-token-dispatcher-type alltoall
     # parallelism
     --tensor-model-parallel-size 8
     --sequence-parallel
     --pipeline-model-parallel-size 16
-    --pipeline-model-parallel-layout "E,t*5|t*3|t*3|t*3|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*3,L"
+    --pipeline-model-parallel-layout 'E,t*5|t*3|t*3|t*3|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*3,L'
+    --tp-comm-overlap
     --expert-model-parallel-size 8
     --expert-tensor-parallel-size 8
     --use-distributed-optimizer

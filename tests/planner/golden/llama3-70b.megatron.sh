@@ -7,8 +7,12 @@
 # layers per stage: 19 | 21 | 21 | 19
 # estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
 # Add data, tokenizer (vocabulary size 128256), optimizer and checkpoint arguments, then on every node:
-#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d \
-#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+#   source megatron_args.sh
+#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Everything the plan priced is expressed in this Megatron-LM file.
+# tensor/context parallelism: one CUDA hardware queue, so communication kernels are
+# scheduled before the GEMMs they overlap with (validate_args, Hopper and earlier)
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 MEGATRON_ARGS=(
     # model
     --num-layers 80
@@ -20,6 +24,9 @@ MEGATRON_ARGS=(
     --seq-length 8192
     --max-position-embeddings 131072
     --position-embedding-type rope
+    --rotary-base 500000
+    --use-rope-scaling
+    --rope-scaling-factor 8.0
     --swiglu
     --normalization RMSNorm
     --untie-embeddings-and-output-weights
@@ -30,6 +37,7 @@ MEGATRON_ARGS=(
     --pipeline-model-parallel-size 4
     --decoder-first-pipeline-num-layers 19
     --decoder-last-pipeline-num-layers 19
+    --tp-comm-overlap
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather

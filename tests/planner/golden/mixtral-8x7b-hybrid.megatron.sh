@@ -7,8 +7,12 @@
 # layers per stage: 15 | 17
 # estimate: step 12.500 s, 335,544 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
 # Add data, tokenizer (vocabulary size 32000), optimizer and checkpoint arguments, then on every node:
-#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d \
-#       --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+#   source megatron_args.sh
+#   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
+# - GPipe schedule: Megatron always runs 1F1B (same bubble, fewer micro-batches in flight)
+# Megatron-FSDP needs more than one CUDA hardware queue (validate_args)
+unset CUDA_DEVICE_MAX_CONNECTIONS
 MEGATRON_ARGS=(
     # model
     --num-layers 32
@@ -20,6 +24,7 @@ MEGATRON_ARGS=(
     --seq-length 8192
     --max-position-embeddings 32768
     --position-embedding-type rope
+    --rotary-base 1000000
     --swiglu
     --normalization RMSNorm
     --untie-embeddings-and-output-weights
@@ -35,6 +40,7 @@ MEGATRON_ARGS=(
     --pipeline-model-parallel-size 2
     --decoder-first-pipeline-num-layers 15
     --decoder-last-pipeline-num-layers 17
+    --tp-comm-overlap
     --context-parallel-size 2
     --cp-comm-type p2p
     --expert-model-parallel-size 4
@@ -48,6 +54,7 @@ MEGATRON_ARGS=(
     --overlap-param-gather
     --optimizer-cpu-offload
     --overlap-cpu-optimizer-d2h-h2d
+    --use-precision-aware-optimizer
     # batch
     --micro-batch-size 1
     --global-batch-size 512
