@@ -41,7 +41,7 @@ from planner.exporters.common import (
 Arg = tuple[str, ...]  # a flag and its value(s)
 
 
-def _model_args(m: ModelSpec, seq_len: int, lost: list[str]) -> list[Arg]:
+def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "alltoall") -> list[Arg]:
     args: list[Arg] = [
         ("--num-layers", str(m.num_layers)),
         ("--hidden-size", str(m.hidden_size)),
@@ -102,7 +102,17 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str]) -> list[Arg]:
             args.append(("--moe-shared-expert-intermediate-size", str(width)))
         if m.moe_layer_count != m.num_layers:
             args.append(("--moe-layer-freq", _layer_pattern([int(m.is_moe_layer(i)) for i in range(m.num_layers)])))
-        args += [("--moe-grouped-gemm",), ("--moe-token-dispatcher-type", "alltoall")]
+        args += [("--moe-grouped-gemm",), ("--moe-token-dispatcher-type", dispatcher)]
+        if dispatcher == "flex":
+            lost.append(
+                "flex token dispatcher: priced with DeepEP's deduplicated dispatch; enable DeepEP as your "
+                "Megatron-Core version spells it (--moe-enable-deepep, or --moe-flex-dispatcher-backend deepep)"
+            )
+        if m.moe_router_groups:
+            lost.append(
+                f"group-limited routing ({m.moe_router_groups} groups, a token reaches {m.moe_router_group_topk}): "
+                "set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them"
+            )
     for flag, what in (
         (m.sliding_window is not None, "sliding-window attention"),
         (m.attention_sinks, "attention sinks"),
@@ -347,7 +357,7 @@ def export_megatron(job: Job) -> ExportResult:
     lost: list[str] = []
     lay = job.lay
     sections: list[tuple[str, list[Arg]]] = [
-        ("model", _model_args(job.model, job.training.seq_len, lost)),
+        ("model", _model_args(job.model, job.training.seq_len, lost, job.lay.moe_token_dispatcher)),
         ("parallelism", _parallel_args(job, lost)),
         ("batch", [("--micro-batch-size", str(lay.micro_batch)), ("--global-batch-size", str(job.training.global_batch))]),
         ("recompute", _recompute_args(job, lost)),

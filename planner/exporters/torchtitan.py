@@ -124,7 +124,14 @@ def _activation_checkpoint(job: Job, lost: list[str]) -> dict[str, Any]:
     lay = job.lay
     if lay.recompute == "none":
         return {"mode": "none"}
+    if lay.recompute == "op_sac":
+        return {"mode": "selective", "selective_ac_option": "op"}
     if lay.recompute == "selective":
+        lost.append(
+            "selective recompute: priced as Megatron's (attention core and MLP activation recomputed); "
+            "torchtitan's selective mode is op-level SAC (every other matmul saved), written here, which "
+            "keeps more activations (plan with --framework fsdp to price it)"
+        )
         return {"mode": "selective", "selective_ac_option": "op"}
     if job.partial_recompute:
         lost.append(

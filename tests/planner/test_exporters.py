@@ -352,10 +352,11 @@ def test_nothing_lost_where_the_target_expresses_everything() -> None:
     assert export(plan, "megatron").lost == []
     assert "Everything the plan priced is expressed in this Megatron-LM file." in export(plan, "megatron").text
     # the uneven cut is written as module FQNs; ZeRO-1 and bf16 gradient reduction have no FSDP2
-    # equivalent, and the plan was priced for Megatron's kernels and overlap
+    # equivalent, Megatron's selective recompute is not torchtitan's, and the plan was priced for
+    # Megatron's kernels and overlap
     lost = export(plan, "torchtitan").lost
     assert sorted(line.split(":")[0] for line in lost) == [
-        "ZeRO-1", "bf16 gradient reduction", "priced for framework 'megatron'",
+        "ZeRO-1", "bf16 gradient reduction", "priced for framework 'megatron'", "selective recompute",
     ]
     fsdp = FIXTURES["llama3-8b-fsdp"]()
     assert export(fsdp, "torchtitan").lost == []

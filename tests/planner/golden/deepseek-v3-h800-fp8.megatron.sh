@@ -9,7 +9,8 @@
 # Add data, tokenizer (vocabulary size 129280), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
 #   torchrun --nnodes 256 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
-# Everything the plan priced is expressed in this Megatron-LM file.
+# Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
+# - group-limited routing (8 groups, a token reaches 4): set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them
 MEGATRON_ARGS=(
     # model
     --num-layers 61
