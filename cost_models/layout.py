@@ -347,7 +347,7 @@ def framework_violations(lay: Layout) -> list[Violation]:
       with its 1F1B TrainSchedule (no interleaving, no GPipe schedule) and supports ZeRO stage 0-1
       only ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", DeepSpeed pipeline docs).
     - fsdp (PyTorch FSDP2 / torchtitan): op-level SAC is its own; Megatron's uneven-split options
-      and TP communication overlap through Transformer Engine userbuffers are Megatron's.
+      are Megatron's (TP communication overlap exists in both: TE userbuffers, torchtitan's async TP).
     - megatron: op-level SAC is torchtitan's."""
     v: list[Violation] = []
     fw = lay.framework
@@ -370,8 +370,6 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if split:
             v.append(Violation("account_for_embedding_in_pipeline_split",
                                f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
-        if lay.tp_comm_overlap:
-            v.append(Violation("tp_comm_overlap", f"TP communication overlap is Megatron-Core's (framework {fw})"))
     return v
 
 

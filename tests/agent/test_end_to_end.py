@@ -235,7 +235,8 @@ def test_slow_profiles_recalibrate_their_cluster_only(service: Service) -> None:
     token = svc.token("--name", "scripted", "--role", "agent", "--cluster", "local-cpu")
     other_body = {"model": "tiny", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 64, "global_batch": 8}}
     other_before = svc.plan(other_body)
-    shapes = [(64, 4), (128, 8), (256, 8)]
+    # shapes whose compute outweighs the global fixed cost per step (fitted on GPU clusters)
+    shapes = [(512, 32), (1024, 32), (2048, 32)]
     slow = 2.0  # every run measures twice the predicted step time
     plans = [svc.plan({**TINY, "training": {"seq_len": s, "global_batch": b}}) for s, b in shapes]
     for p in plans:
@@ -254,14 +255,14 @@ def test_slow_profiles_recalibrate_their_cluster_only(service: Service) -> None:
     assert loo["mape_pct"] < 0.5 * before["mape_pct"]
     assert fit["time_multipliers"]["compute"] == pytest.approx(2.0, rel=0.1)
     # an unseen shape on local-cpu is now predicted near 2x its global prediction
-    unseen_global = svc.plan({**TINY, "training": {"seq_len": 64, "global_batch": 16}})  # priced after the fit
+    unseen_global = svc.plan({**TINY, "training": {"seq_len": 512, "global_batch": 128}})  # priced after the fit
     assert unseen_global["plan"]["calibration"] == fit["source"]
-    est = svc.user.post("/v1/evaluate", json={**TINY, "training": {"seq_len": 64, "global_batch": 16},
+    est = svc.user.post("/v1/evaluate", json={**TINY, "training": {"seq_len": 512, "global_batch": 128},
                                                "layout": unseen_global["plan"]["best"]["layout"]})
     assert est.status_code == 200, est.text
     assert est.json()["result"]["step_s"] == pytest.approx(unseen_global["step_s"], rel=1e-6)
     first = plans[0]
-    replanned = svc.plan(TINY)
+    replanned = svc.plan({**TINY, "training": {"seq_len": 512, "global_batch": 32}})
     assert replanned["step_s"] == pytest.approx(slow * first["step_s"], rel=0.05)
     # other clusters: same calibration, same prediction
     other_after = svc.plan(other_body)
