@@ -41,8 +41,12 @@ how models are trained today; each adaptation is named where it is made:
   2 vs 4 layers traced: 1.21 GiB per layer, 0.27 GiB above the ring-attention count.
 
 Recompute:
-- "selective": the attention core (O and the log-sum-exp) and the MLP activation function are
-  recomputed, so those tensors are not kept (Megatron-Core `recompute_modules=[core_attn, mlp act]`).
+- "selective": the modules of `Layout.recompute_modules` are recomputed (default: core_attn under
+  Megatron, as its own default; core_attn and act otherwise), as Megatron-Core's `--recompute-modules`: core_attn (the attention core: O and the
+  log-sum-exp are not kept), act (the MLP / expert activation function: its output is not kept;
+  Megatron's moe_act), layernorm (the two input norms: their outputs, the GEMM inputs, are not kept),
+  mla_up_proj (MLA's query and key/value up-projections: Q, K, V are recomputed from the kept
+  latents).
   Under framework `fsdp` (runtime.recompute, as torchtitan) the routed experts' activation is not
   recomputed (it runs per expert inside the grouped-experts module): routed tokens keep the full
   widths. Measured: Mixtral-8x7B EP8 over 64 ranks, selective, traced 71.1 GiB against 56.4 GiB
@@ -81,6 +85,7 @@ class ActivationContext:
     norm_bytes: int = 2  # bytes per element a norm saves: act_bytes when fused, 8 for an eager fp32 RMSNorm
     cp: int = 1  # context-parallel degree (seq_len_local = seq_len / cp)
     cp_attention: str = "ring"  # ring | allgather_mask (module doc)
+    recompute_modules: tuple[str, ...] = ("act", "core_attn")  # what "selective" recomputes (module doc)
 
     @property
     def tokens(self) -> int:
@@ -111,6 +116,10 @@ def _mlp_act_widths(model: ModelSpec, framework: Framework) -> tuple[int, int]:
     return 2, 1
 
 
+def _modules(ctx: ActivationContext, recompute: str) -> tuple[str, ...]:
+    return ctx.recompute_modules if recompute == "selective" else ()
+
+
 def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) -> float:
     """Saved bytes of one attention block (including its input norm)."""
     t, ab = ctx.tokens, ctx.act_bytes
@@ -118,7 +127,10 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     h = model.hidden_size
     heads = model.num_heads / ctx.tp
     nb = ctx.norm_bytes
-    total = t * h * (nb / rep + ctx.gemm_input_bytes / ctx.gathered_input_divisor)  # norm input + QKV input
+    modules = _modules(ctx, recompute)
+    total = t * h * nb / rep  # norm input (the block input)
+    if "layernorm" not in modules:
+        total += t * h * ctx.gemm_input_bytes / ctx.gathered_input_divisor  # norm output = QKV input
     if model.attention == "mla":
         assert model.kv_lora_rank and model.qk_rope_head_dim
         ql = model.q_lora_rank or 0
@@ -130,11 +142,12 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
         kv_heads = max(model.kv_heads / ctx.tp, 1.0)
     q = heads * model.qk_head_dim
     kv = kv_heads * (model.qk_head_dim + model.v_dim)
-    total += t * (q + kv) * ab  # Q, K, V saved by the attention kernel
+    if not ("mla_up_proj" in modules and model.attention == "mla"):
+        total += t * (q + kv) * ab  # Q, K, V saved by the attention kernel (MLA: up-projection outputs)
     if ctx.cp > 1 and ctx.cp_attention == "allgather_mask":
         total += t * kv * ab * (ctx.cp - 1)  # K, V saved at the all-gathered (full) sequence
         total += ctx.seq_len_local * ctx.seq_len_local * ctx.cp * ab  # SDPA's bias from the bool mask
-    if recompute != "selective":
+    if "core_attn" not in modules:
         total += t * heads * model.v_dim * ab  # O: kernel output = output-projection input
         total += t * heads * LSE_BYTES
     return total
@@ -145,10 +158,14 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     t, ab, h = ctx.tokens, ctx.act_bytes, model.hidden_size
     rep = ctx.replicated_divisor
     full_w, sel_w = _mlp_act_widths(model, ctx.framework)
-    widths = sel_w if recompute == "selective" else full_w
-    total = t * h * (ctx.norm_bytes / rep + ctx.gemm_input_bytes / ctx.gathered_input_divisor)  # norm + GEMM input
+    modules = _modules(ctx, recompute)
+    act_recomputed = "act" in modules
+    widths = sel_w if act_recomputed else full_w
+    total = t * h * ctx.norm_bytes / rep  # norm input
+    if "layernorm" not in modules:
+        total += t * h * ctx.gemm_input_bytes / ctx.gathered_input_divisor  # norm output = first GEMM's input
     # one of the saved f-wide tensors is the second GEMM's input (kept in FP8 under FP8 training)
-    f_bytes = (widths - 1) * ab + ctx.gemm_input_bytes if recompute != "selective" else widths * ab
+    f_bytes = (widths - 1) * ab + ctx.gemm_input_bytes if not act_recomputed else widths * ab
     if not model.is_moe_layer(index):
         return total + t * model.ffn_hidden_size / ctx.tp * f_bytes
     assert model.moe_ffn_hidden_size

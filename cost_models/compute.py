@@ -280,6 +280,8 @@ class LayerTime:
     activation_fwd: Scalars  # the MLP activation function's share of elementwise_fwd
     host_fwd: Scalars = 0.0  # the host's kernel launches of the forward (`layer_kernels` x kernel_launch_s)
     op_sac_gemm_share: float = 0.0  # share of gemm_fwd op-level SAC re-runs (`op_sac.recomputed_macs_share`)
+    norm_fwd: Scalars = 0.0  # the two input norms' share of elementwise_fwd
+    mla_up_fwd: Scalars = 0.0  # MLA's query and key/value up-projection GEMMs (part of gemm_fwd)
 
     @property
     def attention(self) -> Scalars:
@@ -288,8 +290,21 @@ class LayerTime:
 
     @property
     def selective_recompute(self) -> Scalars:
-        """What selective recompute re-runs: the attention core and the MLP activation function."""
-        return self.attention_fwd + self.activation_fwd
+        """What selective recompute re-runs by default: the attention core and the MLP activation."""
+        return self.selective_recompute_of(("core_attn", "act"))
+
+    def selective_recompute_of(self, modules: tuple[str, ...]) -> Scalars:
+        """Forward seconds selective recompute of `modules` re-runs (`cost_models.activations`)."""
+        out: Scalars = 0.0
+        if "core_attn" in modules:
+            out = out + self.attention_fwd
+        if "act" in modules:
+            out = out + self.activation_fwd
+        if "layernorm" in modules:
+            out = out + self.norm_fwd
+        if "mla_up_proj" in modules:
+            out = out + self.mla_up_fwd
+        return out
 
     @property
     def op_sac_recompute(self) -> Scalars:
@@ -372,7 +387,13 @@ def layer_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, pre
     act = activation_function_bytes(model, index, g, act_bytes) / bandwidth
     host = layer_kernels(model, index, g) * cal.kernel_launch_s
     share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, g)
-    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share)
+    norms = 2 * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth  # read + write h, twice
+    mla_up: Scalars = 0.0
+    if model.attention == "mla":
+        gemms = layer_gemms(model, index, g)
+        ups = (gemms[1], gemms[3]) if model.q_lora_rank else (gemms[2],)  # q_b and kv_b (see layer_gemms)
+        mla_up = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in ups)
+    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up)
 
 
 def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:

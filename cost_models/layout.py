@@ -22,6 +22,13 @@ Recompute = Literal["none", "selective", "full", "op_sac"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Framework = Literal["megatron", "fsdp", "deepspeed"]
 MoeDispatcher = Literal["alltoall", "flex"]
+RecomputeModule = Literal["core_attn", "act", "layernorm", "mla_up_proj"]
+DEFAULT_RECOMPUTE_MODULES: tuple[str, ...] = ("act", "core_attn")
+"""What "selective" recomputes unless `Layout.recompute_modules` says otherwise, outside Megatron
+(`runtime.recompute`: the attention core and the MLP activation)."""
+MEGATRON_DEFAULT_RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn",)
+"""Megatron-Core's default for --recompute-granularity selective (`TransformerConfig.recompute_modules`,
+and Korthikanti et al. 2022's selective recompute: the attention core only)."""
 CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
 NormKernel = Literal["fused", "eager_fp32"]
 CpAttention = Literal["ring", "allgather_mask"]
@@ -48,6 +55,12 @@ class Layout(BaseModel):
     micro_batch: int = Field(1, ge=1, description="sequences per micro-batch per data-parallel rank")
     grad_accum: int | None = Field(None, ge=1, description="micro-batches per step (derived when omitted)")
     recompute: Recompute = "none"
+    recompute_modules: tuple[RecomputeModule, ...] | None = Field(
+        None,
+        description="with selective recompute: the modules recomputed, as Megatron-Core's --recompute-modules "
+        "(core_attn, act = the MLP / expert activation (moe_act), layernorm, mla_up_proj); default core_attn "
+        "under megatron (its default), core_attn + act otherwise (runtime.recompute)",
+    )
     recompute_layers: int | None = Field(
         None, ge=0, description="with full recompute: layers per pipeline stage recomputed (None = all)"
     )
@@ -101,6 +114,13 @@ class Layout(BaseModel):
         "full-sequence K/V kept: Megatron-Core, torch's context_parallel) or allgather_mask (K/V "
         "all-gathered over the CP group and a dense (s/cp x s) mask passed to SDPA: runtime.context_parallel)",
     )
+
+    @property
+    def recompute_modules_(self) -> tuple[str, ...]:
+        """The modules selective recompute covers (sorted, so equal sets price alike)."""
+        if self.recompute_modules:
+            return tuple(sorted(set(self.recompute_modules)))
+        return MEGATRON_DEFAULT_RECOMPUTE_MODULES if self.framework == "megatron" else DEFAULT_RECOMPUTE_MODULES
 
     # ---- resolved values ----------------------------------------------------------------------
     def resolved(self, gpus: int, training: TrainingSpec) -> Layout:
@@ -325,6 +345,13 @@ def validate_layout(
     if dps < dp and lay.zero_stage == 0:
         v.append(Violation("dp_shard", "hybrid sharding (dp_shard < dp) needs zero_stage >= 1"))
     v += framework_violations(lay)
+    if lay.recompute_modules is not None:
+        if lay.recompute != "selective":
+            v.append(Violation("recompute_modules", "recompute_modules apply to selective recompute only"))
+        if "mla_up_proj" in lay.recompute_modules and model.attention != "mla":
+            v.append(Violation("recompute_modules", "mla_up_proj needs an MLA model (DeepSeek-V2/V3)"))
+        if not lay.recompute_modules:
+            v.append(Violation("recompute_modules", "an empty module list recomputes nothing: use recompute none"))
     if lay.recompute_layers is not None:
         if lay.recompute != "full":
             v.append(Violation("recompute_layers", "recompute_layers applies to full recompute only"))

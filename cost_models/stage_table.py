@@ -31,7 +31,7 @@ from cost_models.calibration import Calibration
 from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.flops import flash_backward_factor
-from cost_models.layout import Layout
+from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.mesh import MeshLike, mesh_strides
 from cost_models.pipeline import in_flight_micro_batches
 from cost_models.stages import StagePartition
@@ -121,7 +121,7 @@ def _layer_arrays(
         out["a3"].append(a[3])
         out["fwd"].append(lt.forward)
         out["fb"].append(lt.forward + lt.backward)
-        out["sel"].append(lt.selective_recompute)
+        out["sel"].append(lt.selective_recompute_of(actx.recompute_modules))
         out["osac"].append(lt.op_sac_recompute)
         out["attn_f"].append(lt.attention_fwd)  # the attention kernel's forward seconds
         out["moe"].append(float(key[0]))
@@ -403,6 +403,7 @@ def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | 
         mesh.framework, gemm_input_bytes=1 if fp8_inputs else training.activation_bytes,
         norm_bytes=EAGER_FP32_NORM_BYTES if eager_rms else training.activation_bytes,
         cp=mesh.cp, cp_attention=getattr(mesh, "cp_attention", "ring") if mesh.cp > 1 else "ring",
+        recompute_modules=getattr(mesh, "recompute_modules_", DEFAULT_RECOMPUTE_MODULES),
     )
 
 

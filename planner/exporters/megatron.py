@@ -283,10 +283,24 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
     return args
 
 
+MEGATRON_RECOMPUTE_MODULE = {"core_attn": "core_attn", "layernorm": "layernorm", "mla_up_proj": "mla_up_proj"}
+"""`Layout.recompute_modules` as Megatron-Core's --recompute-modules spells them ("act" below)."""
+
+
 def _recompute_args(job: Job, lost: list[str]) -> list[Arg]:
     lay = job.lay
     if lay.recompute == "selective":
-        return [("--recompute-granularity", "selective")]
+        modules = lay.recompute_modules_
+        names = [MEGATRON_RECOMPUTE_MODULE[m] for m in modules if m in MEGATRON_RECOMPUTE_MODULE]
+        if "act" in modules:
+            if job.model.is_moe:
+                names.append("moe_act")
+            if not job.model.is_moe or job.model.moe_layer_count < job.model.num_layers or job.model.num_shared_experts:
+                lost.append(
+                    "selective recompute of the dense MLP activation: Megatron-Core recomputes expert "
+                    "activations (moe_act) or whole MLPs (mlp), not a dense MLP's activation alone"
+                )
+        return [("--recompute-granularity", "selective"), ("--recompute-modules", *sorted(set(names)))]
     if lay.recompute != "full":
         return []
     if lay.recompute_layers is None:

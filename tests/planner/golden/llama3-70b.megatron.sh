@@ -46,6 +46,7 @@ MEGATRON_ARGS=(
     --global-batch-size 512
     # recompute
     --recompute-granularity selective
+    --recompute-modules core_attn
     # precision
     --bf16
     --grad-reduce-in-bf16
