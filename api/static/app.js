@@ -80,7 +80,7 @@ function ready() {
 }
 function fail(error) {
   if (error instanceof NeedToken) {
-    app().innerHTML = `<h1>Runs</h1><p class="error">Reading runs needs an API token: create one with
+    app().innerHTML = `<h1>Runs</h1><p class="notice">Reading runs needs an API token: create one with
       <code>autopar tokens create --name me</code> and paste it in the box at the top right.</p>`;
   } else {
     app().innerHTML = `<p class="error">${esc(error.message || error)}</p>`;
@@ -101,6 +101,16 @@ function describe(l) {
   if (l.sp) parts.push("sp");
   if (l.offload_optimizer) parts.push("offload");
   return parts.join(" ");
+}
+function runLength(values) {
+  // [4, 4, 4, 3] -> "4 ×3, 3": layers per pipeline chunk, in pipeline order
+  const out = [];
+  for (const v of values) {
+    const last = out[out.length - 1];
+    if (last && last[0] === v) last[1] += 1;
+    else out.push([v, 1]);
+  }
+  return out.map(([v, n]) => (n > 1 ? `${v} ×${n}` : `${v}`)).join(", ");
 }
 const cards = (items) =>
   `<div class="cards">${items.map(([k, v]) => `<div class="card"><div class="k">${esc(k)}</div><div class="v">${v}</div></div>`).join("")}</div>`;
@@ -188,8 +198,8 @@ function memoryChart(id, labels, stages, capacity, usable) {
       labels,
       datasets: [
         ...MEMORY_PARTS.map(([key, label, color]) => ({ label, data: stages.map((s) => (s[key] || 0) / GIB), backgroundColor: color, stack: "mem" })),
-        { type: "line", label: "GPU capacity", data: labels.map(() => capacity / GIB), borderColor: "#b42318", borderWidth: 2, pointRadius: 0 },
-        { type: "line", label: "usable (after headroom)", data: labels.map(() => usable / GIB), borderColor: "#b42318", borderDash: [6, 4], borderWidth: 1.5, pointRadius: 0 },
+        { type: "line", label: "GPU capacity", stack: "capacity", data: labels.map(() => capacity / GIB), borderColor: "#b42318", borderWidth: 2, pointRadius: 0 },
+        { type: "line", label: "usable (after headroom)", stack: "usable", data: labels.map(() => usable / GIB), borderColor: "#b42318", borderDash: [6, 4], borderWidth: 1.5, pointRadius: 0 },
       ],
     },
     options: { scales: { x: { stacked: true }, y: axis("GiB per GPU (worst rank)", { stacked: true, beginAtZero: true }) } },
@@ -234,9 +244,9 @@ async function planPage(id) {
       ["peak memory", `${gib(e.memory.peak_bytes)} of ${gib(usableBytes(plan))} GiB usable`], ["pipeline bubble", pct(e.bubble_fraction)],
     ]);
     html += `<h2>Layout</h2>${table(
-      ["dp", "dp shard", "tp", "sp", "pp", "vpp", "cp", "ep", "ZeRO", "micro batch", "grad accum", "recompute", "schedule", "offload optimizer", "rank order", "layers per stage"],
+      ["dp", "dp shard", "tp", "sp", "pp", "vpp", "cp", "ep", "ZeRO", "micro batch", "grad accum", "recompute", "schedule", "offload optimizer", "rank order", "layers per chunk"],
       [[l.dp, l.dp_shard, l.tp, l.sp ? "on" : "off", l.pp, l.vpp, l.cp, l.ep, l.zero_stage, l.micro_batch, l.grad_accum,
-        esc(l.recompute + (l.recompute_layers ? ` (${l.recompute_layers} layers)` : "")), esc(l.schedule), l.offload_optimizer ? "yes" : "no", esc(l.order), esc(best.partition.join(", "))]],
+        esc(l.recompute + (l.recompute_layers ? ` (${l.recompute_layers} layers)` : "")), esc(l.schedule), l.offload_optimizer ? "yes" : "no", esc(l.order), esc(runLength(best.partition))]],
     )}`;
     if (best.placement) {
       html += `<h2>Placement on the topology</h2>${table(
@@ -343,7 +353,7 @@ async function comparePage() {
       labels,
       datasets: [
         ...MEMORY_PARTS.map(([key, name, color]) => ({ label: name, data: feasible.map((r) => (worst(r)[key] || 0) / GIB), backgroundColor: color, stack: "m" })),
-        { type: "line", label: "usable (after headroom)", data: feasible.map((r) => usableBytes(r.plan) / GIB), borderColor: "#b42318", borderDash: [6, 4], pointRadius: 5, showLine: false },
+        { type: "line", label: "usable (after headroom)", stack: "usable", data: feasible.map((r) => usableBytes(r.plan) / GIB), borderColor: "#b42318", borderDash: [6, 4], pointRadius: 5, showLine: false },
       ],
     },
     options: { scales: { x: { stacked: true }, y: axis("GiB per GPU", { stacked: true, beginAtZero: true }) } },
@@ -423,7 +433,7 @@ async function runPage(id) {
         labels: ranks.map((_, i) => `rank ${i}`),
         datasets: [
           { label: "measured peak", data: ranks.map((b) => (b === null ? null : b / GIB)), backgroundColor: "#2a5db0" },
-          { type: "line", label: "predicted (worst stage)", data: ranks.map(() => predictedWorst / GIB), borderColor: "#b42318", borderDash: [6, 4], pointRadius: 0 },
+          { type: "line", label: "predicted (worst stage)", stack: "predicted", data: ranks.map(() => predictedWorst / GIB), borderColor: "#b42318", borderDash: [6, 4], pointRadius: 0 },
         ],
       },
       options: { scales: { y: axis("GiB", { beginAtZero: true }) } },
