@@ -22,8 +22,8 @@ import typer
 
 GIB = 2**30
 EXTRA_HINT = {
-    "api": "the service (FastAPI, uvicorn, SQLAlchemy, Alembic, httpx)",
-    "runtime": "the training runtime (torch 2.13.0)",
+    "api": "the api extra (FastAPI, uvicorn, SQLAlchemy, Alembic, httpx)",
+    "runtime": "the runtime extra (torch 2.13.0)",
 }
 
 

@@ -142,15 +142,16 @@ async function plansPage() {
   const query = new URLSearchParams({ sort, limit, offset });
   for (const key of ["model", "cluster", "gpus", "feasible"]) if (q.get(key)) query.set(key, q.get(key));
   const page = await api(`/v1/plans?${query}`);
-  const sortHeader = (key, label) => {
+  const picked = new Set((q.get("pick") || "").split(","));
+  const sortHeader = (key, label, align = "num") => {
     const active = sort.replace("-", "") === key;
     const next = active && sort.startsWith("-") ? key : `-${key}`;
     const arrow = active ? (sort.startsWith("-") ? " ▼" : " ▲") : "";
     const u = new URLSearchParams(q); u.set("sort", next); u.delete("offset");
-    return `<th class="num sortable"><a href="?${u}" data-sort="${key}">${label}${arrow}</a></th>`;
+    return `<th class="${align} sortable"><a href="?${u}" data-sort="${key}">${label}${arrow}</a></th>`;
   };
   const rows = page.items.map((p) => `<tr>
-      <td><input type="checkbox" class="pick" value="${p.id}"></td>
+      <td><input type="checkbox" class="pick" value="${p.id}" ${picked.has(String(p.id)) ? "checked" : ""}></td>
       <td><a href="/ui/plans/${p.id}">#${p.id}</a></td><td>${when(p.created_at)}</td>
       <td>${esc(p.model)}</td><td>${esc(p.cluster)}</td><td class="num">${p.gpus}</td>
       <td class="num">${p.seq_len}</td><td class="num">${p.global_batch}</td><td>${esc(p.precision)}</td>
@@ -172,7 +173,7 @@ async function plansPage() {
     </form>
     <p class="muted">${page.total} plan(s); showing ${page.items.length ? offset + 1 : 0}–${offset + page.items.length}.
       ${offset > 0 ? `<a href="?${prev}">previous</a>` : ""} ${offset + limit < page.total ? `<a href="?${next}">next</a>` : ""}</p>
-    <table id="plans"><thead><tr><th></th><th>plan</th><th>created</th><th>model</th><th>cluster</th><th class="num">GPUs</th>
+    <table id="plans"><thead><tr><th></th><th>plan</th>${sortHeader("created_at", "created", "")}<th>model</th><th>cluster</th><th class="num">GPUs</th>
       <th class="num">seq</th><th class="num">global batch</th><th>precision</th><th>fits</th>
       <th class="num">step s</th>${sortHeader("tokens_per_s", "tokens/s")}${sortHeader("mfu", "MFU")}<th>calibration</th></tr></thead>
       <tbody>${rows || '<tr><td colspan="14" class="muted">No plans yet: POST /v1/plans (see /docs).</td></tr>'}</tbody></table>`;
@@ -186,6 +187,7 @@ async function plansPage() {
   const button = document.getElementById("compare");
   const chosen = () => picks.filter((p) => p.checked).map((p) => p.value);
   picks.forEach((p) => p.addEventListener("change", () => { button.disabled = chosen().length < 2; }));
+  button.disabled = chosen().length < 2;
   button.addEventListener("click", () => { location.href = `/ui/compare?ids=${chosen().join(",")}`; });
   ready();
 }
@@ -233,7 +235,7 @@ async function planPage(id) {
   let html = `<h1>Plan #${record.id}: ${esc(inp.model.name)} on ${inp.gpus} GPUs of ${esc(inp.cluster.name)}</h1>
     <p class="muted">seq ${inp.training.seq_len}, global batch ${inp.training.global_batch} sequences, ${esc(inp.training.precision)},
       framework ${esc(inp.constraints.framework)}; created ${when(record.created_at)}; calibration: ${esc(plan.calibration)}.
-      <a href="/ui/compare?ids=${record.id}">compare with…</a></p>
+      <a href="/ui/plans?pick=${record.id}">compare with…</a></p>
     <ul class="why">${plan.why.map((w) => `<li>${esc(w)}</li>`).join("")}</ul>`;
   if (best) {
     const e = best.estimate;

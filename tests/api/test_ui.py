@@ -191,6 +191,16 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     rows = browser.find_elements("css selector", "#plans tbody tr")
     assert len(rows) == 3 and "llama3-70b" in text and "no layout fits" in text
 
+    order = lambda: [r.find_element("css selector", "a").text for r in browser.find_elements("css selector", "#plans tbody tr")]  # noqa: E731
+    browser.find_element("css selector", "a[data-sort=tokens_per_s]").click()  # sort by predicted tokens/s, descending
+    _wait(browser, lambda: "sort=-tokens_per_s" in browser.current_url, "the sorted list")
+    _open(browser, browser.current_url, "01b-plan-list-by-throughput")
+    assert order() == [f"#{site.big}", f"#{site.tiny}", f"#{site.impossible}"]  # no throughput: last
+    browser.find_element("css selector", "a[data-sort=tokens_per_s]").click()  # again: ascending
+    _wait(browser, lambda: "sort=tokens_per_s" in browser.current_url, "the re-sorted list")
+    _open(browser, browser.current_url, "01c-plan-list-by-throughput-ascending")
+    assert order() == [f"#{site.tiny}", f"#{site.big}", f"#{site.impossible}"]
+
     _open(browser, f"{url}/ui/plans?model=tiny&sort=-tokens_per_s", "02-plan-list-filtered")
     rows = browser.find_elements("css selector", "#plans tbody tr")
     assert len(rows) == 1 and "tiny" in rows[0].text
@@ -211,10 +221,14 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     text = _open(browser, f"{url}/ui/plans/{site.tiny}", "05-plan-page-measured")
     assert f"#{site.done_run}" in text and "Predicted vs measured" in text
 
-    # the compare view, reached the way a user does: tick two plans, press the button
-    _open(browser, f"{url}/", "06-plan-list-picking")
+    # the compare view, reached the way a user does: "compare with..." on a plan, tick another, press the button
+    browser.find_element("link text", "compare with…").click()
+    _wait(browser, lambda: f"pick={site.tiny}" in browser.current_url, "the list with the plan ticked")
+    _open(browser, browser.current_url, "06-plan-list-picking")
+    assert not browser.find_element("id", "compare").is_enabled()  # one plan ticked: nothing to compare yet
     for box in browser.find_elements("css selector", "input.pick"):
-        if box.get_attribute("value") in (str(site.tiny), str(site.big)):
+        assert box.is_selected() == (box.get_attribute("value") == str(site.tiny))
+        if box.get_attribute("value") == str(site.big):
             box.click()
     browser.find_element("id", "compare").click()
     _wait(browser, lambda: "/ui/compare" in browser.current_url, "the compare page")
