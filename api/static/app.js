@@ -228,7 +228,10 @@ function paretoChart(id, datasets) {
 }
 
 async function planPage(id) {
-  const [record, profiles] = await Promise.all([api(`/v1/plans/${id}`), api(`/v1/plans/${id}/profiles?limit=200`)]);
+  const [record, profiles, runs] = await Promise.all([
+    api(`/v1/plans/${id}`), api(`/v1/plans/${id}/profiles?limit=200`),
+    token() ? api(`/v1/runs?plan_id=${id}&limit=50`, { auth: true }) : Promise.resolve(null),
+  ]);
   const plan = record.plan;
   const inp = plan.inputs;
   const best = plan.best;
@@ -281,6 +284,15 @@ async function planPage(id) {
   html += profiles.items.length
     ? profileTable(profiles.items)
     : `<p class="muted">No run has reported a profile for this plan yet.</p>`;
+  html += `<h2>Runs of this plan</h2>`;
+  if (runs) {
+    html += runs.items.length
+      ? table(["run", "cluster", "status", "progress", "created"], runs.items.map((r) => [`<a href="/ui/runs/${r.id}">#${r.id}</a>`,
+        esc(r.cluster), pill(r.status), progressBar(r), when(r.created_at)]))
+      : `<p class="muted">None queued: POST /v1/plans/${record.id}/runs (README, "Queue a stored plan").</p>`;
+  } else {
+    html += `<p class="muted">Paste an API token at the top right to see this plan's runs.</p>`;
+  }
   html += `<h2>Search</h2><p class="muted">${num(plan.stats.generated, 0)} layouts generated, ${num(plan.stats.invalid, 0)} invalid,
     ${num(plan.stats.pruned, 0)} pruned, ${num(plan.stats.priced, 0)} priced, ${num(plan.stats.feasible, 0)} fit; ${num(plan.stats.seconds, 2)} s.</p>`;
   app().innerHTML = html;
@@ -380,13 +392,26 @@ async function runsPage() {
   for (const key of ["status", "cluster", "plan_id"]) if (q.get(key)) query.set(key, q.get(key));
   const page = await api(`/v1/runs?${query}`, { auth: true });
   const live = page.items.some((r) => !TERMINAL.has(r.status));
+  const statuses = ["", "queued", "leased", "running", "succeeded", "failed", "cancelled"];
   app().innerHTML = `<h1>Runs</h1>
+    <form class="filters" id="run-filters">
+      <label>status<select name="status">${statuses.map((v) => `<option value="${v}" ${q.get("status") === v ? "selected" : ""}>${v || "any"}</option>`).join("")}</select></label>
+      <label>cluster<input name="cluster" value="${esc(q.get("cluster") || "")}" size="14"></label>
+      <label>plan<input name="plan_id" type="number" min="1" value="${esc(q.get("plan_id") || "")}" style="width:6rem"></label>
+      <button type="submit">Filter</button>
+    </form>
     <p class="muted">${page.total} run(s). ${live ? "Live: refreshed every 2 s while a run is queued or running." : ""}</p>
     ${table(["run", "plan", "cluster", "status", "progress", "loss", "attempt", "created", "finished"],
       page.items.map((r) => [`<a href="/ui/runs/${r.id}">#${r.id}</a>`, `<a href="/ui/plans/${r.plan_id}">#${r.plan_id}</a>`, esc(r.cluster),
         pill(r.status), progressBar(r), r.progress && r.progress.loss !== null ? num(r.progress.loss, 3) : "–", `${r.attempt}/${r.max_attempts}`,
         when(r.created_at), when(r.finished_at)]), { numeric: [5] })}`;
   if (!page.items.length) app().insertAdjacentHTML("beforeend", `<p class="muted">No runs: queue one with POST /v1/plans/{id}/runs.</p>`);
+  document.getElementById("run-filters").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const u = new URLSearchParams();
+    for (const [k, v] of new FormData(ev.target)) if (v) u.set(k, v);
+    location.search = u.toString();
+  });
   ready();
   if (live) poll(runsPage);
 }

@@ -259,6 +259,15 @@ def test_run_pages_show_live_progress_and_predicted_vs_measured(site: Site, brow
 
     text = _open(browser, f"{url}/ui/runs", "11-runs")
     assert len(browser.find_elements("css selector", "#app tbody tr")) == 2 and "refreshed every 2 s" in text
+    browser.find_element("css selector", "#run-filters select[name=status]").send_keys("succeeded")
+    browser.find_element("css selector", "#run-filters button").click()
+    _wait(browser, lambda: "status=succeeded" in browser.current_url, "the filtered runs")
+    _open(browser, browser.current_url, "11b-runs-succeeded")
+    rows = browser.find_elements("css selector", "#app tbody tr")
+    assert len(rows) == 1 and f"#{site.done_run}" in rows[0].text
+
+    text = _open(browser, f"{url}/ui/plans/{site.tiny}", "11c-plan-page-with-runs")
+    assert "Runs of this plan" in text and f"#{site.live_run}" in text and "2/10 steps" in text
 
     text = _open(browser, f"{url}/ui/runs/{site.done_run}", "12-run-finished")
     assert "succeeded" in text and "4/4 steps" in text and "training" not in text
