@@ -193,18 +193,49 @@ async function plansPage() {
 }
 
 // ---- one plan -----------------------------------------------------------------------------------
+// Horizontal reference lines across the whole plot (GPU capacity, usable memory, a prediction),
+// labelled on the line (under it with `below`): options.plugins.hlines.lines = [{value, label, color, dash, below}].
+const hlines = {
+  id: "hlines",
+  afterDatasetsDraw(c, _args, opts) {
+    const { ctx, chartArea, scales } = c;
+    for (const line of opts.lines || []) {
+      const y = scales.y.getPixelForValue(line.value);
+      ctx.save();
+      ctx.strokeStyle = ctx.fillStyle = line.color || "#b42318";
+      ctx.lineWidth = 2;
+      ctx.setLineDash(line.dash || []);
+      ctx.beginPath();
+      ctx.moveTo(chartArea.left, y);
+      ctx.lineTo(chartArea.right, y);
+      ctx.stroke();
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.textAlign = "right";
+      ctx.fillText(line.label, chartArea.right - 4, line.below ? y + 13 : y - 4);
+      ctx.restore();
+    }
+  },
+};
+
 function memoryChart(id, labels, stages, capacity, usable) {
   chart(id, {
     type: "bar",
+    plugins: [hlines],
     data: {
       labels,
-      datasets: [
-        ...MEMORY_PARTS.map(([key, label, color]) => ({ label, data: stages.map((s) => (s[key] || 0) / GIB), backgroundColor: color, stack: "mem" })),
-        { type: "line", label: "GPU capacity", stack: "capacity", data: labels.map(() => capacity / GIB), borderColor: "#b42318", borderWidth: 2, pointRadius: 0 },
-        { type: "line", label: "usable (after headroom)", stack: "usable", data: labels.map(() => usable / GIB), borderColor: "#b42318", borderDash: [6, 4], borderWidth: 1.5, pointRadius: 0 },
-      ],
+      datasets: MEMORY_PARTS.map(([key, label, color]) => ({ label, data: stages.map((s) => (s[key] || 0) / GIB), backgroundColor: color, stack: "mem" })),
     },
-    options: { scales: { x: { stacked: true }, y: axis("GiB per GPU (worst rank)", { stacked: true, beginAtZero: true }) } },
+    options: {
+      scales: { x: { stacked: true }, y: axis("GiB per GPU (worst rank)", { stacked: true, beginAtZero: true, suggestedMax: (capacity / GIB) * 1.08 }) },
+      plugins: {
+        hlines: {
+          lines: [
+            { value: capacity / GIB, label: `GPU capacity ${num(capacity / GIB, 1)} GiB` },
+            { value: usable / GIB, label: `usable ${num(usable / GIB, 1)} GiB (after headroom)`, dash: [6, 4], below: true },
+          ],
+        },
+      },
+    },
   });
 }
 function timeBreakdownChart(id, breakdown) {
@@ -274,7 +305,12 @@ async function planPage(id) {
         { numeric: [0, 2, 3, 4, 5, 6] },
       )}`;
   } else if (plan.closest_miss) {
-    html += `<h2>Closest miss</h2><pre>${esc(JSON.stringify(plan.closest_miss, null, 2))}</pre>`;
+    const miss = plan.closest_miss;
+    html += `<h2>Closest miss</h2>
+      <p>${esc(describe(miss.layout))}: needs ${gib(miss.peak_bytes)} GiB on pipeline stage ${miss.worst_stage},
+        ${gib(miss.over_by_bytes)} GiB over the ${gib(miss.usable_bytes)} GiB usable per GPU.</p>
+      <div class="grid2"><div class="panel"><h2>Memory of the closest miss (worst stage)</h2>
+        <div class="chart"><canvas id="chart-miss"></canvas></div></div></div>`;
   }
   if (plan.rejections.length) {
     html += `<h2>Rejected layouts</h2>${table(["count", "reason", "example"],
@@ -296,6 +332,11 @@ async function planPage(id) {
   html += `<h2>Search</h2><p class="muted">${num(plan.stats.generated, 0)} layouts generated, ${num(plan.stats.invalid, 0)} invalid,
     ${num(plan.stats.pruned, 0)} pruned, ${num(plan.stats.priced, 0)} priced, ${num(plan.stats.feasible, 0)} fit; ${num(plan.stats.seconds, 2)} s.</p>`;
   app().innerHTML = html;
+  if (!best && plan.closest_miss) {
+    const miss = plan.closest_miss;
+    const capacity = inp.cluster.gpu.memory_bytes;
+    memoryChart("chart-miss", [`stage ${miss.worst_stage}`], [miss.breakdown], capacity, miss.usable_bytes);
+  }
   if (best) {
     const stages = best.estimate.memory.stages;
     memoryChart("chart-memory", stages.map((_, i) => `stage ${i}`), stages, best.estimate.memory.capacity_bytes, usableBytes(plan));
@@ -458,12 +499,13 @@ async function runPage(id) {
       type: "bar",
       data: {
         labels: ranks.map((_, i) => `rank ${i}`),
-        datasets: [
-          { label: "measured peak", data: ranks.map((b) => (b === null ? null : b / GIB)), backgroundColor: "#2a5db0" },
-          { type: "line", label: "predicted (worst stage)", stack: "predicted", data: ranks.map(() => predictedWorst / GIB), borderColor: "#b42318", borderDash: [6, 4], pointRadius: 0 },
-        ],
+        datasets: [{ label: "measured peak", data: ranks.map((b) => (b === null ? null : b / GIB)), backgroundColor: "#2a5db0" }],
       },
-      options: { scales: { y: axis("GiB", { beginAtZero: true }) } },
+      plugins: [hlines],
+      options: {
+        scales: { y: axis("GiB", { beginAtZero: true, suggestedMax: (predictedWorst / GIB) * 1.1 }) },
+        plugins: { hlines: { lines: [{ value: predictedWorst / GIB, label: `predicted ${num(predictedWorst / GIB, 2)} GiB (worst stage)`, dash: [6, 4] }] } },
+      },
     });
   }
   ready();

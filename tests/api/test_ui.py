@@ -216,7 +216,8 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     assert "Rejected layouts" in text and "usable" in text
 
     text = _open(browser, f"{url}/ui/plans/{site.impossible}", "04-plan-page-no-fit")
-    assert "No layout fits" in text or "no layout fits" in text.lower()
+    assert "No layout fits" in text and "Closest miss" in text and "GiB usable per GPU" in text
+    assert _chart_drawn(browser, "chart-miss")["points"][0] == 1
 
     text = _open(browser, f"{url}/ui/plans/{site.tiny}", "05-plan-page-measured")
     assert f"#{site.done_run}" in text and "Predicted vs measured" in text
