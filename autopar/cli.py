@@ -400,6 +400,7 @@ def models(
     for name in list_models():
         pc = count_params(get_model(name))
         typer.echo(f"{name:24s} {pc.total / 1e9:10.3f} B total {pc.active / 1e9:10.3f} B active")
+    typer.echo("(autopar models --show NAME prints a preset's fields; --model also takes a HF config.json)", err=True)
 
 
 @app.command()
@@ -421,6 +422,8 @@ def clusters(
     for name in list_clusters():
         c = get_cluster(name)
         typer.echo(f"{name:18s} {c.gpu.name:22s} {c.gpus_per_node} GPUs/node  domain {c.domain_size}")
+    typer.echo("(autopar clusters --show NAME prints one as a YAML cluster file to edit; --cluster takes the file)",
+               err=True)
 
 
 @app.command()

@@ -30,6 +30,8 @@ def serve(
     from api.settings import Settings
 
     settings = Settings(database_url=database_url or database_url_from_env())
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    typer.echo(f"autopar: web UI at http://{shown}:{port}/ , API docs at http://{shown}:{port}/docs", err=True)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
 
 
