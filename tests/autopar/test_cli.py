@@ -180,18 +180,15 @@ def test_an_entry_copied_from_the_preset_file_is_read_as_it_is(tmp_path) -> None
         assert json.loads(r.stdout)["cluster"] == name
 
 
-def test_readme_cluster_example_loads() -> None:
+def test_readme_cluster_example_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from autopar.cli_support import read_cluster_file
 
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Cluster files", 1)[1]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
-    path = REPO / "tests" / "autopar" / "__readme_cluster__.yaml"
-    try:
-        path.write_text(block)
-        spec = cluster_from_dict(read_cluster_file(path))
-    finally:
-        path.unlink(missing_ok=True)
+    path = tmp_path / "readme-cluster.yaml"
+    path.write_text(block)
+    spec = cluster_from_dict(read_cluster_file(path))
     assert spec.name == "my-h100-pod" and spec.gpu.name == "H100-80GB"
     assert spec.inter_node.nic_bandwidth_bytes_per_s == 50e9 and spec.intra_node.latency_s == pytest.approx(1.9e-6)
 
