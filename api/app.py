@@ -22,6 +22,7 @@ from api.metrics import Metrics
 from api.planning import PlannerPool
 from api.routes import calibration, plans, runs, specs, system
 from api.settings import Settings
+from api.ui import install_ui
 
 log = logging.getLogger("autopar.api")
 VERSION = "1"
@@ -166,6 +167,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "Units: bytes are integers (`*_bytes`), times in seconds (`*_s`), rates per second (`*_per_s`)."
         ),
         lifespan=lifespan,
+        docs_url=None,  # api.ui serves /docs from vendored Swagger UI assets (no CDN)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = db
@@ -174,6 +177,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_handlers(app)
     for module in (system, plans, specs, runs, calibration):
         app.include_router(module.router)
+    install_ui(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
     app.add_middleware(RequestMetrics, metrics=metrics)  # type: ignore[arg-type]
     return app

@@ -156,6 +156,15 @@ def heartbeat(session: Session, run: RunRow, agent: AgentRow, attempt: int, prog
     return run
 
 
+def final_progress(progress: dict[str, Any] | None, steps: int, status: str) -> dict[str, Any]:
+    """The progress a finished run shows: the last heartbeat's loss and step (all steps when it
+    succeeded), with the final status as the message, never the heartbeat's stale "training"."""
+    last = dict(progress or {})
+    total = int(last.get("steps") or steps)
+    step = total if status == "succeeded" else min(int(last.get("step") or 0), total)
+    return {"step": step, "steps": total, "loss": last.get("loss"), "message": status}
+
+
 def finish(
     session: Session, run: RunRow, agent: AgentRow, attempt: int, status: str, log_tail: str, exit_code: int | None
 ) -> RunRow:
@@ -175,6 +184,7 @@ def finish(
     run.lease_deadline = None
     run.log_tail = log_tail
     run.exit_code = exit_code
+    run.progress = final_progress(run.progress, run.steps, status)
     if status == "failed":
         run.failure_reason = f"agent {agent.id} reported failure" + (f" (exit code {exit_code})" if exit_code is not None else "")
     elif status == "cancelled":

@@ -14,23 +14,43 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Auto-paralle
 
 
 def _model_ref(model: str) -> Any:
-    """A preset name, or a path to a HuggingFace config.json (or a folder holding one)."""
+    """A preset name, or a path to a HuggingFace config.json (or a folder holding one), or to a JSON
+    file of ModelSpec fields (what `autopar models --show NAME` prints)."""
+    from autopar.cli_support import looks_like_path
+
     path = Path(model)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.suffix == ".json" and path.is_file():
-        return {"hf_config": json.loads(path.read_text()), "name": path.parent.name or path.stem}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise typer.BadParameter(f"cannot read {path} as JSON: {exc}", param_hint="--model") from exc
+        if isinstance(data, dict) and "num_layers" in data and "model_type" not in data:
+            return data  # ModelSpec fields
+        return {"hf_config": data, "name": path.parent.name or path.stem}
+    if looks_like_path(model) and not path.exists():
+        raise typer.BadParameter(
+            f"model file not found: {path} (a model is a preset name, `autopar models`, or a HuggingFace "
+            "config.json or a folder holding one)", param_hint="--model",
+        )
     return model
 
 
 def _cluster_ref(cluster: str) -> Any:
-    """A preset name, or a path to a cluster YAML file."""
-    path = Path(cluster)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        import yaml
+    """A preset name, or a path to a cluster YAML file (README, 'Cluster files')."""
+    from autopar.cli_support import looks_like_path, read_cluster_file
 
-        return yaml.safe_load(path.read_text())
+    if looks_like_path(cluster) or Path(cluster).is_file():
+        return read_cluster_file(Path(cluster))
     return cluster
+
+
+def _need_global_batch(global_batch: int | None, global_batch_tokens: int | None) -> None:
+    if not global_batch and not global_batch_tokens:
+        typer.echo("error: give the batch: --global-batch N (sequences per optimizer step) or "
+                   "--global-batch-tokens N (tokens per step)", err=True)
+        raise typer.Exit(2)
 
 
 def _gpus(gpus: int | None, nodes: int | None, cluster_ref: Any) -> int:
@@ -88,6 +108,7 @@ def evaluate(
     first_stage_layers: int | None = typer.Option(None, help="Megatron decoder_first_pipeline_num_layers"),
     last_stage_layers: int | None = typer.Option(None, help="Megatron decoder_last_pipeline_num_layers"),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
+    headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free (as `autopar plan`): sets 'usable'"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
     jobs: Path | None = typer.Option(None, help="JSONL file of jobs ('-' = stdin); one JSON result per line"),
     workers: int = typer.Option(
@@ -102,6 +123,7 @@ def evaluate(
         return
     if not model or not cluster:
         raise typer.BadParameter("--model and --cluster are required (or --jobs FILE)")
+    _need_global_batch(global_batch, global_batch_tokens)
     model_ref, cluster_ref = _model_ref(model), _cluster_ref(cluster)
     training: dict[str, Any] = {"seq_len": seq_len, "precision": precision, "grad_dtype": grad_dtype}
     if global_batch_tokens:
@@ -129,7 +151,7 @@ def evaluate(
     else:
         from autopar.render import print_evaluation
 
-        print_evaluation(result)
+        print_evaluation(result, headroom=headroom)
     if not result["ok"]:
         raise typer.Exit(2)
 
@@ -185,7 +207,7 @@ def plan(
     global_batch_tokens: int | None = typer.Option(None, help="tokens per step (instead of --global-batch)"),
     precision: str = typer.Option("bf16", help="bf16 | fp16 | fp8 | fp32"),
     grad_dtype: str = typer.Option("bf16", help="gradient buffer dtype: bf16 | fp32"),
-    top: int = typer.Option(5, help="alternatives to show"),
+    top: int = typer.Option(5, min=1, help="layouts to show: the best and the next N-1"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free"),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     tp: int | None = typer.Option(None, help="pin the tensor-parallel degree"),
@@ -194,18 +216,21 @@ def plan(
     ep: int | None = typer.Option(None, help="pin the expert-parallel degree"),
     zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
     schedule: str | None = typer.Option(None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b"),
-    no_offload: bool = typer.Option(False, help="never offload the optimizer"),
+    offload: bool = typer.Option(
+        True, "--offload/--no-offload", help="allow offloading the optimizer to host memory (--no-offload: never)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
     export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
 ) -> None:
     """Search every hybrid layout, rank by step time, explain the choice."""
     from pydantic import ValidationError
 
-    from cost_models.jobs import JobError, _resolve, resolve_cluster, resolve_model
+    from cost_models.jobs import JobError, _resolve, format_validation_error, resolve_cluster, resolve_model
     from model_specs.spec import TrainingSpec
     from planner.plan import SearchConstraints
     from planner.search import search
 
+    _need_global_batch(global_batch, global_batch_tokens)
     model_ref, cluster_ref = _model_ref(model), _cluster_ref(cluster)
     try:
         spec = _resolve("model", resolve_model, model_ref)
@@ -216,9 +241,12 @@ def plan(
         )
         constraints = SearchConstraints(
             memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
-            allow_offload=not no_offload, top_k=top,
+            allow_offload=offload, top_k=max(top - 1, 1),
         )
-    except (JobError, ValidationError) as exc:
+    except ValidationError as exc:
+        typer.echo(f"error: {format_validation_error(exc)}", err=True)
+        raise typer.Exit(2) from exc
+    except JobError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     n = gpus or (nodes * cl.gpus_per_node if nodes else 0)
@@ -242,7 +270,7 @@ def plan(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
-        print_plan(result)
+        print_plan(result, rows=top)
     if result.best is None:
         raise typer.Exit(3)
 
@@ -251,7 +279,7 @@ def plan(
 def run(
     ctx: typer.Context,
     plan_file: Path = typer.Argument(..., help="Plan JSON (autopar plan --json) or RunSpec JSON"),
-    steps: int = typer.Option(10, help="training steps"),
+    steps: int = typer.Option(10, min=1, help="training steps"),
     nproc_per_node: int | None = typer.Option(None, help="processes per node (default: the plan's GPUs, one node)"),
     backend: str = typer.Option("auto", help="auto | gloo | nccl"),
     out: Path = typer.Option(Path("profile.json"), help="Profile JSON written by rank 0"),
@@ -269,16 +297,20 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="with --fake-world: print the rows as JSON"),
 ) -> None:
     """Execute a plan through torchrun (standalone on one host; extra torchrun flags pass through,
-    e.g. --nnodes 4 --rdzv-endpoint host:29500 for multi-node)."""
+    e.g. --nnodes 4 --rdzv-endpoint host:29500 for multi-node). Shows the step progress, writes the
+    Profile, and ends with the measured figures beside the plan's prediction. The workers' output
+    goes to OUT with the suffix .log."""
     import os
     import shlex
-    import subprocess
+
+    from autopar.cli_support import log_tail, require_extra, run_summary, run_with_progress
 
     try:
         data = json.loads(plan_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise typer.BadParameter(f"cannot read {plan_file}: {exc}") from exc
     if fake_world is not None:
+        require_extra("runtime", "run --fake-world", ["torch"])
         _fake_world(data, fake_world, fake_steps, as_json)
         return
     gpus = data.get("inputs", {}).get("gpus") or data.get("gpus")
@@ -298,29 +330,67 @@ def run(
     if dry_run:
         typer.echo(shlex.join(argv))
         return
+    require_extra("runtime", "run", ["torch"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    progress_file = out.with_name(out.name + ".progress")
+    log_file = out.with_suffix(".log")
+    argv += ["--progress-file", str(progress_file)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    raise typer.Exit(subprocess.run(argv, env=env, check=False).returncode)  # argv list: no shell
+    typer.echo(f"launching {nproc} processes (torchrun); their output: {log_file}", err=True)
+    code = run_with_progress(argv, env, progress_file, log_file, steps)
+    progress_file.unlink(missing_ok=True)
+    if code != 0:
+        typer.echo(f"error: the run failed with exit code {code}; last lines of {log_file}:\n{log_tail(log_file)}", err=True)
+        raise typer.Exit(code)
+    try:
+        profile = json.loads(out.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        typer.echo(f"error: the run ended but wrote no readable profile at {out}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    for line in run_summary(profile, data if "best" in data else None):
+        typer.echo(line)
+    typer.echo(f"profile: {out}")
 
 
 def _fake_world(data: dict[str, Any], world: int, steps: int, as_json: bool) -> None:
-    """`autopar run --fake-world N`: runtime.fake_world on the plan's layout at N ranks (the data-
-    parallel degree re-derived when N differs from the plan's GPU count)."""
+    """`autopar run --fake-world N`: runtime.fake_world on the plan's layout at N ranks. When N
+    differs from the plan's GPU count, the data-parallel degree is re-derived and the global batch
+    scaled with it (same sequences per data-parallel rank), so a plan made for 4 GPUs traces at 256."""
     from pydantic import ValidationError
 
+    from autopar.cli_support import busy
+    from cost_models.jobs import format_validation_error
     from cost_models.layout import LayoutError
     from runtime.spec import load_run_spec
 
+    note = ""
     try:
         run = load_run_spec(data, dtype="bf16")
         if world != run.gpus:
-            layout = run.layout.model_dump(exclude={"dp", "dp_shard", "grad_accum"})
-            run = load_run_spec({**run.model_dump(mode="json"), "gpus": world, "layout": layout})
-    except (LayoutError, ValidationError, ValueError) as exc:
+            lay = run.layout
+            model_ranks = lay.tp * lay.pp * lay.cp
+            if world % model_ranks:
+                raise ValueError(f"{world} ranks is not a multiple of tp x pp x cp = {model_ranks}")
+            new_dp = world // model_ranks
+            old_batch = run.training.global_batch
+            batch = old_batch * new_dp // lay.dp
+            layout = lay.model_dump(exclude={"dp", "dp_shard", "grad_accum"})
+            training = {**run.training.model_dump(mode="json"), "global_batch": batch, "global_batch_tokens": None}
+            run = load_run_spec({**run.model_dump(mode="json"), "gpus": world, "layout": layout, "training": training})
+            note = (f"at {world} ranks: dp {lay.dp} -> {new_dp}, global batch {old_batch} "
+                    f"-> {batch} sequences (same {batch // new_dp} per data-parallel rank)")
+    except ValidationError as exc:
+        typer.echo(f"error: the layout cannot run on {world} ranks: {format_validation_error(exc)}", err=True)
+        raise typer.Exit(2) from exc
+    except (LayoutError, ValueError) as exc:
         typer.echo(f"error: the layout cannot run on {world} ranks: {exc}", err=True)
         raise typer.Exit(2) from exc
     from runtime.fake_world import TABLE_HEADER, compare_with_estimate, format_row, measure_stages
 
-    rows = compare_with_estimate(run, measure_stages(run, steps))
+    if note and not as_json:
+        typer.echo(note, err=True)
+    with busy(f"tracing {run.layout.pp} pipeline stage(s) at {world} fake ranks"):
+        rows = compare_with_estimate(run, measure_stages(run, steps))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -332,24 +402,75 @@ def _fake_world(data: dict[str, Any], world: int, steps: int, as_json: bool) -> 
 
 
 @app.command()
-def models() -> None:
-    """List model presets with their parameter counts."""
+def models(
+    show: str | None = typer.Option(None, "--show", help="print one preset's ModelSpec fields as JSON (loadable "
+                                    "with --model FILE.json)"),
+) -> None:
+    """List model presets with their parameter counts (B = 1e9)."""
     from model_specs.params import count_params
     from model_specs.presets import get_model, list_models
 
+    if show is not None:
+        try:
+            spec = get_model(show)
+        except KeyError as exc:
+            typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
+            raise typer.Exit(2) from exc
+        pc = count_params(spec)
+        typer.echo(f"# {spec.name}: {pc.total / 1e9:.3f} B parameters, {pc.active / 1e9:.3f} B active per token", err=True)
+        typer.echo(spec.model_dump_json(indent=2))
+        return
     for name in list_models():
         pc = count_params(get_model(name))
         typer.echo(f"{name:24s} {pc.total / 1e9:10.3f} B total {pc.active / 1e9:10.3f} B active")
+    typer.echo("(autopar models --show NAME prints a preset's fields; --model also takes a HF config.json)", err=True)
 
 
 @app.command()
-def clusters() -> None:
-    """List cluster presets."""
+def clusters(
+    show: str | None = typer.Option(None, "--show", help="print one preset as a cluster YAML file to copy and edit"),
+) -> None:
+    """List cluster presets (or print one as YAML with --show NAME)."""
     from cluster_specs.presets import get_cluster, list_clusters
 
+    if show is not None:
+        from autopar.cli_support import preset_cluster_yaml
+
+        try:
+            typer.echo(preset_cluster_yaml(show), nl=False)
+        except KeyError as exc:
+            typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
+            raise typer.Exit(2) from exc
+        return
     for name in list_clusters():
         c = get_cluster(name)
         typer.echo(f"{name:18s} {c.gpu.name:22s} {c.gpus_per_node} GPUs/node  domain {c.domain_size}")
+    typer.echo("(autopar clusters --show NAME prints one as a YAML cluster file to edit; --cluster takes the file)",
+               err=True)
+
+
+@app.command()
+def gpus() -> None:
+    """List the GPU catalog: memory (GiB), dense bf16 and fp8 peak (TFLOP/s, 1e12), memory bandwidth
+    (TB/s, 1e12 bytes) and GPU-to-GPU link bandwidth per direction (GB/s, 1e9 bytes)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from cluster_specs.catalog import get_gpu, list_gpus
+
+    table = Table(title="GPU catalog (datasheet figures, dense peaks)")
+    for col in ("name", "vendor", "memory GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "link GB/s"):
+        table.add_column(col, justify="left" if col in ("name", "vendor") else "right")
+    for name in list_gpus():
+        g = get_gpu(name)
+        peak = g.peak_flops_per_s
+
+        def tflops(key: str, peak: dict[str, float] = peak) -> str:
+            return f"{peak[key] / 1e12:,.0f}" if key in peak else "-"
+
+        table.add_row(g.name, g.vendor, f"{g.memory_bytes / 2**30:,.1f}", tflops("bf16"), tflops("fp8"),
+                      f"{g.memory_bandwidth_bytes_per_s / 1e12:.2f}", f"{g.link_bandwidth_bytes_per_s / 1e9:,.0f}")
+    Console(width=120).print(table)
 
 
 from autopar.cli_agent import agent as _agent  # noqa: E402  (typer only; the agent loads when it runs)

@@ -28,6 +28,10 @@ def agent(
     import logging
     import signal
 
+    from autopar.cli_support import require_extra
+
+    require_extra("api", "agent", ["httpx"])
+    require_extra("runtime", "agent", ["torch"])  # the runs it launches train with torch
     from agent.runner import Agent, AgentConfig
 
     if not _CLUSTER.match(cluster):

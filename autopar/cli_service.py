@@ -6,6 +6,10 @@ from __future__ import annotations
 import typer
 
 from api.settings import DEFAULT_DATABASE_URL, database_url_from_env
+from autopar.cli_support import busy, require_extra
+
+SERVE_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic")
+DB_MODULES = ("sqlalchemy", "alembic")
 
 tokens_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Create, list and revoke API tokens.")
 
@@ -18,21 +22,26 @@ def serve(
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
-    """Serve the planning API (migrates the database first)."""
+    """Serve the planning API and the web UI at / (migrates the database first; API docs at /docs)."""
+    require_extra("api", "serve", SERVE_MODULES)
     import uvicorn
 
     from api.app import create_app
     from api.settings import Settings
 
     settings = Settings(database_url=database_url or database_url_from_env())
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    typer.echo(f"autopar: web UI at http://{shown}:{port}/ , API docs at http://{shown}:{port}/docs", err=True)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
 
 
-def _database(database_url: str | None):  # type: ignore[no-untyped-def]
+def _database(database_url: str | None, command: str):  # type: ignore[no-untyped-def]
+    require_extra("api", f"tokens {command}", DB_MODULES)
     from api.db import Database
 
     db = Database(database_url or database_url_from_env())
-    db.migrate()
+    with busy("opening and migrating the database"):
+        db.migrate()
     return db
 
 
@@ -44,9 +53,9 @@ def tokens_create(
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
     """Create a token and print it (shown this once; only its sha256 digest is stored)."""
+    db = _database(database_url, "create")
     from api.auth import create_token
 
-    db = _database(database_url)
     try:
         with db.write_session() as session:
             row, secret = create_token(session, name, role, cluster)  # type: ignore[arg-type]
@@ -64,9 +73,9 @@ def tokens_create(
 @tokens_app.command("list")
 def tokens_list(database_url: str | None = typer.Option(None, help=DATABASE_HELP)) -> None:
     """List tokens (id, prefix, role, cluster, created, revoked); never the secrets."""
+    db = _database(database_url, "list")
     from api.auth import list_tokens
 
-    db = _database(database_url)
     try:
         with db.read_session() as session:
             rows = list_tokens(session)
@@ -87,9 +96,9 @@ def tokens_revoke(
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
     """Revoke a token: requests with it are refused from now on."""
+    db = _database(database_url, "revoke")
     from api.auth import revoke_token
 
-    db = _database(database_url)
     try:
         with db.write_session() as session:
             row = revoke_token(session, token_id)

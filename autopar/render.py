@@ -16,7 +16,22 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:,.2f} GiB"
 
 
-def print_evaluation(result: dict[str, Any], console: Console | None = None) -> None:
+def memory_verdict(peak_bytes: int, capacity_bytes: int, headroom: float) -> tuple[str, str]:
+    """(sentence, rich verdict) in the planner's wording: usable = capacity x (1 - headroom), the
+    figure `autopar plan` prints as "GiB usable" (planner/explain.py)."""
+    usable = int(capacity_bytes * (1.0 - headroom))
+    if peak_bytes <= usable:
+        verdict = "[green]fits[/]"
+    elif peak_bytes <= capacity_bytes:
+        verdict = f"[yellow]fits only without the {100 * headroom:.0f}% headroom[/]"
+    else:
+        verdict = "[red]does not fit[/]"
+    sentence = (f"peak memory {peak_bytes / GIB:.1f} GiB of {usable / GIB:.1f} GiB usable "
+                f"({capacity_bytes / GIB:.2f} GiB per GPU less {100 * headroom:.0f}% headroom)")
+    return sentence, verdict
+
+
+def print_evaluation(result: dict[str, Any], console: Console | None = None, headroom: float = 0.05) -> None:
     console = console or Console()
     if not result["ok"]:
         console.print(f"[bold red]invalid:[/] {result['error']}")
@@ -41,10 +56,8 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None) -> 
             runner = ", ".join(f"{k}={v}" for k, v in auto["runner_up"].items())
             line += f"; runner-up {runner} is {auto['runner_up_slower_pct']:.1f}% slower"
         console.print(line)
-    verdict = "[green]fits[/]" if result["fits"] else "[red]does not fit[/]"
-    console.print(
-        f"memory: peak {gib(mem['peak_bytes'])} on stage {mem['worst_stage']} of {gib(mem['capacity_bytes'])}: {verdict}"
-    )
+    sentence, verdict = memory_verdict(mem["peak_bytes"], mem["capacity_bytes"], headroom)
+    console.print(f"{sentence}, worst on stage {mem['worst_stage']}: {verdict}")
     console.print(memory_table(mem["stages"]))
     t = Table(title="step time (critical path)")
     t.add_column("component")
@@ -131,8 +144,9 @@ class SearchProgress:
             self._progress.stop()
 
 
-def print_plan(plan: object, console: Console | None = None) -> None:
-    """The best layouts as a table, then the explanation and the main rejections."""
+def print_plan(plan: object, console: Console | None = None, rows: int | None = None) -> None:
+    """The best `rows` layouts as a table (all returned when None), then the explanation and the
+    main rejections."""
     from planner.plan import Plan
     from planner.search import describe
 
@@ -147,7 +161,7 @@ def print_plan(plan: object, console: Console | None = None) -> None:
         table = Table(title="best layouts (ranked by predicted step time)")
         for col in ("#", "layout", "step s", "tokens/s/GPU", "MFU", "peak GiB"):
             table.add_column(col, justify="right" if col != "layout" else "left")
-        for i, cand in enumerate([plan.best, *plan.alternatives]):
+        for i, cand in enumerate([plan.best, *plan.alternatives][:rows]):
             e = cand.estimate
             table.add_row(
                 str(i + 1),

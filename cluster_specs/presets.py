@@ -96,9 +96,24 @@ def load_cluster_yaml(path: str | Path) -> ClusterSpec:
 
 
 @functools.cache
-def _presets() -> dict[str, ClusterSpec]:
+def _raw_presets() -> dict[str, dict[str, Any]]:
     raw = yaml.safe_load(resources.files("cluster_specs").joinpath("data/clusters.yaml").read_text())
-    return {key: cluster_from_dict(entry, name=key) for key, entry in raw["clusters"].items()}
+    return dict(raw["clusters"])
+
+
+@functools.cache
+def _presets() -> dict[str, ClusterSpec]:
+    return {key: cluster_from_dict(entry, name=key) for key, entry in _raw_presets().items()}
+
+
+def preset_entry(name: str) -> tuple[str, dict[str, Any]]:
+    """(canonical name, the preset's entry in data/clusters.yaml with YAML anchors expanded):
+    vendor units as written there, ready to save as a user cluster file."""
+    import copy
+
+    get_cluster(name)  # KeyError with the known names
+    key = normalize_name(name)
+    return key, copy.deepcopy(_raw_presets()[key])
 
 
 def list_clusters() -> list[str]:

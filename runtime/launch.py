@@ -30,6 +30,11 @@ def _gpu_peak(name: str, precision: str) -> float:
     return get_gpu(name).peak(precision)
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    """A figure rounded for the end-of-run line ("n/a" when the run measured none)."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def _progress_writer(path: str):  # type: ignore[no-untyped-def]
     """A step callback that atomically replaces `path` with the progress of the run."""
 
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             last = f"{res.losses[-1]:.4f}" if res.losses else "n/a"
             print(
                 f"autopar runtime: {len(res.losses)} steps, final loss {last}, "
-                f"step {profile['step_s']}, tokens/s {profile['tokens_per_s']}, profile -> {a.out}",
+                f"step {_fmt(profile['step_s'], '.3f')} s, tokens/s {_fmt(profile['tokens_per_s'], ',.0f')}, profile -> {a.out}",
                 file=sys.stderr,
             )
     finally:

@@ -3,6 +3,7 @@
 # The API tests run on SQLite and on a real PostgreSQL server: when AUTOPAR_TEST_POSTGRES_URL is not
 # set, this script installs PostgreSQL (Debian package, needs root), starts it and sets the variable;
 # it fails loudly if it cannot. Set AUTOPAR_TEST_POSTGRES=skip to run without PostgreSQL.
+# Likewise it installs Debian's chromium + chromium-driver for the headless-browser UI test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -13,6 +14,17 @@ python -m pip install -q -e '.[runtime,api,dev]'
 # DeepSpeed builds no kernels, torchtitan comes without its training-time dependencies.
 DS_BUILD_OPS=0 python -m pip install -q -c scripts/torch-constraint.txt -e '.[exports-check]'
 python -m pip install -q -c scripts/torch-constraint.txt --no-deps torchtitan==0.2.2
+
+# The web UI test (tests/api/test_ui.py) drives Debian's Chromium through its chromedriver.
+if [[ ! -x "${AUTOPAR_CHROMIUM:-/usr/bin/chromium}" || ! -x "${AUTOPAR_CHROMEDRIVER:-/usr/bin/chromedriver}" ]]; then
+    echo "scripts/test.sh: installing chromium and chromium-driver for the web UI test" >&2
+    if [[ "$(id -u)" != 0 ]] || ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends chromium chromium-driver fonts-liberation >/dev/null; }; then
+        echo "scripts/test.sh: could not install chromium and chromium-driver (needs root and apt);" \
+             "install them, or point AUTOPAR_CHROMIUM / AUTOPAR_CHROMEDRIVER at a Chromium and its driver" >&2
+        exit 1
+    fi
+fi
 
 if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "skip" ]]; then
     AUTOPAR_TEST_POSTGRES_URL="$(bash scripts/postgres.sh)" || {

@@ -96,6 +96,8 @@ def test_full_cycle_with_profile_predicted_beside_measured(server: Any, user: ht
     again = site.finish(run["id"], 1)
     assert again.status_code == 200 and again.json()["finished_at"] == done.json()["finished_at"]
     assert done.json()["attempts"] == [{**done.json()["attempts"][0], "attempt": 1, "outcome": "succeeded"}]
+    # a finished run shows its end, not the last heartbeat's "step 1/10, training"
+    assert done.json()["progress"] == {"step": 10, "steps": 10, "loss": 3.5, "message": "succeeded"}
 
     profiles = user.get(f"/v1/plans/{tiny_plan['id']}/profiles").json()
     mine = [p for p in profiles["items"] if p["profile"]["run_id"] == run["id"]]
@@ -106,6 +108,17 @@ def test_full_cycle_with_profile_predicted_beside_measured(server: Any, user: ht
     assert abs(p["error"]["step_s_rel"] - (0.2 - predicted["step_s"]) / predicted["step_s"]) < 1e-12
     assert p["measured"]["peak_memory_bytes_max"] == 1200
     assert len(p["predicted"]["peak_bytes_per_stage"]) == predicted["partition"]["pp"]
+
+
+def test_a_failed_run_keeps_its_last_step_and_says_failed(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    site = _site(server, user)
+    run = site.queue(tiny_plan["id"], steps=10)
+    assert site.lease().status_code == 200
+    assert site.heartbeat(run["id"], 1, step=4).status_code == 200
+    done = site.finish(run["id"], 1, status="failed")
+    assert done.status_code == 200, done.text
+    assert done.json()["progress"] == {"step": 4, "steps": 10, "loss": 3.5, "message": "failed"}
+    assert site.run(run["id"])["progress"]["message"] == "failed"
 
 
 def test_a_run_is_never_leased_twice_concurrently(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:

@@ -93,3 +93,234 @@ def test_run_dry_run_prints_a_torchrun_line(tmp_path) -> None:
     r = runner.invoke(app, ["run", str(plan), "--dry-run", "--data", str(tmp_path / "tokens.bin")])
     assert r.exit_code == 0, r.output
     assert r.stdout.strip().endswith(f"--data {tmp_path / 'tokens.bin'} --data-dtype uint16")
+
+
+# ---- a CLI without dead ends ---------------------------------------------------------------------
+import re  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from cluster_specs.presets import cluster_from_dict, get_cluster, list_clusters  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--model", "tiny", "--cluster", "local-cpu", "--gpus", "4", "--seq-len", "128", "--global-batch", "8"]
+
+
+def _no_traceback(r) -> None:  # type: ignore[no-untyped-def]
+    assert "Traceback" not in r.output and "ModuleNotFoundError" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "extra"),
+    [
+        (["serve"], "uvicorn", "api"),
+        (["tokens", "create", "--name", "x"], "sqlalchemy", "api"),
+        (["tokens", "list"], "alembic", "api"),
+        (["agent", "--server", "http://127.0.0.1:9", "--token", "t", "--cluster", "c"], "httpx", "api"),
+        (["agent", "--server", "http://127.0.0.1:9", "--token", "t", "--cluster", "c"], "torch", "runtime"),
+        (["run", "PLAN", "--steps", "1"], "torch", "runtime"),
+        (["run", "PLAN", "--fake-world", "8"], "torch", "runtime"),
+    ],
+)
+def test_missing_extra_names_the_extra_to_install(argv, module, extra, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A base install (`pip install -e .`) lacks the extras: simulated by hiding the module."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"inputs": {"gpus": 4}, "best": None}))
+    monkeypatch.setitem(sys.modules, module, None)
+    r = runner.invoke(app, [str(plan) if a == "PLAN" else a for a in argv])
+    assert r.exit_code == 1, r.output
+    assert f"install autopar[{extra}]" in r.output and f"missing: {module}" in r.output
+    _no_traceback(r)
+
+
+def test_run_dry_run_needs_no_runtime(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"inputs": {"gpus": 2}, "best": None}))
+    monkeypatch.setitem(sys.modules, "torch", None)
+    r = runner.invoke(app, ["run", str(plan), "--dry-run"])
+    assert r.exit_code == 0 and "--nproc-per-node=2" in r.stdout
+
+
+@pytest.mark.parametrize("name", list_clusters())
+def test_clusters_show_prints_yaml_that_loads_back_to_the_preset(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from autopar.cli_support import read_cluster_file
+
+    r = runner.invoke(app, ["clusters", "--show", name])
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "copy.yaml"
+    path.write_text(r.stdout)
+    assert yaml.safe_load(r.stdout)["name"] == name
+    assert cluster_from_dict(read_cluster_file(path)) == get_cluster(name)
+
+
+def test_a_shown_cluster_file_plans_like_the_preset(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "pod.yaml"
+    path.write_text(runner.invoke(app, ["clusters", "--show", "dgx-h100"]).stdout)
+    common = ["--model", "llama3-8b", "--gpus", "16", "--seq-len", "4096", "--global-batch", "64", "--json"]
+    from_file = runner.invoke(app, ["plan", "--cluster", str(path), *common])
+    preset = runner.invoke(app, ["plan", "--cluster", "dgx-h100", *common])
+    assert from_file.exit_code == preset.exit_code == 0, from_file.output
+    a, b = json.loads(from_file.stdout), json.loads(preset.stdout)
+    assert a["inputs"]["cluster"] == b["inputs"]["cluster"] and a["best"]["layout"] == b["best"]["layout"]
+
+
+def test_an_entry_copied_from_the_preset_file_is_read_as_it_is(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    shown = yaml.safe_load(runner.invoke(app, ["clusters", "--show", "dgx-a100-80g"]).stdout)
+    name = shown.pop("name")
+    for i, wrapped in enumerate(({name: shown}, {"clusters": {name: shown}})):
+        path = tmp_path / f"copied{i}.yaml"
+        path.write_text(yaml.safe_dump(wrapped))
+        r = runner.invoke(app, ["evaluate", "--model", "llama3-8b", "--cluster", str(path), "--gpus", "8",
+                                "--global-batch", "16", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["cluster"] == name
+
+
+def test_readme_cluster_example_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from autopar.cli_support import read_cluster_file
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Cluster files", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "readme-cluster.yaml"
+    path.write_text(block)
+    spec = cluster_from_dict(read_cluster_file(path))
+    assert spec.name == "my-h100-pod" and spec.gpu.name == "H100-80GB"
+    assert spec.inter_node.nic_bandwidth_bytes_per_s == 50e9 and spec.intra_node.latency_s == pytest.approx(1.9e-6)
+
+
+@pytest.mark.parametrize("command", ["plan", "evaluate"])
+def test_a_missing_cluster_file_says_file_not_found(command: str) -> None:
+    r = runner.invoke(app, [command, "--model", "tiny", "--cluster", "nowhere/my-cluster.yaml", "--gpus", "4",
+                            "--global-batch", "8"])
+    assert r.exit_code == 2
+    assert "cluster file not found: nowhere/my-cluster.yaml" in r.output
+    assert "unknown cluster preset" not in r.output
+    _no_traceback(r)
+
+
+def test_a_file_without_a_cluster_says_what_a_cluster_file_holds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "empty.yaml"
+    path.write_text("just: text\n")
+    r = runner.invoke(app, ["plan", "--model", "tiny", "--cluster", str(path), "--gpus", "4", "--global-batch", "8"])
+    assert r.exit_code == 2 and "holds no cluster" in r.output and "gpus_per_node" in r.output
+
+
+def test_gpus_lists_the_catalog_with_key_fields() -> None:
+    r = runner.invoke(app, ["gpus"])
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.stdout.splitlines() if "H100-80GB" in line and "HBM2e" not in line)
+    assert "nvidia" in row and "79.6" in row and "989" in row and "1,979" in row and "3.35" in row
+    assert "memory GiB" in r.stdout and "bf16 TFLOP/s" in r.stdout
+
+
+def test_models_show_prints_a_spec_that_loads_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    r = runner.invoke(app, ["models", "--show", "llama3-8b"])
+    assert r.exit_code == 0, r.output
+    spec = json.loads(r.stdout)
+    assert spec["name"] == "llama3-8b" and spec["num_layers"] == 32
+    path = tmp_path / "llama.json"
+    path.write_text(r.stdout)
+    common = ["--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16", "--json"]
+    from_file = json.loads(runner.invoke(app, ["evaluate", "--model", str(path), *common]).stdout)
+    preset = json.loads(runner.invoke(app, ["evaluate", "--model", "llama3-8b", *common]).stdout)
+    assert from_file["model"] == preset["model"] and from_file["step_s"] == preset["step_s"]
+    bad = runner.invoke(app, ["models", "--show", "no-such-model"])
+    assert bad.exit_code == 2 and "no-such-model" in bad.output
+    _no_traceback(bad)
+
+
+@pytest.mark.parametrize("command", ["plan", "evaluate"])
+def test_a_missing_global_batch_is_a_sentence_not_a_pydantic_dump(command: str) -> None:
+    r = runner.invoke(app, [command, "--model", "tiny", "--cluster", "local-cpu", "--gpus", "4"])
+    assert r.exit_code == 2
+    assert "--global-batch N (sequences per optimizer step) or --global-batch-tokens N" in r.output
+    assert "validation error" not in r.output and "pydantic" not in r.output
+    _no_traceback(r)
+
+
+def test_no_offload_is_spelled_as_typed_and_honoured() -> None:
+    r = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "200"})
+    assert "--no-offload" in r.output and "--no-no-offload" not in r.output
+    r = runner.invoke(app, ["plan", *TINY, "--no-offload", "--json"])
+    plan = json.loads(r.stdout)
+    assert plan["inputs"]["constraints"]["allow_offload"] is False
+    assert not any(c["layout"]["offload_optimizer"] for c in [plan["best"], *plan["alternatives"]])
+
+
+@pytest.mark.parametrize("top", [1, 2, 5])
+def test_top_n_shows_n_rows(top: int) -> None:
+    r = runner.invoke(app, ["plan", *TINY, "--top", str(top)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    table = r.stdout.split("best layouts", 1)[1].split("memory per pipeline stage", 1)[0]
+    ranks = [int(m.group(1)) for m in re.finditer(r"^│ +(\d+) │", table, re.M)]
+    assert ranks == list(range(1, top + 1))
+
+
+def test_evaluate_and_plan_state_usable_memory_alike() -> None:
+    common = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096", "--global-batch", "16"]
+    plan_out = runner.invoke(app, ["plan", *common], env={"COLUMNS": "200"}).stdout
+    plan = json.loads(runner.invoke(app, ["plan", *common, "--json"]).stdout)
+    lay = plan["best"]["layout"]
+    ev = runner.invoke(app, ["evaluate", *common, "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--zero", str(lay["zero_stage"]),
+                             "--micro-batch", str(lay["micro_batch"]), "--recompute", lay["recompute"]],
+                       env={"COLUMNS": "200"}).stdout
+    usable = re.search(r"of (\d+\.\d) GiB usable", plan_out)
+    assert usable is not None and usable.group(1) == "75.7"
+    assert f"of {usable.group(1)} GiB usable (79.65 GiB per GPU less 5% headroom)" in ev
+    assert "GiB usable" in ev and ": fits" in ev
+
+
+def test_readme_documents_the_run_body() -> None:
+    from api.schemas import Launch, RunCreate
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("POST /v1/plans/{id}/runs` body", 1)[1].split("\n\n", 1)[0]
+    for field in RunCreate.model_fields:
+        if field != "launch":
+            assert f"`{field}`" in section or f"`{field}` (required)" in section, field
+    for field in Launch.model_fields:
+        assert f"`launch.{field}`" in section, field
+    example = re.search(r"localhost:8000/v1/plans/1/runs \\\n\s+-d '(\{.*\})'", readme)
+    assert example is not None
+    RunCreate.model_validate_json(example.group(1))  # the README's example body is accepted
+
+
+@pytest.mark.slow
+def test_readme_fake_world_example_runs_on_the_readme_plan(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """README: `autopar plan --model tiny ... --json > plan.json`, then `autopar run plan.json --fake-world 256`."""
+    readme = (REPO / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("autopar plan --model tiny") and "> plan.json" in x)
+    argv = line.split("#")[0].split(">")[0].split()[1:]
+    plan = tmp_path / "plan.json"
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    plan.write_text(r.stdout)
+    assert "autopar run plan.json --fake-world 256" in readme
+    r = runner.invoke(app, ["run", str(plan), "--fake-world", "256"])
+    assert r.exit_code == 0, r.output
+    assert "dp 4 -> 256, global batch 8 -> 512 sequences" in r.output
+    rows = [x for x in r.stdout.splitlines() if re.match(r"^\s+0\s+0\s+\d", x)]
+    assert len(rows) == 1, r.stdout
+
+
+@pytest.mark.slow
+def test_run_reports_progress_and_predicted_vs_measured(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    r = runner.invoke(app, ["plan", "--model", "tiny", "--cluster", "local-cpu", "--gpus", "2", "--seq-len", "64",
+                            "--global-batch", "4", "--json"])
+    plan = tmp_path / "plan.json"
+    plan.write_text(r.stdout)
+    out = tmp_path / "run" / "profile.json"
+    r = runner.invoke(app, ["run", str(plan), "--steps", "3", "--backend", "gloo", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "launching 2 processes" in r.output and re.search(r"step [123]/3 loss \d+\.\d{3}", r.output)
+    measured = re.search(r"^measured: 3 steps, step (\d+\.\d{3}) s .*tokens/s, MFU \d+\.\d%, peak memory \d+\.\d\d GiB", r.stdout, re.M)
+    assert measured is not None, r.stdout
+    predicted = re.search(r"^predicted vs measured: step (\d+\.\d{3}) s vs (\d+\.\d{3}) s \(([+-]\d+\.\d)%\); peak allocated memory", r.stdout, re.M)
+    assert predicted is not None, r.stdout
+    assert predicted.group(2) == measured.group(1)
+    assert json.loads(out.read_text())["step_times_s"] and out.with_suffix(".log").exists()
