@@ -99,6 +99,9 @@ def evaluate(
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
     schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b | auto"),
     offload_optimizer: bool = False,
+    activation_offload_layers: int = typer.Option(
+        0, min=0, help="Megatron --cpu-offloading-num-layers: layers per stage whose activations go to host memory"
+    ),
     account_for_embedding: bool = typer.Option(
         False, "--account-for-embedding", help="Megatron: the embedding takes a layer slot of the first chunk"
     ),
@@ -136,6 +139,7 @@ def evaluate(
         "micro_batch": _int_or_auto("--micro-batch", micro_batch), "recompute": recompute,
         "recompute_layers": recompute_layers, "sp": sp, "schedule": schedule,
         "offload_optimizer": offload_optimizer, "framework": framework,
+        "activation_offload_layers": activation_offload_layers or None,
         "account_for_embedding_in_pipeline_split": account_for_embedding or None,
         "account_for_loss_in_pipeline_split": account_for_loss or None,
         "decoder_first_pipeline_num_layers": first_stage_layers,

@@ -42,9 +42,10 @@ from cost_models.calibration import Calibration
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
 
-INTRA, INTER = 0, 1
-"""Channel indices: the NVLink / PCIe domain, the scale-out NICs."""
-CHANNELS = 2
+INTRA, INTER, HOST = 0, 1, 2
+"""Channel indices: the NVLink / PCIe domain, the scale-out NICs, the GPU's link to host memory
+(activation offload: `Layout.activation_offload_layers`)."""
+CHANNELS = 3
 
 _VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
 _LATENCY_KIND = {

@@ -79,6 +79,11 @@ class Layout(BaseModel):
         None, ge=0, description="Megatron-Core: layers on the last pipeline rank (the others split the rest)"
     )
     offload_optimizer: bool = False
+    activation_offload_layers: int = Field(
+        0, ge=0,
+        description="Megatron --cpu-offloading-num-layers: the saved activations of this many layers per pipeline "
+        "stage go to host memory after their forward and come back before their backward, on a copy stream",
+    )
     tp_comm_overlap: bool | None = Field(
         None,
         description="overlap TP/SP collectives with the GEMMs (Megatron --tp-comm-overlap with Transformer "
@@ -357,6 +362,14 @@ def validate_layout(
             v.append(Violation("recompute_layers", "recompute_layers applies to full recompute only"))
         if lay.recompute_layers > -(-model.num_layers // pp):
             v.append(Violation("recompute_layers", f"more recomputed layers than a stage holds ({lay.recompute_layers})"))
+    if lay.activation_offload_layers:
+        if lay.framework != "megatron":
+            v.append(Violation("activation_offload_layers", "activation CPU offload is Megatron-Core's (--cpu-offloading)"))
+        if lay.activation_offload_layers >= -(-model.num_layers // pp):
+            v.append(Violation("activation_offload_layers",
+                               f"Megatron offloads fewer layers than a stage holds ({lay.activation_offload_layers})"))
+        if lay.vpp > 1:
+            v.append(Violation("activation_offload_layers", "Megatron's activation offload does not run with virtual stages"))
     if lay.offload_optimizer and lay.zero_stage == 0:
         v.append(Violation("offload_optimizer", "optimizer offload needs zero_stage >= 1 (ZeRO-Offload)"))
     order_dims = lay.order.split("-")

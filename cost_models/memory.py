@@ -43,7 +43,7 @@ class MemoryBreakdown:
     logits: float
     comm_buffers: float
     reserve: float
-    host_optimizer: float  # offloaded optimizer states, in host memory (not in `total`)
+    host_optimizer: float  # offloaded optimizer states and activations, in host memory (not in `total`)
 
     @property
     def total(self) -> float:

@@ -12,7 +12,7 @@ layout through the same path (one setting), so the planner and `autopar evaluate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -268,6 +268,10 @@ class StageTable:
     boundary_bytes: float
     nccl_groups: int
     channels: tuple[int, int, int, int]  # channel of the TP, CP, EP and pipeline groups (`comm.INTRA` / `INTER`)
+    offloaded_acts: np.ndarray = field(default_factory=lambda: np.zeros((4, 1)))
+    """(4, pp): saved bytes per micro-batch of the layers whose activations go to the host
+    (`Layout.activation_offload_layers`, the first ones of each rank), per RECOMPUTE_MODES."""
+    offloaded_layers: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (pp,) layers offloaded per rank
 
 
 _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
@@ -467,8 +471,15 @@ def build_table(
         re_layers, re_moe, compute, forward, reco, counts, per_class["fwd"], per_class["fb"] - per_class["fwd"],
         per_class["dense"], per_class["expert"], logits, tp_per_layer, mesh.tp_comm_overlap_,
         tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, p2p, boundary,
-        mesh.communicator_groups, channels,
+        mesh.communicator_groups, channels, *_offloaded(acts, layers, mesh.activation_offload_layers),
     )
+
+
+def _offloaded(acts: np.ndarray, layers: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(saved bytes per micro-batch and mode, layers) of the `n` offloaded layers of each rank, at
+    the rank's mean layer (Megatron offloads the first n layers of the stage)."""
+    off = np.minimum(float(n), layers)
+    return acts * np.divide(off, np.maximum(layers, 1.0))[None, :], off
 
 
 def tp_backward_traffic(framework: str, sp: bool) -> float:
@@ -689,6 +700,11 @@ def price_memory(
         params, grads, opt, host, embedding_transient = _state_bytes(t, knobs)
     inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
     acts = (t.acts * inflight[None, :])[mode]  # per recompute mode, then per setting
+    if m.activation_offload_layers:
+        # offloaded layers stay on the GPU only as the two layers being copied out / prefetched back
+        staging = 2 * np.divide(t.offloaded_acts, np.maximum(t.offloaded_layers, 1.0)[None, :])
+        on_host = (t.offloaded_acts * inflight[None, :])[mode]
+        acts = acts - on_host + np.minimum(staging, t.offloaded_acts * inflight[None, :])[mode]
     logits = np.zeros((len(settings), pp))
     logits[:, pp - 1] = t.logits
     if m.framework == "fsdp" and pp > 1 and schedule == "gpipe" and m.grad_accum_ > 1:
@@ -764,6 +780,8 @@ def price_memory(
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
     reserve = cal.cuda_context_bytes + cal.fragmentation_of(m.framework) * allocated
+    if m.activation_offload_layers:
+        host = host + on_host
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, knobs=knobs)
 
 

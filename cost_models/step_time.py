@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_models.calibration import Calibration
-from cost_models.comm import CHANNELS, Group, collective_cost
+from cost_models.comm import CHANNELS, HOST, Group, collective_cost
 from cost_models.mesh import mesh_strides
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ class PhaseArrays:
 
     sum_f: np.ndarray  # (pp,) forward compute + exposed TP / CP / EP
     sum_b: np.ndarray  # (modes, pp) backward (+ recompute) compute + exposed TP / CP / EP
-    busy_f: np.ndarray  # (CHANNELS, pp) forward traffic per channel (TP, CP, EP, pipeline)
+    busy_f: np.ndarray  # (modes, CHANNELS, pp) forward traffic per channel (TP, CP, EP, pipeline, host)
     busy_b: np.ndarray  # (modes, CHANNELS, pp)
     pp_exposed: float  # pipeline send/recv exposed per micro-batch
     parts: np.ndarray  # (5, modes, pp): compute, recompute, TP, CP, EP exposed per micro-batch
@@ -253,16 +253,20 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     sum_f = forward + tp_f_exp + cp_f_exp + ep_f * (1 - ov.ep)
     sum_b = backward[None, :] + t.recompute + tp_b_exp + cp_b_exp + ep_b * (1 - ov.ep)
     tp_ch, cp_ch, ep_ch, pp_ch = t.channels
-    busy_f = np.zeros((CHANNELS, pp))
+    busy_f = np.zeros((len(_FULL), CHANNELS, pp))
     busy_b = np.zeros((len(_FULL), CHANNELS, pp))
-    busy_f[tp_ch] += tp_f
+    busy_f[:, tp_ch] += tp_f
     busy_b[:, tp_ch] += tp_b_busy
-    busy_f[cp_ch] += cp_f_busy
+    busy_f[:, cp_ch] += cp_f_busy
     busy_b[:, cp_ch] += cp_b_busy
-    busy_f[ep_ch] += ep_f
+    busy_f[:, ep_ch] += ep_f
     busy_b[:, ep_ch] += ep_b
-    busy_f[pp_ch] += p2p_one_way
+    busy_f[:, pp_ch] += p2p_one_way
     busy_b[:, pp_ch] += p2p_one_way
+    # activation offload: the offloaded layers' saved tensors go to the host in the forward and come
+    # back in the backward over the GPU's host link, on a copy stream beside the compute
+    busy_f[:, HOST] += t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
+    busy_b[:, HOST] += t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
     parts = np.empty((5, len(_FULL), pp))
     parts[0] = t.compute
     parts[1] = t.recompute
@@ -291,7 +295,7 @@ def compose(
 
     sum_f = phases.sum_f[None, :] + dp.exposed_f[pair]  # (J, pp)
     sum_b = phases.sum_b[mode] + dp.exposed_b[pair]
-    busy_f = phases.busy_f[None, :, :] + dp.traffic_f[pair]  # (J, CHANNELS, pp)
+    busy_f = phases.busy_f[mode] + dp.traffic_f[pair]  # (J, CHANNELS, pp)
     busy_b = phases.busy_b[mode] + dp.traffic_b[pair]
     t_f = np.maximum(sum_f, busy_f.max(axis=1))
     t_b = np.maximum(sum_b, busy_b.max(axis=1))
@@ -340,7 +344,7 @@ def channel_traffic(t: StageTable, knobs: KnobArrays, dp: DataParallelTimes, pha
     once-per-step gradient reduction and parameter gather. No step is shorter than its busiest
     channel (`compose`'s roofline)."""
     mode, pair = knobs.mode, knobs.sharding
-    busy_f = phases.busy_f[None, :, :] + dp.traffic_f[pair]
+    busy_f = phases.busy_f[mode] + dp.traffic_f[pair]
     busy_b = phases.busy_b[mode] + dp.traffic_b[pair]
     return t.mesh.grad_accum_ * (busy_f + busy_b) + dp.reduce[pair] + dp.gather[pair]
 

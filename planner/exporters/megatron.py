@@ -289,6 +289,14 @@ MEGATRON_RECOMPUTE_MODULE = {"core_attn": "core_attn", "layernorm": "layernorm",
 
 def _recompute_args(job: Job, lost: list[str]) -> list[Arg]:
     lay = job.lay
+    offload: list[Arg] = (
+        [("--cpu-offloading-num-layers", str(lay.activation_offload_layers))] if lay.activation_offload_layers else []
+    )
+    return offload + _recompute_only(job, lost)
+
+
+def _recompute_only(job: Job, lost: list[str]) -> list[Arg]:
+    lay = job.lay
     if lay.recompute == "selective":
         modules = lay.recompute_modules_
         names = [MEGATRON_RECOMPUTE_MODULE[m] for m in modules if m in MEGATRON_RECOMPUTE_MODULE]
