@@ -136,9 +136,7 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
     divide, Megatron-Core's slots make them: the loss takes one slot (it is the heavier end: LM
     head and cross-entropy), or the embedding and the loss one each (126 + 2 = 128 = 8 x 8 x 2 for
     Llama-3.1-405B). A vpp is offered while every chunk keeps at least one layer."""
-    if mesh.pp == 1:
-        out = [PipeOption(1, "1f1b")]
-    elif c.framework == "deepspeed":  # its pipeline engine: one stage per rank, 1F1B
+    if mesh.pp == 1 or c.framework == "deepspeed":
         out = [PipeOption(1, "1f1b")]
     else:
         m = training.global_batch // (mb * mesh.dp)
