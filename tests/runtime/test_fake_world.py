@@ -88,9 +88,17 @@ def test_cli_fake_world_on_tiny_plan(tmp_path: Path) -> None:
     assert [r["stage"] for r in rows] == list(range(len(rows)))
     for r in rows:  # a tiny model is all fixed costs; still the same order of magnitude
         assert 0.5 < r["ratio_measured_to_estimate"] < 2.0, r
-    # a world the plan's batch cannot be split over: a clean error, not a traceback
+    # a world the plan's model-parallel degrees do not divide: a clean error, not a traceback
+    tp2 = subprocess.run(
+        [*env_py, "plan", "--model", "tiny", "--cluster", "local-cpu", "--gpus", "4", "--seq-len", "128",
+         "--global-batch", "8", "--tp", "2", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert tp2.returncode == 0, tp2.stderr[-3000:]
+    path2 = tmp_path / "plan-tp2.json"
+    path2.write_text(tp2.stdout)
     bad = subprocess.run(
-        [*env_py, "run", str(path), "--fake-world", "3"],
+        [*env_py, "run", str(path2), "--fake-world", "3"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )
     assert bad.returncode == 2 and "cannot run on 3 ranks" in bad.stderr, bad.stderr[-2000:]
