@@ -4,7 +4,7 @@ Ground truth for `cost_models.flops` (design.md, "How we verify without a GPU", 
 reference `Transformer` is built under `FakeTensorMode` (no memory, no compute) and one forward +
 backward of the loss runs under `torch.utils.flop_counter.FlopCounterMode`.
 
-Attention backends on the CPU build of torch 2.13 (see ../shared/verification-notes.md):
+Attention backends on the CPU build of torch 2.13 (see docs/verification-notes.md):
 - "math": `sdpa_kernel(SDPBackend.MATH)` decomposes attention into two `bmm`s forward (QK^T, AV) and
   their gradients backward: 3 x forward, i.e. 12*S^2*d per layer for d_qk = d_v = d. This is the
   full-attention "model FLOPs" convention of `cost_models.flops.step_flops(...).model_flops`.
