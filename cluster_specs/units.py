@@ -4,7 +4,7 @@ A quantity is written ``"<number> <unit>[ <direction>]"`` as it is printed on a 
 ``"989.4 TFLOPS"``, ``"80 GB"``, ``"81559 MiB"``, ``"3.35 TB/s"``, ``"900 GB/s bidirectional"``,
 ``"400 Gb/s"``, ``"1.9 us"``, ``"700 W"``. A bare number is taken to be SI already.
 
-Conventions (design.md, "Units"):
+Conventions (docs/architecture.md, "Units"):
 - ``GB``, ``TB``, ``MB`` are powers of 1000 and ``GiB``, ``TiB``, ``MiB`` powers of 1024. We never
   guess which one a vendor meant: write the unit the source prints.
 - ``B/s`` units are bytes, ``b/s`` (and ``bps``) units are bits and are divided by 8.

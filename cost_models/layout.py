@@ -1,6 +1,6 @@
 """`Layout`: the parallel configuration of one training job, and its validation.
 
-Vocabulary (design.md): world size = dp x tp x pp x cp; global batch = micro_batch x grad_accum x dp.
+Vocabulary (docs/architecture.md): world size = dp x tp x pp x cp; global batch = micro_batch x grad_accum x dp.
 Expert parallelism (`ep`) is carved out of dp x cp as Megatron-Core does; expert tensor parallelism
 (`etp`) defaults to `tp`. `dp_shard` is the ZeRO/FSDP sharding group (`dp_shard < dp` is hybrid
 sharding: shard inside groups of `dp_shard` ranks, replicate across `dp / dp_shard` groups).

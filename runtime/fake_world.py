@@ -1,5 +1,5 @@
 """Memory of a layout at its planned world size, without the GPUs: a fake process group and fake
-tensors (design.md "How we verify without a GPU" 2; verification-notes.md "Memory").
+tensors (docs/architecture.md "How we verify without a GPU" 2; docs/verification-notes.md "Memory").
 
 For one simulated rank of each pipeline stage (the first rank of the stage: all coordinates 0 but
 `pp`), this process joins a `fake` process group of `layout.world_size` ranks, builds the meshes,

@@ -1,6 +1,6 @@
 """Measure the FLOPs of a training step of the reference model with PyTorch's own counter.
 
-Ground truth for `cost_models.flops` (design.md, "How we verify without a GPU", item 1): the
+Ground truth for `cost_models.flops` (docs/architecture.md, "How we verify without a GPU", item 1): the
 reference `Transformer` is built under `FakeTensorMode` (no memory, no compute) and one forward +
 backward of the loss runs under `torch.utils.flop_counter.FlopCounterMode`.
 
