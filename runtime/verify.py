@@ -1,5 +1,5 @@
 """Run several RunSpecs in one distributed job and dump what they computed, for comparison with a
-single-process run (the runtime's execution tests, design.md "How we verify without a GPU" 3).
+single-process run (the runtime's execution tests, docs/architecture.md "How we verify without a GPU" 3).
 
     torchrun --standalone --nproc_per_node=4 -m runtime.verify CASES.json OUTDIR
 
