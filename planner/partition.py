@@ -48,9 +48,10 @@ stage of L layers is off by at most L x 5 ns), bytes to `byte_resolution` (defau
 each layer's bytes rounded up and the capacity down, so a cut the solver accepts fits in the float
 model too. `PartitionResult` reports times and bytes re-evaluated in floats (`evaluate`).
 
-Determinism: one search worker and a fixed seed. `time_limit_s` (default 0.5 s of wall clock)
-bounds the search; `work_limit` (CP-SAT deterministic time) makes a cut-short search reproducible
-across machines. The status says whether the slowest rank's time was proved minimal ("optimal")
+Determinism: one search worker, a fixed seed, and a deterministic work limit (`work_limit`,
+default `DEFAULT_WORK_LIMIT` of CP-SAT deterministic time) that stops the search: the same request
+gives the same cut on any machine and under any CPU load. `time_limit_s` is a wall-clock safety net
+only. The status says whether the slowest rank's time was proved minimal ("optimal")
 or not ("feasible"; also when the solver found nothing in time and the even cut is returned).
 """
 
@@ -78,7 +79,11 @@ from model_specs.spec import ModelSpec, TrainingSpec
 RecomputeChoice = Literal["none", "per_rank", "uniform"]
 Status = Literal["optimal", "feasible", "infeasible", "unknown"]
 
-DEFAULT_TIME_LIMIT_S = 0.5
+DEFAULT_WORK_LIMIT = 0.5
+"""CP-SAT deterministic time per solve phase: what stops the search. It counts work, not seconds,
+so the same request gives the same cut on any machine and under any load."""
+DEFAULT_TIME_LIMIT_S = 60.0
+"""Wall-clock safety net only (a solve that reaches it says so in its message)."""
 DEFAULT_TIME_RESOLUTION_S = 1e-8
 DEFAULT_BYTE_RESOLUTION = 2**16
 DEFAULT_CHUNK_SPREAD = 1
@@ -467,11 +472,10 @@ def _build_model(data: PartitionData, s: _Scaled, spread: int, *, fit: bool = Tr
 # =============================================================================================
 
 
-def _solver(time_limit_s: float, work_limit: float | None = None) -> cp_model.CpSolver:
+def _solver(time_limit_s: float, work_limit: float = DEFAULT_WORK_LIMIT) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit_s, 1e-3)
-    if work_limit is not None:
-        solver.parameters.max_deterministic_time = work_limit
+    solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = SEED
     solver.parameters.cp_model_probing_level = 0  # probing the element encodings costs more than it saves
@@ -506,14 +510,13 @@ def partition_layers(
     time_resolution_s: float = DEFAULT_TIME_RESOLUTION_S,
     byte_resolution: float = DEFAULT_BYTE_RESOLUTION,
     chunk_spread: int = DEFAULT_CHUNK_SPREAD,
-    work_limit: float | None = None,
+    work_limit: float = DEFAULT_WORK_LIMIT,
 ) -> PartitionResult:
     """Cut the layers into chunks (and choose recompute counts) minimizing the slowest rank's
     micro-batch time under every rank's memory capacity.
 
     Two phases: (1) minimize the slowest rank's time; (2) holding it, minimize recompute time,
-    then the peak memory (headroom). Phase 1 gets `time_limit_s`, phase 2 what is left of it
-    (at least a fifth). The status is phase 1's: "optimal" means the slowest rank's time is proved
+    then the peak memory (headroom). Each phase gets `work_limit` of deterministic time. The status is phase 1's: "optimal" means the slowest rank's time is proved
     minimal. With vpp > 1 the chunks of one rank differ by at most `chunk_spread` layers: the
     stage-time model (and the interleaved schedule) sees a rank's chunks as equal parts of its
     work, and Megatron splits each rank's layers evenly over its virtual stages."""
@@ -530,7 +533,7 @@ def partition_layers(
     solver = _solver(time_limit_s, work_limit)
     code = solver.solve(model.m)
     if code == cp_model.INFEASIBLE:
-        least = _least_peak_bytes(data, time_limit_s, byte_resolution, chunk_spread)
+        least = _least_peak_bytes(data, time_limit_s, byte_resolution, chunk_spread, work_limit)
         msg = f"no cut fits {data.capacity_bytes / 2**30:.2f} GiB per rank"
         if least is not None:
             msg += f"; the best cut needs {least / 2**30:.2f} GiB on its worst rank"
@@ -539,14 +542,16 @@ def partition_layers(
         return _even_fallback(data, time.perf_counter() - t0, f"the solver found no cut within {time_limit_s} s")
     status: Status = "optimal" if code == cp_model.OPTIMAL else "feasible"
     best = _read(solver, model.v, data)
-    msg = "slowest rank proved minimal" if status == "optimal" else f"time limit {time_limit_s} s reached before optimality was proved"
+    msg = (
+        "slowest rank proved minimal" if status == "optimal"
+        else f"work limit {work_limit} (deterministic time) reached before optimality was proved"
+    )
 
     # Phase 2: same slowest-rank time, least recompute, then most headroom.
     model.m.add(model.t_max <= solver.value(model.t_max))
     _fix_hints(model, solver)
     model.m.minimize(model.v.recompute_time * (model.peak.proto.domain[-1] + 1) + model.peak)
-    left = max(time_limit_s - (time.perf_counter() - t0), time_limit_s / 5)
-    solver2 = _solver(left, work_limit)
+    solver2 = _solver(time_limit_s, work_limit)
     code2 = solver2.solve(model.m)
     if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         best = _read(solver2, model.v, data)
@@ -592,13 +597,15 @@ def _even_fallback(data: PartitionData, elapsed: float, why: str) -> PartitionRe
     return PartitionResult("feasible", even, tuple(ks), max(times), tuple(times), tuple(mem), k, elapsed, f"{why}; returning the even cut")
 
 
-def _least_peak_bytes(data: PartitionData, time_limit_s: float, byte_resolution: float, spread: int) -> float | None:
+def _least_peak_bytes(
+    data: PartitionData, time_limit_s: float, byte_resolution: float, spread: int, work_limit: float = DEFAULT_WORK_LIMIT
+) -> float | None:
     """Smallest worst-rank memory any cut reaches (recompute as allowed), in bytes: how far the
     capacity is from a feasible partition. None when the solver finds nothing in time."""
     s = _scale(data, DEFAULT_TIME_RESOLUTION_S, byte_resolution)
     model = _build_model(data, s, spread, fit=False)
     model.m.minimize(model.peak)
-    solver = _solver(time_limit_s)
+    solver = _solver(time_limit_s, work_limit)
     code = solver.solve(model.m)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -787,7 +794,7 @@ def optimize_partition(
     *,
     capacity_bytes: float | None = None,
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-    work_limit: float | None = None,
+    work_limit: float = DEFAULT_WORK_LIMIT,
 ) -> StagePartition | None:
     """The CP-SAT cut for `layout` with its own recompute setting, or None when pp == 1 or no cut
     fits. (The caller prices it with `cost_models.estimate` and keeps the better of it and the

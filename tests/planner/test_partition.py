@@ -455,3 +455,32 @@ def test_work_limit_is_reproducible() -> None:
     a = partition_layers(data, byte_resolution=1, work_limit=0.5, time_limit_s=30)
     b = partition_layers(data, byte_resolution=1, work_limit=0.5, time_limit_s=30)
     assert (a.status, a.chunk_layers, a.recompute_per_rank) == (b.status, b.chunk_layers, b.recompute_per_rank)
+
+
+def _burn(stop) -> None:  # a busy CPU for the loaded solve
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+def test_same_cut_on_a_loaded_machine() -> None:
+    """The default stop is deterministic work, not wall clock: a busy CPU changes how long the
+    solver takes, never what it answers (issue: plans depended on machine load)."""
+    import multiprocessing as mp
+
+    data = tiny(12, pp=3, vpp=2, in_flight=(3.0, 2.0, 1.0), recompute="per_rank", capacity=1500, head_time_s=8 * MS)
+    quiet = partition_layers(data, byte_resolution=1)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    burners = [ctx.Process(target=_burn, args=(stop,), daemon=True) for _ in range(3)]
+    for p in burners:
+        p.start()
+    try:
+        loaded = [partition_layers(data, byte_resolution=1) for _ in range(3)]
+    finally:
+        stop.set()
+        for p in burners:
+            p.join(10)
+    for res in loaded:
+        assert (res.status, res.chunk_layers, res.recompute_per_rank) == (
+            quiet.status, quiet.chunk_layers, quiet.recompute_per_rank
+        )
