@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.stages import StagePartition, megatron_split
-from model_specs.spec import ModelSpec, TrainingSpec
+from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 
 Recompute = Literal["none", "selective", "full", "op_sac"]
 """none; selective (Megatron: attention core + MLP activation recomputed); full (whole layers, all or
@@ -34,6 +34,8 @@ NormKernel = Literal["fused", "eager_fp32"]
 CpAttention = Literal["ring", "allgather_mask"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+MAX_DEGREE = 2**20
+"""Largest parallel degree a layout may name (a million GPUs): bounds every number that drives work."""
 """Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
 
 
@@ -43,17 +45,17 @@ class Layout(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tp: int = Field(1, ge=1, description="tensor-parallel degree")
-    pp: int = Field(1, ge=1, description="pipeline-parallel degree")
-    dp: int | None = Field(None, ge=1, description="data-parallel degree (derived when omitted)")
-    cp: int = Field(1, ge=1, description="context-parallel degree")
-    ep: int = Field(1, ge=1, description="expert-parallel degree, carved out of dp x cp")
-    etp: int | None = Field(None, ge=1, description="expert tensor parallel; defaults to tp")
-    vpp: int = Field(1, ge=1, description="virtual pipeline stages per pipeline rank")
-    dp_shard: int | None = Field(None, ge=1, description="ZeRO/FSDP sharding group; defaults to dp")
+    tp: int = Field(1, ge=1, le=MAX_DEGREE, description="tensor-parallel degree")
+    pp: int = Field(1, ge=1, le=MAX_DEGREE, description="pipeline-parallel degree")
+    dp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="data-parallel degree (derived when omitted)")
+    cp: int = Field(1, ge=1, le=MAX_DEGREE, description="context-parallel degree")
+    ep: int = Field(1, ge=1, le=MAX_DEGREE, description="expert-parallel degree, carved out of dp x cp")
+    etp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="expert tensor parallel; defaults to tp")
+    vpp: int = Field(1, ge=1, le=MAX_DEGREE, description="virtual pipeline stages per pipeline rank")
+    dp_shard: int | None = Field(None, ge=1, le=MAX_DEGREE, description="ZeRO/FSDP sharding group; defaults to dp")
     zero_stage: int = Field(1, ge=0, le=3, description="0 none, 1 optimizer, 2 +grads, 3 +params (FSDP)")
-    micro_batch: int = Field(1, ge=1, description="sequences per micro-batch per data-parallel rank")
-    grad_accum: int | None = Field(None, ge=1, description="micro-batches per step (derived when omitted)")
+    micro_batch: int = Field(1, ge=1, le=MAX_GLOBAL_BATCH, description="sequences per micro-batch per data-parallel rank")
+    grad_accum: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH, description="micro-batches per step (derived when omitted)")
     recompute: Recompute = "none"
     recompute_modules: tuple[RecomputeModule, ...] | None = Field(
         None,

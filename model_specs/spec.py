@@ -225,6 +225,15 @@ class ModelSpec(BaseModel):
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
 
+MAX_SEQ_LEN = 2**22
+"""Longest sequence a job may name (4M tokens; published long-context runs reach 1M)."""
+MAX_GLOBAL_BATCH = 2**24
+"""Most sequences per step a job may name (16.7M; published pre-training uses up to ~16k): every
+number that drives enumeration is bounded, so no request holds a planner worker for long."""
+MAX_GLOBAL_BATCH_TOKENS = 2**34
+"""Most tokens per step (17 billion)."""
+
+
 class TrainingSpec(BaseModel):
     """How it is trained: sequence length, global batch, numeric precision and optimizer.
 
@@ -234,9 +243,9 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    seq_len: int = Field(gt=0, description="tokens per sequence")
-    global_batch: int = Field(0, ge=0, description="sequences per optimizer step")
-    global_batch_tokens: int | None = Field(None, gt=0)
+    seq_len: int = Field(gt=0, le=MAX_SEQ_LEN, description="tokens per sequence (at most 2**22)")
+    global_batch: int = Field(0, ge=0, le=MAX_GLOBAL_BATCH, description="sequences per optimizer step (at most 2**24)")
+    global_batch_tokens: int | None = Field(None, gt=0, le=MAX_GLOBAL_BATCH_TOKENS, description="at most 2**34")
     precision: Precision = Field("bf16", description="compute precision of the GEMMs")
     optimizer: Literal["adamw", "sgd"] = "adamw"
     grad_dtype: Literal["bf16", "fp32"] = Field(

@@ -12,6 +12,8 @@ same rules as `autopar evaluate`), counted by reason.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,9 +36,82 @@ MAX_MICRO_BATCH = 128
 125M-760M models (short sequences); larger ones only grow memory once the GEMMs saturate."""
 
 
+@lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    out = [1]
+    for p, e in factorize(n).items():
+        out = [d * p**k for d in out for k in range(e + 1)]
+    return tuple(sorted(out))
+
+
 def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """Every divisor of n >= 1, ascending, from its prime factorization (`factorize`): the work
+    grows with the number of divisors, not with n (trial division up to sqrt(n) would take
+    2**28 steps for n = 2**56)."""
+    if n < 1:
+        raise ValueError(f"divisors of {n}: need n >= 1")
+    return list(_divisors(n))
+
+
+_SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+
+
+def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for n < 3.3e24 (the first 12 primes as witnesses)."""
+    if n < 2:
+        return False
+    for p in _SMALL_PRIMES:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in _SMALL_PRIMES:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _pollard_rho(n: int) -> int:
+    """A non-trivial factor of a composite odd n (Pollard's rho, Brent's cycle detection; the
+    constant steps 1, 2, ... make it deterministic)."""
+    for c in itertools.count(1):
+        x = y = 2
+        d = 1
+        while d == 1:
+            x = (x * x + c) % n
+            y = (y * y + c) % n
+            y = (y * y + c) % n
+            d = math.gcd(abs(x - y), n)
+        if d != n:
+            return d
+    raise AssertionError("unreachable")
+
+
+def factorize(n: int) -> dict[int, int]:
+    """Prime factorization {prime: exponent} of n >= 1: small primes by division, the rest by
+    Miller-Rabin and Pollard's rho."""
+    out: dict[int, int] = {}
+    for p in _SMALL_PRIMES:
+        while n % p == 0:
+            out[p] = out.get(p, 0) + 1
+            n //= p
+    stack = [n] if n > 1 else []
+    while stack:
+        m = stack.pop()
+        if _is_prime(m):
+            out[m] = out.get(m, 0) + 1
+            continue
+        f = _pollard_rho(m)
+        stack += [f, m // f]
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)
