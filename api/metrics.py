@@ -10,6 +10,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+"""HTTP methods that get their own label; any other method (made up by a client) is \"other\"."""
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -66,5 +69,9 @@ class Metrics:
         self.registry.register(RunStatusCollector(session_factory))
 
     def observe(self, method: str, route: str, status: int, started: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
+        """Labels come from closed sets: the HTTP methods of the API, the route templates (anything
+        unmatched is "other"), and the status class for codes outside the standard range."""
+        method = method if method in METHODS else "other"
+        code = str(status) if 100 <= status <= 599 else "other"
+        self.requests.labels(method, route, code).inc()
         self.latency.labels(method, route).observe(time.perf_counter() - started)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -24,6 +25,18 @@ def test_metrics_are_prometheus_text(anon: httpx.Client, tiny_plan: dict[str, An
     assert 'autopar_http_requests_total{method="POST",route="/v1/plans",status="201"}' in text
     assert "autopar_planner_search_seconds_count" in text and 'autopar_plans_created_total{feasible="true"}' in text
     assert "/v1/plans/{plan_id}" in text or "autopar_runs" in text
+
+
+def test_made_up_methods_do_not_grow_the_metrics(anon: httpx.Client) -> None:
+    """Labels come from closed sets: 200 requests with invented methods and paths add one series."""
+    for i in range(200):
+        anon.request(f"X{uuid.uuid4().hex[:8].upper()}", f"/nowhere/{i}")
+    size = len(anon.get("/metrics").text)
+    for i in range(200):
+        anon.request(f"Y{uuid.uuid4().hex[:8].upper()}", f"/elsewhere/{i}")
+    text = anon.get("/metrics").text
+    assert 'method="other"' in text and not re.search(r'method="[XY][0-9A-F]{8}"', text)
+    assert len(text) < size + 2000  # counters move, no new series
 
 
 def test_presets_are_listed_and_paginated(anon: httpx.Client) -> None:
