@@ -228,9 +228,11 @@ class CalibrationFit:
     error_after: ErrorStats | None
     error_loo: ErrorStats | None
     method: str
+    rejected: str | None = None  # why the fit was refused (`PLAUSIBLE`); the calibration is then `base`
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "rejected": self.rejected,
             "cluster": self.cluster,
             "source": self.calibration.source,
             "n_profiles": self.n_profiles,
@@ -451,6 +453,13 @@ def fit_cluster_calibration(
     theta = _solve(prob)
     cal = _apply(base, theta, _source(cluster, n, theta, prob.free))
     mult = {k: float(math.exp(v)) for k, v in zip(("compute", "intra", "inter"), theta[:3], strict=True)}
+    implausible = implausible_factors(cal)
+    if implausible:
+        why = f"{n} profile(s) rejected: " + "; ".join(implausible)
+        kept = replace(base, source=f"cluster {cluster}: {why}; global calibration kept")
+        factors = _factor_reports(base, kept, np.zeros(4, bool), [why] * 4)
+        return CalibrationFit(cluster, kept, n, factors, {"compute": 1.0, "intra": 1.0, "inter": 1.0},
+                              None, None, None, METHOD, rejected=why)
     factors = _factor_reports(base, cal, prob.free, reasons)
     if not errors:
         return CalibrationFit(cluster, cal, n, factors, mult, None, None, None, METHOD)
@@ -471,6 +480,32 @@ def fit_cluster_calibration(
             hows.add(h)
         loo_stats = ErrorStats.of(held, measured, f"leave-one-out, {' + '.join(sorted(hows))}")
     return CalibrationFit(cluster, cal, n, factors, mult, before, after, loo_stats, METHOD)
+
+
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (0.01, 1.0),
+    "fp8_gemm_efficiency": (0.01, 1.0),
+    "attention_efficiency": (0.005, 1.0),
+    "hbm_efficiency": (0.01, 1.0),
+    "intra_bus_efficiency": (0.01, 1.5),
+    "inter_bus_efficiency": (0.01, 1.5),
+    "step_overhead_s": (0.0, 30.0),
+}
+"""Physical ranges of fitted factors. Efficiencies are fractions of datasheet peaks (nothing runs
+above its peak); bus efficiencies are fractions of the catalog's bus bandwidth, which is itself an
+achievable NCCL figure (a cluster may beat it somewhat: 1.5); a fixed cost per step above 30 s is
+a stalled run, not an overhead. A fit outside them is refused with the reason (profiles from a
+broken or malicious agent cannot move a cluster's prices to 837% MFU)."""
+
+
+def implausible_factors(cal: Calibration) -> list[str]:
+    """The fitted factors of `cal` outside `PLAUSIBLE`, each with its value and range."""
+    out = []
+    for name, (lo, hi) in PLAUSIBLE.items():
+        value = float(getattr(cal, name))
+        if not (lo <= value <= hi) or not math.isfinite(value):
+            out.append(f"{name} {value:.4g} outside the plausible range {lo:g}-{hi:g}")
+    return out
 
 
 def _factor_reports(base: Calibration, cal: Calibration, free: np.ndarray, reasons: list[str]) -> list[FactorReport]:

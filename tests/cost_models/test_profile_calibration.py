@@ -135,3 +135,17 @@ def test_pair_needs_a_breakdown_and_a_positive_step() -> None:
         ProfilePair.from_plan_and_profile(plan, {"step_s": None})
     with pytest.raises(ValueError):
         ProfilePair.from_plan_and_profile({"best": None}, {"step_s": 0.1})
+
+
+def test_implausible_profiles_are_refused_with_the_reason() -> None:
+    """A profile that says the cluster runs 900x faster than its datasheet allows (gemm efficiency
+    far above 1) must not move the cluster's prices."""
+    base = default_calibration()
+    truth = replace(base, gemm_efficiency=base.gemm_efficiency * 900, fp8_gemm_efficiency=base.fp8_gemm_efficiency * 900,
+                    attention_efficiency=base.attention_efficiency * 900, hbm_efficiency=base.hbm_efficiency * 900,
+                    kernel_launch_s=base.kernel_launch_s / 900, step_overhead_s=0.0)
+    pairs = [measured_pair(s, b, truth) for s, b in SHAPES]
+    fit = fit_cluster_calibration("local-cpu", pairs, base)
+    assert fit.rejected is not None and "gemm_efficiency" in fit.rejected and "plausible range" in fit.rejected
+    assert fit.calibration.gemm_efficiency == base.gemm_efficiency
+    assert fit.as_dict()["rejected"] == fit.rejected
