@@ -11,13 +11,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
-"""HTTP methods that get their own label; any other method (made up by a client) is \"other\"."""
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from api.models import RunRow
+
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+"""HTTP methods that get their own label; any other method (made up by a client) is "other"."""
 
 
 class RunStatusCollector(Collector):
