@@ -66,6 +66,11 @@ class BodyLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
+        problem = unsafe_json(b"".join(chunks)) if _is_json(headers) else None
+        if problem is not None:
+            loc, msg = problem
+            await _error(send, 422, msg, loc, "unsafe_value")
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -78,10 +83,55 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-async def _error(send: Send, status: int, msg: str, loc: list[str]) -> None:
+def _is_json(headers: dict[bytes, bytes]) -> bool:
+    return b"json" in headers.get(b"content-type", b"").lower()
+
+
+def unsafe_json(body: bytes) -> tuple[list[str | int], str] | None:
+    """(path, reason) of the first value no database column can hold faithfully: a NUL character
+    (PostgreSQL text refuses it), a lone surrogate (not UTF-8), NaN or an infinity (not JSON, and a
+    NaN measurement poisons every average); None when the body is clean or not JSON at all (the
+    route's own validation answers that)."""
     import json
 
-    body = json.dumps({"detail": [{"loc": loc, "msg": msg, "type": "body_too_large" if status == 413 else "bad_request"}]})
+    def constant(name: str) -> float:
+        raise ValueError(name)
+
+    try:
+        data = json.loads(body or b"null", parse_constant=constant)
+    except ValueError as exc:
+        if str(exc) in ("NaN", "Infinity", "-Infinity"):
+            return ["body"], f"{exc} is not a number JSON allows"
+        return None
+
+    def walk(x: object, path: list[str | int]) -> tuple[list[str | int], str] | None:
+        if isinstance(x, str):
+            if "\x00" in x:
+                return ["body", *path], "NUL characters are not allowed in text"
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return ["body", *path], "lone surrogates are not text (not valid UTF-8)"
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                hit = walk(k, path) or walk(v, [*path, k])
+                if hit:
+                    return hit
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                hit = walk(v, [*path, i])
+                if hit:
+                    return hit
+        return None
+
+    return walk(data, [])
+
+
+async def _error(send: Send, status: int, msg: str, loc: list, type_: str | None = None) -> None:
+    import json
+
+    kind = type_ or ("body_too_large" if status == 413 else "bad_request")
+    body = json.dumps({"detail": [{"loc": loc, "msg": msg, "type": kind}]})
     await send({
         "type": "http.response.start", "status": status,
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

@@ -93,6 +93,14 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _jsonable_errors(exc.errors())}, status_code=422)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        """Anything unforeseen still answers in the documented shape (never a plain-text 500)."""
+        return JSONResponse(
+            {"detail": [{"loc": [], "msg": f"internal error ({type(exc).__name__})", "type": "internal_error"}]},
+            status_code=500,
+        )
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail

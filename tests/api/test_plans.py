@@ -218,3 +218,16 @@ def test_evaluate_bad_layout_names_the_field(user: httpx.Client) -> None:
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "partition"]
     r = user.post("/v1/evaluate", json={**job, "model": "../../etc/passwd"})
     assert r.status_code == 422 and "unknown model" in r.json()["detail"][0]["msg"]
+
+
+def test_nul_bytes_surrogates_and_nan_are_refused_with_their_path(user: httpx.Client) -> None:
+    """Values no database column holds faithfully get 422 with their path, on SQLite and PostgreSQL
+    alike (PostgreSQL refuses NUL in text; NaN is not JSON)."""
+    job = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 16}}
+    r = user.post("/v1/evaluate", json={**job, "model": "llama\x003-8b"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "model"], r.text
+    body = '{"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 16, "x": "\\ud800"}}'
+    r = user.post("/v1/evaluate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "training", "x"], r.text
+    r = user.post("/v1/evaluate", content=body.replace('"\\ud800"', "NaN"), headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "NaN" in r.json()["detail"][0]["msg"], r.text
