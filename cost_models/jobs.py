@@ -77,6 +77,25 @@ class Job(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        """`true` is not a GPU count: JSON booleans in numeric fields are refused (pydantic's lax
+        mode would read them as 1 / 0)."""
+        if isinstance(data, dict):
+            for section, model in (("", None), ("training", TrainingSpec), ("layout", Layout)):
+                values = data if not section else data.get(section)
+                if not isinstance(values, dict):
+                    continue
+                names = ("gpus",) if model is None else tuple(
+                    n for n, f in model.model_fields.items() if "int" in str(f.annotation) or "float" in str(f.annotation)
+                )
+                for name in names:
+                    if isinstance(values.get(name), bool):
+                        where = f"{section}.{name}" if section else name
+                        raise ValueError(f"{where}: {str(values[name]).lower()} is not a number")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _take_auto(cls, data: Any) -> Any:
         """Layout entries equal to "auto" become `auto` knobs (`cost_models.auto_knobs`)."""
         if isinstance(data, dict) and isinstance(data.get("layout"), dict):

@@ -66,3 +66,11 @@ def test_invalid_jobs_name_field_and_reason(changes: dict, fragment: str) -> Non
     r = run_job(job(**changes))
     assert r["ok"] is False
     assert fragment in r["error"], r["error"]
+
+
+def test_booleans_are_not_numbers() -> None:
+    base = {"model": "tiny", "cluster": "local-cpu", "gpus": 2, "training": {"seq_len": 64, "global_batch": 4}}
+    assert run_job({**base, "gpus": True})["error"] == "gpus: true is not a number"
+    assert run_job({**base, "layout": {"tp": True}})["error"] == "layout.tp: true is not a number"
+    assert run_job({**base, "training": {"seq_len": 64, "global_batch": False}})["error"].startswith("training.global_batch")
+    assert run_job({**base, "layout": {"offload_optimizer": True, "zero_stage": 1}})["ok"]  # a real boolean field
