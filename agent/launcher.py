@@ -5,7 +5,10 @@ every element is either a constant, a path the agent made, or a validated intege
 leased run (`LaunchSpec.from_run`). It runs in its own session, hence its own process group, so
 `stop()` reaches torchrun and every worker it forked with one `killpg`. Its stdout and stderr go
 to `child.log` in the attempt's work dir; `child.pid` records the group id there (a supervisor,
-or the end-to-end test acting as a node crash, can find the tree).
+or the end-to-end test acting as a node crash, can find the tree). The tree dies with the agent:
+torchrun and every runtime worker ask for SIGKILL when their parent dies
+(`set_parent_death_signal`), and an agent that starts reaps the groups an earlier one left in its
+work dir (`reap_leftovers`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from runtime.process import set_parent_death_signal
 
 BACKENDS = ("auto", "gloo", "nccl")
 MAX_STEPS = 1_000_000
@@ -101,6 +106,26 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def reap_leftovers(workdir: Path) -> list[int]:
+    """Kill the process groups that earlier agent processes left in `workdir` (each attempt dir
+    records its tree's group id in `child.pid`): called when an agent starts, before it leases
+    anything. Returns the groups that were still alive."""
+    killed = []
+    for pid_file in sorted(workdir.glob("run-*/attempt-*/child.pid")):
+        try:
+            pgid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if pgid <= 1:
+            continue
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            killed.append(pgid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
 class Child:
     """A running process tree in its own process group, logging to `log_path`."""
 
@@ -110,7 +135,7 @@ class Child:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(  # argv list, shell=False: nothing is interpreted
             argv, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=child_env(), start_new_session=True,
+            env=child_env(), start_new_session=True, preexec_fn=set_parent_death_signal,
         )
         self.pgid = self.proc.pid  # a session leader's pid is its process group id
         (workdir / "child.pid").write_text(str(self.pgid))

@@ -38,6 +38,7 @@ from agent.launcher import (
     log_tail,
     preflight_argv,
     read_progress,
+    reap_leftovers,
     runtime_argv,
     safe_id,
 )
@@ -161,6 +162,8 @@ class Agent:
         """Lease and execute runs until terminated (or, with `once`, after one poll/run).
         Returns the process exit code: 0, or 1 when `once` ended in a failure to talk to the server."""
         self.cfg.workdir.mkdir(parents=True, exist_ok=True)
+        for pgid in reap_leftovers(self.cfg.workdir):
+            log.warning("killed process group %d left by an earlier agent in %s", pgid, self.cfg.workdir)
         try:
             self.register()
         except (ServerUnavailable, ProtocolError) as exc:

@@ -453,7 +453,8 @@ def fit_cluster_calibration(
     theta = _solve(prob)
     cal = _apply(base, theta, _source(cluster, n, theta, prob.free))
     mult = {k: float(math.exp(v)) for k, v in zip(("compute", "intra", "inter"), theta[:3], strict=True)}
-    implausible = implausible_factors(cal)
+    nominal = any(((p.job or {}).get("cluster") or {}).get("gpu", {}).get("vendor") == "cpu" for p in pairs)
+    implausible = implausible_factors(cal, nominal_peaks=nominal)
     if implausible:
         why = f"{n} profile(s) rejected: " + "; ".join(implausible)
         kept = replace(base, source=f"cluster {cluster}: {why}; global calibration kept")
@@ -498,10 +499,18 @@ a stalled run, not an overhead. A fit outside them is refused with the reason (p
 broken or malicious agent cannot move a cluster's prices to 837% MFU)."""
 
 
-def implausible_factors(cal: Calibration) -> list[str]:
-    """The fitted factors of `cal` outside `PLAUSIBLE`, each with its value and range."""
+NOMINAL_PEAK_FACTOR = 20.0
+"""Efficiency ceiling on devices whose catalog peak is nominal, not a datasheet's (vendor "cpu":
+a host's vector units vary by SKU and thread count): 20 x the nominal peak."""
+
+
+def implausible_factors(cal: Calibration, nominal_peaks: bool = False) -> list[str]:
+    """The fitted factors of `cal` outside `PLAUSIBLE`, each with its value and range
+    (`nominal_peaks`: the device's peaks are nominal, `NOMINAL_PEAK_FACTOR`)."""
     out = []
     for name, (lo, hi) in PLAUSIBLE.items():
+        if nominal_peaks and name.endswith("_efficiency") and "bus" not in name:
+            hi = NOMINAL_PEAK_FACTOR
         value = float(getattr(cal, name))
         if not (lo <= value <= hi) or not math.isfinite(value):
             out.append(f"{name} {value:.4g} outside the plausible range {lo:g}-{hi:g}")

@@ -48,6 +48,10 @@ def _progress_writer(path: str):  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: die with torchrun (agent/launcher.py)
+        from runtime.process import set_parent_death_signal
+
+        set_parent_death_signal()
     p = argparse.ArgumentParser(prog="python -m runtime.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("spec", help="RunSpec or Plan JSON")
     p.add_argument("--steps", type=int, default=None)

@@ -156,13 +156,15 @@ def test_killed_agent_run_is_released_and_completed_by_the_other(service: Servic
         # agent A leases attempt 1 and starts training; the run reports step progress
         wait_for("attempt 1 to report steps", lambda: (svc.run(run_id).get("progress") or {}).get("step", 0) >= 1, 120, svc)
         b = start_agent(svc, token, wb, "agent-b")  # the second node, polling an empty queue
-        # node A crashes: the agent and the whole torchrun tree it launched die at once
+        # node A's agent is killed with SIGKILL: the torchrun tree it launched dies with it
+        # (parent-death signals), nothing kills it from outside
         child_pgid = int((wa / f"run-{run_id}" / "attempt-1" / "child.pid").read_text())
         a.send_signal(signal.SIGKILL)
-        kill_tree(child_pgid)
         a.wait(10)
-        t_kill = time.monotonic()
         killed_at_step = svc.run(run_id)["progress"]["step"]
+        t_kill = time.monotonic()
+        wait_for("the old tree to die with its agent", lambda: not group_alive(child_pgid), 20, svc)
+        print(f"\nold tree gone {time.monotonic() - t_kill:.2f} s after its agent was killed")
         assert 1 <= killed_at_step < 12
 
         done = wait_for("the run to finish", lambda: (r := svc.run(run_id))["status"] in ("succeeded", "failed") and r,
@@ -208,6 +210,18 @@ def test_killed_agent_run_is_released_and_completed_by_the_other(service: Servic
         for w in (wa, wb):
             for pid_file in w.glob("run-*/attempt-*/child.pid"):
                 kill_tree(int(pid_file.read_text()))
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies excluded)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def act_as_agent(svc: Service, token: str, plan_id: int, step_s: float, cluster: str = "local-cpu") -> None:
