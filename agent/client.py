@@ -88,6 +88,7 @@ class ApiClient:
         *,
         json: Any = None,
         headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
     ) -> httpx.Response:
         """Send with retries (module docstring). Raises `ServerUnavailable` when the budget runs out."""
@@ -96,7 +97,7 @@ class ApiClient:
         last: str = ""
         for k in range(policy.tries):
             try:
-                resp = self._http.request(method, path, json=json, headers=headers)
+                resp = self._http.request(method, path, json=json, headers=headers, params=params)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:
@@ -136,11 +137,12 @@ class ApiClient:
         return self.request("POST", f"/v1/runs/{run_id}/heartbeat", json=body, retry=retry)
 
     def put_profile(
-        self, run_id: Any, profile: dict[str, Any], idempotency_key: str, retry: RetryPolicy | None = None
+        self, run_id: Any, agent_id: Any, attempt: int, profile: dict[str, Any], idempotency_key: str,
+        retry: RetryPolicy | None = None,
     ) -> dict[str, Any]:
         r = self.request(
             "PUT", f"/v1/runs/{run_id}/profile", json=profile, headers={"Idempotency-Key": idempotency_key},
-            retry=retry,
+            params={"agent_id": agent_id, "attempt": attempt}, retry=retry,
         )
         if r.status_code not in (200, 201):
             raise ProtocolError(r, "profile upload")

@@ -277,7 +277,7 @@ class Agent:
 
     def _upload(self, adir: Path, run_id: str, attempt: int, profile: dict[str, Any]) -> dict[str, Any]:
         key = idempotency_key(adir, self.cfg.server, run_id, attempt)
-        stored = self.client.put_profile(run_id, profile, key, retry=self.cfg.report_retry)
+        stored = self.client.put_profile(run_id, self.agent_id, attempt, profile, key, retry=self.cfg.report_retry)
         (adir / "profile_uploaded").write_text(key)
         return stored
 

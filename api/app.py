@@ -94,17 +94,17 @@ def unsafe_json(body: bytes) -> tuple[list[str | int], str] | None:
     route's own validation answers that)."""
     import json
 
-    def constant(name: str) -> float:
-        raise ValueError(name)
+    class NonFinite(str):
+        """NaN / Infinity as parsed, so the walk can name where it was."""
 
     try:
-        data = json.loads(body or b"null", parse_constant=constant)
-    except ValueError as exc:
-        if str(exc) in ("NaN", "Infinity", "-Infinity"):
-            return ["body"], f"{exc} is not a number JSON allows"
+        data = json.loads(body or b"null", parse_constant=NonFinite)
+    except ValueError:
         return None
 
     def walk(x: object, path: list[str | int]) -> tuple[list[str | int], str] | None:
+        if isinstance(x, NonFinite):
+            return ["body", *path], f"{x} is not a number JSON allows"
         if isinstance(x, str):
             if "\x00" in x:
                 return ["body", *path], "NUL characters are not allowed in text"

@@ -217,6 +217,17 @@ def cancel(session: Session, run_id: int, by: str) -> RunRow:
     return run
 
 
+def check_lease_holder(run: RunRow, agent: AgentRow, attempt: int) -> None:
+    """409 unless `agent` holds the lease of the run's current `attempt` (a profile of an attempt
+    held by another agent, of an earlier attempt, or of a finished run is refused)."""
+    if not _holds(run, agent.id, attempt):
+        raise conflict(
+            f"agent {agent.id} attempt {attempt} does not hold run {run.id} "
+            f"(status {run.status}, attempt {run.attempt}, agent {run.agent_id}): only the lease holder uploads its profile",
+            ["query", "attempt"],
+        )
+
+
 def check_holder_for_profile(run: RunRow) -> None:
     if run.attempt < 1:
         raise ApiError(409, f"run {run.id} was never leased: no profile can exist yet", ["path", "run_id"], "conflict")

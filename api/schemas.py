@@ -257,16 +257,28 @@ class Preflight(BaseModel):
 
 
 class ProfileUpload(BaseModel):
-    """The Profile JSON `runtime.launch` writes (runtime/train.py `make_profile`); fields not named
-    here are kept as sent."""
+    """The Profile JSON `runtime.launch` writes (runtime/train.py `make_profile`) and the agent's
+    optional `preflight`. A closed schema: a field not named here is refused (422), so nothing a
+    client invents is stored and served back."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
+    plan_id: int | None = None
+    layout: dict[str, Any] | None = None
+    partition: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=65_536)
+    start_step: Annotated[int, Field(ge=0)] | None = None
+    warmup_steps: Annotated[int, Field(ge=0)] | None = None
     step_times_s: list[NonNegative] = Field(default_factory=list, max_length=1_000_000)
     step_s: NonNegative | None = None
-    peak_memory_bytes_per_rank: list[Annotated[int, Field(ge=0)] | None] = Field(default_factory=list)
+    peak_memory_bytes_per_rank: list[Annotated[int, Field(ge=0)] | None] = Field(default_factory=list, max_length=1_048_576)
+    memory_source: str | None = Field(None, max_length=256)
+    tokens_per_step: NonNegative | None = None
     tokens_per_s: NonNegative | None = None
+    model_flops_per_step: NonNegative | None = None
+    peak_flops_per_s: NonNegative | None = None
     mfu: NonNegative | None = None
+    mfu_convention: str | None = Field(None, max_length=512)
+    losses: list[float | None] = Field(default_factory=list, max_length=1_000_000)
     environment: dict[str, Any] = Field(default_factory=dict)
     preflight: Preflight | None = None
 

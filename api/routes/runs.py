@@ -166,9 +166,12 @@ def heartbeat(run_id: Id, body: HeartbeatRequest, principal: Agent, db: DB) -> H
 )
 def upload_profile(
     run_id: Id, body: ProfileUpload, principal: Agent, db: DB, metrics: MetricsDep, response: Response,
+    agent_id: Annotated[int, Query(ge=1, description="the agent holding the lease of this attempt")],
+    attempt: Annotated[int, Query(ge=1, description="the leased attempt the profile measures")],
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> ProfileOut:
-    """Exactly one profile per run: a retried upload (whatever its key) returns the stored one."""
+    """Exactly one profile per run: a retried upload (whatever its key) returns the stored one.
+    Only the agent holding the lease of the run's current attempt may upload it."""
 
     def existing() -> ProfileOut | None:
         with db.read_session() as session:
@@ -183,6 +186,8 @@ def upload_profile(
             if stored is not None:
                 response.status_code = 200
                 return profile_out(stored)
+            agent = lifecycle.agent_of(session, principal, agent_id, ["query", "agent_id"])
+            lifecycle.check_lease_holder(run, agent, attempt)
             row = ProfileRow(
                 run_id=run.id, plan_id=run.plan_id, cluster=run.cluster, attempt=run.attempt,
                 idempotency_key=idempotency_key, step_s=body.step_s, tokens_per_s=body.tokens_per_s, mfu=body.mfu,

@@ -70,7 +70,10 @@ class FakeServer:
                 raw = self.rfile.read(n) if n else b""
                 body = json.loads(raw) if raw else None
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                code, out = server.handle(method, self.path, headers, body)
+                path, _, query = self.path.partition("?")
+                if query:
+                    headers["x-query"] = query  # the protocol's query parameters, for the tests to read
+                code, out = server.handle(method, path, headers, body)
                 data = b"" if out is None else json.dumps(out).encode()
                 self.send_response(code)
                 self.send_header("content-type", "application/json")

@@ -187,6 +187,8 @@ def test_attempt_reports_progress_uploads_once_and_finishes(fake_server: FakeSer
     assert all(b["attempt"] == 1 and b["agent_id"] == 7 for b in beats)
     (profile,) = fake_server.bodies("/profile")
     assert profile["mfu"] is None  # NaN is not JSON: sent as null
+    (put_query,) = [h["x-query"] for m, p, h, _ in fake_server.calls if p.endswith("/profile")]
+    assert put_query == "agent_id=7&attempt=1"  # the lease holder names itself and its attempt
     finish = fake_server.bodies("/finish")[0]
     assert finish["status"] == "succeeded" and finish["exit_code"] == 0 and "step 6" in finish["log_tail"]
     adir = tmp_path / "w" / "run-11" / "attempt-1"
@@ -197,7 +199,7 @@ def test_attempt_reports_progress_uploads_once_and_finishes(fake_server: FakeSer
     assert "$(touch" in (adir / "plan.json").read_text()
     assert not Path("/tmp/autopar-pwned-unit").exists()
     # a retried upload of the same attempt reuses the key: the server answers 200, no second profile
-    again = agent.client.put_profile("11", profile, runner_mod.idempotency_key(adir, fake_server.url, "11", 1))
+    again = agent.client.put_profile("11", agent.agent_id, 1, profile, runner_mod.idempotency_key(adir, fake_server.url, "11", 1))
     assert again == fake_server.profiles["11"] and len(fake_server.profiles) == 1
     assert [h["idempotency-key"] for m, p, h, _ in fake_server.calls if m == "PUT"] == [key, key]
 

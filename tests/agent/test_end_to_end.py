@@ -237,7 +237,8 @@ def act_as_agent(svc: Service, token: str, plan_id: int, step_s: float, cluster:
                     json={"agent_id": agent["id"], "attempt": attempt, "progress": {"step": 5, "steps": 5}})
         assert hb.status_code == 200, hb.text
         prof = {"step_s": step_s, "step_times_s": [step_s] * 5, "tokens_per_s": 256 / step_s, "mfu": None}
-        put = c.put(f"/v1/runs/{run_id}/profile", json=prof, headers={"Idempotency-Key": f"k-{run_id}"})
+        put = c.put(f"/v1/runs/{run_id}/profile", json=prof, headers={"Idempotency-Key": f"k-{run_id}"},
+                    params={"agent_id": agent["id"], "attempt": attempt})
         assert put.status_code == 201, put.text
         fin = c.post(f"/v1/runs/{run_id}/finish",
                      json={"agent_id": agent["id"], "attempt": attempt, "status": "succeeded", "log_tail": "", "exit_code": 0})

@@ -81,7 +81,8 @@ def test_agent_token_is_bound_to_its_cluster(server: Any, user: httpx.Client, ti
         run_id = lease.json()["run"]["id"]
         hb = {"agent_id": west_agent, "attempt": 1}
         assert w.post(f"/v1/runs/{run_id}/heartbeat", json=hb).status_code == 403
-        assert w.put(f"/v1/runs/{run_id}/profile", json={"step_s": 1.0}).status_code == 403
+        assert w.put(f"/v1/runs/{run_id}/profile", json={"step_s": 1.0},
+                     params={"agent_id": west_agent, "attempt": 1}).status_code == 403
         assert w.post(f"/v1/runs/{run_id}/finish", json={**hb, "status": "failed"}).status_code == 403
         assert e.get(f"/v1/runs/{run_id}").json()["status"] == "leased"  # untouched
 

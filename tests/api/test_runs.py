@@ -81,15 +81,16 @@ def test_full_cycle_with_profile_predicted_beside_measured(server: Any, user: ht
     assert site.run(run["id"])["progress"]["step"] == 1
 
     key = str(uuid.uuid4())
-    first = site.http.put(f"/v1/runs/{run['id']}/profile", json=PROFILE, headers={"Idempotency-Key": key})
+    holder = {"agent_id": site.agent_id, "attempt": 1}
+    first = site.http.put(f"/v1/runs/{run['id']}/profile", json=PROFILE, headers={"Idempotency-Key": key}, params=holder)
     assert first.status_code == 201, first.text
-    retry = site.http.put(f"/v1/runs/{run['id']}/profile", json=PROFILE, headers={"Idempotency-Key": key})
+    retry = site.http.put(f"/v1/runs/{run['id']}/profile", json=PROFILE, headers={"Idempotency-Key": key}, params=holder)
     other = site.http.put(f"/v1/runs/{run['id']}/profile", json={**PROFILE, "step_s": 9.0},
-                          headers={"Idempotency-Key": str(uuid.uuid4())})
+                          headers={"Idempotency-Key": str(uuid.uuid4())}, params=holder)
     assert retry.status_code == other.status_code == 200
     assert retry.json() == other.json() == first.json()  # one profile per run, whatever the key
     assert first.json()["profile"]["preflight"]["bus_bandwidth_bytes_per_s"] == 1.5e9
-    assert first.json()["profile"]["losses"] == [4.1, 4.0]  # fields beyond the named ones are kept
+    assert first.json()["profile"]["losses"] == [4.1, 4.0]
 
     done = site.finish(run["id"], 1)
     assert done.status_code == 200 and done.json()["status"] == "succeeded" and done.json()["log_tail"] == "done\n"
@@ -213,7 +214,7 @@ def test_cancel_queued_and_running(server: Any, user: httpx.Client, tiny_plan: d
 def test_profile_before_any_lease_is_refused(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
     site = _site(server, user)
     run = site.queue(tiny_plan["id"])
-    r = site.http.put(f"/v1/runs/{run['id']}/profile", json=PROFILE)
+    r = site.http.put(f"/v1/runs/{run['id']}/profile", json=PROFILE, params={"agent_id": site.agent_id, "attempt": 1})
     assert r.status_code == 409
 
 
@@ -221,11 +222,26 @@ def test_bad_profile_names_the_field(server: Any, user: httpx.Client, tiny_plan:
     site = _site(server, user)
     run = site.queue(tiny_plan["id"])
     site.lease()
-    r = site.http.put(f"/v1/runs/{run['id']}/profile", json={**PROFILE, "step_times_s": [0.1, -1.0]})
+    holder = {"agent_id": site.agent_id, "attempt": 1}
+    r = site.http.put(f"/v1/runs/{run['id']}/profile", json={**PROFILE, "step_times_s": [0.1, -1.0]}, params=holder)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "step_times_s", 1]
     r = site.http.put(f"/v1/runs/{run['id']}/profile", content=b'{"step_s": NaN}',
-                      headers={"content-type": "application/json"})
+                      headers={"content-type": "application/json"}, params=holder)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "step_s"]
+    r = site.http.put(f"/v1/runs/{run['id']}/profile", json={**PROFILE, "note": "<script>"}, params=holder)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "note"]  # a closed schema
+
+
+def test_only_the_lease_holder_uploads_the_profile(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    site = _site(server, user)
+    run = site.queue(tiny_plan["id"])
+    site.lease()
+    other = site.register("a1")  # same cluster, same token, not the holder
+    url = f"/v1/runs/{run['id']}/profile"
+    assert site.http.put(url, json=PROFILE, params={"agent_id": other, "attempt": 1}).status_code == 409
+    assert site.http.put(url, json=PROFILE, params={"agent_id": site.agent_id, "attempt": 2}).status_code == 409
+    assert site.http.put(url, json=PROFILE).status_code == 422  # who and which attempt are required
+    assert site.http.put(url, json=PROFILE, params={"agent_id": site.agent_id, "attempt": 1}).status_code == 201
 
 
 def test_runs_list_filters(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:

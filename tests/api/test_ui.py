@@ -69,7 +69,8 @@ class Site:
         self.done_run = self.queue(4)
         self.lease()
         self.heartbeat(self.done_run, 2, 4)
-        r = self.agent.put(f"/v1/runs/{self.done_run}/profile", json=PROFILE)
+        r = self.agent.put(f"/v1/runs/{self.done_run}/profile", json=PROFILE,
+                           params={"agent_id": self.agent_id, "attempt": 1})
         assert r.status_code == 201, r.text
         r = self.agent.post(f"/v1/runs/{self.done_run}/finish", json={
             "agent_id": self.agent_id, "attempt": 1, "status": "succeeded", "log_tail": "step 4/4 loss 5.9\n", "exit_code": 0,
