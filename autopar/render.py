@@ -58,6 +58,14 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
         console.print(line)
     sentence, verdict = memory_verdict(mem["peak_bytes"], mem["capacity_bytes"], headroom)
     console.print(f"{sentence}, worst on stage {mem['worst_stage']}: {verdict}")
+    host = result.get("host_memory")
+    if host and (host["bytes_per_node"] or not host["fits"]):
+        over = host["bytes_per_node"] - host["capacity_bytes_per_node"]
+        tail = "[green]fits[/]" if host["fits"] else f"[red]does not fit[/], {over:,} bytes ({gib(over)}) over"
+        console.print(
+            f"host memory: {gib(host['bytes_per_node'])} per node of offloaded state ({host['ranks_per_node']} ranks) "
+            f"of {gib(host['capacity_bytes_per_node'])}: {tail}"
+        )
     console.print(memory_table(mem["stages"]))
     t = Table(title="step time (critical path)")
     t.add_column("component")

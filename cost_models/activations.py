@@ -150,6 +150,8 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     if "core_attn" not in modules:
         total += t * heads * model.v_dim * ab  # O: kernel output = output-projection input
         total += t * heads * LSE_BYTES
+    if model.norm_placement == "sandwich":  # Gemma 2/3: a norm after the output projection saves its input
+        total += t * h * nb / rep
     return total
 
 
@@ -162,6 +164,8 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     act_recomputed = "act" in modules
     widths = sel_w if act_recomputed else full_w
     total = t * h * ctx.norm_bytes / rep  # norm input
+    if model.norm_placement == "sandwich":  # Gemma 2/3: the post-MLP norm saves its input too
+        total += t * h * ctx.norm_bytes / rep
     if "layernorm" not in modules:
         total += t * h * ctx.gemm_input_bytes / ctx.gathered_input_divisor  # norm output = first GEMM's input
     # one of the saved f-wide tensors is the second GEMM's input (kept in FP8 under FP8 training)

@@ -18,7 +18,7 @@ from cost_models.calibration import Calibration, default_calibration
 from cost_models.context import PricingContext
 from cost_models.flops import StepFlops, step_flops
 from cost_models.layout import Layout, LayoutError, validate_layout
-from cost_models.memory import MemoryBreakdown
+from cost_models.memory import MemoryBreakdown, host_bytes_per_node
 from cost_models.pipeline import bubble_fraction
 from cost_models.stage_table import KnobPrices, Setting, StageTable, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
@@ -76,6 +76,17 @@ class Estimate:
     tokens_per_step: int
     peak_flops_per_s: float
     stage_times_s: tuple[float, ...] = field(default=())
+    host_capacity_bytes: int = 0  # host RAM per node; 0 = not checked
+    ranks_per_node: int = 1
+
+    @property
+    def host_bytes_per_node(self) -> int:
+        """Offloaded bytes a node's host RAM holds (`memory.host_bytes_per_node`)."""
+        return int(host_bytes_per_node(max(m.host_optimizer for m in self.memory), self.ranks_per_node))
+
+    @property
+    def host_fits(self) -> bool:
+        return not self.host_capacity_bytes or self.host_bytes_per_node <= self.host_capacity_bytes
 
     @property
     def peak_memory(self) -> MemoryBreakdown:
@@ -87,7 +98,8 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
+        """GPU memory of the worst rank and host memory of a node both suffice."""
+        return self.peak_bytes <= self.capacity_bytes and self.host_fits
 
     @property
     def step_s(self) -> float:
@@ -185,6 +197,8 @@ def estimate_from_prices(table: StageTable, layout: Layout, prices: KnobPrices, 
         tokens_per_step=training.tokens_per_step,
         peak_flops_per_s=table.cluster.gpu.peak(training.precision),
         stage_times_s=tuple(float(x) for x in prices.stage_time[row]),
+        host_capacity_bytes=table.cluster.host_memory_bytes,
+        ranks_per_node=min(table.cluster.gpus_per_node, table.gpus),
     )
 
 

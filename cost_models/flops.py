@@ -95,6 +95,9 @@ def attention_pairs(model: ModelSpec, index: int, seq_len: int, convention: Atte
     if model.uses_sliding_window(index):
         w = model.sliding_window
         assert w is not None
+        if model.window_kind == "chunked":  # causal inside each chunk of w tokens (Llama 4)
+            full, rest = divmod(seq_len, w)
+            return float(full * w * (w + 1) / 2 + rest * (rest + 1) / 2)
         if w < seq_len:
             # queries past the first w each see w keys; the first w see 1..w
             return float(w * (w + 1) / 2 + (seq_len - w) * w)

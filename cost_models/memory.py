@@ -31,6 +31,16 @@ def model_state_bytes(params: float, zero_stage: int, shard: int, training: Trai
     return {"parameters": weights, "gradients": grads, "optimizer": 0.0 if offload else opt}
 
 
+def host_bytes_per_node(worst_rank_host_bytes: float, ranks_per_node: int) -> float:
+    """Host RAM one node needs for offloaded state (bytes): each GPU's process keeps its offloaded
+    optimizer shard (ZeRO-Offload: fp32 master weights, m and v, 12 bytes per parameter of its
+    shard) and any offloaded activations in host memory, so a node holds `ranks_per_node` of them.
+    The worst rank's bytes times the ranks of a node bound it, exactly when a node's ranks share a
+    pipeline stage (the tp-cp-ep-dp-pp order puts pp outermost). Not counted: the framework's own
+    process memory and a model-loading peak without meta-device init."""
+    return worst_rank_host_bytes * ranks_per_node
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes on the worst rank of one pipeline stage."""

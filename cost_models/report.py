@@ -39,6 +39,12 @@ def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: 
             "breakdown": worst.as_dict(),
             "stages": [m.as_dict() for m in est.memory],
         },
+        "host_memory": {
+            "bytes_per_node": est.host_bytes_per_node,
+            "capacity_bytes_per_node": est.host_capacity_bytes,
+            "ranks_per_node": est.ranks_per_node,
+            "fits": est.host_fits,
+        },
         "time": {
             "breakdown": est.time.as_dict(),
             "stage_micro_batch_s": list(est.stage_times_s),

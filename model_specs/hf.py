@@ -1,15 +1,26 @@
 """Import a HuggingFace `config.json` as a `ModelSpec`.
 
-Supported `model_type`s: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2,
-deepseek_v3, gpt_oss, gpt2, gpt_neox, bloom, nemotron. Any other `model_type` whose config carries
-the Llama-style fields (`hidden_size`, `num_hidden_layers`, `num_attention_heads`,
-`intermediate_size`, `vocab_size`) is read as llama. Multimodal configs are read from their
-`text_config`.
+Supported `model_type`s are the keys of `FAMILIES`, a reviewed list: llama, mistral, mixtral,
+qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gpt2, gpt_neox, bloom,
+nemotron, phi3 and granite (Llama shapes: fused qkv / gate-up projections store the same
+matrices), olmo2, gemma, gemma2, gemma3_text and llama4_text. Anything else is refused with the
+list: a config is never read as a Llama by guess. Fields that change the architecture in a way this
+reader does not model (`UNMODELLED_FIELDS`: hybrid Mamba / linear-attention layer patterns,
+cross-attention layers, ...) and `layer_types` entries other than sliding / full / chunked attention
+are refused by name as well. Multimodal configs are read from their `text_config`; their other
+towers (`vision_config`, `audio_config`, ...) are named in `ModelSpec.notes` as not priced.
 
 The per-family rules (`FAMILIES`) encode what the `transformers` modeling code builds but the config
-does not say: which linears carry biases, gated or plain MLP, RMSNorm or LayerNorm, tied embeddings
-by default, position encoding, and the MoE layer pattern. Sources: the `modeling_*.py` and
-`configuration_*.py` files of `transformers` (v4.40-4.56) for each family.
+does not say: which linears carry biases, gated or plain MLP, RMSNorm or LayerNorm and where the
+norms sit, q/k norms and their width, tied embeddings by default, position encoding, the windowed
+layer pattern, the MoE layer pattern, and the configuration class's defaults for fields a published
+config leaves out (Gemma 3's `text_config` names no vocabulary size). Sources: the `modeling_*.py`
+and `configuration_*.py` files of `transformers` (v4.40-5.x) for each family.
+
+Fields read and known not to change parameters, FLOPs or memory are listed in `ModelSpec.notes`:
+Granite's muP multipliers (`embedding_multiplier`, `residual_multiplier`, `attention_multiplier`,
+`logits_scaling`: scalars), Gemma's logit soft-capping (an elementwise tanh, outside the matmul FLOP
+count like every activation; flash-attention kernels fuse it) and query scaling.
 
 Sizes are element counts. Multi-token-prediction modules (`num_nextn_predict_layers`) are recorded
 in `mtp_layers` and not counted as layers.
@@ -19,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +39,9 @@ from pydantic import ValidationError
 from model_specs.hf_fields import ConfigFields, ModelConfigError
 from model_specs.spec import MlpKind, ModelSpec
 
-__all__ = ["FAMILIES", "ModelConfigError", "from_hf_config", "load_hf_config", "load_hf_spec"]
+__all__ = [
+    "FAMILIES", "UNMODELLED_FIELDS", "ModelConfigError", "from_hf_config", "load_hf_config", "load_hf_spec",
+]
 
 # Spellings of each quantity, preferred first.
 HIDDEN = ("hidden_size", "n_embd", "n_embed", "d_model")
@@ -44,7 +57,6 @@ TOP_K = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "m
 EXPERT_FFN = ("moe_intermediate_size", "expert_intermediate_size", "moe_ffn_hidden_size")
 SHARED = ("n_shared_experts", "num_shared_experts")
 SHARED_FFN = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
-LLAMA_FIELDS = (HIDDEN, LAYERS, HEADS, FFN, VOCAB)
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,32 @@ class Family:
     score_correction: bool = False  # e_score_correction_bias unless topk_method says otherwise
     mla: bool = False  # multi-head latent attention is the only attention of the family
     expert_ffn_required: bool = False  # experts have their own width (moe_intermediate_size)
+    norm_placement: str = "pre"  # ModelSpec.norm_placement: pre, post (OLMo-2), sandwich (Gemma 2/3)
+    qk_norm_scope: str = "head"  # ModelSpec.qk_norm_scope: head (Qwen3, Gemma 3) or projection (OLMo-2)
+    # Without `layer_types`: layer i is windowed iff (i + 1) % period != 0 (Gemma 2: period 2,
+    # Gemma 3: `sliding_window_pattern`, default 6). None: every layer (Mistral-style).
+    window_period: int | None = None
+    window_period_key: str | None = None
+    # The configuration class's defaults for fields a published config may leave out.
+    defaults: dict[str, Any] = field(default_factory=dict)
+    # Fields read and known to change no parameter, FLOP or byte: (field, why), noted on the spec.
+    cost_free: tuple[tuple[str, str], ...] = ()
 
+
+_GRANITE_MULTIPLIERS = tuple(
+    (f, "a scalar multiplier (muP): changes no parameter count, FLOPs or memory")
+    for f in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+)
+_GEMMA_SCALARS = (
+    ("attn_logit_softcapping", "tanh soft-capping of attention scores: elementwise, outside the matmul FLOP "
+     "count; priced as flash attention, which fuses it (eager attention would keep S x S scores)"),
+    ("final_logit_softcapping", "tanh soft-capping of the logits: elementwise, outside the matmul FLOP count"),
+    ("query_pre_attn_scalar", "the query scaling constant: no parameter or FLOP"),
+)
+_GEMMA3_DEFAULTS = {  # transformers Gemma3TextConfig() (the 27B text_config names only the shape)
+    "vocab_size": 262_208, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "sliding_window": 4096, "query_pre_attn_scalar": 256,
+}
 
 _LLAMA = Family()
 _QWEN2 = Family(qkv_bias=True, out_bias=False, qwen_window=True)
@@ -102,7 +139,40 @@ FAMILIES: dict[str, Family] = {
         mlp_bias=True, ffn_mult=4, embedding_norm=True,
     ),
     "nemotron": Family(gated=False, act="relu2", norm="layernorm"),
+    "phi3": _LLAMA,  # qkv_proj and gate_up_proj are the fused q/k/v and gate/up matrices, no biases
+    "granite": Family(cost_free=_GRANITE_MULTIPLIERS),
+    "olmo2": Family(qk_norm=True, qk_norm_scope="projection", norm_placement="post"),
+    "gemma": Family(act="gelu_pytorch_tanh", tie=True),
+    "gemma2": Family(
+        act="gelu_pytorch_tanh", tie=True, norm_placement="sandwich", window_period=2, cost_free=_GEMMA_SCALARS,
+    ),
+    "gemma3_text": Family(
+        act="gelu_pytorch_tanh", tie=True, qk_norm=True, norm_placement="sandwich", window_period=6,
+        window_period_key="sliding_window_pattern", defaults=_GEMMA3_DEFAULTS, cost_free=_GEMMA_SCALARS,
+    ),
+    # Llama 4: every `interleave_moe_layer_step`-th layer is MoE (routed experts `intermediate_size`
+    # wide plus one shared expert as wide), the others dense `intermediate_size_mlp`; RoPE layers
+    # attend in chunks of `attention_chunk_size`, every `no_rope_layer_interval`-th (NoPE) layer
+    # globally. Its q/k norm is a weightless L2 norm: no parameters.
+    "llama4_text": Family(cost_free=(("use_qk_norm", "a weightless L2 norm of q and k: no parameters"),)),
 }
+
+UNMODELLED_FIELDS: dict[str, str] = {
+    "hybrid_override_pattern": "a hybrid Mamba-2 / attention / MLP layer pattern (Nemotron-H)",
+    "layers_block_type": "a per-layer block kind list (hybrid state-space models)",
+    "layer_block_types": "a per-layer block kind list (hybrid state-space models)",
+    "attn_layer_period": "Jamba's interleaving of attention and Mamba layers",
+    "ssm_state_size": "state-space (Mamba) layers",
+    "mamba_d_state": "state-space (Mamba) layers",
+    "mamba_num_heads": "state-space (Mamba) layers",
+    "full_attention_interval": "linear-attention (Gated DeltaNet) layers between full-attention ones (Qwen3-Next)",
+    "linear_num_value_heads": "linear-attention (Gated DeltaNet) layers (Qwen3-Next)",
+    "cross_attention_layers": "cross-attention layers into an image encoder (Llama 3.2 Vision)",
+    "block_configs": "per-layer heterogeneous blocks (Nemotron-NAS)",
+}
+"""Config fields that change the architecture in ways the reader does not model: refused by name."""
+
+KNOWN_LAYER_TYPES = frozenset({"sliding_attention", "full_attention", "chunked_attention"})
 
 _GATED_ACTS: dict[str, MlpKind] = {"silu": "swiglu", "swish": "swiglu", "swiglu": "swiglu"}
 _PLAIN_ACTS: dict[str, MlpKind] = {
@@ -130,27 +200,69 @@ def _kv_heads(c: ConfigFields) -> int | None:
     return None
 
 
-def _window(c: ConfigFields, fam: Family, num_layers: int) -> dict[str, Any]:
+def _window(c: ConfigFields, fam: Family, family: str, num_layers: int) -> dict[str, Any]:
+    types = c.str_list("layer_types")
+    if types is not None:
+        unknown = sorted(set(types) - KNOWN_LAYER_TYPES)
+        if unknown:
+            raise c.error(
+                f"layer_types names layer kinds {unknown} that autopar does not price "
+                f"(it prices {sorted(KNOWN_LAYER_TYPES)})"
+            )
+        if len(types) != num_layers:
+            raise c.error(f"layer_types has {len(types)} entries for {num_layers} layers")
+        if "chunked_attention" in types and "sliding_attention" in types:
+            raise c.error("layer_types mixes sliding and chunked attention: not priced")
+    if family == "llama4_text":
+        return _llama4_chunks(c, types, num_layers)
     window = c.integer("sliding_window", default=None)
     if fam.qwen_window and not c.flag("use_sliding_window", default=False):
         window = None
     if window is None:
         return {}
-    types = c.str_list("layer_types")
     if types is not None:
-        if len(types) != num_layers:
-            raise c.error(f"layer_types has {len(types)} entries for {num_layers} layers")
         layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
     elif fam.qwen_window:
         layers = list(range(c.integer("max_window_layers", default=0), num_layers))
+    elif fam.window_period is not None:
+        period = c.integer(fam.window_period_key, default=fam.window_period) if fam.window_period_key else fam.window_period
+        if period < 1:
+            raise c.error(f"field '{fam.window_period_key}' must be >= 1, got {period}")
+        layers = [i for i in range(num_layers) if (i + 1) % period]
     else:
         layers = list(range(num_layers))
+    return _window_fields(window, layers, num_layers)
+
+
+def _window_fields(window: int, layers: list[int], num_layers: int) -> dict[str, Any]:
     if not layers:
         return {}
     for every in range(1, num_layers + 1):  # prefer the compact periodic form when it fits
         if layers == list(range(0, num_layers, every)):
             return {"sliding_window": window, "sliding_window_every": every}
     return {"sliding_window": window, "sliding_window_layers": tuple(layers)}
+
+
+def _llama4_chunks(c: ConfigFields, types: list[str] | None, num_layers: int) -> dict[str, Any]:
+    """Llama 4's chunked attention: on the RoPE layers (`layer_types`, else `no_rope_layers` with 1
+    for RoPE, else every layer but each `no_rope_layer_interval`-th, as Llama4TextConfig derives)."""
+    chunk = c.integer("attention_chunk_size", default=None)
+    if chunk is None:
+        return {}
+    if types is not None:
+        layers = [i for i, t in enumerate(types) if t == "chunked_attention"]
+    elif c.int_list("no_rope_layers"):
+        flags = c.int_list("no_rope_layers") or []
+        if len(flags) != num_layers:
+            raise c.error(f"no_rope_layers has {len(flags)} entries for {num_layers} layers")
+        layers = [i for i, rope in enumerate(flags) if rope]
+    else:
+        interval = c.integer("no_rope_layer_interval", default=4)
+        if interval < 1:
+            raise c.error(f"field 'no_rope_layer_interval' must be >= 1, got {interval}")
+        layers = [i for i in range(num_layers) if (i + 1) % interval]
+    out = _window_fields(chunk, layers, num_layers)
+    return out | {"window_kind": "chunked"} if out else out
 
 
 def _mla(c: ConfigFields) -> dict[str, Any]:
@@ -162,6 +274,31 @@ def _mla(c: ConfigFields) -> dict[str, Any]:
         "qk_nope_head_dim": c.integer("qk_nope_head_dim"),
         "v_head_dim": c.integer("v_head_dim"),
     }
+
+
+def _llama4_moe(c: ConfigFields) -> dict[str, Any]:
+    """Llama 4 (modeling_llama4.Llama4TextMoe): routed experts and one shared expert, both
+    `intermediate_size` wide, no router bias; MoE layers from `moe_layers`, else every
+    `interleave_moe_layer_step`-th layer (step - 1, 2 step - 1, ...)."""
+    experts = c.integer(*EXPERTS, default=0)
+    if not experts:
+        return {}
+    width = c.integer("intermediate_size")
+    out: dict[str, Any] = {
+        "num_experts": experts, "moe_top_k": c.integer(*TOP_K), "moe_ffn_hidden_size": width,
+        "num_shared_experts": 1, "shared_expert_ffn_hidden_size": width,
+    }
+    num_layers = c.integer(*LAYERS)
+    moe_layers = c.int_list("moe_layers")
+    if moe_layers is not None:
+        bad = [i for i in moe_layers if not 0 <= i < num_layers]
+        if bad:
+            raise c.error(f"moe_layers {bad} outside 0..{num_layers - 1}")
+        return out | {"dense_layers": tuple(i for i in range(num_layers) if i not in set(moe_layers))}
+    step = c.integer("interleave_moe_layer_step", default=1)
+    if step < 1:
+        raise c.error(f"field 'interleave_moe_layer_step' must be >= 1, got {step}")
+    return out | {"moe_layer_freq": step, "moe_layer_offset": step - 1}
 
 
 def _moe(c: ConfigFields, fam: Family, ffn: int | None) -> dict[str, Any]:
@@ -252,7 +389,10 @@ def _read(c: ConfigFields, family: str) -> dict[str, Any]:
     hidden = c.integer(*HIDDEN)
     num_layers = c.integer(*LAYERS)
     heads = c.integer(*HEADS)
-    ffn = c.integer(*FFN, default=fam.ffn_mult * hidden if fam.ffn_mult else None)  # None: MoE-only
+    if family == "llama4_text":  # dense layers are intermediate_size_mlp wide; intermediate_size is the experts'
+        ffn = c.integer("intermediate_size_mlp", default=None)
+    else:
+        ffn = c.integer(*FFN, default=fam.ffn_mult * hidden if fam.ffn_mult else None)  # None: MoE-only
     attn_bias = c.flag("attention_bias", default=fam.attention_bias)
     spec: dict[str, Any] = {
         "family": family,
@@ -269,6 +409,8 @@ def _read(c: ConfigFields, family: str) -> dict[str, Any]:
         "attn_out_bias": attn_bias if fam.out_bias is None else fam.out_bias,
         "mlp_bias": c.flag("mlp_bias", default=fam.mlp_bias),
         "qk_norm": fam.qk_norm,
+        "qk_norm_scope": fam.qk_norm_scope,
+        "norm_placement": fam.norm_placement,
         "tie_embeddings": c.flag("tie_word_embeddings", default=fam.tie),
         "position_embedding": fam.positions,
         "parallel_residual": c.flag("use_parallel_residual", "parallel_attn", default=fam.parallel_residual),
@@ -284,41 +426,72 @@ def _read(c: ConfigFields, family: str) -> dict[str, Any]:
     if fam.mla or c.has("kv_lora_rank"):
         spec |= _mla(c)
         spec["num_kv_heads"] = None  # MLA up-projects full heads for k and v
-    spec |= _window(c, fam, num_layers)
-    spec |= _moe(c, fam, ffn)
+    spec |= _window(c, fam, family, num_layers)
+    spec |= _llama4_moe(c) if family == "llama4_text" else _moe(c, fam, ffn)
     spec |= _rope(c)
     return spec
 
 
-def _family_of(c: ConfigFields, model_type: str | None) -> str:
+def _family_of(model_type: str | None) -> str:
     if model_type in FAMILIES:
         return model_type
-    missing = [names[0] for names in LLAMA_FIELDS if not c.has(*names)]
-    if missing:
+    supported = ", ".join(sorted(FAMILIES))
+    if model_type is None:
         raise ModelConfigError(
-            f"{model_type or 'untyped'} config: model_type {model_type!r} is not a supported family "
-            f"({', '.join(sorted(FAMILIES))}) and the config lacks the Llama-style field(s) {', '.join(missing)}"
+            f"config: no model_type; name the family (supported: {supported}; a Llama-style decoder is 'llama')"
         )
-    return "llama"
+    raise ModelConfigError(
+        f"{model_type} config: model_type {model_type!r} is not a supported family; autopar does not guess an "
+        f"architecture from field names (supported: {supported})"
+    )
+
+
+def _refuse_unmodelled(config: Mapping[str, Any], model_type: str) -> None:
+    found = [f"{key} ({why})" for key, why in UNMODELLED_FIELDS.items() if config.get(key) not in (None, [], "", 0)]
+    if found:
+        raise ModelConfigError(
+            f"{model_type} config: field(s) {'; '.join(found)} change the architecture in a way autopar does not "
+            "price yet; refused rather than priced as a plain transformer"
+        )
+
+
+def _towers(wrapper: Mapping[str, Any]) -> list[str]:
+    """Notes naming the non-text towers of a multimodal wrapper (`vision_config`, `audio_config`, ...)."""
+    notes = []
+    for key, value in wrapper.items():
+        if key.endswith("_config") and key != "text_config" and isinstance(value, Mapping):
+            kind = value.get("model_type")
+            notes.append(f"{key}{f' ({kind})' if isinstance(kind, str) else ''}: not priced, only the text model is")
+    return notes
 
 
 def from_hf_config(config: Mapping[str, Any], name: str | None = None) -> ModelSpec:
     """Build a `ModelSpec` from the dictionary of a HuggingFace `config.json`.
 
     `name` defaults to `_name_or_path`, then to `model_type`. Raises `ModelConfigError` (a
-    `ValueError`) naming the field and model_type when the config cannot be read.
+    `ValueError`) naming the field and model_type when the config cannot be read, and naming the
+    model type and the supported families when it is not one of them.
     """
     if not isinstance(config, Mapping):
         raise ModelConfigError(f"a config must be a JSON object, got {type(config).__name__}")
+    notes: list[str] = []
     text = config.get("text_config")
     if isinstance(text, Mapping) and not any(k in config for k in HIDDEN):
+        _refuse_unmodelled(config, str(config.get("model_type") or "untyped"))
+        notes = _towers(config)
         config = {**text, "_name_or_path": config.get("_name_or_path")}
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise ModelConfigError(f"config: model_type must be a string, got {model_type!r}")
-    c = ConfigFields(config, model_type or "untyped")
-    family = _family_of(c, model_type)
+    family = _family_of(model_type)
+    _refuse_unmodelled(config, family)
+    fam = FAMILIES[family]
+    if fam.defaults:  # the configuration class's defaults where the config is silent (null = absent)
+        config = {**fam.defaults, **{k: v for k, v in config.items() if v is not None}}
+    c = ConfigFields(config, family)
     fields = _read(c, family)
+    notes += [f"{key}: {why}" for key, why in fam.cost_free if config.get(key) not in (None, False)]
+    fields["notes"] = tuple(notes)
     fields["name"] = name or config.get("_name_or_path") or model_type or "custom"
     no_dense_width = fields["ffn_hidden_size"] is None
     if no_dense_width:  # allowed when every layer is MoE; the field is then unused

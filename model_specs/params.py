@@ -4,6 +4,13 @@ Counts follow the HuggingFace reference implementations of each family: every we
 bias, norm scale (and shift, for LayerNorm), router and learned position table is counted once.
 `total` is what a checkpoint stores; `active` is what one token touches (routed experts counted
 `moe_top_k` times rather than `num_experts` times).
+
+Convention for `active`: the whole stored model except the routed experts a token does not reach,
+so the input embedding table and an untied LM head are in it (memory and exports need them).
+Model cards of MoE models often leave the input table out because a lookup does no arithmetic
+(OpenAI's GPT-OSS card: 5.13B active for gpt-oss-120b where `active` here is 5.71B, the difference
+being the 0.58B token table): that figure is `active_compute`. FLOPs never use either: they come
+from the matmul sizes in `cost_models.flops`.
 """
 
 from __future__ import annotations
@@ -61,8 +68,8 @@ def attention_params(spec: ModelSpec) -> int:
         n += nh * hd + 2 * spec.kv_heads * hd
     if spec.attn_out_bias:
         n += h
-    if spec.qk_norm:
-        n += 2 * hd
+    if spec.qk_norm:  # RMSNorm scales: per head (Qwen3, Gemma 3) or over the projection (OLMo-2)
+        n += (nh + spec.kv_heads) * hd if spec.qk_norm_scope == "projection" else 2 * hd
     if spec.attention_sinks:
         n += nh
     return n
@@ -121,7 +128,7 @@ class LayerParams:
 
 
 def layer_params(spec: ModelSpec, index: int) -> LayerParams:
-    norms = 2 * norm_params(spec, spec.hidden_size)
+    norms = spec.norms_per_layer * norm_params(spec, spec.hidden_size)
     attn = attention_params(spec)
     if spec.is_moe_layer(index):
         per_expert = routed_expert_params(spec)
@@ -153,6 +160,12 @@ class ParamCounts:
     @cached_property
     def active(self) -> int:
         return self.embedding + self.lm_head + self.final_norm + sum(layer.active for layer in self.layers)
+
+    @property
+    def active_compute(self) -> int:
+        """`active` without the input embedding table (a lookup): the model-card convention of
+        GPT-OSS and of most MoE cards ("5.1B active")."""
+        return self.active - self.embedding
 
     @property
     def non_embedding(self) -> int:

@@ -13,7 +13,11 @@ Conventions
   has offset 0 (layers 0, f, 2f, ...); Qwen's `decoder_sparse_step` s has offset s - 1 (layers s-1,
   2s-1, ...) and `mlp_only_layers` maps to `dense_layers`.
 - Layer `i` uses the sliding window when `sliding_window` is set and either `i` is listed in
-  `sliding_window_layers` or, without that list, `i % sliding_window_every == 0`.
+  `sliding_window_layers` or, without that list, `i % sliding_window_every == 0`. With
+  `window_kind == "chunked"` (Llama 4) those layers attend inside fixed chunks of `sliding_window`
+  tokens (query i sees keys j <= i with i // w == j // w) instead of a sliding window.
+- Norms per layer: two (`norm_placement` "pre": before attention and MLP, the common case; "post":
+  after each, OLMo-2) or four ("sandwich": before and after each, Gemma 2/3).
 """
 
 from __future__ import annotations
@@ -70,7 +74,15 @@ class ModelSpec(BaseModel):
     qkv_bias: bool = False
     attn_out_bias: bool = False
     mlp_bias: bool = False
-    qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (Qwen3)")
+    qk_norm: bool = Field(False, description="RMSNorm on q and k (Qwen3, Gemma 3, OLMo-2)")
+    qk_norm_scope: Literal["head", "projection"] = Field(
+        "head", description="qk_norm over each head's width (Qwen3, Gemma 3) or over the whole q / k "
+        "projection (OLMo-2: num_heads * head_dim and num_kv_heads * head_dim scales)"
+    )
+    norm_placement: Literal["pre", "post", "sandwich"] = Field(
+        "pre", description="pre: norms before attention and MLP; post: after them (OLMo-2); "
+        "sandwich: before and after (Gemma 2/3, four norms per layer)"
+    )
     tie_embeddings: bool = False
     position_embedding: Literal["rope", "learned", "alibi"] = "rope"
     max_position_embeddings: int = Field(8192, gt=0)
@@ -83,6 +95,9 @@ class ModelSpec(BaseModel):
     )
     sliding_window_layers: tuple[int, ...] | None = Field(
         None, description="explicit 0-based indices of windowed layers; overrides sliding_window_every"
+    )
+    window_kind: Literal["sliding", "chunked"] = Field(
+        "sliding", description="windowed layers slide (Mistral, Gemma) or attend in fixed chunks (Llama 4)"
     )
     attention_sinks: bool = Field(False, description="one learned sink logit per head (GPT-OSS)")
     embedding_norm: bool = Field(False, description="a norm right after the token embedding (BLOOM)")
@@ -118,6 +133,10 @@ class ModelSpec(BaseModel):
         "DeepSeek-V3 sends a token to at most 4 of 8 groups, one group per node in its EP layout"
     )
     mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules; not counted in params")
+    notes: tuple[str, ...] = Field(
+        (), description="what the config reader left out or read as cost-free, for the user (e.g. the "
+        "vision tower of a multimodal config whose text model is priced; Granite's multipliers)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -157,6 +176,10 @@ class ModelSpec(BaseModel):
                 problems.append(f"{what} {bad} outside 0..{self.num_layers - 1}")
         if self.sliding_window_layers is not None and self.sliding_window is None:
             problems.append("sliding_window_layers needs sliding_window")
+        if self.parallel_residual and self.norm_placement != "pre":
+            problems.append("parallel_residual blocks have pre-norms only")
+        if self.attention == "mla" and self.norm_placement != "pre":
+            problems.append("MLA models have pre-norms only")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -189,6 +212,11 @@ class ModelSpec(BaseModel):
             assert self.v_head_dim
             return self.v_head_dim
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def norms_per_layer(self) -> int:
+        """Hidden-size norms in one block: 4 with sandwich norms (Gemma 2/3), else 2."""
+        return 4 if self.norm_placement == "sandwich" else 2
 
     @property
     def gated_mlp(self) -> bool:

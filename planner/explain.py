@@ -10,6 +10,8 @@ GIB = 2**30
 def explain(plan: Plan, usable_bytes: int) -> list[str]:
     out: list[str] = []
     s = plan.stats
+    # what the config reader left out (a vision tower) or read as cost-free: said first, not buried
+    out += [f"Model {plan.inputs.model.name}: {note}." for note in plan.inputs.model.notes]
     out.append(
         f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned:,} pruned by the step-time bound, "
         f"{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU."

@@ -45,7 +45,7 @@ from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_con
 from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
-from cost_models.memory import MemoryBreakdown
+from cost_models.memory import MemoryBreakdown, host_bytes_per_node
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
     KnobArrays,
@@ -515,6 +515,9 @@ table's decides a layout that sits on the k-th best step time. A pair bound belo
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
+HOST_MEMORY_REASON = "host memory: the offloaded state of a node's ranks exceeds the node's usable host RAM"
+
+
 def _memory_reason(s: Setting) -> str:
     knob = f"ZeRO-{s.zero_stage}"
     if s.dp_shard and s.zero_stage > 0:
@@ -587,6 +590,8 @@ def search(
     model, training, cluster = canonical(model), canonical(training), canonical(cluster)
     cal = canonical(calibration or default_calibration())
     usable = int(cluster.gpu.memory_bytes * (1.0 - c.memory_headroom))
+    host_usable = int(cluster.host_memory_bytes * (1.0 - c.memory_headroom))
+    ranks_per_node = min(cluster.gpus_per_node, gpus)
     log = RejectionLog()
     generated = invalid = pruned = priced = feasible = 0
 
@@ -737,8 +742,20 @@ def search(
             prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
             peaks = prices.peak
             priced += len(grid)
-            fits = np.flatnonzero(peaks <= usable)
             over_mask = peaks > usable
+            host_node = host_bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node)
+            host_over = (host_node > host_usable) & ~over_mask
+            if host_over.any():
+                j = int(np.flatnonzero(host_over)[0])
+                layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
+                log.add(
+                    HOST_MEMORY_REASON,
+                    f"{describe(layout)}: needs {host_node[j] / GIB:.1f} GiB of host RAM per node "
+                    f"({ranks_per_node} ranks), {int(host_node[j] - host_usable):,} bytes over the "
+                    f"{host_usable / GIB:.1f} GiB usable",
+                    int(np.count_nonzero(host_over)),
+                )
+            fits = np.flatnonzero(~over_mask & ~host_over)
             over_idx = np.flatnonzero(over_mask)
             new_reasons = rejections.add(log, over_mask)
             if len(over_idx):

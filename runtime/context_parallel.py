@@ -44,6 +44,7 @@ def cp_attention(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     window: int | None = None,
+    chunked: bool = False,
     alibi: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     scale: float | None = None,
@@ -52,7 +53,7 @@ def cp_attention(
 
     q: (B, H, s, dq) local; k, v: (B, K, s, d) local. `q_pos` (s,) and `k_pos` (cp*s,) are the
     global positions of the local queries and of the gathered keys. Same semantics as
-    `runtime.model.attention_core` (window, ALiBi, sinks). Returns (B, H, s, dv).
+    `runtime.model.attention_core` (window or chunk, ALiBi, sinks). Returns (B, H, s, dv).
     """
     # imported here: the name is new in torch 2.13 (the pinned version) and the rest of the
     # runtime also runs on older GPU images, where only context parallel needs it
@@ -64,7 +65,7 @@ def cp_attention(
     dist = q_pos[:, None] - k_pos[None, :]  # query - key
     allowed = dist >= 0
     if window is not None:
-        allowed = allowed & (dist < window)
+        allowed = allowed & ((q_pos[:, None] // window == k_pos[None, :] // window) if chunked else (dist < window))
     if alibi is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
     bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device).masked_fill(~allowed, float("-inf"))

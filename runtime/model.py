@@ -176,13 +176,15 @@ def attention_core(
     v: torch.Tensor,
     *,
     window: int | None = None,
+    chunked: bool = False,
     alibi: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention. q: (B, H, S, dq); k: (B, K, S, dq); v: (B, K, S, dv); H % K == 0.
 
-    `window`: each query i sees keys j with i - window < j <= i. `alibi`: (H,) slopes. `sinks`:
+    `window`: each query i sees keys j with i - window < j <= i, or with `chunked` (Llama 4) keys
+    j <= i in the same chunk (i // window == j // window). `alibi`: (H,) slopes. `sinks`:
     (H,) learned logits appended to each row's softmax. Returns (B, H, S, dv) in q's dtype.
     """
     s = q.shape[-2]
@@ -196,7 +198,7 @@ def attention_core(
     dist = i[:, None] - i[None, :]  # query - key
     allowed = dist >= 0
     if window is not None:
-        allowed = allowed & (dist < window)
+        allowed = allowed & ((i[:, None] // window == i[None, :] // window) if chunked else (dist < window))
     if alibi is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
 
@@ -252,10 +254,14 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, self.n_kv_heads * d, bias=spec.qkv_bias)
         self.wv = nn.Linear(h, self.n_kv_heads * d, bias=spec.qkv_bias)
         self.wo = nn.Linear(self.n_heads * d, h, bias=spec.attn_out_bias)
-        self.q_norm = _rms(d, spec) if spec.qk_norm else None
-        self.k_norm = _rms(d, spec) if spec.qk_norm else None
+        # q/k norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo-2)
+        whole = spec.qk_norm_scope == "projection"
+        self.qk_norm_whole = whole
+        self.q_norm = _rms(self.n_heads * d if whole else d, spec) if spec.qk_norm else None
+        self.k_norm = _rms(self.n_kv_heads * d if whole else d, spec) if spec.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if spec.attention_sinks else None
         self.window = spec.sliding_window if spec.uses_sliding_window(layer_id) else None
+        self.chunked = spec.window_kind == "chunked"
         self.use_rope = spec.position_embedding == "rope"
         if spec.position_embedding == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(self.n_heads), persistent=False)
@@ -283,10 +289,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, -1, self.head_dim)
-        k = self.wk(x).view(b, s, -1, self.head_dim)
+        q, k = self.wq(x), self.wk(x)
+        if self.qk_norm_whole and self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, s, -1, self.head_dim)
+        k = k.view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
+        if not self.qk_norm_whole and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope and rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
@@ -300,6 +309,7 @@ class Attention(nn.Module):
             k.transpose(1, 2),
             v.transpose(1, 2),
             window=self.window,
+            chunked=self.chunked,
             alibi=self.alibi_slopes,
             sinks=self.sinks,
         )
@@ -574,6 +584,8 @@ class MoE(nn.Module):
 
 class TransformerBlock(nn.Module):
     """Pre-norm block: attention_norm -> attention, ffn_norm -> feed_forward (dense) or moe.
+    `spec.norm_placement` "post" (OLMo-2) applies the same two norms to the branch outputs instead;
+    "sandwich" (Gemma 2/3) adds post_attention_norm and post_ffn_norm on the branch outputs.
 
     `self.mlp` is the FeedForward or MoE of this layer (`self.moe` is True on MoE layers).
     Input/output (B, S, h)."""
@@ -587,18 +599,29 @@ class TransformerBlock(nn.Module):
             MLAttention(spec, layer_id) if spec.attention == "mla" else Attention(spec, layer_id)
         )
         self.ffn_norm = _norm(spec, spec.hidden_size)
+        self.placement = spec.norm_placement
+        sandwich = spec.norm_placement == "sandwich"
+        self.post_attention_norm = _norm(spec, spec.hidden_size) if sandwich else None
+        self.post_ffn_norm = _norm(spec, spec.hidden_size) if sandwich else None
         self.moe = spec.is_moe_layer(layer_id)
         self.mlp: nn.Module = MoE(spec) if self.moe else FeedForward(spec, spec.ffn_hidden_size)
 
     def init_weights(self, std: float, out_std: float) -> None:
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
+        for norm in (self.attention_norm, self.ffn_norm, self.post_attention_norm, self.post_ffn_norm):
+            if norm is not None:
+                norm.reset_parameters()
         self.attention.init_weights(std, out_std)
         self.mlp.init_weights(std, out_std)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.parallel_residual:
             return x + self.attention(self.attention_norm(x), rope) + self.mlp(self.ffn_norm(x))
+        if self.placement == "post":  # OLMo-2: the norms sit on the branch outputs
+            h = x + self.attention_norm(self.attention(x, rope))
+            return h + self.ffn_norm(self.mlp(h))
+        if self.post_attention_norm is not None and self.post_ffn_norm is not None:  # Gemma 2/3 sandwich
+            h = x + self.post_attention_norm(self.attention(self.attention_norm(x), rope))
+            return h + self.post_ffn_norm(self.mlp(self.ffn_norm(h)))
         h = x + self.attention(self.attention_norm(x), rope)
         return h + self.mlp(self.ffn_norm(h))
 

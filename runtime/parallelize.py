@@ -97,6 +97,10 @@ def _check_supported(run: RunSpec) -> None:
             raise NotSupportedError("tensor parallel with MLA attention is not implemented")
         if spec.attention_sinks:
             raise NotSupportedError("tensor parallel with attention sinks is not implemented")
+        if spec.qk_norm and spec.qk_norm_scope == "projection":
+            raise NotSupportedError("tensor parallel with q/k norms over the whole projection (OLMo-2) is not implemented")
+        if spec.norm_placement != "pre":
+            raise NotSupportedError(f"tensor parallel with {spec.norm_placement}-norm blocks is not implemented")
         if spec.is_moe:
             raise NotSupportedError("tensor parallel with MoE layers (expert TP) is not implemented")
         if spec.num_heads % lay.tp or spec.kv_heads % lay.tp:

@@ -41,6 +41,13 @@ DECODER_LAYERS = {
     "gpt_oss": "GptOssDecoderLayer",
     "bloom": "BloomBlock",
     "nemotron": "NemotronDecoderLayer",
+    "phi3": "Phi3DecoderLayer",
+    "granite": "GraniteDecoderLayer",
+    "olmo2": "Olmo2DecoderLayer",
+    "gemma": "GemmaDecoderLayer",
+    "gemma2": "Gemma2DecoderLayer",
+    "gemma3_text": "Gemma3DecoderLayer",
+    "llama4_text": "Llama4TextDecoderLayer",
 }
 MIXED = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "no"}
 

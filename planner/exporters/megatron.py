@@ -114,7 +114,9 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "
                 "set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them"
             )
     for flag, what in (
-        (m.sliding_window is not None, "sliding-window attention"),
+        (m.sliding_window is not None, "sliding-window attention" if m.window_kind == "sliding" else "chunked attention"),
+        (m.norm_placement != "pre", f"{m.norm_placement}-norm blocks"),
+        (m.qk_norm and m.qk_norm_scope == "projection", "q/k norms over the whole projection"),
         (m.attention_sinks, "attention sinks"),
         (m.parallel_residual, "parallel attention/MLP residual"),
         (m.embedding_norm, "the norm after the token embedding"),

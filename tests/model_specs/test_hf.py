@@ -115,7 +115,8 @@ def test_family_flags():
 
 def test_every_listed_family_is_supported():
     expected = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-                "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "bloom", "nemotron"}
+                "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "bloom", "nemotron", "phi3", "granite", "olmo2",
+                "gemma", "gemma2", "gemma3_text", "llama4_text"}
     assert set(FAMILIES) == expected
 
 
@@ -178,11 +179,11 @@ def test_gpt2_aliases_and_defaults():
 
 def test_generic_aliases():
     cfg = {
-        "model_type": "somethingnew",
+        "model_type": "llama",
         "n_embd": 64, "n_layer": 2, "n_head": 4, "n_head_kv": 2, "ffn_hidden_size": 128, "padded_vocab_size": 100,
     }
     spec = from_hf_config(cfg)
-    assert spec.family == "llama" and spec.name == "somethingnew"
+    assert spec.family == "llama" and spec.name == "llama"
     assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.kv_heads, spec.ffn_hidden_size) == (
         64, 2, 4, 2, 128
     )
@@ -198,10 +199,13 @@ def test_moe_aliases(experts_key, top_k_key):
     assert spec.num_experts == 8 and spec.moe_top_k == 2 and spec.moe_ffn_hidden_size == 14336
 
 
-def test_unknown_model_type_with_llama_fields_reads_as_llama():
+def test_unknown_model_type_is_refused_even_with_llama_fields():
     cfg = config("llama3-8b") | {"model_type": "my_llama"}
-    spec = from_hf_config(cfg)
-    assert spec.family == "llama" and count_params(spec).total == 8_030_261_248
+    with pytest.raises(ModelConfigError, match=r"model_type 'my_llama' is not a supported family; autopar does not guess .*llama4_text"):
+        from_hf_config(cfg)
+    untyped = {k: v for k, v in cfg.items() if k != "model_type"}
+    with pytest.raises(ModelConfigError, match=r"no model_type; name the family .*'llama'"):
+        from_hf_config(untyped)
 
 
 def test_text_config_of_multimodal_configs():
@@ -239,7 +243,7 @@ def test_bad_types():
 
 
 def test_unknown_family_without_llama_fields():
-    with pytest.raises(ModelConfigError, match=r"model_type 't5' is not a supported family .* lacks the Llama-style"):
+    with pytest.raises(ModelConfigError, match=r"model_type 't5' is not a supported family"):
         from_hf_config({"model_type": "t5", "d_model": 512, "num_layers": 6, "vocab_size": 32128})
 
 

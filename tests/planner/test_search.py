@@ -111,3 +111,17 @@ def test_deepspeed_plans_only_what_deepspeed_runs() -> None:
         lay = cand.layout
         assert lay.cp == 1 and lay.vpp == 1
         assert lay.pp == 1 or lay.zero_stage <= 1
+
+
+def test_model_notes_lead_the_explanation() -> None:
+    """A multimodal checkpoint is planned as its text model, and the plan says so first."""
+    from pathlib import Path
+
+    import model_specs
+    from model_specs.hf import load_hf_spec
+
+    model = load_hf_spec(Path(model_specs.__file__).parent / "data" / "gemma-3-27b-pt.json")
+    plan = search(model, TrainingSpec(seq_len=4096, global_batch=64), get_cluster("dgx-h100"), 16, refine=False)
+    assert plan.why[0].startswith("Model google/gemma-3-27b-pt: vision_config (siglip_vision_model): not priced")
+    searched = next(i for i, line in enumerate(plan.why) if line.startswith("Searched"))
+    assert all(line.startswith("Model ") for line in plan.why[:searched]) and plan.best is not None

@@ -139,6 +139,51 @@ SPECS: dict[str, ModelSpec] = {
         position_embedding="alibi",
         parallel_residual=True,
     ),
+    "gemma2-like": ModelSpec(  # sandwich norms, per-head q/k norms (Gemma 3), local layers every other
+        family="gemma2",
+        vocab_size=V,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        ffn_hidden_size=96,
+        mlp="geglu",
+        qk_norm=True,
+        norm_placement="sandwich",
+        tie_embeddings=True,
+        sliding_window=4,
+        sliding_window_every=2,
+    ),
+    "olmo2-like": ModelSpec(  # post norms, q/k norms over the whole projections
+        family="olmo2",
+        vocab_size=V,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_hidden_size=96,
+        qk_norm=True,
+        qk_norm_scope="projection",
+        norm_placement="post",
+    ),
+    "llama4-like": ModelSpec(  # chunked attention on 3 of 4 layers, every layer MoE with a shared expert
+        family="llama4_text",
+        vocab_size=V,
+        hidden_size=64,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_hidden_size=128,
+        num_experts=4,
+        moe_top_k=1,
+        moe_ffn_hidden_size=32,
+        num_shared_experts=1,
+        shared_expert_ffn_hidden_size=32,
+        sliding_window=4,
+        sliding_window_layers=(0, 1, 2),
+        window_kind="chunked",
+    ),
 }
 
 _HAS_PRESETS = importlib.util.find_spec("model_specs.presets") is not None
@@ -221,7 +266,7 @@ def test_mla_unsupported_combinations_raise() -> None:
 # ---- attention kernels --------------------------------------------------------------------------
 
 
-def _naive_attention(q, k, v, *, window=None, alibi=None, sinks=None):
+def _naive_attention(q, k, v, *, window=None, chunked=False, alibi=None, sinks=None):
     """Textbook softmax(QK^T/sqrt(d) + bias) V over (B, H, S, d) with kv heads repeated."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -231,7 +276,7 @@ def _naive_attention(q, k, v, *, window=None, alibi=None, sinks=None):
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     allowed = dist >= 0
     if window is not None:
-        allowed &= dist < window
+        allowed &= (i[:, None] // window == i[None, :] // window) if chunked else dist < window
     if alibi is not None:
         scores = scores - alibi[:, None, None] * dist
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -250,6 +295,8 @@ def _naive_attention(q, k, v, *, window=None, alibi=None, sinks=None):
         {"sinks": True},
         {"window": 3, "sinks": True},
         {"alibi": True, "window": 5},
+        {"window": 4, "chunked": True},
+        {"window": 4, "chunked": True, "sinks": True},
     ],
 )
 def test_attention_core_matches_naive(kw: dict) -> None:
@@ -259,6 +306,7 @@ def test_attention_core_matches_naive(kw: dict) -> None:
     v = torch.randn(2, 2, 9, 8)
     args = {
         "window": kw.get("window"),
+        "chunked": kw.get("chunked", False),
         "alibi": alibi_slopes(4) if kw.get("alibi") else None,
         "sinks": torch.randn(4) if kw.get("sinks") else None,
     }
