@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Make a local PostgreSQL server available for the API tests and print its SQLAlchemy URL.
-# Idempotent and quiet: installs the Debian package only when missing (root, apt-get), creates and
-# starts a cluster only when none is running, and (re)creates the role `autopar` (CREATEDB) whose
-# password is fixed: the server listens on loopback only and holds test databases only.
-# Everything but the URL goes to stderr; the exit status is non-zero on any failure.
+# Idempotent: installs the Debian package only when missing (root, apt-get), creates and starts a
+# cluster only when none is running, and (re)creates the role `autopar` (CREATEDB) with a fresh
+# random password on every call (the server listens on loopback only and holds test databases).
+# When it started the server itself and AUTOPAR_PG_STARTED_FILE names a file, it writes the cluster
+# ("VERSION main") there, so the caller can stop what it started (scripts/test.sh does, on exit).
+# Progress goes to stderr, the URL alone to stdout; the exit status is non-zero on any failure.
 set -euo pipefail
 # Keep stdout for the URL alone: every tool below (pg_ctlcluster prints "Removed stale pid file."
 # on stdout, for one) writes to stderr; the URL goes to the saved stdout, fd 3. The server must
@@ -13,7 +15,7 @@ log() { echo "postgres.sh: $*" >&2; }
 
 PORT="${AUTOPAR_TEST_POSTGRES_PORT:-5432}"
 ROLE=autopar
-PASSWORD=autopar-test
+PASSWORD="$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
 
 if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
     if [[ "$(id -u)" != 0 ]]; then
@@ -34,6 +36,9 @@ fi
 if ! pg_lsclusters -h | awk -v v="$VERSION" '$1 == v && $2 == "main" && $4 == "online"' | grep -q .; then
     log "starting cluster $VERSION/main"
     pg_ctlcluster "$VERSION" main start 3>&-
+    if [[ -n "${AUTOPAR_PG_STARTED_FILE:-}" ]]; then
+        echo "$VERSION main" >"$AUTOPAR_PG_STARTED_FILE"
+    fi
 fi
 PORT="$(pg_lsclusters -h | awk -v v="$VERSION" '$1 == v && $2 == "main" {print $3}')"
 

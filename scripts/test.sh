@@ -4,14 +4,19 @@
 # set, this script installs PostgreSQL (Debian package, needs root), starts it and sets the variable;
 # it fails loudly if it cannot. Set AUTOPAR_TEST_POSTGRES=skip to run without PostgreSQL.
 # Likewise it installs Debian's chromium + chromium-driver for the headless-browser UI test.
+# A PostgreSQL server this script started is stopped again when it exits (its role's password is
+# random per run); one that was already running is left as it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+say() { echo "scripts/test.sh: $*" >&2; }
+say "creating .venv and installing autopar with its runtime, api and dev extras"
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[runtime,api,dev]'
 # The frameworks that check the exports (pyproject.toml, extra exports-check): torch stays 2.13.0,
 # DeepSpeed builds no kernels, torchtitan comes without its training-time dependencies.
+say "installing the frameworks that check the exports (DeepSpeed, accelerate, Megatron-LM, torchtitan)"
 DS_BUILD_OPS=0 python -m pip install -q -c scripts/torch-constraint.txt -e '.[exports-check]'
 python -m pip install -q -c scripts/torch-constraint.txt --no-deps torchtitan==0.2.2
 
@@ -27,6 +32,20 @@ if [[ ! -x "${AUTOPAR_CHROMIUM:-/usr/bin/chromium}" || ! -x "${AUTOPAR_CHROMEDRI
 fi
 
 if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "skip" ]]; then
+    say "starting PostgreSQL for the API tests"
+    AUTOPAR_PG_STARTED_FILE="$(mktemp)"
+    export AUTOPAR_PG_STARTED_FILE
+    stop_postgres() {
+        local cluster
+        cluster="$(cat "$AUTOPAR_PG_STARTED_FILE" 2>/dev/null || true)"
+        if [[ -n "$cluster" ]]; then
+            say "stopping the PostgreSQL cluster $cluster it started"
+            # shellcheck disable=SC2086  # "VERSION main": two arguments
+            pg_ctlcluster $cluster stop >&2 || say "could not stop PostgreSQL cluster $cluster"
+        fi
+        rm -f "$AUTOPAR_PG_STARTED_FILE"
+    }
+    trap stop_postgres EXIT
     AUTOPAR_TEST_POSTGRES_URL="$(bash scripts/postgres.sh)" || {
         echo "scripts/test.sh: could not start PostgreSQL for the API tests (see above);" \
              "set AUTOPAR_TEST_POSTGRES=skip to run without it" >&2
@@ -39,4 +58,5 @@ if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "sk
     export AUTOPAR_TEST_POSTGRES_URL
 fi
 
+say "running the tests (pytest -n 2)"
 python -m pytest -n 2 --dist loadfile "$@"
