@@ -249,10 +249,10 @@ def _llama4_chunks(c: ConfigFields, types: list[str] | None, num_layers: int) ->
     chunk = c.integer("attention_chunk_size", default=None)
     if chunk is None:
         return {}
+    flags = c.int_list("no_rope_layers")
     if types is not None:
         layers = [i for i, t in enumerate(types) if t == "chunked_attention"]
-    elif c.int_list("no_rope_layers"):
-        flags = c.int_list("no_rope_layers") or []
+    elif flags:  # an empty list means "derive", as in Llama4TextConfig
         if len(flags) != num_layers:
             raise c.error(f"no_rope_layers has {len(flags)} entries for {num_layers} layers")
         layers = [i for i, rope in enumerate(flags) if rope]
