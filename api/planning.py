@@ -103,7 +103,7 @@ def run_evaluation(
     except LayoutError as exc:
         err = ApiError(422, "invalid layout", ["body", "layout"], "layout")
         err.items = [
-            {"loc": ["body", "layout", *str(v.field).split(".")], "msg": v.message, "type": "layout"}
+            {"loc": ["body", *v.path], "msg": v.message, "type": "layout"}
             for v in exc.violations
         ]
         raise err from exc

@@ -73,6 +73,24 @@ def _int_or_auto(option: str, value: str) -> int | str:
         raise typer.BadParameter(f"{option} takes an integer or auto, not {value!r}") from None
 
 
+def _method_fields(
+    method: str, lora_rank: int | None, lora_alpha: float | None, lora_targets: str | None, quant_format: str | None
+) -> dict[str, Any]:
+    """The training-method fields of `TrainingSpec` from the CLI options (only those given, so the
+    spec's own validation names what does not belong to the method)."""
+    out: dict[str, Any] = {"method": method}
+    if lora_rank is not None:
+        out["lora_rank"] = lora_rank
+    if lora_alpha is not None:
+        out["lora_alpha"] = lora_alpha
+    if lora_targets is not None:
+        names = [t.strip() for t in lora_targets.split(",") if t.strip()]
+        out["lora_targets"] = names[0] if len(names) == 1 and names[0] in ("all-linear", "attention") else names
+    if quant_format is not None:
+        out["quant_format"] = quant_format
+    return out
+
+
 @app.command()
 def evaluate(
     model: str | None = typer.Option(None, help="model preset or path to a HF config.json"),
@@ -84,6 +102,13 @@ def evaluate(
     global_batch_tokens: int | None = typer.Option(None, help="tokens per step (instead of --global-batch)"),
     precision: str = typer.Option("bf16", help="bf16 | fp16 | fp8 | fp32"),
     grad_dtype: str = typer.Option("bf16", help="gradient buffer dtype: bf16 | fp32"),
+    method: str = typer.Option("full", help="full | lora | qlora (frozen base, trained low-rank adapters)"),
+    lora_rank: int | None = typer.Option(None, help="lora / qlora: adapter rank (default 16)"),
+    lora_alpha: float | None = typer.Option(None, help="lora / qlora: adapter alpha (default 2 x rank)"),
+    lora_targets: str | None = typer.Option(
+        None, help="lora / qlora: all-linear (default) | attention | comma-separated PEFT module names (q_proj,v_proj)"
+    ),
+    quant_format: str | None = typer.Option(None, help="qlora: nf4_double (default) | nf4 | int8"),
     tp: int = 1,
     pp: int = 1,
     dp: int | None = None,
@@ -128,7 +153,10 @@ def evaluate(
         raise typer.BadParameter("--model and --cluster are required (or --jobs FILE)")
     _need_global_batch(global_batch, global_batch_tokens)
     model_ref, cluster_ref = _model_ref(model), _cluster_ref(cluster)
-    training: dict[str, Any] = {"seq_len": seq_len, "precision": precision, "grad_dtype": grad_dtype}
+    training: dict[str, Any] = {
+        "seq_len": seq_len, "precision": precision, "grad_dtype": grad_dtype,
+        **_method_fields(method, lora_rank, lora_alpha, lora_targets, quant_format),
+    }
     if global_batch_tokens:
         training["global_batch_tokens"] = global_batch_tokens
     if global_batch:
@@ -211,6 +239,13 @@ def plan(
     global_batch_tokens: int | None = typer.Option(None, help="tokens per step (instead of --global-batch)"),
     precision: str = typer.Option("bf16", help="bf16 | fp16 | fp8 | fp32"),
     grad_dtype: str = typer.Option("bf16", help="gradient buffer dtype: bf16 | fp32"),
+    method: str = typer.Option("full", help="full | lora | qlora (frozen base, trained low-rank adapters)"),
+    lora_rank: int | None = typer.Option(None, help="lora / qlora: adapter rank (default 16)"),
+    lora_alpha: float | None = typer.Option(None, help="lora / qlora: adapter alpha (default 2 x rank)"),
+    lora_targets: str | None = typer.Option(
+        None, help="lora / qlora: all-linear (default) | attention | comma-separated PEFT module names (q_proj,v_proj)"
+    ),
+    quant_format: str | None = typer.Option(None, help="qlora: nf4_double (default) | nf4 | int8"),
     top: int = typer.Option(5, min=1, help="layouts to show: the best and the next N-1"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free"),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
@@ -242,6 +277,7 @@ def plan(
         training = TrainingSpec(
             seq_len=seq_len, global_batch=global_batch or 0, global_batch_tokens=global_batch_tokens,
             precision=precision, grad_dtype=grad_dtype,  # type: ignore[arg-type]
+            **_method_fields(method, lora_rank, lora_alpha, lora_targets, quant_format),
         )
         constraints = SearchConstraints(
             memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,

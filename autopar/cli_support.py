@@ -54,7 +54,8 @@ def require_extra(extra: str, command: str, modules: Sequence[str]) -> None:
 
 # ---- cluster files ------------------------------------------------------------------------------
 CLUSTER_FILE_HELP = (
-    "a cluster is a preset name (`autopar clusters`) or a YAML file of ClusterSpec fields "
+    "a cluster is a preset name (`autopar clusters`) or a YAML file of ClusterSpec fields, or of a "
+    "'preset' and the fields that differ from it "
     "(README, 'Cluster files'; `autopar clusters --show dgx-h100 > my.yaml` writes one to edit)"
 )
 
@@ -77,15 +78,18 @@ def read_cluster_file(path: Path) -> dict[str, Any]:
         raise typer.BadParameter(f"cannot read {path} as YAML: {exc}", param_hint="--cluster") from exc
     if isinstance(data, Mapping) and set(data) == {"clusters"} and isinstance(data["clusters"], Mapping):
         data = data["clusters"]
-    if isinstance(data, Mapping) and "gpu" not in data and len(data) == 1:
+    if isinstance(data, Mapping) and "gpu" not in data and "preset" not in data and len(data) == 1:
         (key, value), = data.items()
         if isinstance(value, Mapping) and "gpu" in value:
             data = {"name": str(key), **value}
-    if not isinstance(data, Mapping) or "gpu" not in data:
+    if not isinstance(data, Mapping) or ("gpu" not in data and "preset" not in data):
         raise typer.BadParameter(
-            f"{path} holds no cluster: expected a mapping with at least 'gpu' and 'gpus_per_node' ({CLUSTER_FILE_HELP})",
+            f"{path} holds no cluster: expected a mapping with at least 'gpu' and 'gpus_per_node', or a 'preset' "
+            f"and the fields that differ from it ({CLUSTER_FILE_HELP})",
             param_hint="--cluster",
         )
+    if "preset" in data and "name" not in data:
+        return dict(data)  # named <preset>-custom (`cluster_specs.presets.cluster_from_dict`)
     return {"name": path.stem, **data}
 
 

@@ -72,7 +72,13 @@ def _gpu(value: Any) -> GPUSpec:
 
 
 def cluster_from_dict(data: Mapping[str, Any], name: str | None = None) -> ClusterSpec:
-    """Build a `ClusterSpec` from a mapping of its fields (see the module docstring)."""
+    """Build a `ClusterSpec` from a mapping of its fields (see the module docstring). With a
+    `preset` key, the named preset's fields are the defaults and the other keys override them
+    (`intra_node` / `inter_node` merged key by key): `{"preset": "dgx-a100-80g", "host_memory":
+    "64 GiB"}` is a DGX A100 whose nodes have 64 GiB of host memory, named `<preset>-custom`
+    unless a `name` is given."""
+    if "preset" in data:
+        data, name = _over_preset(data, name)
     fields = _convert(data, _TOP)
     if "gpu" not in fields:
         raise ValueError("a cluster needs a 'gpu'")
@@ -84,6 +90,28 @@ def cluster_from_dict(data: Mapping[str, Any], name: str | None = None) -> Clust
     if name is not None:
         fields["name"] = name
     return ClusterSpec(**fields)
+
+
+def _over_preset(data: Mapping[str, Any], name: str | None) -> tuple[dict[str, Any], str]:
+    """The fields of `data["preset"]` with the rest of `data` over them, compared on field names
+    (a short key such as `host_memory` overrides the field `host_memory_bytes`), and the name."""
+    preset = data["preset"]
+    if not isinstance(preset, str):
+        raise ValueError(f"preset: expected a cluster preset name, got {type(preset).__name__}")
+    key = normalize_name(preset)
+    raw = _raw_presets()
+    if key not in raw:
+        raise ValueError(f"preset: unknown cluster preset {preset!r}; known: {', '.join(raw)}")
+    base = _convert(raw[key], _TOP)
+    over = _convert({k: v for k, v in data.items() if k not in ("preset", "name")}, _TOP)
+    for sub, quantities in (("intra_node", _INTRA), ("inter_node", _INTER)):
+        if isinstance(over.get(sub), Mapping) and isinstance(base.get(sub), Mapping):
+            over[sub] = {**_convert(base[sub], quantities), **_convert(over[sub], quantities)}
+    given = data.get("name")
+    merged = {**base, **over}
+    if over and "source" not in over:
+        merged["source"] = f"preset {key} ({base.get('source', '')}); the request overrides {', '.join(sorted(over))}"
+    return merged, name or (given if isinstance(given, str) else f"{key}-custom")
 
 
 def load_cluster_yaml(path: str | Path) -> ClusterSpec:

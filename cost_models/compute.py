@@ -42,8 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from cluster_specs.spec import GPUSpec
-from cost_models import op_sac
+from cost_models import finetune, op_sac
 from cost_models.calibration import Calibration
+from cost_models.finetune import FineTune
 from cost_models.flops import attention_pairs, flash_backward_factor
 from cost_models.mesh import MeshLike
 from model_specs.spec import ModelSpec
@@ -282,6 +283,10 @@ class LayerTime:
     op_sac_gemm_share: float = 0.0  # share of gemm_fwd op-level SAC re-runs (`op_sac.recomputed_macs_share`)
     norm_fwd: Scalars = 0.0  # the two input norms' share of elementwise_fwd
     mla_up_fwd: Scalars = 0.0  # MLA's query and key/value up-projection GEMMs (part of gemm_fwd)
+    weight_grad_share: float = 1.0  # share of gemm_fwd whose weights get gradients (0: frozen base, LoRA)
+    adapter_fwd: Scalars = 0.0  # LoRA adapters' forward (`cost_models.finetune`, memory-bound)
+    adapter_bwd: Scalars = 0.0  # and their backward
+    dequant_fwd: Scalars = 0.0  # QLoRA: dequantizing the layer's base weights once (per forward / backward)
 
     @property
     def attention(self) -> Scalars:
@@ -315,7 +320,9 @@ class LayerTime:
     @property
     def forward(self) -> Scalars:
         """GPU time of the forward, or the host's launches when they take longer."""
-        return _larger(self.gemm_fwd + self.attention_fwd + self.elementwise_fwd, self.host_fwd)
+        return _larger(
+            self.gemm_fwd + self.attention_fwd + self.elementwise_fwd + self.adapter_fwd + self.dequant_fwd, self.host_fwd
+        )
 
     @property
     def backward(self) -> Scalars:
@@ -326,13 +333,18 @@ class LayerTime:
     @property
     def backward_input(self) -> Scalars:
         """The backward's input-gradient part ("B" of zero-bubble schedules, Qi et al. 2024): one
-        GEMM per forward GEMM, the attention backward and the elementwise backward."""
-        return self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
+        GEMM per forward GEMM, the attention backward and the elementwise backward; with adapters,
+        their backward and, under QLoRA, the weights dequantized again for the input-gradient GEMMs."""
+        return (
+            self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
+            + self.adapter_bwd + self.dequant_fwd
+        )
 
     @property
     def backward_weight(self) -> Scalars:
-        """The backward's weight-gradient GEMMs ("W"), which zero-bubble schedules defer."""
-        return self.gemm_fwd
+        """The backward's weight-gradient GEMMs ("W"), which zero-bubble schedules defer: none for a
+        frozen base (`weight_grad_share` 0)."""
+        return self.weight_grad_share * self.gemm_fwd
 
 
 def layer_kernels(model: ModelSpec, index: int, g: ShardGeometry) -> Scalars:
@@ -377,7 +389,13 @@ def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec,
     return attn_flops / (gpu.peak("bf16") * cal.attention_efficiency * tiles)
 
 
-def layer_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration) -> LayerTime:
+def layer_time(
+    model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
+    ft: FineTune | None = None,
+) -> LayerTime:
+    """Seconds of layer `index` on one rank for one micro-batch. `ft`: a frozen base with LoRA /
+    QLoRA adapters (`cost_models.finetune`): no weight-gradient GEMMs, adapter kernels, and under
+    QLoRA the weights dequantized before each use."""
     peak = gpu.peak(precision)
     eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
     gemm = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in layer_gemms(model, index, g))
@@ -393,7 +411,22 @@ def layer_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, pre
         gemms = layer_gemms(model, index, g)
         ups = (gemms[1], gemms[3]) if model.q_lora_rank else (gemms[2],)  # q_b and kv_b (see layer_gemms)
         mla_up = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in ups)
-    return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up)
+    if ft is None:
+        return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up)
+    adapters, adapters_bwd = finetune.adapter_seconds(model, index, g.tokens, g.tp, g.ep, g.etp, act_bytes, bandwidth, ft)
+    state = finetune.layer_state(model, index, 1.0, 1.0, 1.0, ft)
+    quantized = (state.dense_linear * _per_rank(g.tp) + state.expert_linear / (g.ep * g.etp)) if ft.quantized else 0.0
+    dequant = quantized * (ft.base_bytes + ft.compute_bytes) / bandwidth
+    host = host + finetune.adapter_kernels(model, index, ft) * cal.kernel_launch_s
+    return LayerTime(
+        gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
+        dequant,
+    )
+
+
+def _per_rank(tp: Scalars) -> Scalars:
+    """1 / tp: the share of the dense linear weights a tensor-parallel rank holds."""
+    return 1.0 / tp
 
 
 def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:
@@ -411,18 +444,21 @@ def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:
 
 
 def lm_head_times(
-    model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration
+    model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
+    frozen: bool = False,
 ) -> tuple[Scalars, Scalars]:
     """(forward, backward) seconds of the LM head GEMM and the cross-entropy (memory-bound:
     forward reads the logits and writes float32 probabilities, backward reads them and writes
-    the logits' gradient)."""
+    the logits' gradient). A `frozen` head (LoRA, QLoRA) computes only its input gradient."""
     peak = gpu.peak(precision)
     eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
     gemm = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
     per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    return gemm + per_pass, 2.0 * gemm + per_pass
+    return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
 
 
-def lm_head_time(model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration) -> Scalars:
+def lm_head_time(
+    model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration, frozen: bool = False
+) -> Scalars:
     """Forward + backward seconds of the LM head and the cross-entropy."""
-    return sum(lm_head_times(model, g, gpu, precision, act_bytes, cal))
+    return sum(lm_head_times(model, g, gpu, precision, act_bytes, cal, frozen))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, default_calibration
 from cost_models.context import PricingContext
+from cost_models.finetune import FineTune, adapter_params_per_token
 from cost_models.flops import StepFlops, step_flops
 from cost_models.layout import Layout, LayoutError, validate_layout
 from cost_models.memory import MemoryBreakdown, host_bytes_per_node
@@ -185,6 +186,7 @@ def estimate_from_prices(table: StageTable, layout: Layout, prices: KnobPrices, 
     flops = step_flops(
         table.model, training.seq_len, training.global_batch, layout.recompute,
         float(table.recomputed_layers.sum()) / table.model.num_layers,
+        training.frozen_base, adapter_params_per_token(table.model, FineTune.of(training)),
     )
     return Estimate(
         layout=layout,

@@ -11,7 +11,10 @@ Conventions (state them whenever a FLOP figure is printed):
   * "causal" convention: each query attends to the keys before it (s*(s+1)/2 pairs, or the sliding
     window); what a flash-attention kernel with a causal mask actually executes.
 - Model FLOPs = forward + backward = 3 x forward (backward of attention counted as 2 x forward, the
-  Megatron convention). Hardware FLOPs add what recompute executes again, and count the flash-
+  Megatron convention). With a frozen base (LoRA, QLoRA: `TrainingSpec.frozen_base`) the weight
+  GEMMs compute input gradients only: 2 x their forward, plus the adapters' 6 x r x (in + out) per
+  token and adapted module (`cost_models.finetune`); attention is unchanged. MFU of a LoRA run is
+  measured against that work, not against 6N. Hardware FLOPs add what recompute executes again, and count the flash-
   attention backward as PyTorch's `sdpa_backward_flop_count` does (`flash_backward_factor`: 2.5 x
   forward when d_qk == d_v; it recomputes QK^T).
 Source: Narayanan et al. 2021 (Eq. 3), Korthikanti et al. 2022 (Sec. 5), PaLM appendix B.
@@ -137,10 +140,14 @@ def step_flops(
     sequences: int,
     recompute: Literal["none", "selective", "full", "op_sac"] = "none",
     recomputed_layer_fraction: float = 1.0,
+    frozen_base: bool = False,
+    adapter_params_per_token: float = 0.0,
 ) -> StepFlops:
     """FLOPs of a step over `sequences` sequences of `seq_len` tokens (cached: specs are frozen).
 
     `recomputed_layer_fraction` is the share of layers that full recompute re-runs (1.0 = all).
+    `frozen_base`: no weight-gradient GEMMs; `adapter_params_per_token`: adapter elements a token
+    passes through (forward 2 FLOPs each, backward 4), counted in every total.
     """
     tokens = float(seq_len * sequences)
     matmul_fwd = 2.0 * tokens * model.vocab_size * model.hidden_size
@@ -151,9 +158,11 @@ def step_flops(
         attn_full_fwd += sequences * attention_score_flops_forward(model, i, seq_len, "full")
         attn_causal_fwd += sequences * attention_score_flops_forward(model, i, seq_len, "causal")
     matmul_fwd += layer_matmul_fwd
-    model_flops = 3.0 * (matmul_fwd + attn_full_fwd)
-    model_causal = 3.0 * (matmul_fwd + attn_causal_fwd)
-    hardware = 3.0 * matmul_fwd + (1.0 + flash_backward_factor(model)) * attn_causal_fwd
+    passes = 2.0 if frozen_base else 3.0  # forward + input gradient (+ weight gradient)
+    adapters = 6.0 * tokens * adapter_params_per_token
+    model_flops = passes * matmul_fwd + 3.0 * attn_full_fwd + adapters
+    model_causal = passes * matmul_fwd + 3.0 * attn_causal_fwd + adapters
+    hardware = passes * matmul_fwd + (1.0 + flash_backward_factor(model)) * attn_causal_fwd + adapters
     if recompute == "full":
         hardware += recomputed_layer_fraction * (layer_matmul_fwd + attn_causal_fwd)
     elif recompute == "selective":
@@ -164,7 +173,7 @@ def step_flops(
         hardware += sum(
             2.0 * tokens * sum(m.macs_per_token for m in block_matmuls(model, i)[1::2]) for i in range(model.num_layers)
         )
-    return StepFlops(model_flops, model_causal, hardware, 3.0 * matmul_fwd, 3.0 * attn_full_fwd)
+    return StepFlops(model_flops, model_causal, hardware, passes * matmul_fwd + adapters, 3.0 * attn_full_fwd)
 
 
 def six_n_t(model: ModelSpec, tokens: int) -> float:

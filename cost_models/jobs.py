@@ -113,14 +113,14 @@ def price_job(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Cal
         if job.partition:
             raise JobError("partition: an explicit partition cannot be combined with auto knobs")
         choice = choose(model, job.training, cluster, job.gpus, job.layout.model_dump(exclude_unset=True), job.auto, calibration)
-        out = estimate_dict(model, cluster.name, choice.estimate, cluster.gpu.name)
+        out = estimate_dict(model, cluster.name, choice.estimate, cluster.gpu.name, job.training)
         out["auto"] = choice.report
         return out
     lay = job.layout.resolved(job.gpus, job.training)
     if job.partition:
         partition = StagePartition(tuple(job.partition), lay.pp, lay.vpp)
     est = estimate(model, job.training, cluster, job.gpus, job.layout, partition, calibration=calibration)
-    return estimate_dict(model, cluster.name, est, cluster.gpu.name)
+    return estimate_dict(model, cluster.name, est, cluster.gpu.name, job.training)
 
 
 def format_validation_error(exc: ValidationError) -> str:
@@ -154,7 +154,7 @@ def run_job(raw: dict[str, Any]) -> dict[str, Any]:
     except ValidationError as exc:
         return {"ok": False, "error": format_validation_error(exc)}
     except LayoutError as exc:
-        return {"ok": False, "error": "; ".join(f"layout.{v.field}: {v.message}" for v in exc.violations)}
+        return {"ok": False, "error": "; ".join(f"{'.'.join(v.path)}: {v.message}" for v in exc.violations)}
     except (ValueError, KeyError, TypeError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         return {"ok": False, "error": str(msg)}

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.stages import StagePartition, megatron_split
+from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 
 Recompute = Literal["none", "selective", "full", "op_sac"]
@@ -261,6 +262,13 @@ class Violation:
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
 
+    @property
+    def path(self) -> tuple[str, ...]:
+        """Where the field lives in a job: under "layout", or under "training" for a field named
+        "training.<name>" (a training field that this layout or model cannot run)."""
+        parts = tuple(self.field.split("."))
+        return parts if parts[0] == "training" else ("layout", *parts)
+
 
 class LayoutError(ValueError):
     def __init__(self, violations: list[Violation]):
@@ -352,6 +360,10 @@ def validate_layout(
     if dps < dp and lay.zero_stage == 0:
         v.append(Violation("dp_shard", "hybrid sharding (dp_shard < dp) needs zero_stage >= 1"))
     v += framework_violations(lay)
+    v += method_violations(training, lay)
+    if training.frozen_base and not adapted_names(model, training.lora_modules):
+        v.append(Violation("training.lora_targets", f"none of {', '.join(training.lora_modules)} is a linear module of {model.name} "
+                           f"(it has {', '.join(linear_names(model))})"))
     if lay.recompute_modules is not None:
         if lay.recompute != "selective":
             v.append(Violation("recompute_modules", "recompute_modules apply to selective recompute only"))
@@ -412,6 +424,26 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if split:
             v.append(Violation("account_for_embedding_in_pipeline_split",
                                f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
+    return v
+
+
+def method_violations(training: TrainingSpec, lay: Layout) -> list[Violation]:
+    """What a training method cannot run with (`TrainingSpec.method`).
+
+    QLoRA's 4-bit / int8 base weights are bitsandbytes tensors trained through PEFT with plain data
+    parallelism, FSDP or DeepSpeed ZeRO (transformers' bitsandbytes integration, accelerate's
+    FSDP-QLoRA with `bnb_4bit_quant_storage`); no tensor- or pipeline-parallel implementation shards
+    them, and Megatron-Core has no bitsandbytes weights. LoRA runs in all three frameworks (PEFT
+    under FSDP / DeepSpeed, Megatron-Bridge / NeMo PEFT under Megatron-Core)."""
+    v: list[Violation] = []
+    if training.method != "qlora":
+        return v
+    if lay.framework == "megatron":
+        v.append(Violation("framework", "qlora (bitsandbytes base weights) runs under fsdp or deepspeed, not megatron"))
+    if lay.tp > 1:
+        v.append(Violation("tp", "qlora's quantized base weights are not tensor-parallel (PEFT + bitsandbytes): use tp=1"))
+    if lay.pp > 1:
+        v.append(Violation("pp", "qlora's quantized base weights are not pipelined by any framework we export to: use pp=1"))
     return v
 
 

@@ -7,20 +7,45 @@ from typing import Any
 
 from cost_models.error_band import error_band
 from cost_models.estimate import Estimate
-from model_specs.params import count_params
-from model_specs.spec import ModelSpec
+from model_specs.params import adapted_names, count_params, trainable_counts
+from model_specs.spec import ModelSpec, TrainingSpec
 
 FLOP_CONVENTION = (
     "model_flops: forward+backward = 3x forward, attention over all s x s (query, key) pairs "
     "(causal mask not halved; the Megatron/NeMo/llm-foundry MFU convention); model_flops_causal "
     "halves attention for the causal mask; hardware_flops = causal attention with flash backward "
-    "(2.5x forward) plus recompute"
+    "(2.5x forward) plus recompute; with a frozen base (lora, qlora) the weight GEMMs count 2x forward "
+    "(no weight gradients) and the adapters 6 FLOPs per element and token"
 )
 
 
-def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: str | None = None) -> dict[str, Any]:
+def training_dict(model: ModelSpec, training: TrainingSpec) -> dict[str, Any]:
+    """The training method and what it trains (elements): trainable, frozen and adapter parameters."""
+    counts = trainable_counts(model, training.method, training.lora_modules, training.lora_rank_)
+    out: dict[str, Any] = {
+        "method": training.method,
+        "trainable_params": counts.trainable,
+        "frozen_params": counts.frozen,
+        "adapter_params": counts.adapters,
+    }
+    if training.frozen_base:
+        out["lora"] = {"rank": training.lora_rank_, "alpha": training.lora_alpha_, "modules": list(adapted_names(model, training.lora_modules))}
+        out["note"] = (
+            "no published LoRA / QLoRA step times are in the calibration set: times come from the same kernel "
+            "models as full training, and the error band is full training's"
+        )
+    if training.quant_format_:
+        out["quant_format"] = training.quant_format_
+        out["quantized_weight_bytes_per_element"] = training.quantized_weight_bytes
+    return out
+
+
+def estimate_dict(
+    model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: str | None = None, training: TrainingSpec | None = None
+) -> dict[str, Any]:
     """The JSON form of an estimate. With `gpu_name`, it carries the error band of its regime
-    (`cost_models.error_band`: measured / predicted quantiles of the calibration's hold-out rows)."""
+    (`cost_models.error_band`: measured / predicted quantiles of the calibration's hold-out rows);
+    with `training`, the method and its trainable / frozen parameter counts."""
     pc = count_params(model)
     band = error_band(model, gpu_name, est.gpus) if gpu_name else None
     worst = est.peak_memory
@@ -28,6 +53,7 @@ def estimate_dict(model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: 
         "ok": True,
         "fits": est.fits,
         "model": {"name": model.name, "params": pc.total, "active_params": pc.active},
+        **({"training": training_dict(model, training)} if training is not None else {}),
         "cluster": cluster_name,
         "gpus": est.gpus,
         "layout": est.layout.model_dump(),

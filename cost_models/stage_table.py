@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
-from cost_models import step_time
+from cost_models import finetune, step_time
 from cost_models.activations import (
     EAGER_FP32_NORM_BYTES,
     ActivationContext,
@@ -30,6 +30,7 @@ from cost_models.activations import (
 from cost_models.calibration import Calibration
 from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
+from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.mesh import MeshLike, mesh_strides
@@ -55,12 +56,15 @@ def layer_kind_counts(model: ModelSpec) -> dict[tuple[bool, bool], int]:
 
 
 @lru_cache(maxsize=4096)
-def layer_times(model: ModelSpec, cluster: ClusterSpec, precision: str, act_bytes: int, g: ShardGeometry, cal: Calibration) -> dict[tuple[bool, bool], LayerTime]:
+def layer_times(
+    model: ModelSpec, cluster: ClusterSpec, precision: str, act_bytes: int, g: ShardGeometry, cal: Calibration,
+    ft: FineTune | None = None,
+) -> dict[tuple[bool, bool], LayerTime]:
     """Seconds per layer kind for one shard geometry (cached: many layouts share a geometry)."""
     kinds: dict[tuple[bool, bool], LayerTime] = {}
     for i, key in enumerate(layer_kinds(model)):
         if key not in kinds:
-            kinds[key] = layer_time(model, i, g, cluster.gpu, precision, act_bytes, cal)
+            kinds[key] = layer_time(model, i, g, cluster.gpu, precision, act_bytes, cal, ft)
     return kinds
 
 
@@ -95,18 +99,24 @@ def _layer_classes(model: ModelSpec) -> tuple[tuple[int, ...], np.ndarray]:
 
 @lru_cache(maxsize=4096)
 def _layer_arrays(
-    model: ModelSpec, cluster: ClusterSpec, precision: str, g: ShardGeometry, actx: ActivationContext, cal: Calibration
+    model: ModelSpec, cluster: ClusterSpec, precision: str, g: ShardGeometry, actx: ActivationContext, cal: Calibration,
+    ft: FineTune | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Per-layer quantities for one shard geometry: priced once per layer class (`_layer_classes`),
-    as arrays over the classes and spread over the model's layers (read-only)."""
-    kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal)
+    as arrays over the classes and spread over the model's layers (read-only). Weights: `dense`,
+    `expert` (elements on the rank), `dense_w`, `expert_w` (stored bytes), `dense_t`, `expert_t`
+    (trainable elements: all of them, or the adapters of a frozen base), `largest_w` (bytes of the
+    layer's weights), `deq` (bytes of the largest dequantized 16-bit copy under QLoRA)."""
+    kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal, ft)
+    pb = 4 if precision == "fp32" else 2
     acts_by_kind = _layer_acts(model, actx)
     pc = count_params(model)
     tp, ep, etp = g.tp, g.ep, g.etp
     all_kinds = layer_kinds(model)
     firsts, of_layer = _layer_classes(model)
     # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
-    names = ("dense", "expert", "a0", "a1", "a2", "a3", "fwd", "fb", "sel", "osac", "attn_f", "moe")
+    names = ("dense", "expert", "a0", "a1", "a2", "a3", "fwd", "fb", "sel", "osac", "attn_f", "moe",
+             "dense_w", "expert_w", "dense_t", "expert_t", "deq")
     out: dict[str, list[Any]] = {k: [] for k in names}
     for i in firsts:
         key = all_kinds[i]
@@ -125,6 +135,20 @@ def _layer_arrays(
         out["osac"].append(lt.op_sac_recompute)
         out["attn_f"].append(lt.attention_fwd)  # the attention kernel's forward seconds
         out["moe"].append(float(key[0]))
+        dense, expert = out["dense"][-1], out["expert"][-1]
+        if ft is None:
+            out["dense_w"].append(pb * dense)
+            out["expert_w"].append(pb * expert)
+            out["dense_t"].append(dense)
+            out["expert_t"].append(expert)
+            out["deq"].append(0.0)
+        else:
+            st = finetune.layer_state(model, i, float(tp), float(ep), float(etp), ft)
+            out["dense_w"].append(float(frozen_weight_bytes(dense, st.dense_linear, ft, pb)) + pb * st.dense_adapters)
+            out["expert_w"].append(float(frozen_weight_bytes(expert, st.expert_linear, ft, pb)) + pb * st.expert_adapters)
+            out["dense_t"].append(st.dense_adapters)
+            out["expert_t"].append(st.expert_adapters)
+            out["deq"].append(ft.compute_bytes * st.largest_linear if ft.quantized else 0.0)
     per_class = {k: np.array(v, dtype=float) for k, v in out.items()}
     per_layer = {k: v[of_layer] for k, v in per_class.items()}
     for d in (per_class, per_layer):
@@ -145,13 +169,14 @@ def _rank_sums(
     partition: StagePartition,
     limit: int | None,
     cal: Calibration,
+    ft: FineTune | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Per-rank sums over the layers each pipeline rank holds (memoized: rank orders and knob
     settings share them; the job objects are matched by identity and kept alive by the entry, so
     ids are not reused; the arrays are read-only). `limit`: layers per rank that full recompute
     re-runs, the first ones in the rank's order (None = all). The partition's chunks cover layers
     0..n-1 in model order (a probe partition may cover fewer than all)."""
-    key = (id(model), id(cluster), id(cal), precision, g, actx, partition, limit)
+    key = (id(model), id(cluster), id(cal), precision, g, actx, partition, limit, ft)
     hit = _RANK_SUMS.get(key)
     if hit is not None and hit[0][0] is model and hit[0][1] is cluster and hit[0][2] is cal:
         return hit[1]
@@ -160,7 +185,7 @@ def _rank_sums(
     pp = partition.pp
     owner, mine, bins = _partition_index(partition)
     n = len(owner)
-    per_layer, per_class = _layer_arrays(model, cluster, precision, g, actx, cal)
+    per_layer, per_class = _layer_arrays(model, cluster, precision, g, actx, cal, ft)
     arr = {k: v[:n] for k, v in per_layer.items()}
     if limit is None:
         recomputed = np.ones(n, dtype=bool)
@@ -181,10 +206,13 @@ def _rank_sums(
     quantities[11], quantities[12] = 0.0, recomputed
     quantities[13] = np.where(recomputed, moe, 0.0)
     quantities[14], quantities[15] = arr["a3"], arr["osac"]
-    sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp)
+    quantities[16], quantities[17], quantities[18], quantities[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
+    sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
     (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
-     acts3, osac) = sums
+     acts3, osac, dense_w, expert_w, dense_t, expert_t) = sums
     largest = peak(arr["dense"] + arr["expert"])
+    # weights (bytes, elements) of the largest layer and the largest dequantized copy (QLoRA)
+    largest_w = np.stack([peak(arr["dense_w"] + arr["expert_w"]), peak(arr["dense_t"] + arr["expert_t"]), peak(arr["deq"])])
     working = peak(np.where(recomputed, a0, 0.0))
     acts = np.stack([acts0, acts1, acts2, acts3])
     reco = np.stack([np.zeros(pp), sel, full, osac])
@@ -194,6 +222,7 @@ def _rank_sums(
     out = (
         dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
         re_moe.copy(), compute.copy(), forward.copy(), reco, class_counts,
+        np.stack([dense_w, expert_w]), np.stack([dense_t, expert_t]), largest_w,
     )
     for a in out:
         a.flags.writeable = False
@@ -203,7 +232,7 @@ def _rank_sums(
     return out
 
 
-_RANK_QUANTITIES = 16
+_RANK_QUANTITIES = 20
 """Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
 
 
@@ -268,6 +297,13 @@ class StageTable:
     boundary_bytes: float
     nccl_groups: int
     channels: tuple[int, int, int, int]  # channel of the TP, CP, EP and pipeline groups (`comm.INTRA` / `INTER`)
+    weight_bytes: np.ndarray  # (2, pp) stored bytes of the dense and expert weights (frozen base + adapters)
+    trainable: np.ndarray  # (2, pp) trainable elements, dense and expert: gradients and optimizer states
+    class_weight_bytes: np.ndarray  # (2, K) stored bytes of one layer of each class, dense and expert
+    class_trainable: np.ndarray  # (2, K) trainable elements of one layer of each class
+    largest_weight_bytes: np.ndarray  # (pp,) stored bytes of the rank's largest layer
+    largest_trainable: np.ndarray  # (pp,) trainable elements of the rank's largest layer
+    dequant_bytes: np.ndarray  # (pp,) QLoRA: the largest linear's dequantized 16-bit copy (0 otherwise)
     offloaded_acts: np.ndarray = field(default_factory=lambda: np.zeros((4, 1)))
     """(4, pp): saved bytes per micro-batch of the layers whose activations go to the host
     (`Layout.activation_offload_layers`, the first ones of each rank), per RECOMPUTE_MODES."""
@@ -432,29 +468,39 @@ def build_table(
     g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
     actx = activation_context(training, mesh, model)
     pc = count_params(model)
-    sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal)
-    dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts = sums
-    dense, compute, forward = dense.copy(), compute.copy(), forward.copy()  # the rest is read-only, shared
-    dense[0] += pc.embedding / tp
-    dense[pp - 1] += pc.final_norm
+    ft = FineTune.of(training)
+    sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal, ft)
+    (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
+     weight_bytes, trainable, largest_w) = sums
+    # the rest is read-only, shared
+    dense, compute, forward = dense.copy(), compute.copy(), forward.copy()
+    weight_bytes, trainable = weight_bytes.copy(), trainable.copy()
+    outside = np.zeros(pp)  # embedding, final norm, LM head: compute dtype; frozen under LoRA / QLoRA
+    outside[0] += pc.embedding / tp
+    outside[pp - 1] += pc.final_norm
     if pc.lm_head:
-        dense[pp - 1] += pc.lm_head / tp
+        outside[pp - 1] += pc.lm_head / tp
     elif pp > 1:  # tied embeddings: the last stage keeps its own copy of the head
-        dense[pp - 1] += model.vocab_size * model.hidden_size / tp
+        outside[pp - 1] += model.vocab_size * model.hidden_size / tp
+    dense += outside
+    weight_bytes[0] += training.param_bytes * outside
+    if ft is None:
+        trainable[0] += outside
     # per-job memo (`comm_store`): the head reads only the token count and TP degree of the
     # geometry, the logits only the activation context and the loss kernel
     store: dict[tuple, Any] = comm_store(model, training, cluster, cal, gpus)
     head_key = ("lm_head", g.tokens, g.tp)
     head = store.get(head_key)
     if head is None:
-        head = store[head_key] = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # LM head stays bf16 under FP8
+        # LM head stays bf16 under FP8; frozen under LoRA / QLoRA
+        head = store[head_key] = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, ft is not None)
     head_fwd, head_bwd = head
     compute[pp - 1] += head_fwd + head_bwd
     forward[pp - 1] += head_fwd
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
     tp_per_layer, cp_step, ep_per_moe, p2p, boundary = comm
-    _, per_class = _layer_arrays(model, cluster, training.precision, g, actx, cal)
+    _, per_class = _layer_arrays(model, cluster, training.precision, g, actx, cal, ft)
     cp_exposed, cp_busy = cp_exposure(
         cp_step, mesh.cp, per_class["attn_f"], flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
     )
@@ -471,7 +517,9 @@ def build_table(
         re_layers, re_moe, compute, forward, reco, counts, per_class["fwd"], per_class["fb"] - per_class["fwd"],
         per_class["dense"], per_class["expert"], logits, tp_per_layer, mesh.tp_comm_overlap_,
         tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, p2p, boundary,
-        mesh.communicator_groups, channels, *_offloaded(acts, layers, mesh.activation_offload_layers),
+        mesh.communicator_groups, channels, weight_bytes, trainable,
+        np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
+        largest_w[0], largest_w[1], largest_w[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
     )
 
 
@@ -614,6 +662,7 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
     key = (
         id(knobs), id(t.model), id(t.training), m.framework, m.grad_accum_ > 1, m.pp > 1,
         m.tp, m.cp, m.ep, m.etp_, t.dense_params.tobytes(), t.expert_params.tobytes(),
+        t.weight_bytes.tobytes(), t.trainable.tobytes(),
     )
     hit = _STATE_BYTES.get(key)
     if hit is not None and hit[0][0] is knobs and hit[0][1] is t.model and hit[0][2] is t.training:
@@ -633,8 +682,10 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
     tr, m = t.training, t.mesh
     zero, shard, offload = knobs.zero[:, None], knobs.shard[:, None], knobs.offload[:, None]
     ds, es = _shards(t, shard)
-    D, E = t.dense_params[None, :], t.expert_params[None, :]
-    params = tr.param_bytes * (np.where(zero >= 3, D / ds, D) + np.where(zero >= 3, E / es, E))
+    # stored weights in bytes (a frozen base at its storage dtype, adapters), trainable elements
+    WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
+    D, E = t.trainable[0][None, :], t.trainable[1][None, :]
+    params = np.where(zero >= 3, WD / ds, WD) + np.where(zero >= 3, WE / es, WE)
     # PyTorch FSDP has no ZeRO-1 of its own: with one micro-batch per step it reduces each layer's
     # unsharded gradient right after that layer's backward, as ZeRO-2 does; with several it keeps
     # the unsharded gradients until the last one (runtime.parallelize)
@@ -662,14 +713,14 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
         # FSDP2 accumulates it as is (float32), so the first stage keeps V x h, not V x h / tp
         # (measured: (128256, 4096) float32 accumulated gradient, 1.96 GiB, on stage 0 of Llama-3-8B
         # TP4 x PP4; a fake 4-rank TP mesh gives a Replicate (1024, 64) gradient for a 1024-row table).
-        emb = count_params(t.model).embedding
+        emb = 0 if tr.frozen_base else count_params(t.model).embedding
         grads[:, 0] += np.where(zero[:, 0] >= grads_sharded_from, 0.0, grad_bytes * emb * (1 - 1 / m.tp))
         # Each micro-batch's embedding backward creates that full-vocabulary gradient in bf16 before
         # FSDP adds it to the float32 one, after the micro-batch's activations are freed: a
         # transient of V x h x 2 bytes on top of the other in-flight micro-batches (measured:
         # (128256, 4096) float32 + bfloat16 live together at stage 0's peak, Llama-3-8B TP2 x PP2
         # with 2 layers per stage).
-        embedding_transient = float(tr.param_bytes * emb)
+        embedding_transient = float(tr.param_bytes * emb) if emb else 0.0
     else:
         embedding_transient = 0.0
     opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
@@ -720,12 +771,14 @@ def price_memory(
         acts = acts - np.minimum(one, grads)
         actx = activation_context(tr, m, t.model)
         logits[:, pp - 1] += (m.grad_accum_ - 1) * retained_logits_bytes(t.model, actx, m.cross_entropy_)
+    # stored bytes per gathered element of the largest layer (the compute dtype's, less under QLoRA)
+    bytes_per_element = np.divide(t.largest_weight_bytes, np.maximum(t.largest_layer, 1.0))
     if m.framework == "deepspeed":  # gathers bounded by max_live_parameters, gradients by the bucket
-        gathered = np.minimum(2 * t.largest_layer, DEEPSPEED_MAX_LIVE_PARAMETERS)
-        reducing = np.minimum(t.largest_layer, DEEPSPEED_REDUCE_BUCKET)
-        z3_buffers = tr.param_bytes * gathered + tr.grad_bytes * reducing
+        gathered = bytes_per_element * np.minimum(2 * t.largest_layer, DEEPSPEED_MAX_LIVE_PARAMETERS)
+        reducing = np.minimum(t.largest_trainable, DEEPSPEED_REDUCE_BUCKET)
+        z3_buffers = gathered + tr.grad_bytes * reducing
     else:  # FSDP: the current and the prefetched layer, and one layer's unsharded gradient
-        z3_buffers = (2 * tr.param_bytes + tr.grad_bytes) * t.largest_layer
+        z3_buffers = 2 * t.largest_weight_bytes + tr.grad_bytes * t.largest_trainable
     # Two transient peaks that do not coincide: a layer's backward (ZeRO-3 gathered parameters and
     # unsharded gradient, and under full recompute that layer's activations re-created) and the
     # loss on the last stage (logits and their float32 gradients, freed before the LM head's
@@ -733,6 +786,8 @@ def price_memory(
     # layer phase adds beyond the logits, so the breakdown still sums to the total.
     # per (ZeRO-3, full recompute) pair of flags (`KnobArrays.phase`), then per setting
     layer_phase = (np.where(_PHASE_Z3, z3_buffers[None, :], 0.0) + np.where(_PHASE_FULL, t.working[None, :], 0.0))[knobs.phase]
+    # QLoRA: each quantized linear is dequantized to a 16-bit copy before its GEMM (forward and backward)
+    layer_phase = layer_phase + t.dequant_bytes[None, :]
     buffers = np.maximum(0.0, layer_phase - logits)
     if embedding_transient:
         # it replaces the micro-batch's transient peak (its activations, loss and layer buffers)
@@ -752,7 +807,8 @@ def price_memory(
         # input and no root; Llama-3-8B FSDP 64, full recompute: 17.54 traced, 17.88 priced with
         # the gradients under the loss.
         pc = count_params(t.model)
-        root = (pc.embedding + pc.final_norm + pc.lm_head + (pc.lm_head or pc.embedding)) / m.tp * tr.param_bytes
+        head_gradient = 0 if tr.frozen_base else (pc.lm_head or pc.embedding)
+        root = (pc.embedding + pc.final_norm + pc.lm_head + head_gradient) / m.tp * tr.param_bytes
         root_phase = np.where(zero >= 3, root, 0.0)
         first_layer_acts = t.acts[mode] / np.maximum(t.layers, 1.0)[None, :]
         early = acts + layer_phase + root_phase
@@ -834,5 +890,6 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.grad_accum_,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, t.dense_params.tobytes(), t.expert_params.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
-        t.class_dense.tobytes(), t.class_expert.tobytes(),
+        t.class_dense.tobytes(), t.class_expert.tobytes(), t.weight_bytes.tobytes(), t.trainable.tobytes(),
+        t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(),
     )

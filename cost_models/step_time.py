@@ -152,9 +152,11 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     layerwise_rs = zero >= 2  # reduce-scatter as each layer's backward ends (ZeRO-2/3, FSDP)
 
     # --- per layer class: gathers and reduce-scatters of one layer, (pairs, K) -------------------
-    cd, ce = t.class_dense[None, :], t.class_expert[None, :]
-    gather_k = seconds(cd * pb, ag_shard) + seconds(ce * pb, ag_edp)
-    rs_k = seconds(cd * gb, rs_shard) + seconds(ce * gb, rs_edp)
+    # gathers move stored weight bytes (a frozen base included); reductions the trainable gradients
+    cwd, cwe = t.class_weight_bytes[0][None, :], t.class_weight_bytes[1][None, :]
+    ctd, cte = t.class_trainable[0][None, :], t.class_trainable[1][None, :]
+    gather_k = seconds(cwd, ag_shard) + seconds(cwe, ag_edp)
+    rs_k = seconds(ctd * gb, rs_shard) + seconds(cte * gb, rs_edp)
     counts = t.class_counts  # (pp, K)
     zf_k = np.where(z3, gather_k, 0.0)
     zb_k = zf_k + np.where(layerwise_rs, rs_k, 0.0)
@@ -162,19 +164,22 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     deficit_b = np.maximum(0.0, zb_k - ov.zero3 * t.class_backward[None, :])
     # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
     # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
-    rest_dense = t.dense_params - counts @ t.class_dense  # (pp,)
-    rest_expert = t.expert_params - counts @ t.class_expert
+    rest_wd = t.weight_bytes[0] - counts @ t.class_weight_bytes[0]  # (pp,) bytes
+    rest_we = t.weight_bytes[1] - counts @ t.class_weight_bytes[1]
+    rest_td = t.trainable[0] - counts @ t.class_trainable[0]  # (pp,) elements
+    rest_te = t.trainable[1] - counts @ t.class_trainable[1]
     present = counts > 0
     first_gather = np.where(present[None, :, :], zf_k[:, None, :], 0.0).max(axis=2, initial=0.0)  # (pairs, pp)
     last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
-    rest_gather = np.where(z3, seconds(rest_dense[None, :] * pb, ag_shard) + seconds(rest_expert[None, :] * pb, ag_edp), 0.0)
-    rest_rs = np.where(layerwise_rs, seconds(rest_dense[None, :] * gb, rs_shard) + seconds(rest_expert[None, :] * gb, rs_edp), 0.0)
+    rest_gather = np.where(z3, seconds(rest_wd[None, :], ag_shard) + seconds(rest_we[None, :], ag_edp), 0.0)
+    rest_rs = np.where(layerwise_rs, seconds(rest_td[None, :] * gb, rs_shard) + seconds(rest_te[None, :] * gb, rs_edp), 0.0)
     exposed_f = deficit_f @ counts.T + first_gather + rest_gather
     exposed_b = deficit_b @ counts.T + last_rs + rest_rs
 
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
-    D, E = t.dense_params[None, :], t.expert_params[None, :]
-    gather_d, gather_e = seconds(D * pb, ag_shard), seconds(E * pb, ag_edp)
+    WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
+    D, E = t.trainable[0][None, :], t.trainable[1][None, :]
+    gather_d, gather_e = seconds(WD, ag_shard), seconds(WE, ag_edp)
     rs_d, rs_e = seconds(D * gb, rs_shard), seconds(E * gb, rs_edp)
     traffic_f = np.where(z3[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
     traffic_b = traffic_f + np.where(layerwise_rs[:, :, None], on_channels(rs_d, rs_shard) + on_channels(rs_e, rs_edp), 0.0)
@@ -189,7 +194,9 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     replicated = np.array([g.size > 1 for g in repl_gs])[:, None]
     repl = np.where((zero > 0) & replicated, seconds(D * gb / sizes, ar_repl), 0.0)
     reduce += on_channels(repl, ar_repl)
-    gather += np.where(z12[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
+    # ZeRO-1/2 all-gather the updated weights: the trainable ones (all of them, or the adapters)
+    updated_d, updated_e = seconds(D * pb, ag_shard), seconds(E * pb, ag_edp)
+    gather += np.where(z12[:, :, None], on_channels(updated_d, ag_shard) + on_channels(updated_e, ag_edp), 0.0)
     # the last bucket of a once-per-step reduction (ZeRO-0/1) waits for the whole backward
     bucket = np.minimum(D + E, REDUCE_BUCKET_PARAMS) * gb
     tail_full = np.where(z0, seconds(bucket, ar_full), np.where(z1, seconds(bucket, rs_shard), 0.0))

@@ -184,3 +184,118 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     lm_head = 0 if spec.tie_embeddings else spec.vocab_size * h
     layers = tuple(layer_params(spec, i) for i in range(spec.num_layers))
     return ParamCounts(embedding, lm_head, norm_params(spec, h), layers)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight matrix of a transformer block as the HuggingFace modules hold it.
+
+    `name` is the module name PEFT's `target_modules` matches (`spec.LORA_MODULE_NAMES`, the router
+    is "gate"); `count` how many such modules the layer has (routed experts: one per expert);
+    `split` how tensor parallelism cuts it: "column" (output features over tp), "row" (input
+    features over tp), "replicated" (the router; under our per-rank counts every attention and MLP
+    weight is divided by tp, MLA's down-projections included); `expert` whether it belongs to a
+    routed expert (divided over ep x etp instead)."""
+
+    name: str
+    in_features: int
+    out_features: int
+    count: int = 1
+    split: str = "column"
+    expert: bool = False
+
+    @property
+    def params(self) -> int:
+        """Weight elements of all `count` modules (biases, which PEFT does not adapt, left out)."""
+        return self.count * self.in_features * self.out_features
+
+
+def _mlp_linears(spec: ModelSpec, width: int, count: int, expert: bool) -> list[Linear]:
+    h = spec.hidden_size
+    out = [Linear("up_proj", h, width, count, "column", expert), Linear("down_proj", width, h, count, "row", expert)]
+    if spec.gated_mlp:
+        out.insert(0, Linear("gate_proj", h, width, count, "column", expert))
+    return out
+
+
+@lru_cache(maxsize=1024)
+def layer_linears(spec: ModelSpec, index: int) -> tuple[Linear, ...]:
+    """The GEMM weights of layer `index` (their elements sum to `cost_models.flops.layer_matmuls`'
+    total with routed experts counted `num_experts` times instead of `moe_top_k`, and without a
+    shared-expert gate)."""
+    h, nh = spec.hidden_size, spec.num_heads
+    out: list[Linear] = []
+    if spec.attention == "mla":
+        assert spec.kv_lora_rank and spec.qk_rope_head_dim and spec.qk_nope_head_dim and spec.v_head_dim
+        qk = spec.qk_head_dim
+        if spec.q_lora_rank:
+            out += [Linear("q_a_proj", h, spec.q_lora_rank), Linear("q_b_proj", spec.q_lora_rank, nh * qk)]
+        else:
+            out.append(Linear("q_proj", h, nh * qk))
+        out += [
+            Linear("kv_a_proj_with_mqa", h, spec.kv_lora_rank + spec.qk_rope_head_dim),
+            Linear("kv_b_proj", spec.kv_lora_rank, nh * (spec.qk_nope_head_dim + spec.v_head_dim)),
+            Linear("o_proj", nh * spec.v_head_dim, h, split="row"),
+        ]
+    else:
+        hd = spec.qk_head_dim
+        out += [
+            Linear("q_proj", h, nh * hd), Linear("k_proj", h, spec.kv_heads * hd), Linear("v_proj", h, spec.kv_heads * hd),
+            Linear("o_proj", nh * hd, h, split="row"),
+        ]
+    if spec.is_moe_layer(index):
+        assert spec.moe_ffn_hidden_size
+        out.append(Linear("gate", h, spec.num_experts, split="replicated"))
+        if spec.num_shared_experts:
+            width = spec.shared_expert_ffn_hidden_size or spec.moe_ffn_hidden_size
+            out += _mlp_linears(spec, width, spec.num_shared_experts, expert=False)
+        out += _mlp_linears(spec, spec.moe_ffn_hidden_size, spec.num_experts, expert=True)
+    else:
+        out += _mlp_linears(spec, spec.ffn_hidden_size, 1, expert=False)
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def linear_names(spec: ModelSpec) -> tuple[str, ...]:
+    """Names of the linear modules the model has, in layer order (each once)."""
+    seen: dict[str, None] = {}
+    for i in range(spec.num_layers):
+        for x in layer_linears(spec, i):
+            seen.setdefault(x.name, None)
+    return tuple(seen)
+
+
+def adapted_names(spec: ModelSpec, modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The names in `modules` the model has (what a LoRA target list adapts on this model)."""
+    return tuple(n for n in linear_names(spec) if n in modules)
+
+
+def adapter_params(spec: ModelSpec, index: int, modules: tuple[str, ...], rank: int) -> int:
+    """LoRA parameters of layer `index`: r x (in + out) per adapted module (A is r x in, B is
+    out x r; Hu et al. 2021, Sec. 4), for every module whose name is in `modules`."""
+    wanted = set(modules)
+    return sum(rank * (x.in_features + x.out_features) * x.count for x in layer_linears(spec, index) if x.name in wanted)
+
+
+@dataclass(frozen=True)
+class TrainableCounts:
+    """Trainable and frozen parameters of a model under a training method (elements)."""
+
+    trainable: int
+    frozen: int
+    adapters: int  # LoRA A and B matrices (0 for full training)
+
+    @property
+    def total(self) -> int:
+        """What the trained model holds: the base and any adapters."""
+        return self.trainable + self.frozen
+
+
+def trainable_counts(spec: ModelSpec, method: str, modules: tuple[str, ...] = (), rank: int = 0) -> TrainableCounts:
+    """Full training trains every parameter; LoRA / QLoRA freeze the whole base (embedding, norms,
+    router and LM head included, PEFT's default) and train only the adapters."""
+    pc = count_params(spec)
+    if method == "full":
+        return TrainableCounts(pc.total, 0, 0)
+    adapters = sum(adapter_params(spec, i, modules, rank) for i in range(spec.num_layers))
+    return TrainableCounts(adapters, pc.total, adapters)

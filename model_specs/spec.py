@@ -261,6 +261,20 @@ number that drives enumeration is bounded, so no request holds a planner worker 
 MAX_GLOBAL_BATCH_TOKENS = 2**34
 """Most tokens per step (17 billion)."""
 
+Method = Literal["full", "lora", "qlora"]
+QuantFormat = Literal["nf4_double", "nf4", "int8"]
+LoraTargetPreset = Literal["all-linear", "attention"]
+LORA_MODULE_NAMES: tuple[str, ...] = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+)
+"""Linear modules a LoRA target list may name, spelled as PEFT's `target_modules` matches them in
+the HuggingFace Llama / Qwen / Mistral / DeepSeek implementations (MLA's low-rank factors are the
+last four). A non-gated MLP has up_proj and down_proj only; expert MLPs answer to the same names."""
+MAX_LORA_RANK = 65536
+DEFAULT_LORA_RANK = 16
+"""Rank when `lora_rank` is not given (the seeds' fine-tuning guide and most PEFT recipes: 8-64)."""
+
 
 class TrainingSpec(BaseModel):
     """How it is trained: sequence length, global batch, numeric precision and optimizer.
@@ -279,6 +293,30 @@ class TrainingSpec(BaseModel):
     grad_dtype: Literal["bf16", "fp32"] = Field(
         "bf16", description="gradient buffer dtype; Megatron accumulates in fp32 (+2 bytes/param)"
     )
+    method: Method = Field(
+        "full",
+        description="full: every weight trained; lora: base weights frozen in the compute dtype, low-rank "
+        "adapters trained (Hu et al. 2021); qlora: base weights frozen and stored quantized (`quant_format`), "
+        "adapters trained in the compute dtype (Dettmers et al. 2023)",
+    )
+    lora_rank: int | None = Field(
+        None, ge=1, le=MAX_LORA_RANK, description=f"adapter rank r (lora / qlora; default {DEFAULT_LORA_RANK})"
+    )
+    lora_alpha: float | None = Field(
+        None, gt=0, le=1e6, description="adapter scaling numerator (alpha / r scales the update); default 2 x rank; "
+        "no cost, carried to exports",
+    )
+    lora_targets: LoraTargetPreset | tuple[str, ...] | None = Field(
+        None,
+        description="modules that get adapters: all-linear (every projection of attention and MLP / experts, "
+        "not the router or LM head: PEFT's 'all-linear'), attention (q, k, v, o or MLA's factors), or a "
+        "list of PEFT module names (`LORA_MODULE_NAMES`); default all-linear",
+    )
+    quant_format: QuantFormat | None = Field(
+        None,
+        description="qlora base-weight storage: nf4_double (4-bit NormalFloat with double-quantized "
+        "constants, the QLoRA default), nf4, or int8 (LLM.int8); default nf4_double",
+    )
 
     @model_validator(mode="after")
     def _derive_batch(self) -> TrainingSpec:
@@ -295,7 +333,85 @@ class TrainingSpec(BaseModel):
             object.__setattr__(self, "global_batch", seqs)
         if self.global_batch <= 0:
             raise ValueError("global_batch (sequences) or global_batch_tokens is required")
+        self._check_method()
         return self
+
+    def _check_method(self) -> None:
+        """Adapter fields belong to lora / qlora, the base-weight format to qlora only."""
+        if self.method == "full":
+            given = [f for f in ("lora_rank", "lora_alpha", "lora_targets") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply to method lora or qlora, not full")
+        if self.quant_format is not None and self.method != "qlora":
+            raise ValueError(f"quant_format applies to method qlora, not {self.method}")
+        if self.method == "qlora" and self.precision not in ("bf16", "fp16"):
+            raise ValueError(
+                f"qlora dequantizes its base weights to a 16-bit compute dtype: precision {self.precision} is not "
+                "supported (bitsandbytes' bnb_4bit_compute_dtype is bf16 or fp16)"
+            )
+        targets = self.lora_targets
+        if isinstance(targets, tuple):
+            if not targets:
+                raise ValueError("lora_targets: an empty list adapts nothing (give module names or all-linear)")
+            unknown = sorted(set(targets) - set(LORA_MODULE_NAMES))
+            if unknown:
+                raise ValueError(
+                    f"lora_targets: unknown module name(s) {unknown}; known: {', '.join(LORA_MODULE_NAMES)}"
+                )
+            if len(set(targets)) != len(targets):
+                raise ValueError("lora_targets: a module is named twice")
+
+    # ---- training method (full fine-tuning / pre-training, LoRA, QLoRA) ----------------------------
+    @property
+    def frozen_base(self) -> bool:
+        """Whether the base weights are frozen (no gradients, no optimizer states): LoRA and QLoRA."""
+        return self.method != "full"
+
+    @property
+    def lora_rank_(self) -> int:
+        return self.lora_rank or DEFAULT_LORA_RANK
+
+    @property
+    def lora_alpha_(self) -> float:
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank_
+
+    @property
+    def lora_modules(self) -> tuple[str, ...]:
+        """The PEFT module names that get adapters (empty for full training)."""
+        if not self.frozen_base:
+            return ()
+        targets = self.lora_targets or "all-linear"
+        if targets == "all-linear":
+            return LORA_MODULE_NAMES
+        if targets == "attention":
+            return ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+        return tuple(targets)
+
+    @property
+    def quant_format_(self) -> QuantFormat | None:
+        """The base-weight storage format of qlora (None otherwise)."""
+        if self.method != "qlora":
+            return None
+        return self.quant_format or "nf4_double"
+
+    @property
+    def quantized_weight_bytes(self) -> float:
+        """Bytes per stored element of a quantized base weight (qlora), with its constants.
+
+        NF4 packs two 4-bit codes per byte (0.5 bytes) and keeps one float32 absmax per block of 64
+        (32/64 bits = 0.0625 bytes); double quantization stores those constants as 8-bit values with
+        one float32 constant per 256 of them: 8/64 + 32/(64 x 256) bits (Dettmers et al. 2023, QLoRA
+        Sec. 3: "0.127 bits per parameter"), 0.5159 bytes in all. int8 (LLM.int8, Dettmers et al.
+        2022): one byte per element; its float32 scale per output row (4 / in_features bytes) is left
+        out (< 0.1% for in_features >= 4096). The compute dtype's bytes for a 16-bit base (lora)."""
+        fmt = self.quant_format_
+        if fmt == "nf4_double":
+            return (4 + 8 / 64 + 32 / (64 * 256)) / 8
+        if fmt == "nf4":
+            return (4 + 32 / 64) / 8
+        if fmt == "int8":
+            return 1.0
+        return float(self.param_bytes)
 
     @property
     def tokens_per_step(self) -> int:

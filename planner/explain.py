@@ -7,11 +7,40 @@ from planner.plan import Plan
 GIB = 2**30
 
 
+def method_sentences(plan: Plan) -> list[str]:
+    """The training method when it is not full training: what is frozen, what is trained."""
+    tr = plan.inputs.training
+    if not tr.frozen_base:
+        return []
+    from model_specs.params import adapted_names, trainable_counts
+
+    counts = trainable_counts(plan.inputs.model, tr.method, tr.lora_modules, tr.lora_rank_)
+    base = f"{tr.quant_format_} base ({tr.quantized_weight_bytes:.4f} bytes per linear weight)" if tr.quant_format_ else "16-bit base"
+    return [
+        f"Method {tr.method}: frozen {base}, LoRA rank {tr.lora_rank_} (alpha {tr.lora_alpha_:g}) on "
+        f"{', '.join(adapted_names(plan.inputs.model, tr.lora_modules))}: {counts.trainable:,} trainable and {counts.frozen:,} frozen parameters. "
+        "No published LoRA step times are in the calibration set: the error band below is full training's."
+    ]
+
+
+def host_sentences(plan: Plan) -> list[str]:
+    """Layouts that fit on the GPUs but not in the nodes' host RAM: said whatever their rank among
+    the rejections (offloading is what a user reaches for when GPU memory runs out)."""
+    from planner.search import HOST_MEMORY_REASON
+
+    return [
+        f"{r.count:,} layouts fit in GPU memory only by offloading, and their offloaded state exceeds the "
+        f"node's host RAM: e.g. {r.example}."
+        for r in plan.rejections if r.reason == HOST_MEMORY_REASON
+    ]
+
+
 def explain(plan: Plan, usable_bytes: int) -> list[str]:
     out: list[str] = []
     s = plan.stats
     # what the config reader left out (a vision tower) or read as cost-free: said first, not buried
     out += [f"Model {plan.inputs.model.name}: {note}." for note in plan.inputs.model.notes]
+    out += method_sentences(plan)
     out.append(
         f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned:,} pruned by the step-time bound, "
         f"{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU."
@@ -29,6 +58,7 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
         if plan.rejections:
             top = plan.rejections[0]
             out.append(f"Most common rejection ({top.count:,}x): {top.reason}; e.g. {top.example}.")
+        out += host_sentences(plan)
         return out
     est = plan.best.estimate
     lay = plan.best.layout
@@ -38,8 +68,15 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
     top3 = ", ".join(f"{name} {100 * share:.0f}%" for share, name in shares[:3])
     out.append(
         f"Best: {est['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {100 * est['mfu']:.1f}%, step {step:.3f} s "
-        f"({top3}); peak memory {est['memory']['peak_bytes'] / GIB:.1f} GiB of {usable_bytes / GIB:.1f} GiB usable."
+        f"({top3}); peak memory {est['memory']['peak_bytes'] / GIB:.1f} GiB of {usable_bytes / GIB:.1f} GiB usable "
+        f"({(usable_bytes - est['memory']['peak_bytes']) / GIB:.1f} GiB free)."
     )
+    host = est.get("host_memory") or {}
+    if host.get("bytes_per_node"):
+        out.append(
+            f"Host memory: {host['bytes_per_node'] / GIB:.1f} GiB per node of {host['capacity_bytes_per_node'] / GIB:.1f} GiB "
+            f"(offloaded state of {host['ranks_per_node']} ranks)."
+        )
     band = est.get("error_band")
     if band:
         out.append(

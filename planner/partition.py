@@ -781,7 +781,8 @@ def build_partition_data(
 def _lm_head_seconds(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, lay: Layout, cal: Calibration) -> float:
     """`lm_head_time` on the shard geometry the stage table uses (one micro-batch on one rank)."""
     g = ShardGeometry.of(lay, lay.micro_batch, training.seq_len)
-    return float(lm_head_time(model, g, cluster.gpu, "bf16", training.activation_bytes, cal))  # scalar geometry: a float
+    # scalar geometry: a float
+    return float(lm_head_time(model, g, cluster.gpu, "bf16", training.activation_bytes, cal, training.frozen_base))
 
 
 def optimize_partition(

@@ -42,6 +42,7 @@ from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
 from cost_models.error_band import error_band
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
+from cost_models.finetune import FineTune
 from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
@@ -292,12 +293,14 @@ class _ComputeTimes:
         g = ShardGeometry(mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp)
         ab = training.activation_bytes
         kinds: dict[tuple[bool, bool], LayerTime] = {}
+        ft = FineTune.of(training)
         for i, key in enumerate(layer_kinds(model)):
             if key not in kinds:
-                kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal)
+                kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal, ft)
         counts = layer_kind_counts(model)
         compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
-        head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)  # as build_table prices it
+        # as build_table prices it
+        head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, ft is not None)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
         return cls(
@@ -923,7 +926,10 @@ def _candidate(
             est2 = price(ctx2, calibration=cal)
             if (usable is None or est2.peak_bytes <= usable) and est2.step_s < est.step_s:
                 est = est2
-    return Candidate(layout=layout, partition=list(est.partition.chunk_layers), estimate=estimate_dict(model, cluster.name, est, cluster.gpu.name))
+    return Candidate(
+        layout=layout, partition=list(est.partition.chunk_layers),
+        estimate=estimate_dict(model, cluster.name, est, cluster.gpu.name, training),
+    )
 
 
 def _closest(closest: tuple[int, Layout, MemoryBreakdown], usable: int) -> ClosestMiss:

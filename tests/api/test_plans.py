@@ -111,6 +111,25 @@ def test_impossible_job_is_stored_with_the_closest_miss_in_bytes(user: httpx.Cli
     assert queued.status_code == 409
 
 
+def test_full_fine_tune_beyond_host_ram_is_stored_infeasible_with_the_host_bytes(user: httpx.Client) -> None:
+    """A DGX A100 described as the preset with 64 GiB of host memory: Llama-3-70B full fine-tuning
+    fits on 8 GPUs only with the optimizer offloaded (789 GiB per node), which the node cannot hold."""
+    cluster = {"preset": "dgx-a100-80g", "host_memory": "64 GiB"}
+    body = {"model": "llama3-70b", "cluster": cluster, "gpus": 8, "training": {"seq_len": 4096, "global_batch": 64},
+            "constraints": {"framework": "fsdp"}}
+    r = user.post("/v1/plans", json=body)
+    assert r.status_code == 201, r.text
+    rec = r.json()
+    assert rec["feasible"] is False and rec["plan"]["best"] is None and rec["cluster"] == "dgx-a100-80g-custom"
+    assert rec["plan"]["inputs"]["cluster"]["host_memory_bytes"] == 64 * 2**30
+    miss = rec["plan"]["closest_miss"]
+    assert miss["over_by_bytes"] == miss["peak_bytes"] - miss["usable_bytes"] > 0
+    host = [line for line in rec["plan"]["why"] if "host RAM per node" in line]
+    assert host and "788.5 GiB of host RAM per node (8 ranks)" in host[0] and "bytes over the 60.8 GiB usable" in host[0]
+    unknown = user.post("/v1/plans", json={**body, "cluster": {"preset": "dgx-z"}})
+    assert unknown.status_code == 422 and "unknown cluster preset 'dgx-z'" in unknown.text
+
+
 def test_idempotency_key_replays_without_duplicating(user: httpx.Client) -> None:
     key = uuid.uuid4().hex
     body = {**PLAN_BODY, "gpus": 1}

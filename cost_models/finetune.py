@@ -1,0 +1,193 @@
+"""What a training method changes in the price of a layer: LoRA and QLoRA (`TrainingSpec.method`).
+
+Sources and formulas (each used once, here):
+- LoRA (Hu et al. 2021, Sec. 4): an adapted linear W (out x in) gets A (r x in) and B (out x r);
+  W is frozen, A and B are trained: r x (in + out) trainable parameters per module
+  (`model_specs.params.adapter_params`). PEFT's `LoraLayer.forward` runs
+  `result = base(x) + lora_B(lora_A(dropout(x))) * scaling`.
+- Frozen weights have no gradient and no optimizer state; the backward still computes the input
+  gradient through them (one GEMM per forward GEMM) but no weight gradient: a frozen GEMM's
+  backward is one forward's FLOPs instead of two. ZeRO-3 / FSDP still shards and gathers the frozen
+  base (DeepSpeed ZeRO-3 partitions every parameter; FSDP2 shards the whole module), while
+  gradient reduction carries only the adapters.
+- QLoRA (Dettmers et al. 2023): the base linears are stored as 4-bit NormalFloat with
+  double-quantized constants (`TrainingSpec.quantized_weight_bytes`: 0.5159 bytes per element)
+  or int8; embeddings, norms and the LM head stay in the compute dtype (transformers'
+  `BitsAndBytesConfig` skips the output layer, bitsandbytes replaces `nn.Linear` only). Each use of
+  a quantized weight (forward, and the input-gradient GEMM of the backward: bitsandbytes'
+  `MatMul4Bit.backward` dequantizes again) first dequantizes it to a 16-bit copy: it reads the
+  packed weight and writes the copy (HBM traffic), and the copy of the largest linear is a transient.
+
+Adapter kernels are skinny GEMMs (r of 8-64): memory-bound, priced by the HBM elements they move
+per token. PEFT's eager forward reads the input (in), writes B's output (out), scales it (read +
+write out) and adds it to the base output (two reads and a write of out): in + 6 x out. Its
+backward scales the output gradient (read + write out), reads it for B's input and weight
+gradients (2 x out), writes A's input gradient (in), reads the input for A's weight gradient (in)
+and adds the input gradient to the base's (two reads and a write of in): 5 x in + 4 x out. Four
+kernel launches forward. The r-wide intermediates are left out (r / h < 1%).
+So adapters cost about as much HBM time as the weight-gradient GEMMs they spare on a 4096-wide
+model at 4k tokens per micro-batch, and much less on wide ones (GEMM work grows with h^2, adapter
+traffic with h): the LoRA paper measured a 25% speed-up on GPT-3 175B (Hu et al. 2021, Sec. 4.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from model_specs.params import Linear, layer_linears
+from model_specs.spec import ModelSpec, TrainingSpec
+
+ADAPTER_KERNELS = 4
+"""Kernels one adapted module launches in the forward (A GEMM, B GEMM, scale, add; PEFT)."""
+ADAPTER_ELEMENTS_IN, ADAPTER_ELEMENTS_OUT = 1, 6
+"""HBM elements per token an adapter's forward moves per input feature and per output feature."""
+ADAPTER_BACKWARD_IN, ADAPTER_BACKWARD_OUT = 5, 4
+"""The same for its backward (module doc)."""
+DEQUANT_KERNELS = 1
+"""Kernels one quantized linear launches per use to dequantize its weight (bitsandbytes)."""
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """A training method with a frozen base, as the cost model needs it (hashable: caches key on it).
+
+    `rank`, `modules`: the adapters; `base_bytes`: bytes per stored element of a frozen *linear*
+    weight (the compute dtype's for lora, `TrainingSpec.quantized_weight_bytes` for qlora);
+    `compute_bytes`: bytes of the compute dtype (non-linear weights, adapters, dequantized copies)."""
+
+    rank: int
+    modules: tuple[str, ...]
+    base_bytes: float
+    compute_bytes: int
+    quantized: bool
+
+    @classmethod
+    def of(cls, training: TrainingSpec) -> FineTune | None:
+        if not training.frozen_base:
+            return None
+        return cls(
+            training.lora_rank_, training.lora_modules, training.quantized_weight_bytes, training.param_bytes,
+            training.method == "qlora",
+        )
+
+    def adapted(self, linear: Linear) -> bool:
+        return linear.name in self.modules
+
+
+def _split(linear: Linear, tp: float, etp: float) -> tuple[float, float]:
+    """(in, out) features of `linear` on one rank (tensor / expert-tensor parallel cut)."""
+    degree = etp if linear.expert else tp
+    if linear.split == "column":
+        return linear.in_features, linear.out_features / degree
+    if linear.split == "row":
+        return linear.in_features / degree, linear.out_features
+    return float(linear.in_features), float(linear.out_features)
+
+
+def _copies(linear: Linear, ep: float) -> float:
+    """Modules of `linear` one rank holds: all of them, or its share of the routed experts."""
+    return linear.count / ep if linear.expert else float(linear.count)
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """Per-rank weights of one layer under a method: elements and bytes, dense and expert parts."""
+
+    dense_linear: float  # elements of the linear weights outside routed experts (per-rank convention below)
+    expert_linear: float  # elements of the routed experts' weights
+    dense_adapters: float  # trainable adapter elements, dense part
+    expert_adapters: float  # trainable adapter elements of routed experts
+    largest_linear: float  # elements of the largest single linear weight on the rank
+
+
+def layer_state(model: ModelSpec, index: int, tp: float, ep: float, etp: float, ft: FineTune) -> LayerState:
+    """Per-rank linear and adapter elements of layer `index`. Linear weights follow the stage
+    table's convention (attention, MLP and shared experts divided by tp, the router whole, routed
+    experts divided by ep x etp); an adapter's A and B are cut as its module is (a column-parallel
+    module's A is replicated and its B split; a row-parallel one's A split and B replicated)."""
+    dense_linear = expert_linear = dense_ad = expert_ad = largest = 0.0
+    for x in layer_linears(model, index):
+        elements = float(x.in_features * x.out_features)
+        if x.expert:
+            per_rank = elements / etp
+            expert_linear += per_rank * _copies(x, ep)
+        elif x.split == "replicated":
+            per_rank = elements
+            dense_linear += per_rank * x.count
+        else:
+            per_rank = elements / tp
+            dense_linear += per_rank * x.count
+        largest = max(largest, per_rank)
+        if ft.adapted(x):
+            fin, fout = _split(x, tp, etp)
+            ad = ft.rank * (fin + fout) * _copies(x, ep)
+            if x.expert:
+                expert_ad += ad
+            else:
+                dense_ad += ad
+    return LayerState(dense_linear, expert_linear, dense_ad, expert_ad, largest)
+
+
+def adapter_seconds(
+    model: ModelSpec, index: int, tokens: object, tp: object, ep: object, etp: object, act_bytes: int,
+    bandwidth: float, ft: FineTune,
+) -> tuple[object, object]:
+    """Seconds of one layer's adapters in the forward and in the backward on one rank (memory-bound,
+    module doc).
+    `tokens`: tokens of the micro-batch through the layer's dense linears (the gathered sequence
+    under sequence parallelism); routed experts see `tokens x top_k / ep`. Arrays broadcast."""
+    total: object = 0.0
+    backward: object = 0.0
+    for x in layer_linears(model, index):
+        if not ft.adapted(x):
+            continue
+        fin, fout = _split(x, tp, etp)  # type: ignore[arg-type]
+        if x.expert:
+            through = tokens * model.moe_top_k / ep  # type: ignore[operator]
+            copies = 1.0  # tokens are spread over the rank's experts
+        else:
+            through, copies = tokens, float(x.count)
+        fwd = copies * through * (ADAPTER_ELEMENTS_IN * fin + ADAPTER_ELEMENTS_OUT * fout)  # type: ignore[operator]
+        bwd = copies * through * (ADAPTER_BACKWARD_IN * fin + ADAPTER_BACKWARD_OUT * fout)  # type: ignore[operator]
+        total = total + fwd * act_bytes / bandwidth  # type: ignore[operator]
+        backward = backward + bwd * act_bytes / bandwidth  # type: ignore[operator]
+    return total, backward
+
+
+def adapter_kernels(model: ModelSpec, index: int, ft: FineTune) -> float:
+    """Extra kernels one layer's forward launches: adapters, and dequantizations under qlora
+    (grouped routed experts launch one kernel per module kind, as their GEMMs do)."""
+    n = 0.0
+    for x in layer_linears(model, index):
+        copies = 1 if x.expert else x.count
+        if ft.adapted(x):
+            n += ADAPTER_KERNELS * copies
+        if ft.quantized:
+            n += DEQUANT_KERNELS * copies
+    return n
+
+
+@lru_cache(maxsize=256)
+def adapter_params_per_token(model: ModelSpec, ft: FineTune | None) -> float:
+    """Adapter elements one token passes through in the whole model: every adapted module of a
+    layer, routed experts `moe_top_k` times rather than `num_experts` times."""
+    if ft is None:
+        return 0.0
+    total = 0.0
+    for i in range(model.num_layers):
+        for x in layer_linears(model, i):
+            if ft.adapted(x):
+                copies = model.moe_top_k if x.expert else x.count
+                total += ft.rank * (x.in_features + x.out_features) * copies
+    return total
+
+
+def frozen_weight_bytes(params: np.ndarray | float, linear: np.ndarray | float, ft: FineTune | None, param_bytes: int) -> np.ndarray | float:
+    """Stored bytes of `params` elements of which `linear` are linear weights: the linears at the
+    method's base bytes, the rest (norms, biases, embedding, head) at the compute dtype's."""
+    if ft is None:
+        return param_bytes * params
+    return param_bytes * (params - linear) + ft.base_bytes * linear  # type: ignore[operator]
