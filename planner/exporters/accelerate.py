@@ -23,6 +23,7 @@ from planner.exporters.common import (
     framework_note,
     nodes_note,
     notes_lines,
+    peft_lines,
     summary_lines,
 )
 
@@ -141,6 +142,6 @@ def export_accelerate(job: Job) -> ExportResult:
             "--main_process_ip $MASTER_ADDR train.py",
         ]
     )
-    notes = comment_block(notes_lines("Accelerate", lost))
+    notes = comment_block(notes_lines("Accelerate", lost) + peft_lines(job))
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
     return ExportResult(head + "\n" + notes + "\n" + body, "accelerate_config.yaml", lost, "application/yaml")

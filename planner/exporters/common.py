@@ -236,3 +236,67 @@ def nodes_note(job: Job) -> list[str]:
         f"{job.gpus} GPUs do not fill {job.nodes} nodes of {job.gpus_per_node}: the launcher starts "
         f"{job.gpus_per_node} processes per node; run the last node with fewer or size the job to whole nodes"
     ]
+
+
+def peft_config(job: Job) -> dict[str, Any] | None:
+    """The training method as the Hugging Face stack spells it (None for full training):
+    `lora_config` holds PEFT `LoraConfig` arguments (the adapted modules this model has, no dropout:
+    what the plan priced), `bitsandbytes_config` the transformers `BitsAndBytesConfig` arguments of a
+    QLoRA base (NF4 with double quantization or int8; `bnb_4bit_quant_storage` in the compute dtype
+    so FSDP / ZeRO-3 can shard the packed weights)."""
+    from model_specs.params import adapted_names
+
+    tr = job.training
+    if not tr.frozen_base:
+        return None
+    out: dict[str, Any] = {
+        "lora_config": {
+            "r": tr.lora_rank_,
+            "lora_alpha": tr.lora_alpha_,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "task_type": "CAUSAL_LM",
+            "target_modules": list(adapted_names(job.model, tr.lora_modules)),
+        }
+    }
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(tr.precision, "bfloat16")
+    if tr.quant_format_ == "int8":
+        out["bitsandbytes_config"] = {"load_in_8bit": True}
+    elif tr.quant_format_ is not None:
+        out["bitsandbytes_config"] = {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": tr.quant_format_ == "nf4_double",
+            "bnb_4bit_compute_dtype": dtype,
+            "bnb_4bit_quant_storage": dtype,
+        }
+    return out
+
+
+def method_note(job: Job, target: str, instead: str) -> list[str]:
+    """What a target that trains every weight loses of a LoRA / QLoRA plan, and where to run it."""
+    tr = job.training
+    if not tr.frozen_base:
+        return []
+    return [
+        f"training method {tr.method} (frozen base, rank-{tr.lora_rank_} adapters): {target} trains every weight; "
+        f"this file runs full training, which needs the gradients and optimizer states of the whole model "
+        f"(the plan priced the adapters'). {instead}"
+    ]
+
+
+def peft_lines(job: Job) -> list[str]:
+    """`peft_config` as Python lines for a train.py (comments of a YAML / shell / TOML file)."""
+    cfg = peft_config(job)
+    if cfg is None:
+        return []
+    lines = [f"Training method {job.training.method}: the base is frozen; in train.py, before preparing the model:"]
+    if "bitsandbytes_config" in cfg:
+        args = ", ".join(
+            f"{k}=torch.{v}" if k.endswith("_dtype") or k.endswith("_storage") else f"{k}={v!r}"
+            for k, v in cfg["bitsandbytes_config"].items()
+        )
+        lines.append(f"  model = AutoModelForCausalLM.from_pretrained(..., quantization_config=BitsAndBytesConfig({args}))")
+    lora = ", ".join(f"{k}={v!r}" for k, v in cfg["lora_config"].items())
+    lines.append(f"  model = peft.get_peft_model(model, peft.LoraConfig({lora}))")
+    return lines

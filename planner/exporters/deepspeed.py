@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner.exporters.common import ExportResult, Job, framework_note, summary_lines
+from planner.exporters.common import ExportResult, Job, framework_note, peft_config, summary_lines
 
 
 def _zero_section(job: Job, lost: list[str]) -> dict[str, Any]:
@@ -158,5 +158,8 @@ def export_deepspeed(job: Job) -> ExportResult:
         "deepspeed_data_parallel_size": deepspeed_dp(job),
         "not_expressible": lost,
     }
+    peft = peft_config(job)
+    if peft is not None:  # model code, not DeepSpeed's: the Trainer / script applies it
+        config["autopar"]["peft"] = peft
     text = json.dumps(config, indent=2, ensure_ascii=True) + "\n"
     return ExportResult(text, "ds_config.json", lost, "application/json")

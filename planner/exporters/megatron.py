@@ -34,6 +34,7 @@ from planner.exporters.common import (
     Job,
     comment_block,
     framework_note,
+    method_note,
     notes_lines,
     summary_lines,
 )
@@ -378,7 +379,11 @@ def _environment(job: Job) -> list[str]:
 
 
 def export_megatron(job: Job) -> ExportResult:
-    lost: list[str] = []
+    lost: list[str] = method_note(
+        job, "Megatron-LM's pretrain_gpt.py",
+        "Megatron-Bridge / NeMo PEFT run LoRA on Megatron-Core (LoRA(dim=r, alpha=alpha) on linear_qkv, linear_proj, "
+        "linear_fc1, linear_fc2) with these parallel arguments.",
+    )
     lay = job.lay
     sections: list[tuple[str, list[Arg]]] = [
         ("model", _model_args(job.model, job.training.seq_len, lost, job.lay.moe_token_dispatcher)),

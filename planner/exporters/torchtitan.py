@@ -28,6 +28,7 @@ from planner.exporters.common import (
     Job,
     comment_block,
     framework_note,
+    method_note,
     notes_lines,
     summary_lines,
 )
@@ -142,7 +143,7 @@ def _activation_checkpoint(job: Job, lost: list[str]) -> dict[str, Any]:
 
 
 def export_torchtitan(job: Job) -> ExportResult:
-    lost: list[str] = []
+    lost: list[str] = method_note(job, "torchtitan", "Use the accelerate or deepspeed export (PEFT), or torchtune's LoRA recipes.")
     lay, tr, model = job.lay, job.training, job.model
     name, flavor = flavor_of(model)
     if name is None:

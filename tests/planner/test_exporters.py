@@ -29,6 +29,7 @@ from cost_models.stages import even_partition, megatron_split
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.exporters import EXPORTERS, ExportError, export
+from planner.exporters.common import job_of
 from planner.plan import Candidate, Plan, PlanInputs, SearchStats
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -132,6 +133,17 @@ FIXTURES = {
             tp=8, pp=8, vpp=8, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
         ),
         training=TrainingSpec(seq_len=8192, global_batch=512),
+    ),
+    # LoRA rank 16 on the attention projections of Llama-3-8B, FSDP over 2 nodes
+    "llama3-8b-lora": lambda: make_plan(
+        "llama3-8b", 16, Layout(zero_stage=3, recompute="full", framework="fsdp"),
+        training=TrainingSpec(seq_len=4096, global_batch=32, method="lora", lora_targets="attention"),
+    ),
+    # QLoRA of LLaMA-65B on one 48 GB GPU (the QLoRA paper's headline), optimizer offloaded
+    "llama-65b-qlora": lambda: make_plan(
+        "llama-65b", 1, Layout(zero_stage=2, offload_optimizer=True, recompute="full", micro_batch=2, framework="deepspeed"),
+        cluster="l40s-pcie-8",
+        training=TrainingSpec(seq_len=512, global_batch=16, method="qlora", lora_rank=64, lora_alpha=16),
     ),
     # DeepSeek-V3 on 2048 H800 in FP8: PP16 EP64, first/last pipeline ranks 3 and 2 layers
     "deepseek-v3-h800-fp8": lambda: make_plan(
@@ -323,7 +335,7 @@ def test_accelerate_config(plan_name: str) -> None:
         * par["parallelism_config_tp_size"] * par["parallelism_config_cp_size"]
     )
     assert world == cfg["num_processes"] == plan.inputs.gpus
-    assert cfg["num_machines"] == plan.inputs.gpus // 8
+    assert cfg["num_machines"] == -(-plan.inputs.gpus // 8)  # whole nodes (one GPU of one node included)
     assert "main_process_ip" not in cfg  # given on the launch line, never a placeholder
 
 
@@ -722,3 +734,27 @@ def test_one_line_escapes_every_line_break() -> None:
         assert len(line.splitlines()) == 1 and line.isprintable(), repr(brk)
     assert one_line("a\\nb\nc") == "a\\\\nb\\nc"  # backslashes doubled: escapes stay unambiguous
     assert comment_block(["x\ny"]) == "# x\\ny"
+
+
+def test_lora_and_qlora_exports_carry_the_peft_configuration() -> None:
+    """DeepSpeed's JSON carries PEFT's LoraConfig and transformers' BitsAndBytesConfig arguments
+    (applied by the training script), Accelerate's YAML the same as train.py lines; targets that
+    train every weight say so."""
+    qlora = job_of(FIXTURES["llama-65b-qlora"]())
+    ds = json.loads(export(FIXTURES["llama-65b-qlora"](), "deepspeed").text)
+    peft = ds["autopar"]["peft"]
+    assert peft["lora_config"] == {
+        "r": 64, "lora_alpha": 16.0, "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM",
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    }
+    assert peft["bitsandbytes_config"]["bnb_4bit_use_double_quant"] is True
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert qlora.training.method == "qlora"
+    lora_plan = FIXTURES["llama3-8b-lora"]()
+    acc = export(lora_plan, "accelerate").text
+    assert "peft.LoraConfig(r=16, lora_alpha=32.0" in acc and "target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj']" in acc
+    assert "BitsAndBytesConfig" not in acc
+    for fmt, who in (("torchtitan", "torchtitan trains every weight"), ("megatron", "pretrain_gpt.py trains every weight")):
+        assert any(who in line for line in export(lora_plan, fmt).lost)
+    full = export(FIXTURES["llama3-8b-fsdp"](), "deepspeed")
+    assert "peft" not in json.loads(full.text)["autopar"]
