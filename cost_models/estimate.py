@@ -19,10 +19,11 @@ from cost_models.context import PricingContext
 from cost_models.finetune import FineTune, adapter_params_per_token
 from cost_models.flops import StepFlops, step_flops
 from cost_models.layout import Layout, LayoutError, validate_layout
-from cost_models.memory import MemoryBreakdown, host_bytes_per_node
+from cost_models.memory import MemoryBreakdown, host_bytes_per_node, loading_bytes_per_node
 from cost_models.pipeline import bubble_fraction
 from cost_models.stage_table import KnobPrices, Setting, StageTable, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
+from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec
 
 
@@ -79,11 +80,17 @@ class Estimate:
     stage_times_s: tuple[float, ...] = field(default=())
     host_capacity_bytes: int = 0  # host RAM per node; 0 = not checked
     ranks_per_node: int = 1
+    loading_bytes_per_node: int = 0  # host RAM while the model is built (`memory.loading_bytes_per_node`)
+
+    @property
+    def offloaded_bytes_per_node(self) -> int:
+        """Offloaded bytes a node's host RAM holds during training (`memory.host_bytes_per_node`)."""
+        return int(host_bytes_per_node(max(m.host_optimizer for m in self.memory), self.ranks_per_node))
 
     @property
     def host_bytes_per_node(self) -> int:
-        """Offloaded bytes a node's host RAM holds (`memory.host_bytes_per_node`)."""
-        return int(host_bytes_per_node(max(m.host_optimizer for m in self.memory), self.ranks_per_node))
+        """The node's host RAM peak: training's offloaded state, or building the model if larger."""
+        return max(self.offloaded_bytes_per_node, self.loading_bytes_per_node)
 
     @property
     def host_fits(self) -> bool:
@@ -156,7 +163,7 @@ def pricing_context(
 
 
 def setting_of(layout: Layout) -> Setting:
-    return Setting(layout.zero_stage, layout.dp_shard_, layout.recompute, layout.offload_optimizer)
+    return Setting(layout.zero_stage, layout.dp_shard_, layout.recompute, layout.offload_optimizer, layout.offload_params)
 
 
 def memory_breakdowns(prices: KnobPrices, row: int = 0) -> tuple[MemoryBreakdown, ...]:
@@ -201,7 +208,19 @@ def estimate_from_prices(table: StageTable, layout: Layout, prices: KnobPrices, 
         stage_times_s=tuple(float(x) for x in prices.stage_time[row]),
         host_capacity_bytes=table.cluster.host_memory_bytes,
         ranks_per_node=min(table.cluster.gpus_per_node, table.gpus),
+        loading_bytes_per_node=int(_loading(table.model, layout, min(table.cluster.gpus_per_node, table.gpus))),
     )
+
+
+def _loading(model: ModelSpec, layout: Layout, ranks_per_node: int) -> float:
+    """`memory.loading_bytes_per_node` of a layout. Sharded init exists under ZeRO-3 in DeepSpeed
+    (`deepspeed.zero.Init`); with ZeRO-0/1/2 every DeepSpeed process loads the whole model. FSDP
+    (meta-device init, Accelerate's cpu_ram_efficient_loading) and Megatron (weights created
+    sharded on the GPU) shard at any stage."""
+    pc = count_params(model)
+    largest = max((layer.total for layer in pc.layers), default=0)
+    sharded = layout.zero_init and not (layout.framework == "deepspeed" and layout.zero_stage < 3)
+    return loading_bytes_per_node(pc.total, largest, sharded, ranks_per_node)
 
 
 def price(ctx: PricingContext, calibration: Calibration | None = None) -> Estimate:

@@ -82,6 +82,16 @@ class Layout(BaseModel):
         None, ge=0, description="Megatron-Core: layers on the last pipeline rank (the others split the rest)"
     )
     offload_optimizer: bool = False
+    offload_params: bool = Field(
+        False,
+        description="ZeRO-3 parameter offload (DeepSpeed offload_param to cpu, FSDP CPUOffload): each rank's "
+        "weight shard lives in pinned host memory and is copied to the GPU before each gather",
+    )
+    zero_init: bool = Field(
+        True,
+        description="the model is created sharded (deepspeed.zero.Init, meta-device init, Accelerate's "
+        "cpu_ram_efficient_loading); off: every process materializes the whole model in host memory first",
+    )
     activation_offload_layers: int = Field(
         0, ge=0,
         description="Megatron --cpu-offloading-num-layers: the saved activations of this many layers per pipeline "
@@ -386,6 +396,16 @@ def validate_layout(
             v.append(Violation("activation_offload_layers", "Megatron's activation offload does not run with virtual stages"))
     if lay.offload_optimizer and lay.zero_stage == 0:
         v.append(Violation("offload_optimizer", "optimizer offload needs zero_stage >= 1 (ZeRO-Offload)"))
+    if lay.offload_params:
+        if lay.zero_stage < 3:
+            v.append(Violation("offload_params", "parameter offload needs zero_stage 3 (ZeRO-Infinity / FSDP)"))
+        if lay.framework == "megatron":
+            v.append(Violation("offload_params", "Megatron-Core offloads optimizer states only (--optimizer-cpu-offload)"))
+        if lay.framework == "fsdp" and not lay.offload_optimizer:
+            v.append(Violation("offload_params", "FSDP's CPUOffload moves parameters, gradients and the optimizer "
+                               "step together: set offload_optimizer too"))
+        if lay.pp > 1:
+            v.append(Violation("offload_params", "parameter offload runs with ZeRO-3 data parallelism, not pipelines"))
     order_dims = lay.order.split("-")
     if sorted(order_dims) != sorted(["tp", "cp", "ep", "dp", "pp"]):
         v.append(Violation("order", f"order must be a permutation of tp-cp-ep-dp-pp, got {lay.order!r}"))

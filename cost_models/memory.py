@@ -20,15 +20,26 @@ from dataclasses import dataclass
 from model_specs.spec import TrainingSpec
 
 
-def model_state_bytes(params: float, zero_stage: int, shard: int, training: TrainingSpec, offload: bool = False) -> dict[str, float]:
+def model_state_bytes(
+    params: float, zero_stage: int, shard: int, training: TrainingSpec, offload: bool = False, offload_params: bool = False
+) -> dict[str, float]:
     """ZeRO model-state bytes on one rank for `params` parameters sharded over `shard` ranks.
 
     Returns weights, gradients and optimizer bytes on the GPU. With `offload` the optimizer states
-    live in host memory (ZeRO-Offload) and count 0 here."""
+    live in host memory (ZeRO-Offload) and count 0 here; with `offload_params` (ZeRO-3) so does the
+    weight shard (ZeRO-Infinity). `host_state_bytes` gives what the host holds instead."""
     weights = training.param_bytes * params / (shard if zero_stage >= 3 else 1)
     grads = training.grad_bytes * params / (shard if zero_stage >= 2 else 1)
     opt = training.optimizer_bytes * params / (shard if zero_stage >= 1 else 1)
-    return {"parameters": weights, "gradients": grads, "optimizer": 0.0 if offload else opt}
+    return {"parameters": 0.0 if offload_params else weights, "gradients": grads, "optimizer": 0.0 if offload else opt}
+
+
+def host_state_bytes(
+    params: float, zero_stage: int, shard: int, training: TrainingSpec, offload: bool = False, offload_params: bool = False
+) -> float:
+    """Bytes one rank keeps in host memory of what `model_state_bytes` leaves off the GPU."""
+    on_gpu = model_state_bytes(params, zero_stage, shard, training)
+    return (on_gpu["optimizer"] if offload else 0.0) + (on_gpu["parameters"] if offload_params else 0.0)
 
 
 def host_bytes_per_node(worst_rank_host_bytes: float, ranks_per_node: int) -> float:
@@ -36,9 +47,25 @@ def host_bytes_per_node(worst_rank_host_bytes: float, ranks_per_node: int) -> fl
     optimizer shard (ZeRO-Offload: fp32 master weights, m and v, 12 bytes per parameter of its
     shard) and any offloaded activations in host memory, so a node holds `ranks_per_node` of them.
     The worst rank's bytes times the ranks of a node bound it, exactly when a node's ranks share a
-    pipeline stage (the tp-cp-ep-dp-pp order puts pp outermost). Not counted: the framework's own
-    process memory and a model-loading peak without meta-device init."""
+    pipeline stage (the tp-cp-ep-dp-pp order puts pp outermost). With parameter offload the weight
+    shard is there too. Not counted here: the framework's own process memory; the model-loading
+    peak is `loading_bytes_per_node`, which comes before training and is compared on its own."""
     return worst_rank_host_bytes * ranks_per_node
+
+
+LOADING_BYTES_PER_PARAM = 4
+"""Bytes per parameter a process holds while it creates or loads the model in host memory: float32,
+transformers' default dtype and DeepSpeed's memory estimators' assumption
+(`estimate_zero3_model_states_mem_needs`: 4 x params x GPUs per node with zero_init=0)."""
+
+
+def loading_bytes_per_node(total_params: float, largest_layer_params: float, zero_init: bool, ranks_per_node: int) -> float:
+    """Host RAM a node needs while its processes build the model (bytes). Without sharded init each
+    of its processes materializes the whole model (`LOADING_BYTES_PER_PARAM` x total); with it
+    (deepspeed.zero.Init, meta-device init + sharded load) each holds about one layer at a time
+    before sharding it away (DeepSpeed's estimator: 4 x largest layer x GPUs per node)."""
+    per_rank = total_params if not zero_init else largest_layer_params
+    return LOADING_BYTES_PER_PARAM * per_rank * ranks_per_node
 
 
 @dataclass(frozen=True)

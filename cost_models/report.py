@@ -67,6 +67,8 @@ def estimate_dict(
         },
         "host_memory": {
             "bytes_per_node": est.host_bytes_per_node,
+            "offloaded_bytes_per_node": est.offloaded_bytes_per_node,
+            "loading_bytes_per_node": est.loading_bytes_per_node,
             "capacity_bytes_per_node": est.host_capacity_bytes,
             "ranks_per_node": est.ranks_per_node,
             "fits": est.host_fits,

@@ -257,6 +257,7 @@ class Setting:
     dp_shard: int
     recompute: str
     offload_optimizer: bool
+    offload_params: bool = False
 
 
 @dataclass
@@ -584,6 +585,7 @@ class KnobArrays:
     shard: np.ndarray  # sharding group, ranks
     mode: np.ndarray  # index into RECOMPUTE_MODES
     offload: np.ndarray  # optimizer offload (bool)
+    offload_params: np.ndarray  # ZeRO-3 parameter offload (bool)
     sharding: np.ndarray  # index into `shardings`
     shardings: tuple[tuple[int, int], ...]  # distinct (zero stage, sharding group), first-seen order
     phase: np.ndarray  # 2 x (ZeRO-3) + (full recompute): which layer-phase buffers the setting holds
@@ -599,6 +601,7 @@ class KnobArrays:
             np.array([s.dp_shard for s in settings]),
             mode,
             np.array([s.offload_optimizer for s in settings]),
+            np.array([s.offload_params for s in settings]),
             np.array(index, dtype=np.int64),
             tuple(distinct),
             2 * (zero >= 3) + (mode >= 2),  # full and op_sac re-create a layer in the backward
@@ -726,6 +729,11 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
     opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
     opt = np.where(offload, 0.0, opt_all)
     host = np.where(offload, opt_all, 0.0)
+    # ZeRO-3 parameter offload: the weight shard lives in pinned host memory (the gathered layers
+    # stay in the layer-phase buffers)
+    offload_params = knobs.offload_params[:, None]
+    host = host + np.where(offload_params, params, 0.0)
+    params = np.where(offload_params, 0.0, params)
     return params, grads, opt, host, embedding_transient
 
 

@@ -97,6 +97,7 @@ class DataParallelTimes:
     reduce_tail: np.ndarray  # (pairs, pp) once per step: its last bucket
     gather: np.ndarray  # (pairs, CHANNELS, pp) once per step: sharded optimizer's parameter all-gather
     optimizer: np.ndarray  # (pairs, pp, 2) optimizer step on the GPU / offloaded to the host
+    param_copy: np.ndarray  # (pairs, pp) per micro-batch and pass: the weight shard copied from host memory
 
 
 def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration) -> DataParallelTimes:
@@ -213,8 +214,12 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     optimizer = np.empty(local.shape + (2,))
     optimizer[..., 0] = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
     optimizer[..., 1] = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
-    out = DataParallelTimes(exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer)
-    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer):
+    # ZeRO-3 parameter offload: before each gather (forward and backward) the rank's weight shard
+    # crosses the host link (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 5; FSDP CPUOffload)
+    shard_bytes = WD / dense_shard + WE / expert_shard
+    param_copy = np.where(zero >= 3, shard_bytes / cl.host_to_device_bytes_per_s, 0.0)
+    out = DataParallelTimes(exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy)
+    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy):
         a.flags.writeable = False
     return out
 
@@ -302,8 +307,7 @@ def compose(
 
     sum_f = phases.sum_f[None, :] + dp.exposed_f[pair]  # (J, pp)
     sum_b = phases.sum_b[mode] + dp.exposed_b[pair]
-    busy_f = phases.busy_f[mode] + dp.traffic_f[pair]  # (J, CHANNELS, pp)
-    busy_b = phases.busy_b[mode] + dp.traffic_b[pair]
+    busy_f, busy_b = _busy(knobs, dp, phases)  # (J, CHANNELS, pp)
     t_f = np.maximum(sum_f, busy_f.max(axis=1))
     t_b = np.maximum(sum_b, busy_b.max(axis=1))
     per_mb = t_f + t_b + phases.pp_exposed
@@ -350,10 +354,25 @@ def channel_traffic(t: StageTable, knobs: KnobArrays, dp: DataParallelTimes, pha
     micro-batch's TP / CP / EP / pipeline traffic, ZeRO gathers and reduce-scatters, and the
     once-per-step gradient reduction and parameter gather. No step is shorter than its busiest
     channel (`compose`'s roofline)."""
+    pair = knobs.sharding
+    busy_f, busy_b = _busy(knobs, dp, phases)
+    return t.mesh.grad_accum_ * (busy_f + busy_b) + dp.reduce[pair] + dp.gather[pair]
+
+
+def _busy(knobs: KnobArrays, dp: DataParallelTimes, phases: PhaseArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds each channel is busy in one micro-batch's forward and backward, (J, CHANNELS, pp):
+    the phase's traffic, the ZeRO collectives, and under parameter offload the weight shard's copy
+    over the host link in each pass."""
     mode, pair = knobs.mode, knobs.sharding
     busy_f = phases.busy_f[mode] + dp.traffic_f[pair]
     busy_b = phases.busy_b[mode] + dp.traffic_b[pair]
-    return t.mesh.grad_accum_ * (busy_f + busy_b) + dp.reduce[pair] + dp.gather[pair]
+    if knobs.offload_params.any():
+        copy = np.where(knobs.offload_params[:, None], dp.param_copy[pair], 0.0)  # (J, pp)
+        busy_f = busy_f.copy()
+        busy_b = busy_b.copy()
+        busy_f[:, HOST] += copy
+        busy_b[:, HOST] += copy
+    return busy_f, busy_b
 
 
 def lower_bound(

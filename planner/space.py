@@ -244,7 +244,8 @@ def recompute_modes(framework: str) -> list[str]:
 
 
 def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Setting]:
-    """ZeRO stage x sharding group x recompute x optimizer offload."""
+    """ZeRO stage x sharding group x recompute x optimizer offload (and, with optimizer offload under
+    ZeRO-3 without pipelines outside Megatron, parameter offload too: ZeRO-Infinity / FSDP CPUOffload)."""
     out = []
     zeros = [0, 1] if c.framework == "deepspeed" and mesh.pp > 1 else [0, 1, 2, 3]  # DeepSpeed PP: ZeRO 0-1
     for zero in _pinned(c.zero_stage, zeros):
@@ -252,6 +253,8 @@ def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Set
             for recompute in [c.recompute] if c.recompute else recompute_modes(c.framework):
                 for offload in (False, True) if (c.allow_offload and zero > 0) else (False,):
                     out.append(Setting(zero, shard, recompute, offload))
+                    if offload and zero == 3 and mesh.pp == 1 and c.framework != "megatron":
+                        out.append(Setting(zero, shard, recompute, offload, offload_params=True))
     return out
 
 
@@ -303,6 +306,7 @@ def to_layout(
         sp=mesh.tp > 1,
         schedule=option.schedule,
         offload_optimizer=s.offload_optimizer,
+        offload_params=s.offload_params,
         order=mesh.order,
         framework=framework,
         cross_entropy=cross_entropy,

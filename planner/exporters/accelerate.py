@@ -70,7 +70,7 @@ def _losses(job: Job, lost: list[str]) -> None:
         )
     if lay.tp > 1 and lay.sp_:
         lost.append("sequence parallelism with TP: Accelerate's TP follows the model's tp_plan (no SP)")
-    if lay.offload_optimizer:
+    if lay.offload_optimizer and not lay.offload_params:
         lost.append("optimizer-only CPU offload: fsdp_offload_params offloads parameters and gradients too")
     if job.partial_recompute:
         lost.append(
@@ -103,8 +103,8 @@ def export_accelerate(job: Job) -> ExportResult:
     fsdp: dict[str, Any] = {
         "fsdp_activation_checkpointing": lay.recompute != "none",
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "fsdp_cpu_ram_efficient_loading": True,
-        "fsdp_offload_params": lay.offload_optimizer,
+        "fsdp_cpu_ram_efficient_loading": lay.zero_init,
+        "fsdp_offload_params": lay.offload_optimizer or lay.offload_params,
         "fsdp_reshard_after_forward": lay.zero_stage == 3,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_transformer_layer_cls_to_wrap": DECODER_LAYERS.get(job.model.family, "DecoderLayer"),

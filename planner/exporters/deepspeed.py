@@ -40,6 +40,13 @@ def _zero_section(job: Job, lost: list[str]) -> dict[str, Any]:
         zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True})
     if lay.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if lay.offload_params and stage == 3:  # ZeRO-Infinity's CPU tier for the weight shards
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if stage == 3 and not lay.zero_init:
+        lost.append(
+            "no sharded init (zero_init off): build the model outside deepspeed.zero.Init; transformers' "
+            "from_pretrained enters it by itself under a ZeRO-3 config"
+        )
     if job.dp_replicate > 1 and stage >= 1:
         if stage == 3:
             zero["zero_hpz_partition_size"] = job.dp_shard

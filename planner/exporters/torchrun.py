@@ -81,6 +81,8 @@ _PLAN_DELIMITER = "AUTOPAR_PLAN_JSON"
 
 def export_torchrun(job: Job) -> ExportResult:
     lost = nodes_note(job)
+    if job.lay.offload_params:
+        lost.append("parameter offload: the reference runtime keeps each rank's weight shard on its GPU")
     plan_json = job.plan_json
     # One line, ASCII only (pydantic escapes control characters in strings): the quoted
     # here-document below ends only at a line that is exactly the delimiter.

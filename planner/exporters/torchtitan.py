@@ -168,8 +168,9 @@ def export_torchtitan(job: Job) -> ExportResult:
         "seq_len": tr.seq_len,
         "mixed_precision_param": "float32" if tr.precision == "fp32" else "bfloat16",
     }
-    if lay.offload_optimizer:
+    if lay.offload_optimizer or lay.offload_params:
         training["enable_cpu_offload"] = True
+    if lay.offload_optimizer and not lay.offload_params:
         lost.append(
             "optimizer-only CPU offload: torchtitan's enable_cpu_offload moves parameters and gradients "
             "to the CPU too (FSDP2 CPUOffloadPolicy)"
