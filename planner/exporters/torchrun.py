@@ -83,6 +83,11 @@ def export_torchrun(job: Job) -> ExportResult:
     lost = nodes_note(job)
     if job.lay.offload_params:
         lost.append("parameter offload: the reference runtime keeps each rank's weight shard on its GPU")
+    if job.training.method == "qlora":
+        lost.append("qlora: the reference runtime has no 4-bit base weights and refuses the run "
+                    "(runtime.lora); use the accelerate or deepspeed export with bitsandbytes")
+    elif job.training.method == "lora" and job.lay.tp > 1:
+        lost.append("lora with tensor parallelism: the reference runtime refuses it (no TP plan for adapters)")
     plan_json = job.plan_json
     # One line, ASCII only (pydantic escapes control characters in strings): the quoted
     # here-document below ends only at a line that is exactly the delimiter.

@@ -9,7 +9,8 @@
 #   bash launch.sh TRAIN_SCRIPT [ARGS...]   your training script; the plan's degrees are in AUTOPAR_* below
 #   bash launch.sh --autopar-runtime [ARGS...]   autopar's runtime: python -m runtime.launch plan.json
 # The plan is written to $AUTOPAR_PLAN (default plan.json) before the launch.
-# Everything the plan priced is expressed in this torchrun file.
+# Not expressible in torchrun (the plan priced it; this file does what each line says):
+# - qlora: the reference runtime has no 4-bit base weights and refuses the run (runtime.lora); use the accelerate or deepspeed export with bitsandbytes
 set -euo pipefail
 if [[ $# -lt 1 ]]; then
     echo 'usage: launch.sh TRAIN_SCRIPT [ARGS...] | launch.sh --autopar-runtime [ARGS...]' >&2
