@@ -9,7 +9,8 @@ it (`runtime.fake_world.compare_with_estimate`: framework `fsdp`, eager PyTorch 
 allocator reserve (CUDA context, fragmentation) is left out: a CPU trace has neither.
 
 Cases: Llama-3-8B and a Mixtral-style MoE (Mixtral-8x7B) at 64-256 ranks, across ZeRO stages,
-TP/SP, PP schedules, EP and recompute modes. Each stage trace is a fresh Python process (5-60 s).
+TP/SP, PP schedules, EP and recompute modes; LoRA fine-tuning of Llama-3-8B on 8 ranks. Each
+stage trace is a fresh Python process (5-60 s).
 """
 
 from __future__ import annotations
@@ -46,14 +47,30 @@ CASES: list[dict[str, Any]] = [
      "layout": {"ep": 8, "pp": 2, "zero_stage": 1, "recompute": "full"}},
     {"name": "mixtral-ep4-dp128-z2-selective", "model": "mixtral-8x7b", "gpus": 128, "seq": 4096, "gbs": 128,
      "layout": {"ep": 4, "zero_stage": 2, "recompute": "selective"}},
+    # --- LoRA (frozen bf16 base, fp32 adapters: runtime.lora) ------------------------------------
+    # Measured (torch 2.13 CPU trace, 2026-11-25): lora16-z3-full -0.3%, lora16-z3 +0.0%,
+    # lora64-attn-z0 +1.9%. Before the cost model learned two things these rows showed, +13.0% and
+    # -19.4%: a frozen RMSNorm scale spares the float32 normalized output
+    # (`activations.EAGER_FP32_FROZEN_NORM_BYTES`), and FSDP2's `replicate` (ZeRO-0) holds an
+    # unsharded bf16 copy of every block beside the stored weights (`stage_table._state_bytes`).
+    {"name": "8b-lora16-fsdp8-z3-full", "model": "llama3-8b", "gpus": 8, "seq": 8192, "gbs": 8,
+     "layout": {"zero_stage": 3, "recompute": "full"}, "training": {"method": "lora", "lora_rank": 16}},
+    {"name": "8b-lora16-fsdp8-z3", "model": "llama3-8b", "gpus": 8, "seq": 4096, "gbs": 8,
+     "layout": {"zero_stage": 3}, "training": {"method": "lora", "lora_rank": 16}},
+    {"name": "8b-lora64-attn-dp8-z0-selective", "model": "llama3-8b", "gpus": 8, "seq": 4096, "gbs": 8,
+     "layout": {"zero_stage": 0, "recompute": "selective"},
+     "training": {"method": "lora", "lora_rank": 64, "lora_targets": "attention"}},
 ]
 
 
 def run_spec(case: dict[str, Any]) -> dict[str, Any]:
-    """The RunSpec dict of a case: bf16 parameters and compute, AdamW."""
+    """The RunSpec dict of a case: bf16 parameters and compute, AdamW, plus the case's `training`
+    fields (a LoRA method)."""
     return {
         "model": case["model"],
-        "training": {"seq_len": case["seq"], "global_batch": case["gbs"], "optimizer": "adamw"},
+        "training": {
+            "seq_len": case["seq"], "global_batch": case["gbs"], "optimizer": "adamw", **case.get("training", {}),
+        },
         "gpus": case["gpus"],
         "layout": case["layout"],
         "dtype": "bf16",

@@ -38,6 +38,13 @@ so ZeRO-2/3 behave like ZeRO-1 there except for the resharding choice.
 
 Mixed precision: parameters stay in fp32 (the master copy); with dtype bf16 FSDP2 casts them
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`), or autocast does without FSDP.
+
+LoRA (`training.method` "lora", `runtime.lora`): applied to the full model right after it is
+built (adapters drawn from the seeded RNG, so every layout starts from the same adapters), before
+the pipeline cut and every wrapper. The frozen base is stored in the compute dtype (no fp32 master:
+it is never updated); the adapters stay fp32. FSDP2 / `replicate` shard and gather the whole
+module (frozen base included) and reduce only the adapters' gradients (FSDP2 requires a uniform
+dtype of the trainable parameters only). Not supported: qlora, tp > 1, MLP targets on MoE models.
 """
 
 from __future__ import annotations
@@ -51,12 +58,13 @@ from torch import nn
 
 from runtime.context_parallel import apply_context_parallel, cp_positions
 from runtime.expert_parallel import apply_expert_parallel, expert_params
+from runtime.lora import apply_lora
 from runtime.mesh import Meshes
 from runtime.model import MLAttention, MoE, NotSupportedError, Transformer, build_model
 from runtime.recompute import apply_recompute
 from runtime.spec import RunSpec
 
-__all__ = ["ModelParts", "apply_fsdp", "apply_tp", "build_parts"]
+__all__ = ["ModelParts", "apply_fsdp", "apply_tp", "build_parts", "check_supported"]
 
 
 @dataclass
@@ -90,7 +98,8 @@ def compute_dtype(run: RunSpec, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def _check_supported(run: RunSpec) -> None:
+def check_supported(run: RunSpec) -> None:
+    """Raise NotSupportedError for what the runtime cannot run (module doc; runtime.lora)."""
     spec, lay = run.model, run.layout
     if lay.tp > 1:
         if spec.attention == "mla":
@@ -108,6 +117,11 @@ def _check_supported(run: RunSpec) -> None:
                 f"tp={lay.tp} must divide the {spec.num_heads} query and {spec.kv_heads} KV heads "
                 "(KV-head replication is not implemented)"
             )
+    if lay.tp > 1 and run.training.frozen_base:
+        raise NotSupportedError(
+            f"tensor parallel (tp={lay.tp}) with {run.training.method} adapters is not implemented "
+            "(the adapters' A and B would need their own column / row plans)"
+        )
     if lay.pp > 1 and spec.tie_embeddings:
         raise NotSupportedError("tied embeddings across pipeline stages are not implemented")
     if spec.is_moe and lay.ep > 1 and lay.etp_ != 1:
@@ -291,7 +305,7 @@ def build_parts(
 ) -> ModelParts:
     """This rank's parallel model chunks for `run` (see module doc). With `fake_mode` (a
     FakeTensorMode, for memory tracing) the model is built inside it and parallelized outside."""
-    _check_supported(run)
+    check_supported(run)
     lay = run.layout
     part = run.stage_partition
     torch.manual_seed(run.seed)
@@ -303,6 +317,9 @@ def build_parts(
         # Built on the CPU (same initial weights whatever the device); sharding (DTensor, FSDP2)
         # moves the shards to the mesh's device, `.to(device)` below the rest.
         full = build_model(run.model, device="cpu", dtype=torch.float32)
+        # LoRA: freeze the base (stored in the compute dtype) and add the adapters to the whole
+        # model, from the seeded RNG, before any cut or wrapper: every layout starts alike.
+        apply_lora(full, run.training, base_dtype=compute_dtype(run, device))
         for c in mine:
             m = copy.deepcopy(full) if len(mine) > 1 else full
             chunks.append(_cut_chunk(m, ranges[c], first=c == 0, last=c == n_chunks - 1) if lay.pp > 1 else m)

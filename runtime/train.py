@@ -155,7 +155,8 @@ class Trainer:
         kw: dict[str, Any] = {"lr": run.lr, "weight_decay": run.weight_decay}
         if opt_cls is torch.optim.AdamW:
             kw["foreach"] = True
-        self.optimizers = [opt_cls(m.parameters(), **kw) for m in self.parts.chunks]
+        # Frozen parameters (a LoRA base, DeepSeek's expert bias) get no gradient and no state.
+        self.optimizers = [opt_cls([p for p in m.parameters() if p.requires_grad], **kw) for m in self.parts.chunks]
         from runtime.context_parallel import cp_positions
 
         self.positions = cp_positions(run.training.seq_len, run.layout.cp, self.meshes.cp_rank)
@@ -429,6 +430,7 @@ def environment(device: torch.device, backend: str) -> dict[str, Any]:
 
 def make_profile(run: RunSpec, res: TrainResult, device: torch.device, peak_flops_per_s: float | None) -> dict[str, Any]:
     """Profile JSON of a finished run (call on every rank: gathers the per-rank peaks)."""
+    from cost_models.finetune import FineTune, adapter_params_per_token
     from cost_models.flops import step_flops
 
     peaks: list[int | None] = [res.peak_memory_bytes]
@@ -438,7 +440,12 @@ def make_profile(run: RunSpec, res: TrainResult, device: torch.device, peak_flop
     timed = res.step_times_s[run.warmup_steps :] or res.step_times_s
     step_s = sum(timed) / len(timed) if timed else None
     tokens = run.training.global_batch * run.training.seq_len
-    flops = step_flops(run.model, run.training.seq_len, run.training.global_batch).model_flops
+    tr = run.training
+    # LoRA: no weight-gradient GEMMs on the frozen base, plus the adapters (cost_models.flops)
+    flops = step_flops(
+        run.model, tr.seq_len, tr.global_batch, frozen_base=tr.frozen_base,
+        adapter_params_per_token=adapter_params_per_token(run.model, FineTune.of(tr)),
+    ).model_flops
     tps = tokens / step_s if step_s else None
     peak = peak_flops_per_s or run.peak_flops_per_s
     mfu = flops / (step_s * run.world_size * peak) if (step_s and peak) else None
@@ -458,7 +465,8 @@ def make_profile(run: RunSpec, res: TrainResult, device: torch.device, peak_flop
         "model_flops_per_step": flops,
         "peak_flops_per_s": peak,
         "mfu": mfu,
-        "mfu_convention": "model FLOPs (6NT + full-attention scores, cost_models.flops.step_flops) / (step_s x GPUs x peak)",
+        "mfu_convention": "model FLOPs (6NT + full-attention scores, 4NT + adapters with a frozen base, "
+        "cost_models.flops.step_flops) / (step_s x GPUs x peak)",
         "losses": res.losses,
         "environment": environment(device, backend),
     }

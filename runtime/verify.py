@@ -9,12 +9,17 @@ Each rank writes `OUTDIR/<name>/rank<r>.pt` (or `rank<r>.error` with the traceba
 the parameters its pipeline chunks hold, "peak_memory_bytes": int | None, "seconds": float}`.
 With `resume_at = k`, the case trains k steps, saves a distributed checkpoint, builds a fresh
 trainer from it and trains to `steps`; `losses` then holds steps k..steps-1 of the resumed job.
+
+From a test: `launch(cases, nproc, out_dir)` runs such a job under torchrun (gloo, one CPU thread
+per rank) and `load_results(out_dir, name, nproc)` reads one case back (raising on a rank error).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +76,38 @@ def run_case(case: dict[str, Any], out_dir: Path, track_memory: bool = False) ->
         },
         dest / f"rank{rank}.pt",
     )
+
+
+def launch(cases: list[dict[str, Any]], nproc: int, out_dir: Path, timeout_s: float = 900) -> subprocess.CompletedProcess:
+    """Run `cases` in one `torchrun --standalone --nproc_per_node=nproc -m runtime.verify` job
+    writing under `out_dir` (the cases file goes beside it). Returns the finished process (its
+    return code is non-zero only when a process died: Python errors are recorded per case)."""
+    root = Path(__file__).resolve().parents[1]
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    cases_file = out_dir.parent / f"{out_dir.name}.cases.json"
+    cases_file.write_text(json.dumps(cases))
+    env = {
+        **os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1",
+        "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        "-m", "runtime.verify", str(cases_file), str(out_dir),
+    ]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def load_results(out_dir: Path, name: str, nproc: int) -> list[dict[str, Any]]:
+    """The per-rank results of case `name` (rank order); RuntimeError with the first rank's
+    traceback when a rank recorded an error, or when a rank wrote nothing."""
+    d = out_dir / name
+    errors = sorted(d.glob("rank*.error"))
+    if errors:
+        raise RuntimeError(f"{name} failed:\n{errors[0].read_text()}")
+    files = sorted(d.glob("rank*.pt"), key=lambda f: int(f.stem[4:]))
+    if len(files) != nproc:
+        raise RuntimeError(f"{name}: {len(files)} of {nproc} rank results")
+    return [torch.load(f, weights_only=False) for f in files]
 
 
 def main(argv: list[str] | None = None) -> None:

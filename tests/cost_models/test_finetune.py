@@ -51,14 +51,14 @@ def test_qlora_stores_linear_weights_at_nf4_with_double_quantization() -> None:
     m = get_model("llama3-8b")
     tr = TrainingSpec(seq_len=2048, global_batch=8, method="qlora", lora_rank=16)
     assert tr.quantized_weight_bytes * 8 == pytest.approx(4.127, abs=5e-4)
-    est = estimate(m, tr, get_cluster("dgx-h100"), 1, Layout(zero_stage=0, framework="fsdp"))
+    est = estimate(m, tr, get_cluster("dgx-h100"), 1, Layout(zero_stage=0, framework="deepspeed"))
     pc = count_params(m)
     linear = sum(x.params for i in range(m.num_layers) for x in layer_linears(m, i))
     adapters = trainable_counts(m, "qlora", LORA_MODULE_NAMES, 16).adapters
     expected = tr.quantized_weight_bytes * linear + 2 * (pc.total - linear) + 2 * adapters
     assert est.memory[0].parameters == pytest.approx(expected)
     int8 = TrainingSpec(seq_len=2048, global_batch=8, method="qlora", quant_format="int8")
-    assert estimate(m, int8, get_cluster("dgx-h100"), 1, Layout(zero_stage=0, framework="fsdp")).memory[0].parameters > expected
+    assert estimate(m, int8, get_cluster("dgx-h100"), 1, Layout(zero_stage=0, framework="deepspeed")).memory[0].parameters > expected
 
 
 def test_frozen_weights_skip_their_weight_gradients() -> None:
