@@ -46,11 +46,8 @@ from cost_models import finetune, op_sac
 from cost_models.calibration import Calibration
 from cost_models.finetune import FineTune
 from cost_models.flops import attention_pairs, flash_backward_factor
-from cost_models.mesh import MeshLike
+from cost_models.mesh import MeshLike, Scalars
 from model_specs.spec import ModelSpec
-
-Scalars = float | np.ndarray
-"""A number, or an array of them (one per shard geometry priced together)."""
 
 
 @dataclass(frozen=True)
@@ -414,19 +411,15 @@ def layer_time(
     if ft is None:
         return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up)
     adapters, adapters_bwd = finetune.adapter_seconds(model, index, g.tokens, g.tp, g.ep, g.etp, act_bytes, bandwidth, ft)
-    state = finetune.layer_state(model, index, 1.0, 1.0, 1.0, ft)
-    quantized = (state.dense_linear * _per_rank(g.tp) + state.expert_linear / (g.ep * g.etp)) if ft.quantized else 0.0
-    dequant = quantized * (ft.base_bytes + ft.compute_bytes) / bandwidth
+    dequant: Scalars = 0.0
+    if ft.quantized:
+        state = finetune.layer_state(model, index, g.tp, g.ep, g.etp, ft)
+        dequant = (state.dense_linear + state.expert_linear) * (ft.base_bytes + ft.compute_bytes) / bandwidth
     host = host + finetune.adapter_kernels(model, index, ft) * cal.kernel_launch_s
     return LayerTime(
         gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
         dequant,
     )
-
-
-def _per_rank(tp: Scalars) -> Scalars:
-    """1 / tp: the share of the dense linear weights a tensor-parallel rank holds."""
-    return 1.0 / tp
 
 
 def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:

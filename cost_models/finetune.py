@@ -37,7 +37,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from model_specs.params import Linear, layer_linears
+from cost_models.mesh import Scalars
+from model_specs.params import Linear, adapter_params, layer_linears
 from model_specs.spec import ModelSpec, TrainingSpec
 
 ADAPTER_KERNELS = 4
@@ -77,7 +78,7 @@ class FineTune:
         return linear.name in self.modules
 
 
-def _split(linear: Linear, tp: float, etp: float) -> tuple[float, float]:
+def _split(linear: Linear, tp: Scalars, etp: Scalars) -> tuple[Scalars, Scalars]:
     """(in, out) features of `linear` on one rank (tensor / expert-tensor parallel cut)."""
     degree = etp if linear.expert else tp
     if linear.split == "column":
@@ -87,47 +88,49 @@ def _split(linear: Linear, tp: float, etp: float) -> tuple[float, float]:
     return float(linear.in_features), float(linear.out_features)
 
 
-def _copies(linear: Linear, ep: float) -> float:
+def _copies(linear: Linear, ep: Scalars) -> Scalars:
     """Modules of `linear` one rank holds: all of them, or its share of the routed experts."""
     return linear.count / ep if linear.expert else float(linear.count)
 
 
 @dataclass(frozen=True)
 class LayerState:
-    """Per-rank weights of one layer under a method: elements and bytes, dense and expert parts."""
+    """Per-rank weights of one layer under a method, in elements (arrays when the degrees are)."""
 
-    dense_linear: float  # elements of the linear weights outside routed experts (per-rank convention below)
-    expert_linear: float  # elements of the routed experts' weights
-    dense_adapters: float  # trainable adapter elements, dense part
-    expert_adapters: float  # trainable adapter elements of routed experts
-    largest_linear: float  # elements of the largest single linear weight on the rank
+    dense_linear: Scalars  # linear weights outside routed experts (per-rank convention below)
+    expert_linear: Scalars  # the routed experts' weights
+    dense_adapters: Scalars  # trainable adapter elements, dense part
+    expert_adapters: Scalars  # trainable adapter elements of routed experts
+    largest_linear: Scalars  # the largest single linear weight on the rank
 
 
-def layer_state(model: ModelSpec, index: int, tp: float, ep: float, etp: float, ft: FineTune) -> LayerState:
+def layer_state(model: ModelSpec, index: int, tp: Scalars, ep: Scalars, etp: Scalars, ft: FineTune) -> LayerState:
     """Per-rank linear and adapter elements of layer `index`. Linear weights follow the stage
     table's convention (attention, MLP and shared experts divided by tp, the router whole, routed
     experts divided by ep x etp); an adapter's A and B are cut as its module is (a column-parallel
-    module's A is replicated and its B split; a row-parallel one's A split and B replicated)."""
-    dense_linear = expert_linear = dense_ad = expert_ad = largest = 0.0
+    module's A is replicated and its B split; a row-parallel one's A split and B replicated).
+    Degrees may be arrays (the planner's shard geometries): every field is then an array."""
+    dense_linear: Scalars = 0.0
+    expert_linear: Scalars = 0.0
+    dense_ad: Scalars = 0.0
+    expert_ad: Scalars = 0.0
+    largest: Scalars = 0.0
     for x in layer_linears(model, index):
         elements = float(x.in_features * x.out_features)
         if x.expert:
             per_rank = elements / etp
-            expert_linear += per_rank * _copies(x, ep)
-        elif x.split == "replicated":
-            per_rank = elements
-            dense_linear += per_rank * x.count
+            expert_linear = expert_linear + per_rank * _copies(x, ep)
         else:
-            per_rank = elements / tp
-            dense_linear += per_rank * x.count
-        largest = max(largest, per_rank)
+            per_rank = elements if x.split == "replicated" else elements / tp
+            dense_linear = dense_linear + per_rank * x.count
+        largest = np.maximum(largest, per_rank)
         if ft.adapted(x):
             fin, fout = _split(x, tp, etp)
             ad = ft.rank * (fin + fout) * _copies(x, ep)
             if x.expert:
-                expert_ad += ad
+                expert_ad = expert_ad + ad
             else:
-                dense_ad += ad
+                dense_ad = dense_ad + ad
     return LayerState(dense_linear, expert_linear, dense_ad, expert_ad, largest)
 
 
@@ -172,22 +175,13 @@ def adapter_kernels(model: ModelSpec, index: int, ft: FineTune) -> float:
 
 @lru_cache(maxsize=256)
 def adapter_params_per_token(model: ModelSpec, ft: FineTune | None) -> float:
-    """Adapter elements one token passes through in the whole model: every adapted module of a
-    layer, routed experts `moe_top_k` times rather than `num_experts` times."""
+    """Adapter elements one token passes through in the whole model (`params.adapter_params`)."""
     if ft is None:
         return 0.0
-    total = 0.0
-    for i in range(model.num_layers):
-        for x in layer_linears(model, i):
-            if ft.adapted(x):
-                copies = model.moe_top_k if x.expert else x.count
-                total += ft.rank * (x.in_features + x.out_features) * copies
-    return total
+    return float(sum(adapter_params(model, i, ft.modules, ft.rank, per_token=True) for i in range(model.num_layers)))
 
 
-def frozen_weight_bytes(params: np.ndarray | float, linear: np.ndarray | float, ft: FineTune | None, param_bytes: int) -> np.ndarray | float:
+def frozen_weight_bytes(params: float, linear: float, ft: FineTune) -> float:
     """Stored bytes of `params` elements of which `linear` are linear weights: the linears at the
     method's base bytes, the rest (norms, biases, embedding, head) at the compute dtype's."""
-    if ft is None:
-        return param_bytes * params
-    return param_bytes * (params - linear) + ft.base_bytes * linear  # type: ignore[operator]
+    return ft.compute_bytes * (params - linear) + ft.base_bytes * linear

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
+import numpy as np
+
+Scalars = float | np.ndarray
+"""A number, or an array of them (one per shard geometry priced together)."""
 
 class MeshLike(Protocol):
     """What placement needs of a layout: degrees and rank order (a resolved `Layout`, or the

@@ -38,7 +38,7 @@ from cost_models.mesh import MeshLike, mesh_strides
 from cost_models.pipeline import in_flight_micro_batches
 from cost_models.stages import StagePartition
 from model_specs.params import count_params
-from model_specs.spec import ModelSpec, TrainingSpec
+from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
 
 RECOMPUTE_MODES = ("none", "selective", "full", "op_sac")
 
@@ -106,10 +106,10 @@ def _layer_arrays(
     """Per-layer quantities for one shard geometry: priced once per layer class (`_layer_classes`),
     as arrays over the classes and spread over the model's layers (read-only). Weights: `dense`,
     `expert` (elements on the rank), `dense_w`, `expert_w` (stored bytes), `dense_t`, `expert_t`
-    (trainable elements: all of them, or the adapters of a frozen base), `largest_w` (bytes of the
-    layer's weights), `deq` (bytes of the largest dequantized 16-bit copy under QLoRA)."""
+    (trainable elements: all of them, or the adapters of a frozen base), `deq` (bytes of the
+    largest dequantized 16-bit copy under QLoRA)."""
     kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal, ft)
-    pb = 4 if precision == "fp32" else 2
+    pb = param_bytes_of(precision)
     acts_by_kind = _layer_acts(model, actx)
     pc = count_params(model)
     tp, ep, etp = g.tp, g.ep, g.etp
@@ -145,8 +145,8 @@ def _layer_arrays(
             out["deq"].append(0.0)
         else:
             st = finetune.layer_state(model, i, float(tp), float(ep), float(etp), ft)
-            out["dense_w"].append(float(frozen_weight_bytes(dense, st.dense_linear, ft, pb)) + pb * st.dense_adapters)
-            out["expert_w"].append(float(frozen_weight_bytes(expert, st.expert_linear, ft, pb)) + pb * st.expert_adapters)
+            out["dense_w"].append(frozen_weight_bytes(dense, st.dense_linear, ft) + pb * st.dense_adapters)
+            out["expert_w"].append(frozen_weight_bytes(expert, st.expert_linear, ft) + pb * st.expert_adapters)
             out["dense_t"].append(st.dense_adapters)
             out["expert_t"].append(st.expert_adapters)
             out["deq"].append(ft.compute_bytes * st.largest_linear if ft.quantized else 0.0)
@@ -213,7 +213,7 @@ def _rank_sums(
      acts3, osac, dense_w, expert_w, dense_t, expert_t) = sums
     largest = peak(arr["dense"] + arr["expert"])
     # weights (bytes, elements) of the largest layer and the largest dequantized copy (QLoRA)
-    largest_w = np.stack([peak(arr["dense_w"] + arr["expert_w"]), peak(arr["dense_t"] + arr["expert_t"]), peak(arr["deq"])])
+    peaks = np.stack([peak(arr["dense_w"] + arr["expert_w"]), peak(arr["dense_t"] + arr["expert_t"]), peak(arr["deq"])])
     working = peak(np.where(recomputed, a0, 0.0))
     acts = np.stack([acts0, acts1, acts2, acts3])
     reco = np.stack([np.zeros(pp), sel, full, osac])
@@ -223,7 +223,7 @@ def _rank_sums(
     out = (
         dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
         re_moe.copy(), compute.copy(), forward.copy(), reco, class_counts,
-        np.stack([dense_w, expert_w]), np.stack([dense_t, expert_t]), largest_w,
+        np.stack([dense_w, expert_w]), np.stack([dense_t, expert_t]), peaks,
     )
     for a in out:
         a.flags.writeable = False
@@ -286,8 +286,6 @@ class StageTable:
     class_counts: np.ndarray  # (pp, K): layers of each layer class (`_layer_classes`) per rank
     class_forward: np.ndarray  # (K,) forward compute seconds of one layer of each class, one micro-batch
     class_backward: np.ndarray  # (K,) backward compute seconds of one layer
-    class_dense: np.ndarray  # (K,) dense parameters of one layer on this rank (after TP)
-    class_expert: np.ndarray  # (K,) expert parameters of one layer on this rank (after EP x ETP)
     logits: float  # bytes on the last rank
     tp_per_layer: float  # seconds of one layer's forward TP/SP collectives
     tp_overlap: bool  # TP comm overlap on (`Layout.tp_comm_overlap`)
@@ -474,7 +472,7 @@ def build_table(
     ft = FineTune.of(training)
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal, ft)
     (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
-     weight_bytes, trainable, largest_w) = sums
+     weight_bytes, trainable, peaks) = sums
     # the rest is read-only, shared
     dense, compute, forward = dense.copy(), compute.copy(), forward.copy()
     weight_bytes, trainable = weight_bytes.copy(), trainable.copy()
@@ -518,11 +516,11 @@ def build_table(
     return StageTable(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
         re_layers, re_moe, compute, forward, reco, counts, per_class["fwd"], per_class["fb"] - per_class["fwd"],
-        per_class["dense"], per_class["expert"], logits, tp_per_layer, mesh.tp_comm_overlap_,
+        logits, tp_per_layer, mesh.tp_comm_overlap_,
         tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, p2p, boundary,
         mesh.communicator_groups, channels, weight_bytes, trainable,
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
-        largest_w[0], largest_w[1], largest_w[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
+        peaks[0], peaks[1], peaks[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
     )
 
 
@@ -899,13 +897,12 @@ def _dp_grid(
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
     training and calibration objects (by identity), the mesh's degrees, order, framework and
-    micro-batch count, the per-rank parameter counts, and the layer classes (counts per rank,
-    parameters and compute seconds of one layer)."""
+    micro-batch count, the per-rank stored weight bytes and trainable elements, and the layer
+    classes (counts per rank, weights and compute seconds of one layer)."""
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.grad_accum_,
-        m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, t.dense_params.tobytes(), t.expert_params.tobytes(),
+        m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
-        t.class_dense.tobytes(), t.class_expert.tobytes(), t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(),
     )

@@ -341,7 +341,7 @@ def compose(
     parts[10] = cal.step_overhead_s
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
-    traffic = channel_traffic(t, knobs, dp, phases)  # (J, CHANNELS, pp)
+    traffic = channel_traffic(t, knobs, dp, phases, (busy_f, busy_b))  # (J, CHANNELS, pp)
     busiest = traffic.max(axis=(1, 2)) + cal.step_overhead_s
     excess = np.maximum(0.0, busiest - step)
     parts[7] += excess
@@ -349,13 +349,16 @@ def compose(
     return step, per_mb, dict(zip(STEP_PARTS, parts, strict=True))
 
 
-def channel_traffic(t: StageTable, knobs: KnobArrays, dp: DataParallelTimes, phases: PhaseArrays) -> np.ndarray:
+def channel_traffic(
+    t: StageTable, knobs: KnobArrays, dp: DataParallelTimes, phases: PhaseArrays,
+    busy: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """Seconds each rank's channels are busy over a whole step, (J, CHANNELS, pp): every
     micro-batch's TP / CP / EP / pipeline traffic, ZeRO gathers and reduce-scatters, and the
     once-per-step gradient reduction and parameter gather. No step is shorter than its busiest
-    channel (`compose`'s roofline)."""
+    channel (`compose`'s roofline). `busy`: `_busy`'s result when the caller has it."""
     pair = knobs.sharding
-    busy_f, busy_b = _busy(knobs, dp, phases)
+    busy_f, busy_b = busy if busy is not None else _busy(knobs, dp, phases)
     return t.mesh.grad_accum_ * (busy_f + busy_b) + dp.reduce[pair] + dp.gather[pair]
 
 

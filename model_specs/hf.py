@@ -294,7 +294,8 @@ def _llama4_moe(c: ConfigFields) -> dict[str, Any]:
         bad = [i for i in moe_layers if not 0 <= i < num_layers]
         if bad:
             raise c.error(f"moe_layers {bad} outside 0..{num_layers - 1}")
-        return out | {"dense_layers": tuple(i for i in range(num_layers) if i not in set(moe_layers))}
+        chosen = set(moe_layers)
+        return out | {"dense_layers": tuple(i for i in range(num_layers) if i not in chosen)}
     step = c.integer("interleave_moe_layer_step", default=1)
     if step < 1:
         raise c.error(f"field 'interleave_moe_layer_step' must be >= 1, got {step}")

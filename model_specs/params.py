@@ -270,11 +270,15 @@ def adapted_names(spec: ModelSpec, modules: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n for n in linear_names(spec) if n in modules)
 
 
-def adapter_params(spec: ModelSpec, index: int, modules: tuple[str, ...], rank: int) -> int:
+def adapter_params(spec: ModelSpec, index: int, modules: tuple[str, ...], rank: int, per_token: bool = False) -> int:
     """LoRA parameters of layer `index`: r x (in + out) per adapted module (A is r x in, B is
-    out x r; Hu et al. 2021, Sec. 4), for every module whose name is in `modules`."""
+    out x r; Hu et al. 2021, Sec. 4), for every module whose name is in `modules`. `per_token`:
+    those one token passes through (routed experts `moe_top_k` times, not `num_experts`)."""
     wanted = set(modules)
-    return sum(rank * (x.in_features + x.out_features) * x.count for x in layer_linears(spec, index) if x.name in wanted)
+    return sum(
+        rank * (x.in_features + x.out_features) * (spec.moe_top_k if per_token and x.expert else x.count)
+        for x in layer_linears(spec, index) if x.name in wanted
+    )
 
 
 @dataclass(frozen=True)

@@ -264,16 +264,23 @@ MAX_GLOBAL_BATCH_TOKENS = 2**34
 Method = Literal["full", "lora", "qlora"]
 QuantFormat = Literal["nf4_double", "nf4", "int8"]
 LoraTargetPreset = Literal["all-linear", "attention"]
-LORA_MODULE_NAMES: tuple[str, ...] = (
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-    "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+LORA_ATTENTION_NAMES: tuple[str, ...] = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
 )
-"""Linear modules a LoRA target list may name, spelled as PEFT's `target_modules` matches them in
-the HuggingFace Llama / Qwen / Mistral / DeepSeek implementations (MLA's low-rank factors are the
-last four). A non-gated MLP has up_proj and down_proj only; expert MLPs answer to the same names."""
+"""Attention projections as PEFT's `target_modules` matches them in the HuggingFace Llama / Qwen /
+Mistral / DeepSeek implementations (MLA's low-rank factors are the last four)."""
+LORA_MLP_NAMES: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+"""MLP projections (a non-gated MLP has up_proj and down_proj only; expert MLPs answer to the same names)."""
+LORA_MODULE_NAMES: tuple[str, ...] = (*LORA_ATTENTION_NAMES[:4], *LORA_MLP_NAMES, *LORA_ATTENTION_NAMES[4:])
+"""Every linear module a LoRA target list may name."""
 MAX_LORA_RANK = 65536
 DEFAULT_LORA_RANK = 16
 """Rank when `lora_rank` is not given (the seeds' fine-tuning guide and most PEFT recipes: 8-64)."""
+
+
+def param_bytes_of(precision: str) -> int:
+    """Bytes of one working weight in `precision` (`TrainingSpec.param_bytes`)."""
+    return 4 if precision == "fp32" else 2
 
 
 class TrainingSpec(BaseModel):
@@ -384,7 +391,7 @@ class TrainingSpec(BaseModel):
         if targets == "all-linear":
             return LORA_MODULE_NAMES
         if targets == "attention":
-            return ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+            return LORA_ATTENTION_NAMES
         return tuple(targets)
 
     @property
@@ -422,7 +429,7 @@ class TrainingSpec(BaseModel):
     def param_bytes(self) -> int:
         """Bytes of one working (compute-dtype) weight. FP8 training keeps bf16 weights (the FP8
         copies are transient casts), so fp8 is 2 bytes here too."""
-        return 4 if self.precision == "fp32" else 2
+        return param_bytes_of(self.precision)
 
     @property
     def grad_bytes(self) -> int:

@@ -52,12 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_specs.spec import TrainingSpec
+from model_specs.spec import LORA_MLP_NAMES, TrainingSpec
 from runtime.model import Attention, FeedForward, MLAttention, MoE, NotSupportedError, Transformer
 
 __all__ = ["MLP_TARGETS", "LoRALinear", "apply_lora", "module_map"]
 
-MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+MLP_TARGETS = LORA_MLP_NAMES
 
 
 class LoRALinear(nn.Linear):
