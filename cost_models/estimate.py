@@ -19,11 +19,10 @@ from cost_models.context import PricingContext
 from cost_models.finetune import FineTune, adapter_params_per_token
 from cost_models.flops import StepFlops, step_flops
 from cost_models.layout import Layout, LayoutError, validate_layout
-from cost_models.memory import MemoryBreakdown, host_bytes_per_node, loading_bytes_per_node
+from cost_models.memory import MemoryBreakdown, host_bytes_per_node, model_loading_bytes_per_node
 from cost_models.pipeline import bubble_fraction
 from cost_models.stage_table import KnobPrices, Setting, StageTable, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
-from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec
 
 
@@ -208,19 +207,10 @@ def estimate_from_prices(table: StageTable, layout: Layout, prices: KnobPrices, 
         stage_times_s=tuple(float(x) for x in prices.stage_time[row]),
         host_capacity_bytes=table.cluster.host_memory_bytes,
         ranks_per_node=min(table.cluster.gpus_per_node, table.gpus),
-        loading_bytes_per_node=int(_loading(table.model, layout, min(table.cluster.gpus_per_node, table.gpus))),
+        loading_bytes_per_node=int(model_loading_bytes_per_node(
+            table.model, layout.framework, layout.zero_stage, layout.zero_init, min(table.cluster.gpus_per_node, table.gpus),
+        )),
     )
-
-
-def _loading(model: ModelSpec, layout: Layout, ranks_per_node: int) -> float:
-    """`memory.loading_bytes_per_node` of a layout. Sharded init exists under ZeRO-3 in DeepSpeed
-    (`deepspeed.zero.Init`); with ZeRO-0/1/2 every DeepSpeed process loads the whole model. FSDP
-    (meta-device init, Accelerate's cpu_ram_efficient_loading) and Megatron (weights created
-    sharded on the GPU) shard at any stage."""
-    pc = count_params(model)
-    largest = max((layer.total for layer in pc.layers), default=0)
-    sharded = layout.zero_init and not (layout.framework == "deepspeed" and layout.zero_stage < 3)
-    return loading_bytes_per_node(pc.total, largest, sharded, ranks_per_node)
 
 
 def price(ctx: PricingContext, calibration: Calibration | None = None) -> Estimate:

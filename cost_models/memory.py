@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model_specs.spec import TrainingSpec
+import numpy as np
+
+from model_specs.params import count_params
+from model_specs.spec import ModelSpec, TrainingSpec
 
 
 def model_state_bytes(
@@ -66,6 +69,24 @@ def loading_bytes_per_node(total_params: float, largest_layer_params: float, zer
     before sharding it away (DeepSpeed's estimator: 4 x largest layer x GPUs per node)."""
     per_rank = total_params if not zero_init else largest_layer_params
     return LOADING_BYTES_PER_PARAM * per_rank * ranks_per_node
+
+
+def model_loading_bytes_per_node(
+    model: ModelSpec, framework: str, zero_stage: np.ndarray | int, zero_init: bool, ranks_per_node: int
+) -> np.ndarray:
+    """`loading_bytes_per_node` of a model under a framework, per ZeRO stage (the shape of
+    `zero_stage`). Sharded init exists under ZeRO-3 in DeepSpeed (`deepspeed.zero.Init`); with
+    ZeRO-0/1/2 every DeepSpeed process loads the whole model. FSDP (meta-device init, Accelerate's
+    cpu_ram_efficient_loading) and Megatron (weights created sharded on the GPU) shard at any stage."""
+    pc = count_params(model)
+    largest = max((layer.total for layer in pc.layers), default=0)
+    stage = np.asarray(zero_stage)
+    sharded = zero_init & ((framework != "deepspeed") | (stage >= 3))
+    return np.where(
+        sharded,
+        loading_bytes_per_node(pc.total, largest, True, ranks_per_node),
+        loading_bytes_per_node(pc.total, largest, False, ranks_per_node),
+    )
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,13 @@ def method_sentences(plan: Plan) -> list[str]:
 
 def host_sentences(plan: Plan) -> list[str]:
     """Layouts that fit on the GPUs but not in the nodes' host RAM: said whatever their rank among
-    the rejections (offloading is what a user reaches for when GPU memory runs out)."""
+    the rejections (offloading is what a user reaches for when GPU memory runs out, and loading the
+    whole model in every process is what silently exhausts host RAM)."""
     from planner.search import HOST_MEMORY_REASON
 
     return [
-        f"{r.count:,} layouts fit in GPU memory only by offloading, and their offloaded state exceeds the "
-        f"node's host RAM: e.g. {r.example}."
+        f"{r.count:,} layouts fit in GPU memory but not in the node's host RAM (offloaded state, or every "
+        f"process loading the whole model): e.g. {r.example}."
         for r in plan.rejections if r.reason == HOST_MEMORY_REASON
     ]
 

@@ -46,7 +46,7 @@ from cost_models.finetune import FineTune
 from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
-from cost_models.memory import MemoryBreakdown, host_bytes_per_node
+from cost_models.memory import MemoryBreakdown, host_bytes_per_node, model_loading_bytes_per_node
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
     KnobArrays,
@@ -518,7 +518,9 @@ table's decides a layout that sits on the k-th best step time. A pair bound belo
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
-HOST_MEMORY_REASON = "host memory: the offloaded state of a node's ranks exceeds the node's usable host RAM"
+HOST_MEMORY_REASON = (
+    "host memory: the offloaded state or the model-loading peak of a node's ranks exceeds the node's usable host RAM"
+)
 
 
 def _memory_reason(s: Setting) -> str:
@@ -595,6 +597,8 @@ def search(
     usable = int(cluster.gpu.memory_bytes * (1.0 - c.memory_headroom))
     host_usable = int(cluster.host_memory_bytes * (1.0 - c.memory_headroom))
     ranks_per_node = min(cluster.gpus_per_node, gpus)
+    # host RAM while the model is built, per ZeRO stage 0-3 (the search's layouts use sharded init)
+    loading_by_stage = model_loading_bytes_per_node(model, c.framework, np.arange(4), True, ranks_per_node)
     log = RejectionLog()
     generated = invalid = pruned = priced = feasible = 0
 
@@ -746,7 +750,11 @@ def search(
             peaks = prices.peak
             priced += len(grid)
             over_mask = peaks > usable
-            host_node = host_bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node)
+            # as `Estimate.host_bytes_per_node`: offloaded state, or building the model if larger
+            host_node = np.maximum(
+                host_bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node),
+                loading_by_stage[knobs_of(grid_key, grid).zero],
+            )
             host_over = (host_node > host_usable) & ~over_mask
             if host_over.any():
                 j = int(np.flatnonzero(host_over)[0])

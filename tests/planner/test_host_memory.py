@@ -61,3 +61,22 @@ def test_evaluation_prints_the_host_memory_verdict() -> None:
     out = io.StringIO()
     print_evaluation(result, Console(file=out, width=200))
     assert "host memory: 788.50 GiB per node of offloaded state (8 ranks) of 64.00 GiB: does not fit, 777,925,001,216 bytes" in out.getvalue()
+
+
+def test_search_and_estimate_agree_on_the_loading_peak() -> None:
+    """DeepSpeed ZeRO-1 loads the whole model in every process (4 bytes x 8.03e9 x 8 ranks = 239.3
+    GiB): a 64 GiB node refuses it in the search exactly as `Estimate.fits` does; ZeRO-3 builds the
+    model sharded (deepspeed.zero.Init) and fits."""
+    from cluster_specs.presets import cluster_from_dict
+
+    model = get_model("llama3-8b")
+    small = cluster_from_dict({"preset": "dgx-h100", "host_memory": "64 GiB"})
+    training = TrainingSpec(seq_len=4096, global_batch=32)
+    pinned = search(model, training, small, 8, SearchConstraints(framework="deepspeed", zero_stage=1), refine=False)
+    assert pinned.best is None
+    example = {r.reason: r.example for r in pinned.rejections}[HOST_MEMORY_REASON]
+    assert "needs 239.3 GiB of host RAM per node (8 ranks)" in example
+    est = price(pricing_context(model, training, small, 8, Layout(dp=8, zero_stage=1, framework="deepspeed")))
+    assert est.loading_bytes_per_node == 4 * 8_030_261_248 * 8 and not est.fits
+    free = search(model, training, small, 8, SearchConstraints(framework="deepspeed"), refine=False)
+    assert free.best is not None and free.best.layout.zero_stage == 3 and free.best.estimate["fits"]
