@@ -124,6 +124,11 @@ def evaluate(
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
     schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b | auto"),
     offload_optimizer: bool = False,
+    offload_params: bool = typer.Option(False, help="ZeRO-3: weight shards in host memory (or NVMe)"),
+    offload_device: str = typer.Option("cpu", help="where offloaded states live: cpu | nvme (DeepSpeed ZeRO-3)"),
+    hpz: int = typer.Option(1, min=1, help="ZeRO++ zero_hpz_partition_size (DeepSpeed ZeRO-3; 1 = off)"),
+    qwz: bool = typer.Option(False, "--qwz", help="ZeRO++ int8 weight all-gathers (DeepSpeed ZeRO-3)"),
+    qgz: bool = typer.Option(False, "--qgz", help="ZeRO++ int4 gradient reduce-scatters (DeepSpeed ZeRO-3)"),
     activation_offload_layers: int = typer.Option(
         0, min=0, help="Megatron --cpu-offloading-num-layers: layers per stage whose activations go to host memory"
     ),
@@ -167,6 +172,9 @@ def evaluate(
         "micro_batch": _int_or_auto("--micro-batch", micro_batch), "recompute": recompute,
         "recompute_layers": recompute_layers, "sp": sp, "schedule": schedule,
         "offload_optimizer": offload_optimizer, "framework": framework,
+        "offload_params": offload_params or None, "offload_device": offload_device if offload_device != "cpu" else None,
+        "zero_hpz_partition_size": hpz if hpz > 1 else None,
+        "zero_quantized_weights": qwz or None, "zero_quantized_gradients": qgz or None,
         "activation_offload_layers": activation_offload_layers or None,
         "account_for_embedding_in_pipeline_split": account_for_embedding or None,
         "account_for_loss_in_pipeline_split": account_for_loss or None,
@@ -256,7 +264,10 @@ def plan(
     zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
     schedule: str | None = typer.Option(None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b"),
     offload: bool = typer.Option(
-        True, "--offload/--no-offload", help="allow offloading the optimizer to host memory (--no-offload: never)"
+        True, "--offload/--no-offload", help="allow offloading the optimizer (and ZeRO-3 weights) to host memory or NVMe (--no-offload: never)"
+    ),
+    quantized_comm: bool = typer.Option(
+        False, "--allow-quantized-comm", help="also search ZeRO++'s lossy qwZ / qgZ collectives (DeepSpeed ZeRO-3)"
     ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
     export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
@@ -281,7 +292,7 @@ def plan(
         )
         constraints = SearchConstraints(
             memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
-            allow_offload=offload, top_k=max(top - 1, 1),
+            allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)

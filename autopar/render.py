@@ -66,6 +66,14 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
             f"host memory: {gib(host['bytes_per_node'])} per node of offloaded state ({host['ranks_per_node']} ranks) "
             f"of {gib(host['capacity_bytes_per_node'])}: {tail}"
         )
+    nvme = result.get("nvme")
+    if nvme and nvme["bytes_per_node"]:
+        over = nvme["bytes_per_node"] - nvme["capacity_bytes_per_node"]
+        tail = "[green]fits[/]" if nvme["fits"] else f"[red]does not fit[/], {over:,} bytes ({gib(over)}) over"
+        console.print(
+            f"NVMe: {gib(nvme['bytes_per_node'])} per node of offloaded state (ZeRO-Infinity) "
+            f"of {gib(nvme['capacity_bytes_per_node'])}: {tail}"
+        )
     console.print(memory_table(mem["stages"]))
     t = Table(title="step time (critical path)")
     t.add_column("component")

@@ -10,11 +10,17 @@ intra_node: {kind: nvswitch, bus_bandwidth: 368 GB/s, latency: 1.9 us}
 inter_node: {kind: infiniband, nics_per_node: 8, nic_bandwidth: 400 Gb/s, rail_optimized: true,
              oversubscription: 1.0, nodes_per_leaf: 32, latency: 4 us}
 host_memory: 2 TiB
-host_to_device: 50 GB/s
+host_to_device: 50 GB/s       # per GPU, one direction
+host_memory_bandwidth: 614.4 GB/s   # per node: sockets x channels x MT/s x 8 B
+cpu_cores: 112                # physical cores per node (they run the CPU optimizer)
+nvme: 30.72 TB                # local NVMe per node for offload (TB = 10^12 B, TiB = 2^40 B); 0 B = none
+nvme_read: 52 GB/s            # all the node's drives striped, sequential
+nvme_write: 24 GB/s
 ```
 
 Short keys take unit strings (`bus_bandwidth: 368 GB/s`); the SI field names take numbers or unit
 strings (`bus_bandwidth_bytes_per_s: 3.68e11`). Rates without a direction are one direction.
+`cpu_cores` is a plain number. A node with `nvme` above 0 needs both NVMe bandwidths.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ _INTER: dict[str, _Quantity] = {
 _TOP: dict[str, _Quantity] = {
     "host_memory": ("host_memory_bytes", units.n_bytes),
     "host_to_device": ("host_to_device_bytes_per_s", units.bytes_per_s),
+    "host_memory_bandwidth": ("host_memory_bandwidth_bytes_per_s", units.bytes_per_s),
+    "nvme": ("nvme_bytes", units.n_bytes),
+    "nvme_read": ("nvme_read_bytes_per_s", units.bytes_per_s),
+    "nvme_write": ("nvme_write_bytes_per_s", units.bytes_per_s),
 }
 
 

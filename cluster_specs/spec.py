@@ -123,6 +123,34 @@ class ClusterSpec(BaseModel):
     host_to_device_bytes_per_s: float = Field(
         default=50e9, gt=0, description="PCIe bandwidth from host memory to one GPU, one direction"
     )
+    host_memory_bandwidth_bytes_per_s: float = Field(
+        default=409.6e9,
+        gt=0,
+        description="peak DRAM bandwidth of the node's CPU sockets in bytes/s (sockets x memory channels x "
+        "MT/s x 8 bytes; the CPU's rated channel speed): bounds the CPU optimizer step and the offload copies",
+    )
+    cpu_cores: int = Field(
+        default=64,
+        ge=1,
+        description="physical CPU cores per node (not hardware threads): they run the CPU optimizer",
+    )
+    nvme_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="local NVMe capacity per node usable for offload, in bytes (0 = none: ZeRO-Infinity's NVMe "
+        "tier is refused)",
+    )
+    nvme_read_bytes_per_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="aggregate sequential read bandwidth of the node's NVMe drives in bytes/s, all drives "
+        "striped (as DeepSpeed's aio uses them)",
+    )
+    nvme_write_bytes_per_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="aggregate sequential write bandwidth of the node's NVMe drives in bytes/s, all drives striped",
+    )
     description: str = ""
     source: str = Field(default="", description="where the node-level figures come from")
 
@@ -142,11 +170,21 @@ class ClusterSpec(BaseModel):
                 raise ValueError(
                     f"nics_per_node ({net.nics_per_node}) must divide gpus_per_node ({g}) or be a multiple of it"
                 )
+        if self.nvme_bytes > 0 and (self.nvme_read_bytes_per_s <= 0 or self.nvme_write_bytes_per_s <= 0):
+            raise ValueError(
+                f"nvme_bytes ({self.nvme_bytes}) > 0 needs nvme_read_bytes_per_s and nvme_write_bytes_per_s > 0 "
+                f"(got {self.nvme_read_bytes_per_s} and {self.nvme_write_bytes_per_s})"
+            )
         return self
 
     @property
     def domain_size(self) -> int:
         return self.nvlink_domain_size or self.gpus_per_node
+
+    @property
+    def has_nvme(self) -> bool:
+        """Whether the nodes have local NVMe for offload (ZeRO-Infinity's NVMe tier)."""
+        return self.nvme_bytes > 0
 
     @property
     def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:

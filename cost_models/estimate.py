@@ -80,6 +80,7 @@ class Estimate:
     host_capacity_bytes: int = 0  # host RAM per node; 0 = not checked
     ranks_per_node: int = 1
     loading_bytes_per_node: int = 0  # host RAM while the model is built (`memory.loading_bytes_per_node`)
+    nvme_capacity_bytes: int = 0  # NVMe per node usable for offload (ZeRO-Infinity); 0 = none
 
     @property
     def offloaded_bytes_per_node(self) -> int:
@@ -96,6 +97,15 @@ class Estimate:
         return not self.host_capacity_bytes or self.host_bytes_per_node <= self.host_capacity_bytes
 
     @property
+    def nvme_bytes_per_node(self) -> int:
+        """Offloaded state a node keeps on its NVMe drives (ZeRO-Infinity), bytes."""
+        return int(host_bytes_per_node(max(m.nvme for m in self.memory), self.ranks_per_node))
+
+    @property
+    def nvme_fits(self) -> bool:
+        return self.nvme_bytes_per_node <= self.nvme_capacity_bytes
+
+    @property
     def peak_memory(self) -> MemoryBreakdown:
         return max(self.memory, key=lambda m: m.total)
 
@@ -105,8 +115,8 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        """GPU memory of the worst rank and host memory of a node both suffice."""
-        return self.peak_bytes <= self.capacity_bytes and self.host_fits
+        """GPU memory of the worst rank, host memory and NVMe of a node all suffice."""
+        return self.peak_bytes <= self.capacity_bytes and self.host_fits and self.nvme_fits
 
     @property
     def step_s(self) -> float:
@@ -162,7 +172,11 @@ def pricing_context(
 
 
 def setting_of(layout: Layout) -> Setting:
-    return Setting(layout.zero_stage, layout.dp_shard_, layout.recompute, layout.offload_optimizer, layout.offload_params)
+    return Setting(
+        layout.zero_stage, layout.dp_shard_, layout.recompute, layout.offload_optimizer, layout.offload_params,
+        offload_nvme=layout.offload_device == "nvme", hpz=layout.zero_hpz_partition_size,
+        quantized_weights=layout.zero_quantized_weights, quantized_gradients=layout.zero_quantized_gradients,
+    )
 
 
 def memory_breakdowns(prices: KnobPrices, row: int = 0) -> tuple[MemoryBreakdown, ...]:
@@ -178,6 +192,7 @@ def memory_breakdowns(prices: KnobPrices, row: int = 0) -> tuple[MemoryBreakdown
             comm_buffers=float(prices.comm_buffers[row, r]),
             reserve=float(prices.reserve[row, r]),
             host_optimizer=float(prices.host_optimizer[row, r]),
+            nvme=float(prices.nvme[row, r]) if prices.nvme is not None else 0.0,
         )
         for r in range(pp)
     )
@@ -206,6 +221,7 @@ def estimate_from_prices(table: StageTable, layout: Layout, prices: KnobPrices, 
         peak_flops_per_s=table.cluster.gpu.peak(training.precision),
         stage_times_s=tuple(float(x) for x in prices.stage_time[row]),
         host_capacity_bytes=table.cluster.host_memory_bytes,
+        nvme_capacity_bytes=table.cluster.nvme_bytes,
         ranks_per_node=min(table.cluster.gpus_per_node, table.gpus),
         loading_bytes_per_node=int(model_loading_bytes_per_node(
             table.model, layout.framework, layout.zero_stage, layout.zero_init, min(table.cluster.gpus_per_node, table.gpus),

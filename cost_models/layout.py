@@ -33,6 +33,7 @@ and Korthikanti et al. 2022's selective recompute: the attention core only)."""
 CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
 NormKernel = Literal["fused", "eager_fp32"]
 CpAttention = Literal["ring", "allgather_mask"]
+OffloadDevice = Literal["cpu", "nvme"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 MAX_DEGREE = 2**20
@@ -86,6 +87,25 @@ class Layout(BaseModel):
         False,
         description="ZeRO-3 parameter offload (DeepSpeed offload_param to cpu, FSDP CPUOffload): each rank's "
         "weight shard lives in pinned host memory and is copied to the GPU before each gather",
+    )
+    offload_device: OffloadDevice = Field(
+        "cpu",
+        description="where offloaded optimizer states and weight shards live: cpu (pinned host memory, "
+        "ZeRO-Offload) or nvme (ZeRO-Infinity: DeepSpeed's aio swaps them through pinned host buffers)",
+    )
+    zero_hpz_partition_size: int = Field(
+        1, ge=1, le=MAX_DEGREE,
+        description="ZeRO++ hpZ (DeepSpeed ZeRO-3): ranks holding a secondary 16-bit weight shard made at the "
+        "end of the forward, so the backward all-gathers inside that group (one node) instead of the "
+        "whole data-parallel group; 1 = off",
+    )
+    zero_quantized_weights: bool = Field(
+        False, description="ZeRO++ qwZ (DeepSpeed ZeRO-3): weight all-gathers in block-quantized int8"
+    )
+    zero_quantized_gradients: bool = Field(
+        False,
+        description="ZeRO++ qgZ (DeepSpeed ZeRO-3): gradient reduce-scatter as int4 all-to-alls (hierarchical: "
+        "inside the node, then across nodes)",
     )
     zero_init: bool = Field(
         True,
@@ -406,6 +426,12 @@ def validate_layout(
                                "step together: set offload_optimizer too"))
         if lay.pp > 1:
             v.append(Violation("offload_params", "parameter offload runs with ZeRO-3 data parallelism, not pipelines"))
+    if lay.offload_device == "nvme":
+        if not (lay.offload_optimizer or lay.offload_params):
+            v.append(Violation("offload_device", "nvme is where offloaded states go: set offload_optimizer or offload_params"))
+        if lay.framework != "deepspeed" or lay.zero_stage < 3:
+            v.append(Violation("offload_device", "NVMe offload is ZeRO-Infinity's: framework deepspeed with zero_stage 3"))
+    v += zeropp_violations(lay)
     order_dims = lay.order.split("-")
     if sorted(order_dims) != sorted(["tp", "cp", "ep", "dp", "pp"]):
         v.append(Violation("order", f"order must be a permutation of tp-cp-ep-dp-pp, got {lay.order!r}"))
@@ -444,6 +470,29 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if split:
             v.append(Violation("account_for_embedding_in_pipeline_split",
                                f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
+    return v
+
+
+def zeropp_violations(lay: Layout) -> list[Violation]:
+    """ZeRO++ (Wang et al. 2023, "ZeRO++: Extremely Efficient Collective Communication for Giant Model
+    Training"; DeepSpeed's `zero_hpz_partition_size`, `zero_quantized_weights`,
+    `zero_quantized_gradients`) is DeepSpeed's and built on ZeRO-3. DeepSpeed has no hybrid
+    sharding of its own: its ZeRO shards over every data-parallel rank, and hpZ is how it keeps the
+    backward's gathers inside a node (a deepspeed layout with dp_shard < dp is refused here)."""
+    v: list[Violation] = []
+    hpz, dp = lay.zero_hpz_partition_size, lay.dp_
+    used = hpz > 1 or lay.zero_quantized_weights or lay.zero_quantized_gradients
+    if used and (lay.framework != "deepspeed" or lay.zero_stage != 3):
+        field = "zero_hpz_partition_size" if hpz > 1 else (
+            "zero_quantized_weights" if lay.zero_quantized_weights else "zero_quantized_gradients")
+        v.append(Violation(field, "ZeRO++ (hpZ, qwZ, qgZ) is DeepSpeed's ZeRO-3: framework deepspeed with zero_stage 3"))
+    if hpz > 1 and (dp % hpz or hpz == dp):
+        v.append(Violation("zero_hpz_partition_size",
+                           f"hpZ's secondary group ({hpz}) must divide the data-parallel size ({dp}) and be smaller"))
+    if lay.framework == "deepspeed" and lay.dp_shard_ < dp:
+        v.append(Violation("dp_shard", f"DeepSpeed shards over all {dp} data-parallel ranks (no hybrid sharding): "
+                           f"with ZeRO-3, zero_hpz_partition_size={lay.dp_shard_} keeps the backward's gathers in groups of "
+                           f"{lay.dp_shard_} instead"))
     return v
 
 

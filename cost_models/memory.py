@@ -22,6 +22,32 @@ import numpy as np
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec
 
+HOST_GRAD_BYTES = 4
+"""Bytes per trainable parameter of the float32 gradient partition an offloaded optimizer reads in
+host memory: DeepSpeed's ZeRO-Offload copies each rank's gradient partition into a pinned float32
+buffer on the host (`stage_1_and_2` / `stage3` with `offload_optimizer`; DeepSpeed's estimator counts
+it too), FSDP2's CPUOffloadPolicy keeps the sharded float32 gradients on the CPU, Megatron's hybrid
+device optimizer copies float32 gradients to the host before its CPU step."""
+
+NVME_PARAM_BUFFER_COUNT, NVME_PARAM_BUFFER_ELEMENTS = 5, 100_000_000
+"""DeepSpeed `offload_param` (device nvme) defaults: `buffer_count` 5 pinned host buffers of
+`buffer_size` 1e8 elements each (16-bit), through which weight shards are read from and written to NVMe."""
+NVME_OPTIMIZER_BUFFER_COUNT = 4
+"""DeepSpeed `offload_optimizer` (device nvme) default `buffer_count`: 4 pinned float32 buffers (Adam's
+master weight, m, v, gradient) of one optimizer sub-group each."""
+NVME_SUB_GROUP_ELEMENTS = 100_000_000
+"""`sub_group_size` our DeepSpeed exports write with NVMe offload (DeepSpeed's default is 1e9, which
+makes the optimizer's four pinned swap buffers 16 GB per process; its tutorial lowers it for NVMe)."""
+
+
+def nvme_pinned_bytes(local_trainable: np.ndarray | float, optimizer: bool, params: bool, param_bytes: float) -> np.ndarray:
+    """Pinned host bytes one rank keeps as NVMe staging buffers (ZeRO-Infinity through DeepSpeed's
+    aio): the weight buffers of `offload_param` and the optimizer's swap buffers of one sub-group
+    (the smaller of `NVME_SUB_GROUP_ELEMENTS` and the rank's trainable partition)."""
+    weights = NVME_PARAM_BUFFER_COUNT * NVME_PARAM_BUFFER_ELEMENTS * param_bytes
+    swap = NVME_OPTIMIZER_BUFFER_COUNT * np.minimum(NVME_SUB_GROUP_ELEMENTS, local_trainable) * 4
+    return np.where(params, weights, 0.0) + np.where(optimizer, swap, 0.0)
+
 
 def model_state_bytes(
     params: float, zero_stage: int, shard: int, training: TrainingSpec, offload: bool = False, offload_params: bool = False
@@ -40,9 +66,13 @@ def model_state_bytes(
 def host_state_bytes(
     params: float, zero_stage: int, shard: int, training: TrainingSpec, offload: bool = False, offload_params: bool = False
 ) -> float:
-    """Bytes one rank keeps in host memory of what `model_state_bytes` leaves off the GPU."""
+    """Bytes one rank keeps off the GPU (in host memory, or on NVMe under ZeRO-Infinity) of what
+    `model_state_bytes` leaves off it: the optimizer states with the float32 gradient partition the
+    host optimizer reads (`HOST_GRAD_BYTES`), and the weight shard."""
     on_gpu = model_state_bytes(params, zero_stage, shard, training)
-    return (on_gpu["optimizer"] if offload else 0.0) + (on_gpu["parameters"] if offload_params else 0.0)
+    local = params / (shard if zero_stage >= 1 else 1)
+    optimizer = on_gpu["optimizer"] + HOST_GRAD_BYTES * local
+    return (optimizer if offload else 0.0) + (on_gpu["parameters"] if offload_params else 0.0)
 
 
 def host_bytes_per_node(worst_rank_host_bytes: float, ranks_per_node: int) -> float:
@@ -102,6 +132,7 @@ class MemoryBreakdown:
     comm_buffers: float
     reserve: float
     host_optimizer: float  # offloaded optimizer states and activations, in host memory (not in `total`)
+    nvme: float = 0.0  # offloaded states this rank keeps on the node's NVMe (ZeRO-Infinity; not in `total`)
 
     @property
     def total(self) -> float:
@@ -119,5 +150,6 @@ class MemoryBreakdown:
             "comm_buffers_bytes": int(self.comm_buffers),
             "reserve_bytes": int(self.reserve),
             "host_optimizer_bytes": int(self.host_optimizer),
+            "nvme_bytes": int(self.nvme),
             "total_bytes": int(self.total),
         }

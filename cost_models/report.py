@@ -73,6 +73,11 @@ def estimate_dict(
             "ranks_per_node": est.ranks_per_node,
             "fits": est.host_fits,
         },
+        "nvme": {
+            "bytes_per_node": est.nvme_bytes_per_node,
+            "capacity_bytes_per_node": est.nvme_capacity_bytes,
+            "fits": est.nvme_fits,
+        },
         "time": {
             "breakdown": est.time.as_dict(),
             "stage_micro_batch_s": list(est.stage_times_s),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_ti
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
+from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh import MeshLike, mesh_strides
 from cost_models.pipeline import in_flight_micro_batches
 from cost_models.stages import StagePartition
@@ -250,6 +251,17 @@ def _partition_index(partition: StagePartition) -> tuple[np.ndarray, np.ndarray,
     return owner, mine, bins
 
 
+class Sharding(NamedTuple):
+    """What the data-parallel traffic of a setting depends on: the ZeRO stage, the sharding group
+    (ranks), and the ZeRO++ knobs (hpZ group, int8 weight gathers, int4 gradient reduce-scatters)."""
+
+    zero: int
+    shard: int
+    hpz: int = 1
+    qwz: bool = False
+    qgz: bool = False
+
+
 @dataclass(frozen=True)
 class Setting:
     """One knob setting (the planner passes many; `estimate` passes one)."""
@@ -259,6 +271,14 @@ class Setting:
     recompute: str
     offload_optimizer: bool
     offload_params: bool = False
+    offload_nvme: bool = False  # offloaded states on NVMe (ZeRO-Infinity), not in host memory
+    hpz: int = 1  # ZeRO++ hpZ secondary group (ranks); 1 = off
+    quantized_weights: bool = False  # ZeRO++ qwZ
+    quantized_gradients: bool = False  # ZeRO++ qgZ
+
+    @property
+    def sharding(self) -> Sharding:
+        return Sharding(self.zero_stage, self.dp_shard, self.hpz, self.quantized_weights, self.quantized_gradients)
 
 
 @dataclass
@@ -587,13 +607,15 @@ class KnobArrays:
     offload: np.ndarray  # optimizer offload (bool)
     offload_params: np.ndarray  # ZeRO-3 parameter offload (bool)
     sharding: np.ndarray  # index into `shardings`
-    shardings: tuple[tuple[int, int], ...]  # distinct (zero stage, sharding group), first-seen order
+    shardings: tuple[Sharding, ...]  # distinct shardings, first-seen order
     phase: np.ndarray  # 2 x (ZeRO-3) + (full recompute): which layer-phase buffers the setting holds
+    offload_nvme: np.ndarray  # offloaded states on NVMe (bool)
+    hpz: np.ndarray  # ZeRO++ hpZ secondary group, ranks (1 = off)
 
     @classmethod
     def of(cls, settings: list[Setting]) -> KnobArrays:
-        distinct: dict[tuple[int, int], int] = {}
-        index = [distinct.setdefault((s.zero_stage, s.dp_shard), len(distinct)) for s in settings]
+        distinct: dict[Sharding, int] = {}
+        index = [distinct.setdefault(s.sharding, len(distinct)) for s in settings]
         zero = np.array([s.zero_stage for s in settings], dtype=np.int64)
         mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings], dtype=np.int64)
         return cls(
@@ -605,6 +627,8 @@ class KnobArrays:
             np.array(index, dtype=np.int64),
             tuple(distinct),
             2 * (zero >= 3) + (mode >= 2),  # full and op_sac re-create a layer in the backward
+            np.array([s.offload_nvme for s in settings]),
+            np.array([s.hpz for s in settings], dtype=np.int64),
         )
 
 
@@ -629,6 +653,7 @@ class KnobPrices:
     reserve: np.ndarray
     host_optimizer: np.ndarray
     allocated: np.ndarray  # (J, pp) bytes: everything but `reserve`, as `price_memory` summed it
+    nvme: np.ndarray | None = None  # (J, pp) bytes of offloaded state on the node's NVMe (ZeRO-Infinity)
     stage_time: np.ndarray | None = None  # (J, pp) seconds per micro-batch
     parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
     step_s: np.ndarray | None = None  # (J,)
@@ -655,7 +680,7 @@ def _shards(t: StageTable, shard: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _STATE_BYTES: dict[tuple, tuple[tuple[object, ...], tuple]] = {}
 
 
-def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """`_state_bytes`, memoized on everything it reads: the knobs, model and training objects (by
     identity: the entry keeps them alive, so ids are not reused), the framework, whether the step
     accumulates and pipelines, the sharding degrees and the per-rank parameter counts. Tables of
@@ -671,7 +696,7 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
     if hit is not None and hit[0][0] is knobs and hit[0][1] is t.model and hit[0][2] is t.training:
         return hit[1]  # type: ignore[return-value]
     out = _state_bytes(t, knobs)
-    for a in out[:4]:
+    for a in out[:5]:
         a.flags.writeable = False
     if len(_STATE_BYTES) > 1 << 12:  # entries hold (settings, pp) arrays: keep the memo small
         _STATE_BYTES.clear()
@@ -679,9 +704,9 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
     return out
 
 
-def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
-    """Bytes per setting and rank of parameters, gradients, GPU optimizer states and host
-    optimizer states ((settings, pp) arrays), and the FSDP embedding-gradient transient (bytes)."""
+def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Bytes per setting and rank of parameters, gradients, GPU optimizer states, offloaded state in
+    host memory and on NVMe ((settings, pp) arrays), and the FSDP embedding-gradient transient (bytes)."""
     tr, m = t.training, t.mesh
     zero, shard, offload = knobs.zero[:, None], knobs.shard[:, None], knobs.offload[:, None]
     ds, es = _shards(t, shard)
@@ -732,15 +757,25 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
         embedding_transient = float(tr.param_bytes * emb) if emb else 0.0
     else:
         embedding_transient = 0.0
-    opt_all = tr.optimizer_bytes * (np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E))
+    local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)  # trainable elements of the rank
+    opt_all = tr.optimizer_bytes * local
     opt = np.where(offload, 0.0, opt_all)
-    host = np.where(offload, opt_all, 0.0)
-    # ZeRO-3 parameter offload: the weight shard lives in pinned host memory (the gathered layers
-    # stay in the layer-phase buffers)
+    # offloaded: the optimizer states and the float32 gradient partition the host optimizer reads
+    off = np.where(offload, opt_all + HOST_GRAD_BYTES * local, 0.0)
+    # ZeRO-3 parameter offload: the weight shard leaves the GPU too (the gathered layers stay in the
+    # layer-phase buffers)
     offload_params = knobs.offload_params[:, None]
-    host = host + np.where(offload_params, params, 0.0)
+    off = off + np.where(offload_params, params, 0.0)
     params = np.where(offload_params, 0.0, params)
-    return params, grads, opt, host, embedding_transient
+    # ZeRO++ hpZ: a secondary 16-bit weight shard over the hpZ group, kept from forward to backward
+    hpz = knobs.hpz[:, None]
+    params = params + np.where(hpz > 1, (WD + WE) / np.maximum(hpz, 1), 0.0)
+    # ZeRO-Infinity's NVMe tier: the offloaded states on NVMe, pinned staging buffers in host memory
+    nvme = knobs.offload_nvme[:, None]
+    pinned = nvme_pinned_bytes(local, offload, offload_params, tr.param_bytes)
+    host = np.where(nvme, pinned, off)
+    on_nvme = np.where(nvme, off, 0.0)
+    return params, grads, opt, host, on_nvme, embedding_transient
 
 
 _PHASE_Z3 = np.array([False, False, True, True])[:, None]
@@ -760,9 +795,9 @@ def price_memory(
         knobs = KnobArrays.of(settings)
     zero, mode = knobs.zero[:, None], knobs.mode
     if cached:
-        params, grads, opt, host, embedding_transient = _state_bytes_cached(t, knobs)
+        params, grads, opt, host, nvme, embedding_transient = _state_bytes_cached(t, knobs)
     else:
-        params, grads, opt, host, embedding_transient = _state_bytes(t, knobs)
+        params, grads, opt, host, nvme, embedding_transient = _state_bytes(t, knobs)
     inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
     acts = (t.acts * inflight[None, :])[mode]  # per recompute mode, then per setting
     if m.activation_offload_layers:
@@ -852,7 +887,7 @@ def price_memory(
     reserve = cal.cuda_context_bytes + cal.fragmentation_of(m.framework) * allocated
     if m.activation_offload_layers:
         host = host + on_host
-    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, knobs=knobs)
+    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, nvme=nvme, knobs=knobs)
 
 
 def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
@@ -877,7 +912,7 @@ _DP_GRIDS: dict[tuple, tuple[tuple[object, ...], step_time.DataParallelTimes]] =
 
 
 def _dp_grid(
-    t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration, table_key: tuple
+    t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration, table_key: tuple
 ) -> step_time.DataParallelTimes:
     """`step_time.data_parallel_times` of a table's (ZeRO stage, sharding group) pairs, memoized on
     `_dp_table_key` and the pairs (the entry keeps the job objects alive, so their ids are not

@@ -64,10 +64,12 @@ import numpy as np
 
 from cost_models.calibration import Calibration
 from cost_models.comm import CHANNELS, HOST, Group, collective_cost
+from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 
 if TYPE_CHECKING:
-    from cost_models.stage_table import KnobArrays, StageTable
+    from cluster_specs.spec import ClusterSpec
+    from cost_models.stage_table import KnobArrays, Sharding, StageTable
 
 STEP_PARTS = (
     "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "comm_wait_s",
@@ -79,6 +81,41 @@ REDUCE_BUCKET_PARAMS = 40_000_000
 """Parameters per gradient bucket: Megatron-Core `DistributedDataParallelConfig.bucket_size`
 default (max(40M, 1M x dp) elements; the 40M floor is used). The last bucket's reduction starts
 when the backward ends and is never hidden."""
+
+CPU_ADAM_PARAMS_PER_CORE_S = 15e6
+"""Parameters one CPU core steps per second with DeepSpeed's vectorized CPU-Adam when DRAM is not the
+limit. An assumption of the order ZeRO-Offload reports (Ren et al. 2021: DeepSpeedCPUAdam 5-7x faster
+than PyTorch's CPU Adam, about a second per billion parameters on a DGX-2 host's 48 cores), not a
+fit; a profile of the user's host replaces it (`ClusterSpec.cpu_cores` scales it)."""
+HOST_ADAM_BYTES_PER_PARAM = 30
+"""Host DRAM bytes per parameter of one CPU Adam step: read the float32 gradient, master weight, m
+and v (16), write the master weight, m and v (12), write the 16-bit weight sent back (2)."""
+HOST_MEMORY_EFFICIENCY = 0.7
+"""Share of the node's peak DRAM bandwidth (`ClusterSpec.host_memory_bandwidth_bytes_per_s`) a
+streaming kernel reaches: STREAM triad on two-socket servers runs at roughly 70% of the channels' peak."""
+
+
+def host_adam_seconds_per_param(cl: ClusterSpec, optimizer_bytes: float) -> float:
+    """Seconds per parameter of the node's CPU optimizer step (all its cores on one node's
+    partitions): the slower of its DRAM traffic and its cores' Adam throughput. Optimizers with
+    fewer state bytes than AdamW's 12 stream proportionally less."""
+    traffic = HOST_ADAM_BYTES_PER_PARAM * max(optimizer_bytes, 4) / 12
+    memory = traffic / (cl.host_memory_bandwidth_bytes_per_s * HOST_MEMORY_EFFICIENCY)
+    cores = 1.0 / (cl.cpu_cores * CPU_ADAM_PARAMS_PER_CORE_S)
+    return max(memory, cores)
+
+
+QWZ_BYTES_PER_ELEMENT = 1.0
+"""ZeRO++ qwZ: bytes per weight element on the wire, int8 with block-wise scales (the paper's "reduces
+all-gather volume by half" from 16 bits; the per-block float scales are under 1% and left out)."""
+QGZ_BYTES_PER_ELEMENT = 0.5
+"""ZeRO++ qgZ: bytes per gradient element on the wire, int4 (the paper's 4x less than fp16)."""
+QWZ_HBM_BYTES_PER_ELEMENT = 3.0
+"""HBM bytes per gathered weight element of qwZ's kernels: dequantize reads int8 and writes 16 bits
+(the quantization of the rank's own shard, 3 bytes per shard element, is 1/N of it and left out)."""
+QGZ_HBM_BYTES_PER_ELEMENT = 5.0
+"""HBM bytes per gradient element of qgZ's kernels: quantize (read 16 bits, write 4) and, after the
+all-to-all, dequantize and reduce (read 4 bits, write 16)."""
 
 _FULL = np.array([0.0, 0.0, 1.0, 0.0])[:, None]
 """Rows of RECOMPUTE_MODES (none, selective, full, op_sac) that re-run whole layers, as a (4, 1) mask."""
@@ -96,11 +133,11 @@ class DataParallelTimes:
     reduce: np.ndarray  # (pairs, CHANNELS, pp) once per step: gradient reduction
     reduce_tail: np.ndarray  # (pairs, pp) once per step: its last bucket
     gather: np.ndarray  # (pairs, CHANNELS, pp) once per step: sharded optimizer's parameter all-gather
-    optimizer: np.ndarray  # (pairs, pp, 2) optimizer step on the GPU / offloaded to the host
-    param_copy: np.ndarray  # (pairs, pp) per micro-batch and pass: the weight shard copied from host memory
+    optimizer: np.ndarray  # (pairs, pp, 3) optimizer step on the GPU / offloaded to host memory / to NVMe
+    param_copy: np.ndarray  # (pairs, pp, 2) per micro-batch and pass: the weight shard copied from host memory / NVMe
 
 
-def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], cal: Calibration) -> DataParallelTimes:
+def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
     """ZeRO and data-parallel collectives of table `t` for each (ZeRO stage, sharding group) pair.
 
     Volumes (Rajbhandari et al. 2020): ZeRO-0 all-reduces gradients once per step (2 Psi); ZeRO-1
@@ -117,11 +154,19 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     ov = cal.overlap(m.framework)
     framework_eff = ov.bus_efficiency
     stv = mesh_strides(m)
-    zero = np.array([z for z, _ in shardings], dtype=np.int64)[:, None]  # (pairs, 1)
-    shard_gs = [Group.strided(cl, d * m.cp, stv.dp_cp, gpus) for _, d in shardings]
-    repl_gs = [Group.strided(cl, (m.dp_ * m.cp) // (d * m.cp), stv.dp_cp * d * m.cp, gpus) for _, d in shardings]
-    full_g = Group.strided(cl, m.dp_ * m.cp, stv.dp_cp, gpus)
-    edp_g = Group.strided(cl, m.expert_dp, stv.expert_dp, gpus)
+    zero = np.array([s.zero for s in shardings], dtype=np.int64)[:, None]  # (pairs, 1)
+    made: dict[tuple[int, int], Group] = {}
+
+    def group(size: int, stride: int) -> Group:
+        """One Group object per (size, stride), so `per_pair` prices each once."""
+        return made.setdefault((size, stride), Group.strided(cl, size, stride, gpus))
+
+    shard_gs = [group(s.shard * m.cp, stv.dp_cp) for s in shardings]
+    repl_gs = [group((m.dp_ * m.cp) // (s.shard * m.cp), stv.dp_cp * s.shard * m.cp) for s in shardings]
+    # the backward's gathers: over hpZ's secondary group where it is on, else the sharding group
+    back_gs = [group(s.hpz * m.cp, stv.dp_cp) if s.hpz > 1 else shard_gs[i] for i, s in enumerate(shardings)]
+    full_g = group(m.dp_ * m.cp, stv.dp_cp)
+    edp_g = group(m.expert_dp, stv.expert_dp)
 
     def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS)) of one collective
@@ -146,6 +191,16 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
 
     pb, gb = tr.param_bytes, tr.grad_bytes
     ag_shard, rs_shard = per_pair("all_gather", shard_gs), per_pair("reduce_scatter", shard_gs)
+    ag_back = per_pair("all_gather", back_gs)
+    # ZeRO++ volumes (Wang et al. 2023, Sec. 3): qwZ gathers int8 weights, qgZ reduces int4 gradients;
+    # hpZ's backward gathers the secondary 16-bit shard (made from the forward's gathered weights)
+    qwz = np.array([s.qwz for s in shardings])[:, None]
+    qgz = np.array([s.qgz for s in shardings])[:, None]
+    hpz = np.array([s.hpz > 1 for s in shardings])[:, None]
+    w_fwd = np.where(qwz, min(1.0, QWZ_BYTES_PER_ELEMENT / pb), 1.0)  # (pairs, 1) gathered bytes per stored byte
+    w_bwd = np.where(hpz, 1.0, w_fwd)
+    g_rs = np.where(qgz, QGZ_BYTES_PER_ELEMENT / gb, 1.0)  # reduced bytes per gradient byte
+    hbm = cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
     ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
     ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
     ar_repl = per_pair("all_reduce", repl_gs)
@@ -156,13 +211,18 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     # gathers move stored weight bytes (a frozen base included); reductions the trainable gradients
     cwd, cwe = t.class_weight_bytes[0][None, :], t.class_weight_bytes[1][None, :]
     ctd, cte = t.class_trainable[0][None, :], t.class_trainable[1][None, :]
-    gather_k = seconds(cwd, ag_shard) + seconds(cwe, ag_edp)
-    rs_k = seconds(ctd * gb, rs_shard) + seconds(cte * gb, rs_edp)
+    gather_k = seconds(cwd * w_fwd, ag_shard) + seconds(cwe * w_fwd, ag_edp)
+    gather_back_k = seconds(cwd * w_bwd, ag_back) + seconds(cwe * w_bwd, ag_edp)
+    rs_k = seconds(ctd * gb * g_rs, rs_shard) + seconds(cte * gb * g_rs, rs_edp)
     counts = t.class_counts  # (pp, K)
     zf_k = np.where(z3, gather_k, 0.0)
-    zb_k = zf_k + np.where(layerwise_rs, rs_k, 0.0)
+    zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
     deficit_f = np.maximum(0.0, zf_k - ov.zero3 * t.class_forward[None, :])
     deficit_b = np.maximum(0.0, zb_k - ov.zero3 * t.class_backward[None, :])
+    # ZeRO++'s quantize / dequantize kernels run on the compute stream, HBM-bound, per layer and pass
+    elements_k = (cwd + cwe) / pb
+    quant_f_k = np.where(z3 & qwz, QWZ_HBM_BYTES_PER_ELEMENT * elements_k / hbm, 0.0)
+    quant_b_k = np.where(z3 & qwz & ~hpz, quant_f_k, 0.0) + np.where(z3 & qgz, QGZ_HBM_BYTES_PER_ELEMENT * (ctd + cte) / hbm, 0.0)
     # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
     # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
     rest_wd = t.weight_bytes[0] - counts @ t.class_weight_bytes[0]  # (pp,) bytes
@@ -172,18 +232,21 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     present = counts > 0
     first_gather = np.where(present[None, :, :], zf_k[:, None, :], 0.0).max(axis=2, initial=0.0)  # (pairs, pp)
     last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
-    rest_gather = np.where(z3, seconds(rest_wd[None, :], ag_shard) + seconds(rest_we[None, :], ag_edp), 0.0)
-    rest_rs = np.where(layerwise_rs, seconds(rest_td[None, :] * gb, rs_shard) + seconds(rest_te[None, :] * gb, rs_edp), 0.0)
-    exposed_f = deficit_f @ counts.T + first_gather + rest_gather
-    exposed_b = deficit_b @ counts.T + last_rs + rest_rs
+    rest_gather = np.where(z3, seconds(rest_wd[None, :] * w_fwd, ag_shard) + seconds(rest_we[None, :] * w_fwd, ag_edp), 0.0)
+    rest_rs = np.where(layerwise_rs, seconds(rest_td[None, :] * gb * g_rs, rs_shard) + seconds(rest_te[None, :] * gb * g_rs, rs_edp), 0.0)
+    exposed_f = (deficit_f + quant_f_k) @ counts.T + first_gather + rest_gather
+    exposed_b = (deficit_b + quant_b_k) @ counts.T + last_rs + rest_rs
 
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
     D, E = t.trainable[0][None, :], t.trainable[1][None, :]
-    gather_d, gather_e = seconds(WD, ag_shard), seconds(WE, ag_edp)
+    gather_d, gather_e = seconds(WD * w_fwd, ag_shard), seconds(WE * w_fwd, ag_edp)
+    back_d, back_e = seconds(WD * w_bwd, ag_back), seconds(WE * w_bwd, ag_edp)
     rs_d, rs_e = seconds(D * gb, rs_shard), seconds(E * gb, rs_edp)
+    rs_layer_d, rs_layer_e = seconds(D * gb * g_rs, rs_shard), seconds(E * gb * g_rs, rs_edp)
     traffic_f = np.where(z3[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
-    traffic_b = traffic_f + np.where(layerwise_rs[:, :, None], on_channels(rs_d, rs_shard) + on_channels(rs_e, rs_edp), 0.0)
+    traffic_b = np.where(z3[:, :, None], on_channels(back_d, ag_back) + on_channels(back_e, ag_edp), 0.0)
+    traffic_b += np.where(layerwise_rs[:, :, None], on_channels(rs_layer_d, rs_shard) + on_channels(rs_layer_e, rs_edp), 0.0)
 
     # --- once per step ------------------------------------------------------------------------------
     reduce = np.zeros((pairs, CHANNELS, pp))
@@ -204,20 +267,36 @@ def data_parallel_times(t: StageTable, shardings: tuple[tuple[int, int], ...], c
     reduce_tail = tail_full
 
     # --- optimizer step ------------------------------------------------------------------------------
-    dense_shard = np.array([d * m.cp for _, d in shardings], dtype=float)[:, None]
-    expert_shard = np.maximum(1.0, np.array([d * m.cp * m.tp for _, d in shardings], dtype=float)[:, None] // (m.ep * m.etp_))
+    dense_shard = np.array([s.shard * m.cp for s in shardings], dtype=float)[:, None]
+    expert_shard = np.maximum(1.0, np.array([s.shard * m.cp * m.tp for s in shardings], dtype=float)[:, None] // (m.ep * m.etp_))
     local = np.where(zero >= 1, D / dense_shard, D) + np.where(zero >= 1, E / expert_shard, E)
     # HBM traffic per local parameter: read and write the optimizer states (fp32 master, m, v: 2 x
-    # 12 bytes for AdamW), read the gradient, write the working weight; offloaded, the gradient goes
-    # to the host and the weight comes back over the host link on top of that
+    # 12 bytes for AdamW), read the gradient, write the working weight
     moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
-    optimizer = np.empty(local.shape + (2,))
+    optimizer = np.empty(local.shape + (3,))
     optimizer[..., 0] = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
-    optimizer[..., 1] = local * (tr.grad_bytes + tr.param_bytes + moved) / cl.host_to_device_bytes_per_s
+    # offloaded (ZeRO-Offload, Ren et al. 2021): the gradient partition goes down the rank's host link,
+    # the node's CPU cores step every rank's partition, the updated weights come back up; one after
+    # the other (the step needs the whole gradient, the next forward the new weights)
+    ranks_per_node = min(gpus, cl.gpus_per_node)
+    link = local * (tr.grad_bytes + tr.param_bytes) / cl.host_to_device_bytes_per_s
+    cpu = ranks_per_node * local * host_adam_seconds_per_param(cl, tr.optimizer_bytes)
+    optimizer[..., 1] = link + cpu
+    # ZeRO-Infinity's NVMe tier (Rajbhandari et al. 2021): the node's drives read every rank's
+    # optimizer states and float32 gradient partition in and write the states back, swapped through
+    # pinned buffers one sub-group at a time, beside the CPU step as DeepSpeed's pipelined swapper does
+    nvme_read = ranks_per_node * local * (tr.optimizer_bytes + HOST_GRAD_BYTES) / max(cl.nvme_read_bytes_per_s, 1.0)
+    nvme_write = ranks_per_node * local * tr.optimizer_bytes / max(cl.nvme_write_bytes_per_s, 1.0)
+    optimizer[..., 2] = link + np.maximum(cpu, nvme_read + nvme_write)
     # ZeRO-3 parameter offload: before each gather (forward and backward) the rank's weight shard
-    # crosses the host link (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 5; FSDP CPUOffload)
+    # crosses the host link (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 5; FSDP CPUOffload); from
+    # NVMe it is read into pinned buffers first, prefetched, so the slower of the two paces it (the
+    # node's drives serve all of its ranks)
     shard_bytes = WD / dense_shard + WE / expert_shard
-    param_copy = np.where(zero >= 3, shard_bytes / cl.host_to_device_bytes_per_s, 0.0)
+    param_copy = np.empty(shard_bytes.shape + (2,))
+    param_copy[..., 0] = np.where(zero >= 3, shard_bytes / cl.host_to_device_bytes_per_s, 0.0)
+    from_nvme = ranks_per_node * shard_bytes / max(cl.nvme_read_bytes_per_s, 1.0)
+    param_copy[..., 1] = np.where(zero >= 3, np.maximum(param_copy[..., 0], from_nvme), 0.0)
     out = DataParallelTimes(exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy)
     for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy):
         a.flags.writeable = False
@@ -325,7 +404,8 @@ def compose(
     exposed_reduce = np.maximum(0.0, reduce - ov.dp * free_b).max(axis=1)  # (J, pp)
     exposed_reduce = np.maximum(exposed_reduce, dp.reduce_tail[pair])
     exposed_gather = np.maximum(0.0, dp.gather[pair] - ov.dp * free_f).max(axis=1)
-    optimizer = dp.optimizer[pair, :, knobs.offload.astype(np.int64)]  # (J, pp)
+    tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
+    optimizer = dp.optimizer[pair, :, tier]  # (J, pp)
     tail = exposed_reduce + optimizer
     tail_rank = tail.argmax(axis=1)
     gather_s = exposed_gather.max(axis=1)
@@ -370,7 +450,8 @@ def _busy(knobs: KnobArrays, dp: DataParallelTimes, phases: PhaseArrays) -> tupl
     busy_f = phases.busy_f[mode] + dp.traffic_f[pair]
     busy_b = phases.busy_b[mode] + dp.traffic_b[pair]
     if knobs.offload_params.any():
-        copy = np.where(knobs.offload_params[:, None], dp.param_copy[pair], 0.0)  # (J, pp)
+        source = dp.param_copy[pair, :, knobs.offload_nvme.astype(np.int64)]  # (J, pp)
+        copy = np.where(knobs.offload_params[:, None], source, 0.0)
         busy_f = busy_f.copy()
         busy_b = busy_b.copy()
         busy_f[:, HOST] += copy

@@ -78,6 +78,12 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
             f"Host memory: {host['bytes_per_node'] / GIB:.1f} GiB per node of {host['capacity_bytes_per_node'] / GIB:.1f} GiB "
             f"(offloaded state of {host['ranks_per_node']} ranks)."
         )
+    nvme = est.get("nvme") or {}
+    if nvme.get("bytes_per_node"):
+        out.append(
+            f"NVMe: {nvme['bytes_per_node'] / GIB:.1f} GiB per node of {nvme['capacity_bytes_per_node'] / GIB:.1f} GiB "
+            "(ZeRO-Infinity: the offloaded states on the node's drives, pinned staging buffers in host memory)."
+        )
     band = est.get("error_band")
     if band:
         out.append(

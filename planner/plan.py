@@ -40,6 +40,11 @@ class SearchConstraints(BaseModel):
         None, pattern="^(eager|loss_parallel|vocab_parallel|fused)$", description="loss kernel; default by framework"
     )
     allow_offload: bool = True
+    allow_quantized_comm: bool = Field(
+        False,
+        description="search ZeRO++'s lossy collectives too (qwZ int8 weight gathers, qgZ int4 gradient "
+        "reduce-scatters; DeepSpeed ZeRO-3): they change the numerics, so only when asked",
+    )
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
 

@@ -105,8 +105,15 @@ def describe(layout: Layout) -> str:
     parts += [f"mb={layout.micro_batch}", f"recompute={layout.recompute}"]
     if layout.pp > 1:
         parts.append(f"schedule={layout.schedule}")
-    if layout.offload_optimizer:
-        parts.append("offload")
+    if layout.offload_optimizer or layout.offload_params:
+        what = "+".join(x for x, on in (("optimizer", layout.offload_optimizer), ("params", layout.offload_params)) if on)
+        parts.append(f"offload={what}:{layout.offload_device}")
+    if layout.zero_hpz_partition_size > 1:
+        parts.append(f"hpz={layout.zero_hpz_partition_size}")
+    if layout.zero_quantized_weights:
+        parts.append("qwz")
+    if layout.zero_quantized_gradients:
+        parts.append("qgz")
     if layout.pp > 1:
         parts.append(f"order={layout.order}")
     return " ".join(parts)
@@ -523,6 +530,9 @@ HOST_MEMORY_REASON = (
 )
 
 
+NVME_REASON = "NVMe: the states a node's ranks offload to NVMe (ZeRO-Infinity) exceed the node's NVMe capacity"
+
+
 def _memory_reason(s: Setting) -> str:
     knob = f"ZeRO-{s.zero_stage}"
     if s.dp_shard and s.zero_stage > 0:
@@ -756,6 +766,19 @@ def search(
                 loading_by_stage[knobs_of(grid_key, grid).zero],
             )
             host_over = (host_node > host_usable) & ~over_mask
+            if prices.nvme is not None and prices.nvme.any():  # ZeRO-Infinity: the node's drives hold it
+                nvme_node = host_bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
+                nvme_over = (nvme_node > cluster.nvme_bytes) & ~over_mask & ~host_over
+                if nvme_over.any():
+                    j = int(np.flatnonzero(nvme_over)[0])
+                    layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
+                    log.add(
+                        NVME_REASON,
+                        f"{describe(layout)}: needs {nvme_node[j] / GIB:.1f} GiB of NVMe per node, "
+                        f"{int(nvme_node[j] - cluster.nvme_bytes):,} bytes over the {cluster.nvme_bytes / GIB:.1f} GiB it has",
+                        int(np.count_nonzero(nvme_over)),
+                    )
+                host_over = host_over | nvme_over
             if host_over.any():
                 j = int(np.flatnonzero(host_over)[0])
                 layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)

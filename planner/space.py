@@ -184,15 +184,31 @@ def micro_batches(training: TrainingSpec, dp: int, c: SearchConstraints) -> list
     return _pinned(c.micro_batch, options)
 
 
-def shard_groups(mesh: Mesh, cluster: ClusterSpec) -> list[int]:
+def shard_groups(mesh: Mesh, cluster: ClusterSpec, framework: str = "megatron") -> list[int]:
     """ZeRO sharding groups: the whole dp group, and hybrid groups that keep the shard inside one
-    NVLink domain (and inside one node), the layouts HSDP and ZeRO++ hpZ use."""
+    NVLink domain (and inside one node), the layouts HSDP and Megatron's distributed-optimizer
+    instances use. DeepSpeed shards over the whole dp group only (its in-node groups are hpZ's,
+    `hpz_groups`)."""
     groups = {mesh.dp}
+    if framework == "deepspeed":
+        return [mesh.dp]
     for span in {cluster.gpus_per_node, cluster.domain_size}:
         per = span // (mesh.tp * mesh.cp)
         if per >= 1 and mesh.dp % per == 0 and per < mesh.dp and span % (mesh.tp * mesh.cp) == 0:
             groups.add(per)
     return sorted(groups)
+
+
+def hpz_groups(mesh: Mesh, cluster: ClusterSpec, framework: str) -> list[int]:
+    """ZeRO++ hpZ secondary groups searched under DeepSpeed ZeRO-3: off, and one node's data-parallel
+    ranks when the dp group spans nodes (the seeds' recipe: `zero_hpz_partition_size` = ranks per
+    node, DeepSpeed's ZeRO++ tutorial)."""
+    if framework != "deepspeed":
+        return [1]
+    per_node = cluster.gpus_per_node // (mesh.tp * mesh.cp)
+    if per_node > 1 and mesh.dp % per_node == 0 and per_node < mesh.dp:
+        return [1, per_node]
+    return [1]
 
 
 class PipeOption(NamedTuple):
@@ -245,16 +261,30 @@ def recompute_modes(framework: str) -> list[str]:
 
 def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Setting]:
     """ZeRO stage x sharding group x recompute x optimizer offload (and, with optimizer offload under
-    ZeRO-3 without pipelines outside Megatron, parameter offload too: ZeRO-Infinity / FSDP CPUOffload)."""
+    ZeRO-3 without pipelines outside Megatron, parameter offload too: ZeRO-Infinity / FSDP CPUOffload).
+    Under DeepSpeed ZeRO-3 also: hpZ (`hpz_groups`), NVMe as the offload tier where the cluster has
+    NVMe, and, when the constraints allow lossy collectives, qwZ / qgZ."""
     out = []
     zeros = [0, 1] if c.framework == "deepspeed" and mesh.pp > 1 else [0, 1, 2, 3]  # DeepSpeed PP: ZeRO 0-1
+    deepspeed = c.framework == "deepspeed"
     for zero in _pinned(c.zero_stage, zeros):
-        for shard in shard_groups(mesh, cluster) if zero > 0 else [mesh.dp]:
+        zero3_ds = deepspeed and zero == 3
+        hpzs = hpz_groups(mesh, cluster, c.framework) if zero3_ds else [1]
+        quantized = [(False, False), (True, False), (False, True), (True, True)] if (
+            zero3_ds and c.allow_quantized_comm and mesh.dp > 1) else [(False, False)]
+        tiers = (False, True) if zero3_ds and cluster.has_nvme else (False,)
+        for shard in shard_groups(mesh, cluster, c.framework) if zero > 0 else [mesh.dp]:
             for recompute in [c.recompute] if c.recompute else recompute_modes(c.framework):
-                for offload in (False, True) if (c.allow_offload and zero > 0) else (False,):
-                    out.append(Setting(zero, shard, recompute, offload))
-                    if offload and zero == 3 and mesh.pp == 1 and c.framework != "megatron":
-                        out.append(Setting(zero, shard, recompute, offload, offload_params=True))
+                for hpz in hpzs:
+                    for qwz, qgz in quantized:
+                        zpp = dict(hpz=hpz, quantized_weights=qwz, quantized_gradients=qgz)
+                        out.append(Setting(zero, shard, recompute, False, **zpp))
+                        if not (c.allow_offload and zero > 0):
+                            continue
+                        for nvme in tiers:
+                            out.append(Setting(zero, shard, recompute, True, offload_nvme=nvme, **zpp))
+                            if zero == 3 and mesh.pp == 1 and c.framework != "megatron":
+                                out.append(Setting(zero, shard, recompute, True, offload_params=True, offload_nvme=nvme, **zpp))
     return out
 
 
@@ -307,6 +337,10 @@ def to_layout(
         schedule=option.schedule,
         offload_optimizer=s.offload_optimizer,
         offload_params=s.offload_params,
+        offload_device="nvme" if s.offload_nvme else "cpu",
+        zero_hpz_partition_size=s.hpz,
+        zero_quantized_weights=s.quantized_weights,
+        zero_quantized_gradients=s.quantized_gradients,
         order=mesh.order,
         framework=framework,
         cross_entropy=cross_entropy,

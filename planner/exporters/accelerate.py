@@ -20,6 +20,7 @@ from planner.exporters.common import (
     ExportResult,
     Job,
     comment_block,
+    deepspeed_only_notes,
     framework_note,
     nodes_note,
     notes_lines,
@@ -98,6 +99,7 @@ def export_accelerate(job: Job) -> ExportResult:
     lay = job.lay
     _losses(job, lost)
     lost += framework_note(job, "fsdp", "Accelerate (FSDP2)")
+    lost += deepspeed_only_notes(job, "Accelerate")
     # Without pipeline parallelism in Accelerate, the pp dimension folds into the shard group.
     shard = job.dp_shard * lay.pp
     fsdp: dict[str, Any] = {

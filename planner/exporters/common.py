@@ -229,6 +229,24 @@ def framework_note(job: Job, framework: str, target: str) -> list[str]:
     ]
 
 
+def deepspeed_only_notes(job: Job, target: str) -> list[str]:
+    """What of a DeepSpeed-priced plan no other framework runs: ZeRO-Infinity's NVMe tier and
+    ZeRO++ (hpZ, qwZ, qgZ)."""
+    lay, out = job.lay, []
+    if lay.offload_device == "nvme":
+        out.append(f"NVMe offload (ZeRO-Infinity): {target} offloads to CPU memory only; the states priced on "
+                   "NVMe need the node's host RAM instead")
+    zpp = [name for name, on in (
+        (f"hpZ (zero_hpz_partition_size={lay.zero_hpz_partition_size})", lay.zero_hpz_partition_size > 1),
+        ("qwZ (int8 weight all-gathers)", lay.zero_quantized_weights),
+        ("qgZ (int4 gradient reduce-scatters)", lay.zero_quantized_gradients),
+    ) if on]
+    if zpp:
+        out.append(f"ZeRO++ {', '.join(zpp)}: DeepSpeed's; {target} gathers and reduces in full precision over the "
+                   "whole sharding group")
+    return out
+
+
 def nodes_note(job: Job) -> list[str]:
     if job.nodes_even:
         return []

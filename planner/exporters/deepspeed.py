@@ -1,6 +1,7 @@
 """DeepSpeed `ds_config.json`.
 
-What the config holds: batch sizes, precision, the ZeRO stage (with CPU optimizer offload), AutoTP
+What the config holds: batch sizes, precision, the ZeRO stage (with optimizer and parameter offload
+to CPU or NVMe, ZeRO++'s hpZ / qwZ / qgZ), AutoTP
 training (`tensor_parallel.autotp_size`) and the pipeline engine's section (`stages`,
 `partition`, `activation_checkpoint_interval`). What lives in model code, not the config, and so is
 reported as lost: pipeline cuts other than DeepSpeed's own partition methods, interleaving,
@@ -23,6 +24,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cost_models.memory import (
+    NVME_OPTIMIZER_BUFFER_COUNT,
+    NVME_PARAM_BUFFER_COUNT,
+    NVME_PARAM_BUFFER_ELEMENTS,
+    NVME_SUB_GROUP_ELEMENTS,
+)
 from planner.exporters.common import ExportResult, Job, framework_note, peft_config, summary_lines
 
 
@@ -38,17 +45,33 @@ def _zero_section(job: Job, lost: list[str]) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": stage}
     if stage >= 1:
         zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True})
+    nvme = lay.offload_device == "nvme" and stage == 3
     if lay.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if lay.offload_params and stage == 3:  # ZeRO-Infinity's CPU tier for the weight shards
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        zero["offload_optimizer"] = _offload_target(nvme, {"buffer_count": NVME_OPTIMIZER_BUFFER_COUNT})
+    if lay.offload_params and stage == 3:  # ZeRO-Infinity's tier for the weight shards
+        zero["offload_param"] = _offload_target(
+            nvme, {"buffer_count": NVME_PARAM_BUFFER_COUNT, "buffer_size": NVME_PARAM_BUFFER_ELEMENTS}
+        )
+    if nvme:
+        # the optimizer swaps one sub-group at a time through its pinned buffers (memory.NVME_SUB_GROUP_ELEMENTS)
+        zero["sub_group_size"] = NVME_SUB_GROUP_ELEMENTS
+        lost.append(
+            f"NVMe offload: the path {NVME_PATH} is a placeholder for a local NVMe mount on every node "
+            "(edit nvme_path; DeepSpeed's aio library must be built: DS_BUILD_AIO=1)"
+        )
+    if stage == 3 and lay.zero_hpz_partition_size > 1:
+        zero["zero_hpz_partition_size"] = lay.zero_hpz_partition_size
+    if stage == 3 and lay.zero_quantized_weights:
+        zero["zero_quantized_weights"] = True
+    if stage == 3 and lay.zero_quantized_gradients:
+        zero["zero_quantized_gradients"] = True
     if stage == 3 and not lay.zero_init:
         lost.append(
             "no sharded init (zero_init off): build the model outside deepspeed.zero.Init; transformers' "
             "from_pretrained enters it by itself under a ZeRO-3 config"
         )
     if job.dp_replicate > 1 and stage >= 1:
-        if stage == 3:
+        if stage == 3 and lay.zero_hpz_partition_size == 1:
             zero["zero_hpz_partition_size"] = job.dp_shard
             lost.append(
                 f"hybrid sharding over groups of {job.dp_shard}: DeepSpeed's closest is ZeRO++ hpZ "
@@ -61,6 +84,18 @@ def _zero_section(job: Job, lost: list[str]) -> dict[str, Any]:
                 f"over all {job.dp} data-parallel ranks (less memory, more traffic than planned)"
             )
     return zero
+
+
+NVME_PATH = "/local_nvme"
+"""Where the exported config points DeepSpeed's NVMe swap files (DeepSpeed's own docs use this path)."""
+
+
+def _offload_target(nvme: bool, buffers: dict[str, int]) -> dict[str, Any]:
+    """An `offload_optimizer` / `offload_param` section: pinned CPU memory, or NVMe through pinned
+    staging buffers of the sizes the memory model prices (`cost_models.memory`)."""
+    if not nvme:
+        return {"device": "cpu", "pin_memory": True}
+    return {"device": "nvme", "nvme_path": NVME_PATH, "pin_memory": True, **buffers}
 
 
 def _pipeline_section(job: Job, lost: list[str]) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from planner.exporters.common import (
     ExportResult,
     Job,
     comment_block,
+    deepspeed_only_notes,
     framework_note,
     method_note,
     notes_lines,
@@ -394,6 +395,7 @@ def export_megatron(job: Job) -> ExportResult:
         ("precision", _precision_args(job)),
     ]
     lost += framework_note(job, "megatron", "Megatron-LM")
+    lost += deepspeed_only_notes(job, "Megatron-LM")
     lines = [
         "#!/usr/bin/env bash",
         comment_block(["Megatron-LM arguments written by autopar", *summary_lines(job)]),

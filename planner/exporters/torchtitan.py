@@ -27,6 +27,7 @@ from planner.exporters.common import (
     ExportResult,
     Job,
     comment_block,
+    deepspeed_only_notes,
     framework_note,
     method_note,
     notes_lines,
@@ -192,6 +193,7 @@ def export_torchtitan(job: Job) -> ExportResult:
         ("compile", {"enable": True, "components": ["model", "loss"]} if async_tp else {"enable": False}),
     ]
     lost += framework_note(job, "fsdp", "torchtitan")
+    lost += deepspeed_only_notes(job, "torchtitan")
     doc: dict[str, Any] = dict(tables)
     if tr.precision == "fp8":
         doc["quantize"] = {"linear": {"float8": {"recipe_name": "rowwise"}}}

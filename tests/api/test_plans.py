@@ -113,7 +113,7 @@ def test_impossible_job_is_stored_with_the_closest_miss_in_bytes(user: httpx.Cli
 
 def test_full_fine_tune_beyond_host_ram_is_stored_infeasible_with_the_host_bytes(user: httpx.Client) -> None:
     """A DGX A100 described as the preset with 64 GiB of host memory: Llama-3-70B full fine-tuning
-    fits on 8 GPUs only with the optimizer offloaded (789 GiB per node), which the node cannot hold."""
+    fits on 8 GPUs only with the optimizer offloaded (1051 GiB per node: Adam states and the float32 gradient partition), which the node cannot hold."""
     cluster = {"preset": "dgx-a100-80g", "host_memory": "64 GiB"}
     body = {"model": "llama3-70b", "cluster": cluster, "gpus": 8, "training": {"seq_len": 4096, "global_batch": 64},
             "constraints": {"framework": "fsdp"}}
@@ -125,7 +125,7 @@ def test_full_fine_tune_beyond_host_ram_is_stored_infeasible_with_the_host_bytes
     miss = rec["plan"]["closest_miss"]
     assert miss["over_by_bytes"] == miss["peak_bytes"] - miss["usable_bytes"] > 0
     host = [line for line in rec["plan"]["why"] if "host RAM per node" in line]
-    assert host and "788.5 GiB of host RAM per node (8 ranks)" in host[0] and "bytes over the 60.8 GiB usable" in host[0]
+    assert host and "1051.3 GiB of host RAM per node (8 ranks)" in host[0] and "bytes over the 60.8 GiB usable" in host[0]
     unknown = user.post("/v1/plans", json={**body, "cluster": {"preset": "dgx-z"}})
     assert unknown.status_code == 422 and "unknown cluster preset 'dgx-z'" in unknown.text
 

@@ -60,4 +60,4 @@ def test_host_ram_refusal_from_a_cluster_file_over_a_preset(tmp_path) -> None:
     out = " ".join(r.stdout.split())
     assert "dgx-a100-80g-custom" in out
     assert "fit in GPU memory but not in the node's host RAM" in out
-    assert "788.5 GiB of host RAM per node (8 ranks)" in out and "bytes over the 60.8 GiB usable" in out
+    assert "1051.3 GiB of host RAM per node (8 ranks)" in out and "bytes over the 60.8 GiB usable" in out

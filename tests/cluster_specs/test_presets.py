@@ -19,6 +19,7 @@ REQUIRED = [
     "l40s-pcie-8",
     "rtx4090-pcie-8",
     "grand-teton-h100",
+    "gcp-a2-ultragpu-8g",
     "local-cpu",
 ]
 
@@ -33,6 +34,10 @@ def test_every_preset_loads():
             or c.gpu.vendor == "cpu"
         )
         assert c.host_memory_bytes > 2**30 and c.host_to_device_bytes_per_s > 1e9
+        assert c.cpu_cores >= 1 and c.host_memory_bandwidth_bytes_per_s > 1e9, name
+        assert c.has_nvme == (c.nvme_bytes > 0), name
+        if c.has_nvme:
+            assert c.nvme_read_bytes_per_s > 1e9 and c.nvme_write_bytes_per_s > 1e9, name
 
 
 def test_dgx_h100():
@@ -137,3 +142,108 @@ def test_load_cluster_yaml(tmp_path):
     assert c.name == "lab" and c.gpus_per_node == 4
     assert c.nic_bandwidth_per_gpu_bytes_per_s == pytest.approx(12.5e9 / 4)
     assert c.host_memory_bytes == 512 * 2**30
+
+
+def test_dgx_a100_80g_host_facts():
+    c = get_cluster("dgx-a100-80g")
+    assert c.cpu_cores == 128  # 2x EPYC 7742
+    assert c.host_memory_bandwidth_bytes_per_s == pytest.approx(409.6e9)  # 2 x 8 x DDR4-3200 x 8 B
+    assert c.has_nvme and c.nvme_bytes == 8 * 3_840_000_000_000  # 8x 3.84 TB, decimal
+    assert c.nvme_read_bytes_per_s > c.nvme_write_bytes_per_s > 0
+    assert get_cluster("dgx-a100-40g").nvme_bytes == c.nvme_bytes // 2  # 4x 3.84 TB
+    assert get_cluster("dgx-h100").cpu_cores == 112
+    assert get_cluster("dgx-h100").host_memory_bandwidth_bytes_per_s == pytest.approx(614.4e9)
+    assert not get_cluster("local-cpu").has_nvme
+
+
+def test_gcp_a2_ultragpu_has_no_infiniband():
+    c = get_cluster("GCP_A2_ultragpu_8g")
+    assert c.name == "gcp-a2-ultragpu-8g" and c.gpu == get_gpu("A100-80GB") and c.gpus_per_node == 8
+    assert c.intra_node == get_cluster("dgx-a100-80g").intra_node
+    net = c.inter_node
+    assert (net.kind, net.nics_per_node, net.rail_optimized) == ("ethernet", 1, False)
+    assert net.nic_bandwidth_bytes_per_s == pytest.approx(12.5e9)  # 100 Gb/s for the whole VM
+    assert c.nic_bandwidth_per_gpu_bytes_per_s == pytest.approx(12.5e9 / 8)
+    assert c.host_memory_bytes == 1360 * 2**30 and c.cpu_cores == 48
+    assert c.nvme_bytes == 8 * 375 * 2**30 and c.has_nvme
+
+
+def test_host_fact_short_keys_take_units():
+    c = cluster_from_dict(
+        {
+            "gpu": "h100",
+            "gpus_per_node": 8,
+            "intra_node": {"kind": "nvswitch", "bus_bandwidth": "368 GB/s"},
+            "host_memory_bandwidth": "614.4 GB/s",
+            "cpu_cores": 112,
+            "nvme": "30 TB",
+            "nvme_read": "25 GB/s",
+            "nvme_write": "12000 MB/s",
+        }
+    )
+    assert c.host_memory_bandwidth_bytes_per_s == pytest.approx(614.4e9)
+    assert c.cpu_cores == 112
+    assert c.nvme_bytes == 30 * 10**12  # TB is decimal
+    assert c.nvme_read_bytes_per_s == pytest.approx(25e9)
+    assert c.nvme_write_bytes_per_s == pytest.approx(12e9)
+    assert c.has_nvme
+    tib = cluster_from_dict({**_BASE, "nvme": "2 TiB", "nvme_read": "1 GB/s", "nvme_write": "1 GB/s"})
+    assert tib.nvme_bytes == 2 * 2**40  # TiB is binary
+    si = cluster_from_dict(
+        {**_BASE, "nvme_bytes": 10**12, "nvme_read_bytes_per_s": "2 GB/s", "nvme_write_bytes_per_s": 1e9}
+    )
+    assert (si.nvme_bytes, si.nvme_read_bytes_per_s, si.nvme_write_bytes_per_s) == (10**12, 2e9, 1e9)
+
+
+def test_host_fact_defaults():
+    c = cluster_from_dict(_BASE)
+    assert c.cpu_cores == 64 and c.host_memory_bandwidth_bytes_per_s == pytest.approx(409.6e9)
+    assert c.nvme_bytes == 0 and not c.has_nvme
+    assert c.nvme_read_bytes_per_s == c.nvme_write_bytes_per_s == 0.0
+
+
+def test_host_facts_override_a_preset():
+    base = get_cluster("dgx-a100-80g")
+    no_nvme = cluster_from_dict({"preset": "dgx-a100-80g", "nvme": "0 B"})
+    assert no_nvme.name == "dgx-a100-80g-custom" and not no_nvme.has_nvme
+    assert no_nvme.nvme_read_bytes_per_s == base.nvme_read_bytes_per_s  # the rest stays the preset's
+    assert no_nvme.cpu_cores == base.cpu_cores and no_nvme.intra_node == base.intra_node
+    assert "nvme_bytes" in no_nvme.source
+    small = cluster_from_dict(
+        {"preset": "dgx-a100-80g", "nvme": "500 GB", "nvme_write": "1 GB/s", "cpu_cores": 16,
+         "host_memory_bandwidth": "100 GB/s"}
+    )  # fmt: skip
+    assert small.nvme_bytes == 500 * 10**9 and small.nvme_write_bytes_per_s == pytest.approx(1e9)
+    assert small.nvme_read_bytes_per_s == base.nvme_read_bytes_per_s
+    assert small.cpu_cores == 16 and small.host_memory_bandwidth_bytes_per_s == pytest.approx(100e9)
+    # a short key overrides the preset's field of the same meaning, given either way
+    si = cluster_from_dict({"preset": "dgx-a100-80g", "nvme_bytes": 10**12})
+    assert si.nvme_bytes == 10**12
+    added = cluster_from_dict(
+        {"preset": "local-cpu", "nvme": "1 TB", "nvme_read": "3 GB/s", "nvme_write": "2 GB/s"}
+    )
+    assert added.has_nvme and added.nvme_read_bytes_per_s == pytest.approx(3e9)
+
+
+def test_nvme_capacity_needs_bandwidth():
+    with pytest.raises(ValueError, match="nvme_read_bytes_per_s and nvme_write_bytes_per_s"):
+        cluster_from_dict({**_BASE, "nvme": "1 TB"})
+    with pytest.raises(ValueError, match="nvme_bytes"):
+        cluster_from_dict({**_BASE, "nvme": "1 TB", "nvme_read": "3 GB/s"})
+    with pytest.raises(ValueError, match="nvme_write_bytes_per_s"):
+        cluster_from_dict({"preset": "local-cpu", "nvme": "1 TB", "nvme_read": "3 GB/s"})
+    with pytest.raises(ValueError, match="twice"):
+        cluster_from_dict({**_BASE, "nvme": "1 TB", "nvme_bytes": 10**12})
+    with pytest.raises(ValueError):
+        cluster_from_dict({**_BASE, "cpu_cores": 0})
+    with pytest.raises(ValueError):
+        cluster_from_dict({**_BASE, "host_memory_bandwidth": "0 GB/s"})
+    # bandwidth without capacity is allowed (and unused)
+    assert not cluster_from_dict({**_BASE, "nvme_read": "3 GB/s", "nvme_write": "2 GB/s"}).has_nvme
+
+
+_BASE = {
+    "gpu": "h100",
+    "gpus_per_node": 8,
+    "intra_node": {"kind": "nvswitch", "bus_bandwidth": "368 GB/s"},
+}

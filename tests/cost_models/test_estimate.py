@@ -55,7 +55,8 @@ def test_tp_across_nodes_is_slower_than_inside() -> None:
 def test_offload_moves_optimizer_to_host() -> None:
     on = est(tp=8, zero_stage=1, offload_optimizer=True)
     off = est(tp=8, zero_stage=1)
-    assert on.peak_memory.optimizer == 0 and on.peak_memory.host_optimizer == pytest.approx(off.peak_memory.optimizer)
+    # on the host: the Adam states (12 bytes per parameter) and the float32 gradient partition (4)
+    assert on.peak_memory.optimizer == 0 and on.peak_memory.host_optimizer == pytest.approx(off.peak_memory.optimizer * 16 / 12)
     assert on.time.optimizer > off.time.optimizer
 
 

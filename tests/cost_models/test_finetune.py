@@ -86,7 +86,7 @@ def test_data_parallel_reduction_carries_only_the_adapters() -> None:
     the adapters' (0.5% of them), and its optimizer step touches only the adapters."""
     from cost_models.calibration import default_calibration
     from cost_models.estimate import pricing_context
-    from cost_models.stage_table import build_table
+    from cost_models.stage_table import Sharding, build_table
     from cost_models.step_time import data_parallel_times
 
     m = get_model("llama3-8b")
@@ -97,7 +97,7 @@ def test_data_parallel_reduction_carries_only_the_adapters() -> None:
         ctx = pricing_context(m, TrainingSpec(seq_len=4096, global_batch=64, method=method), h100, 64,
                               Layout(zero_stage=0, framework="fsdp", micro_batch=1))
         t = build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, ctx.layout, ctx.partition, cal)
-        dp = data_parallel_times(t, ((0, 64),), cal)
+        dp = data_parallel_times(t, (Sharding(0, 64),), cal)
         reduce_s[method] = (float(dp.reduce.sum()), float(dp.optimizer[..., 0].sum()))
     assert reduce_s["lora"][0] < 0.05 * reduce_s["full"][0]
     assert reduce_s["lora"][1] < 0.01 * reduce_s["full"][1]

@@ -144,6 +144,17 @@ FIXTURES = {
         cluster="l40s-pcie-8",
         training=TrainingSpec(seq_len=512, global_batch=16, method="qlora", lora_rank=64, lora_alpha=16),
     ),
+    # ZeRO-Infinity and ZeRO++ on two DGX A100: states and weight shards on NVMe, hpZ over each
+    # node, int8 weight gathers and int4 gradient reduce-scatters
+    "llama3-70b-zero-infinity": lambda: make_plan(
+        "llama3-70b", 16,
+        Layout(
+            zero_stage=3, offload_optimizer=True, offload_params=True, offload_device="nvme", recompute="full",
+            zero_hpz_partition_size=8, zero_quantized_weights=True, zero_quantized_gradients=True, framework="deepspeed",
+        ),
+        cluster="dgx-a100-80g",
+        training=TrainingSpec(seq_len=4096, global_batch=32),
+    ),
     # DeepSeek-V3 on 2048 H800 in FP8: PP16 EP64, first/last pipeline ranks 3 and 2 layers
     "deepseek-v3-h800-fp8": lambda: make_plan(
         "deepseek-v3", 2048,
@@ -524,6 +535,11 @@ def test_deepspeed_accepts_the_exports(tmp_path: Path) -> None:
         assert got["zero_stage"] == (min(lay.zero_stage, 1) if lay.pp > 1 else lay.zero_stage), name
         assert got["offload_optimizer"] == lay.offload_optimizer, name
         assert got["pipeline_stages"] == (lay.pp if lay.pp > 1 else "auto"), name
+        if lay.offload_device == "nvme":  # DeepSpeed's OffloadDeviceEnum prints as e.g. "OffloadDeviceEnum.nvme"
+            assert got["offload_optimizer_device"].endswith("nvme") and got["offload_param_device"].endswith("nvme"), name
+        if lay.zero_hpz_partition_size > 1:
+            assert got["hpz"] == lay.zero_hpz_partition_size, name
+        assert (got["qwz"], got["qgz"]) == (lay.zero_quantized_weights, lay.zero_quantized_gradients), name
 
 
 @pytest.mark.slow
@@ -755,3 +771,25 @@ def test_lora_and_qlora_exports_carry_the_peft_configuration() -> None:
         assert any(who in line for line in export(lora_plan, fmt).lost)
     full = export(FIXTURES["llama3-8b-fsdp"](), "deepspeed")
     assert "peft" not in json.loads(full.text)["autopar"]
+
+
+def test_zero_infinity_and_zeropp_reach_the_deepspeed_config() -> None:
+    """NVMe offload with the buffer sizes the memory model prices, and ZeRO++'s three knobs, in
+    DeepSpeed's own keys; the frameworks without them say so."""
+    from cost_models.memory import (
+        NVME_PARAM_BUFFER_COUNT,
+        NVME_PARAM_BUFFER_ELEMENTS,
+        NVME_SUB_GROUP_ELEMENTS,
+    )
+
+    plan = FIXTURES["llama3-70b-zero-infinity"]()
+    zero = json.loads(export(plan, "deepspeed").text)["zero_optimization"]
+    assert zero["offload_optimizer"]["device"] == "nvme" and zero["offload_param"]["device"] == "nvme"
+    assert zero["offload_param"]["buffer_count"] == NVME_PARAM_BUFFER_COUNT
+    assert zero["offload_param"]["buffer_size"] == NVME_PARAM_BUFFER_ELEMENTS
+    assert zero["sub_group_size"] == NVME_SUB_GROUP_ELEMENTS
+    assert zero["zero_hpz_partition_size"] == 8
+    assert zero["zero_quantized_weights"] is True and zero["zero_quantized_gradients"] is True
+    for fmt in ("accelerate", "torchtitan", "megatron"):
+        lost = " ".join(export(plan, fmt).lost)
+        assert "NVMe offload (ZeRO-Infinity)" in lost and "ZeRO++ hpZ (zero_hpz_partition_size=8)" in lost, fmt

@@ -49,6 +49,11 @@ def main(manifest: str) -> None:
                 "zero_stage": cfg.zero_optimization_stage,
                 "bf16": cfg.bfloat16_config.enabled,
                 "offload_optimizer": cfg.zero_config.offload_optimizer is not None,
+                "offload_optimizer_device": str(getattr(cfg.zero_config.offload_optimizer, "device", "none")),
+                "offload_param_device": str(getattr(cfg.zero_config.offload_param, "device", "none")),
+                "hpz": cfg.zero_config.zero_hpz_partition_size,
+                "qwz": cfg.zero_config.zero_quantized_weights,
+                "qgz": cfg.zero_config.zero_quantized_gradients,
                 "pipeline_stages": cfg.pipeline.get("stages"),
             }
             result = {"name": entry["name"], "ok": True, "error": None, "values": values}

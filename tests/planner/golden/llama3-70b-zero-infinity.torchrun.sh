@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# autopar launch script (torchrun)
+# llama3-70b on 16 x A100-80GB (dgx-a100-80g): 2 node(s) x 8 GPUs
+# layout: dp=16 tp=1 pp=1
+# knobs: ZeRO-3, micro-batch 1 x 2 accumulation, recompute full, optimizer offloaded to CPU
+# training: seq_len 4096, global batch 32 sequences, bf16
+# estimate: step 12.500 s, 10,486 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
+# Run on each of the 2 node(s), with MASTER_ADDR the first node's address:
+#   bash launch.sh TRAIN_SCRIPT [ARGS...]   your training script; the plan's degrees are in AUTOPAR_* below
+#   bash launch.sh --autopar-runtime [ARGS...]   autopar's runtime: python -m runtime.launch plan.json
+# The plan is written to $AUTOPAR_PLAN (default plan.json) before the launch.
+# Not expressible in torchrun (the plan priced it; this file does what each line says):
+# - parameter offload: the reference runtime keeps each rank's weight shard on its GPU
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+    echo 'usage: launch.sh TRAIN_SCRIPT [ARGS...] | launch.sh --autopar-runtime [ARGS...]' >&2
+    exit 2
+fi
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+RDZV_ID="${RDZV_ID:-autopar-f18df5321b}"
+export AUTOPAR_PLAN="${AUTOPAR_PLAN:-plan.json}"
+export AUTOPAR_WORLD_SIZE=16
+export AUTOPAR_DP=16
+export AUTOPAR_DP_SHARD=16
+export AUTOPAR_DP_REPLICATE=1
+export AUTOPAR_TP=1
+export AUTOPAR_SP=0
+export AUTOPAR_PP=1
+export AUTOPAR_VPP=1
+export AUTOPAR_CP=1
+export AUTOPAR_CP_ATTENTION=ring
+export AUTOPAR_EP=1
+export AUTOPAR_ETP=1
+export AUTOPAR_ZERO_STAGE=3
+export AUTOPAR_OFFLOAD_OPTIMIZER=1
+export AUTOPAR_MICRO_BATCH=1
+export AUTOPAR_GRAD_ACCUM=2
+export AUTOPAR_GLOBAL_BATCH=32
+export AUTOPAR_SEQ_LEN=4096
+export AUTOPAR_PRECISION=bf16
+export AUTOPAR_GRAD_DTYPE=bf16
+export AUTOPAR_RECOMPUTE=full
+export AUTOPAR_RECOMPUTE_LAYERS=all
+export AUTOPAR_SCHEDULE=1f1b
+export AUTOPAR_STAGE_LAYERS=80
+export AUTOPAR_RANK_ORDER=tp-cp-ep-dp-pp
+export AUTOPAR_CROSS_ENTROPY=eager
+export AUTOPAR_NORM_KERNEL=fused
+export AUTOPAR_TP_COMM_OVERLAP=0
+export AUTOPAR_FRAMEWORK=deepspeed
+cat > "$AUTOPAR_PLAN" <<'AUTOPAR_PLAN_JSON'
+{"schema_version":1,"created_at":"2025-01-01T00:00:00+00:00","inputs":{"model":{"name":"llama3-70b","family":"llama","vocab_size":128256,"hidden_size":8192,"num_layers":80,"num_heads":64,"num_kv_heads":8,"head_dim":null,"ffn_hidden_size":28672,"mlp":"swiglu","norm":"rmsnorm","qkv_bias":false,"attn_out_bias":false,"mlp_bias":false,"qk_norm":false,"qk_norm_scope":"head","norm_placement":"pre","tie_embeddings":false,"position_embedding":"rope","max_position_embeddings":131072,"rope_theta":500000.0,"rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192,"beta_fast":null,"beta_slow":null,"mscale":null,"mscale_all_dim":null},"parallel_residual":false,"sliding_window":null,"sliding_window_every":1,"sliding_window_layers":null,"window_kind":"sliding","attention_sinks":false,"embedding_norm":false,"attention":"standard","q_lora_rank":null,"kv_lora_rank":null,"qk_rope_head_dim":null,"qk_nope_head_dim":null,"v_head_dim":null,"num_experts":0,"moe_top_k":0,"moe_ffn_hidden_size":null,"num_shared_experts":0,"shared_expert_ffn_hidden_size":null,"shared_expert_gate":false,"first_k_dense_layers":0,"moe_layer_freq":1,"moe_layer_offset":0,"dense_layers":[],"router_bias":false,"router_score_correction_bias":false,"moe_router_groups":0,"moe_router_group_topk":0,"mtp_layers":0,"notes":[]},"cluster":{"name":"dgx-a100-80g","gpu":{"name":"A100-80GB","vendor":"nvidia","peak_flops_per_s":{"bf16":312000000000000.0,"fp16":312000000000000.0,"fp32":156000000000000.0},"memory_bytes":85899345920,"memory_bandwidth_bytes_per_s":2039000000000.0,"link_bandwidth_bytes_per_s":300000000000.0,"tdp_w":400.0,"sm_count":108,"source":"NVIDIA A100 Tensor Core GPU Datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"},"gpus_per_node":8,"intra_node":{"kind":"nvswitch","bus_bandwidth_bytes_per_s":235000000000.0,"latency_s":1.8999999999999998e-06,"source":"S. Bekman, ML Engineering, network/README.md ('nccl-tests all_reduce on an A100 node ... 235GBps'), https://github.com/stas00/ml-engineering/blob/master/network/README.md; NCCL src/graph/tuning.cc (compCap80 busBw <= 235)"},"nvlink_domain_size":null,"inter_node":{"kind":"infiniband","nics_per_node":8,"nic_bandwidth_bytes_per_s":25000000000.0,"rail_optimized":true,"oversubscription":1.0,"nodes_per_leaf":20,"latency_s":4e-06,"source":"NVIDIA DGX A100 Datasheet (8x single-port ConnectX-6 200 Gb/s HDR), https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf"},"host_memory_bytes":2199023255552,"host_to_device_bytes_per_s":25000000000.0,"host_memory_bandwidth_bytes_per_s":409600000000.0,"cpu_cores":128,"nvme_bytes":30720000000000,"nvme_read_bytes_per_s":52000000000.0,"nvme_write_bytes_per_s":24000000000.0,"description":"DGX A100 640GB (8x A100-SXM4-80GB, NVSwitch, 8x HDR 200 Gb/s)","source":"NVIDIA DGX A100 Datasheet (2x AMD EPYC 7742, 128 cores; 30 TB (8x 3.84 TB) U.2 NVMe internal storage), https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf; NVMe bandwidth assumed"},"gpus":16,"training":{"seq_len":4096,"global_batch":32,"global_batch_tokens":null,"precision":"bf16","optimizer":"adamw","grad_dtype":"bf16","method":"full","lora_rank":null,"lora_alpha":null,"lora_targets":null,"quant_format":null},"constraints":{"memory_headroom":0.05,"tp":null,"pp":null,"cp":null,"ep":null,"dp":null,"zero_stage":null,"micro_batch":null,"recompute":null,"schedule":null,"framework":"megatron","cross_entropy":null,"allow_offload":true,"allow_quantized_comm":false,"max_tp":null,"top_k":5}},"best":{"layout":{"tp":1,"pp":1,"dp":16,"cp":1,"ep":1,"etp":1,"vpp":1,"dp_shard":16,"zero_stage":3,"micro_batch":1,"grad_accum":2,"recompute":"full","recompute_modules":null,"recompute_layers":null,"sp":false,"schedule":"1f1b","account_for_embedding_in_pipeline_split":false,"account_for_loss_in_pipeline_split":false,"decoder_first_pipeline_num_layers":null,"decoder_last_pipeline_num_layers":null,"offload_optimizer":true,"offload_params":true,"offload_device":"nvme","zero_hpz_partition_size":8,"zero_quantized_weights":true,"zero_quantized_gradients":true,"zero_init":true,"activation_offload_layers":0,"tp_comm_overlap":false,"order":"tp-cp-ep-dp-pp","framework":"deepspeed","cross_entropy":null,"norm_kernel":"fused","moe_token_dispatcher":"alltoall","cp_attention":"ring"},"partition":[80],"estimate":{"ok":true,"fits":true,"gpus":16,"step_s":12.5,"tokens_per_s":10485.76,"mfu":0.42,"memory":{"peak_bytes":75161927680,"capacity_bytes":85899345920},"partition":{"chunk_layers":[80],"pp":1,"vpp":1}},"placement":null,"equivalent_count":0,"equivalents":[]},"alternatives":[],"pareto":[],"rejections":[],"closest_miss":null,"why":[],"calibration":"","stats":{"generated":1,"invalid":0,"pruned":0,"priced":1,"feasible":1,"seconds":0.0,"faster_than_reference":null}}
+AUTOPAR_PLAN_JSON
+if [[ "$1" == --autopar-runtime ]]; then
+    shift
+    exec torchrun \
+    --nnodes 2 \
+    --nproc-per-node 8 \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+    --rdzv-id "$RDZV_ID" \
+    -m runtime.launch "$AUTOPAR_PLAN" "$@"
+fi
+exec torchrun \
+    --nnodes 2 \
+    --nproc-per-node 8 \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+    --rdzv-id "$RDZV_ID" \
+    "$@"
