@@ -172,7 +172,7 @@ def evaluate(
         "micro_batch": _int_or_auto("--micro-batch", micro_batch), "recompute": recompute,
         "recompute_layers": recompute_layers, "sp": sp, "schedule": schedule,
         "offload_optimizer": offload_optimizer, "framework": framework,
-        "offload_params": offload_params or None, "offload_device": offload_device if offload_device != "cpu" else None,
+        "offload_params": offload_params, "offload_device": offload_device,
         "zero_hpz_partition_size": hpz if hpz > 1 else None,
         "zero_quantized_weights": qwz or None, "zero_quantized_gradients": qgz or None,
         "activation_offload_layers": activation_offload_layers or None,

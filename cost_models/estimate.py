@@ -19,7 +19,7 @@ from cost_models.context import PricingContext
 from cost_models.finetune import FineTune, adapter_params_per_token
 from cost_models.flops import StepFlops, step_flops
 from cost_models.layout import Layout, LayoutError, validate_layout
-from cost_models.memory import MemoryBreakdown, host_bytes_per_node, model_loading_bytes_per_node
+from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
 from cost_models.pipeline import bubble_fraction
 from cost_models.stage_table import KnobPrices, Setting, StageTable, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
@@ -84,8 +84,8 @@ class Estimate:
 
     @property
     def offloaded_bytes_per_node(self) -> int:
-        """Offloaded bytes a node's host RAM holds during training (`memory.host_bytes_per_node`)."""
-        return int(host_bytes_per_node(max(m.host_optimizer for m in self.memory), self.ranks_per_node))
+        """Offloaded bytes a node's host RAM holds during training (`memory.bytes_per_node`)."""
+        return int(bytes_per_node(max(m.host_optimizer for m in self.memory), self.ranks_per_node))
 
     @property
     def host_bytes_per_node(self) -> int:
@@ -99,7 +99,7 @@ class Estimate:
     @property
     def nvme_bytes_per_node(self) -> int:
         """Offloaded state a node keeps on its NVMe drives (ZeRO-Infinity), bytes."""
-        return int(host_bytes_per_node(max(m.nvme for m in self.memory), self.ranks_per_node))
+        return int(bytes_per_node(max(m.nvme for m in self.memory), self.ranks_per_node))
 
     @property
     def nvme_fits(self) -> bool:
@@ -192,7 +192,7 @@ def memory_breakdowns(prices: KnobPrices, row: int = 0) -> tuple[MemoryBreakdown
             comm_buffers=float(prices.comm_buffers[row, r]),
             reserve=float(prices.reserve[row, r]),
             host_optimizer=float(prices.host_optimizer[row, r]),
-            nvme=float(prices.nvme[row, r]) if prices.nvme is not None else 0.0,
+            nvme=float(prices.nvme[row, r]),
         )
         for r in range(pp)
     )

@@ -75,15 +75,15 @@ def host_state_bytes(
     return (optimizer if offload else 0.0) + (on_gpu["parameters"] if offload_params else 0.0)
 
 
-def host_bytes_per_node(worst_rank_host_bytes: float, ranks_per_node: int) -> float:
-    """Host RAM one node needs for offloaded state (bytes): each GPU's process keeps its offloaded
-    optimizer shard (ZeRO-Offload: fp32 master weights, m and v, 12 bytes per parameter of its
-    shard) and any offloaded activations in host memory, so a node holds `ranks_per_node` of them.
-    The worst rank's bytes times the ranks of a node bound it, exactly when a node's ranks share a
-    pipeline stage (the tp-cp-ep-dp-pp order puts pp outermost). With parameter offload the weight
-    shard is there too. Not counted here: the framework's own process memory; the model-loading
-    peak is `loading_bytes_per_node`, which comes before training and is compared on its own."""
-    return worst_rank_host_bytes * ranks_per_node
+def bytes_per_node(worst_rank_bytes: float, ranks_per_node: int) -> float:
+    """What a node's resource shared by its ranks (host RAM, NVMe) holds of per-rank offloaded state
+    (bytes): each GPU's process keeps its own offloaded optimizer shard (states and the float32
+    gradient partition), weight shard, offloaded activations or NVMe staging buffers, so a node
+    holds `ranks_per_node` of them. The worst rank's bytes times the ranks of a node bound it,
+    exactly when a node's ranks share a pipeline stage (the tp-cp-ep-dp-pp order puts pp
+    outermost). Not counted here: the framework's own process memory; the model-loading peak is
+    `loading_bytes_per_node`, which comes before training and is compared on its own."""
+    return worst_rank_bytes * ranks_per_node
 
 
 LOADING_BYTES_PER_PARAM = 4

@@ -653,7 +653,7 @@ class KnobPrices:
     reserve: np.ndarray
     host_optimizer: np.ndarray
     allocated: np.ndarray  # (J, pp) bytes: everything but `reserve`, as `price_memory` summed it
-    nvme: np.ndarray | None = None  # (J, pp) bytes of offloaded state on the node's NVMe (ZeRO-Infinity)
+    nvme: np.ndarray  # (J, pp) bytes of offloaded state on the node's NVMe (ZeRO-Infinity)
     stage_time: np.ndarray | None = None  # (J, pp) seconds per micro-batch
     parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
     step_s: np.ndarray | None = None  # (J,)
@@ -769,7 +769,7 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
     params = np.where(offload_params, 0.0, params)
     # ZeRO++ hpZ: a secondary 16-bit weight shard over the hpZ group, kept from forward to backward
     hpz = knobs.hpz[:, None]
-    params = params + np.where(hpz > 1, (WD + WE) / np.maximum(hpz, 1), 0.0)
+    params = params + np.where(hpz > 1, (WD + WE) / hpz, 0.0)
     # ZeRO-Infinity's NVMe tier: the offloaded states on NVMe, pinned staging buffers in host memory
     nvme = knobs.offload_nvme[:, None]
     pinned = nvme_pinned_bytes(local, offload, offload_params, tr.param_bytes)
@@ -887,7 +887,7 @@ def price_memory(
     reserve = cal.cuda_context_bytes + cal.fragmentation_of(m.framework) * allocated
     if m.activation_offload_layers:
         host = host + on_host
-    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, nvme=nvme, knobs=knobs)
+    return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, nvme, knobs=knobs)
 
 
 def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:

@@ -70,6 +70,7 @@ from cost_models.mesh import mesh_strides
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec
     from cost_models.stage_table import KnobArrays, Sharding, StageTable
+    from model_specs.spec import TrainingSpec
 
 STEP_PARTS = (
     "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "comm_wait_s",
@@ -84,22 +85,21 @@ when the backward ends and is never hidden."""
 
 CPU_ADAM_PARAMS_PER_CORE_S = 15e6
 """Parameters one CPU core steps per second with DeepSpeed's vectorized CPU-Adam when DRAM is not the
-limit. An assumption of the order ZeRO-Offload reports (Ren et al. 2021: DeepSpeedCPUAdam 5-7x faster
-than PyTorch's CPU Adam, about a second per billion parameters on a DGX-2 host's 48 cores), not a
-fit; a profile of the user's host replaces it (`ClusterSpec.cpu_cores` scales it)."""
-HOST_ADAM_BYTES_PER_PARAM = 30
-"""Host DRAM bytes per parameter of one CPU Adam step: read the float32 gradient, master weight, m
-and v (16), write the master weight, m and v (12), write the 16-bit weight sent back (2)."""
+limit: an assumption, neither fitted nor measured here (DeepSpeed's ZeRO-Offload tutorial says only
+that DeepSpeedCPUAdam is 5-7x faster than PyTorch's CPU Adam). A profile of the user's host should
+replace it; `ClusterSpec.cpu_cores` scales it."""
 HOST_MEMORY_EFFICIENCY = 0.7
 """Share of the node's peak DRAM bandwidth (`ClusterSpec.host_memory_bandwidth_bytes_per_s`) a
 streaming kernel reaches: STREAM triad on two-socket servers runs at roughly 70% of the channels' peak."""
 
 
-def host_adam_seconds_per_param(cl: ClusterSpec, optimizer_bytes: float) -> float:
-    """Seconds per parameter of the node's CPU optimizer step (all its cores on one node's
-    partitions): the slower of its DRAM traffic and its cores' Adam throughput. Optimizers with
-    fewer state bytes than AdamW's 12 stream proportionally less."""
-    traffic = HOST_ADAM_BYTES_PER_PARAM * max(optimizer_bytes, 4) / 12
+def host_adam_seconds_per_param(cl: ClusterSpec, tr: TrainingSpec) -> float:
+    """Seconds per parameter of the node's CPU optimizer step (all its cores on the node's
+    partitions): the slower of its DRAM traffic and its cores' Adam throughput. DRAM bytes per
+    parameter: read the float32 gradient partition (`memory.HOST_GRAD_BYTES`), read and write the
+    optimizer states (fp32 master, m, v: 2 x 12 for AdamW), write the 16-bit weight sent back
+    (30 bytes for AdamW in bf16), the host-side twin of the GPU step's HBM traffic."""
+    traffic = 30 * max(tr.optimizer_bytes, 4) / 12
     memory = traffic / (cl.host_memory_bandwidth_bytes_per_s * HOST_MEMORY_EFFICIENCY)
     cores = 1.0 / (cl.cpu_cores * CPU_ADAM_PARAMS_PER_CORE_S)
     return max(memory, cores)
@@ -280,11 +280,13 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # the other (the step needs the whole gradient, the next forward the new weights)
     ranks_per_node = min(gpus, cl.gpus_per_node)
     link = local * (tr.grad_bytes + tr.param_bytes) / cl.host_to_device_bytes_per_s
-    cpu = ranks_per_node * local * host_adam_seconds_per_param(cl, tr.optimizer_bytes)
+    cpu = ranks_per_node * local * host_adam_seconds_per_param(cl, tr)
     optimizer[..., 1] = link + cpu
     # ZeRO-Infinity's NVMe tier (Rajbhandari et al. 2021): the node's drives read every rank's
     # optimizer states and float32 gradient partition in and write the states back, swapped through
     # pinned buffers one sub-group at a time, beside the CPU step as DeepSpeed's pipelined swapper does
+    # (a cluster without NVMe has no NVMe tier: the capacity check refuses it; the 1 byte/s floor
+    # only keeps these seconds finite)
     nvme_read = ranks_per_node * local * (tr.optimizer_bytes + HOST_GRAD_BYTES) / max(cl.nvme_read_bytes_per_s, 1.0)
     nvme_write = ranks_per_node * local * tr.optimizer_bytes / max(cl.nvme_write_bytes_per_s, 1.0)
     optimizer[..., 2] = link + np.maximum(cpu, nvme_read + nvme_write)

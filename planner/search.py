@@ -46,7 +46,7 @@ from cost_models.finetune import FineTune
 from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
-from cost_models.memory import MemoryBreakdown, host_bytes_per_node, model_loading_bytes_per_node
+from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
     KnobArrays,
@@ -762,12 +762,12 @@ def search(
             over_mask = peaks > usable
             # as `Estimate.host_bytes_per_node`: offloaded state, or building the model if larger
             host_node = np.maximum(
-                host_bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node),
+                bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node),
                 loading_by_stage[knobs_of(grid_key, grid).zero],
             )
             host_over = (host_node > host_usable) & ~over_mask
-            if prices.nvme is not None and prices.nvme.any():  # ZeRO-Infinity: the node's drives hold it
-                nvme_node = host_bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
+            if prices.nvme.any():  # ZeRO-Infinity: the node's drives hold it
+                nvme_node = bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
                 nvme_over = (nvme_node > cluster.nvme_bytes) & ~over_mask & ~host_over
                 if nvme_over.any():
                     j = int(np.flatnonzero(nvme_over)[0])

@@ -189,9 +189,9 @@ def shard_groups(mesh: Mesh, cluster: ClusterSpec, framework: str = "megatron") 
     NVLink domain (and inside one node), the layouts HSDP and Megatron's distributed-optimizer
     instances use. DeepSpeed shards over the whole dp group only (its in-node groups are hpZ's,
     `hpz_groups`)."""
-    groups = {mesh.dp}
     if framework == "deepspeed":
         return [mesh.dp]
+    groups = {mesh.dp}
     for span in {cluster.gpus_per_node, cluster.domain_size}:
         per = span // (mesh.tp * mesh.cp)
         if per >= 1 and mesh.dp % per == 0 and per < mesh.dp and span % (mesh.tp * mesh.cp) == 0:
