@@ -99,7 +99,7 @@ def host_adam_seconds_per_param(cl: ClusterSpec, tr: TrainingSpec) -> float:
     parameter: read the float32 gradient partition (`memory.HOST_GRAD_BYTES`), read and write the
     optimizer states (fp32 master, m, v: 2 x 12 for AdamW), write the 16-bit weight sent back
     (30 bytes for AdamW in bf16), the host-side twin of the GPU step's HBM traffic."""
-    traffic = 30 * max(tr.optimizer_bytes, 4) / 12
+    traffic = HOST_GRAD_BYTES + 2 * tr.optimizer_bytes + tr.param_bytes
     memory = traffic / (cl.host_memory_bandwidth_bytes_per_s * HOST_MEMORY_EFFICIENCY)
     cores = 1.0 / (cl.cpu_cores * CPU_ADAM_PARAMS_PER_CORE_S)
     return max(memory, cores)

@@ -766,29 +766,23 @@ def search(
                 loading_by_stage[knobs_of(grid_key, grid).zero],
             )
             host_over = (host_node > host_usable) & ~over_mask
-            if prices.nvme.any():  # ZeRO-Infinity: the node's drives hold it
-                nvme_node = bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
-                nvme_over = (nvme_node > cluster.nvme_bytes) & ~over_mask & ~host_over
-                if nvme_over.any():
-                    j = int(np.flatnonzero(nvme_over)[0])
+            # ZeRO-Infinity: the states on NVMe must fit the node's drives
+            nvme_node = bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
+            nvme_over = (nvme_node > cluster.nvme_bytes) & ~over_mask & ~host_over
+            for reason, mask, node_bytes, limit, resource in (
+                (HOST_MEMORY_REASON, host_over, host_node, host_usable, f"host RAM per node ({ranks_per_node} ranks)"),
+                (NVME_REASON, nvme_over, nvme_node, cluster.nvme_bytes, "NVMe per node"),
+            ):
+                if mask.any():
+                    j = int(np.flatnonzero(mask)[0])
                     layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
                     log.add(
-                        NVME_REASON,
-                        f"{describe(layout)}: needs {nvme_node[j] / GIB:.1f} GiB of NVMe per node, "
-                        f"{int(nvme_node[j] - cluster.nvme_bytes):,} bytes over the {cluster.nvme_bytes / GIB:.1f} GiB it has",
-                        int(np.count_nonzero(nvme_over)),
+                        reason,
+                        f"{describe(layout)}: needs {node_bytes[j] / GIB:.1f} GiB of {resource}, "
+                        f"{int(node_bytes[j] - limit):,} bytes over the {limit / GIB:.1f} GiB usable",
+                        int(np.count_nonzero(mask)),
                     )
-                host_over = host_over | nvme_over
-            if host_over.any():
-                j = int(np.flatnonzero(host_over)[0])
-                layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy).resolved(gpus, training)
-                log.add(
-                    HOST_MEMORY_REASON,
-                    f"{describe(layout)}: needs {host_node[j] / GIB:.1f} GiB of host RAM per node "
-                    f"({ranks_per_node} ranks), {int(host_node[j] - host_usable):,} bytes over the "
-                    f"{host_usable / GIB:.1f} GiB usable",
-                    int(np.count_nonzero(host_over)),
-                )
+            host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
             fits = np.flatnonzero(~over_mask & ~host_over)
             over_idx = np.flatnonzero(over_mask)
             new_reasons = rejections.add(log, over_mask)

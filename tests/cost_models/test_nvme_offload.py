@@ -21,7 +21,7 @@ from model_specs.params import count_params
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
-from planner.search import NVME_REASON, search
+from planner.search import HOST_MEMORY_REASON, NVME_REASON, search
 
 M70 = get_model("llama3-70b")
 A100 = get_cluster("dgx-a100-80g")
@@ -94,4 +94,7 @@ def test_the_search_reaches_for_nvme_when_host_ram_is_short() -> None:
     tiny = cluster_from_dict({"preset": "dgx-a100-80g", "host_memory": "256 GiB", "nvme": "500 GB"})
     refused = search(M70, TR, tiny, 8, SearchConstraints(framework="deepspeed"))
     assert refused.best is None
-    assert any(r.reason == NVME_REASON and "bytes over" in r.example for r in refused.rejections)
+    assert any(r.reason == NVME_REASON and "GiB of NVMe per node" in r.example for r in refused.rejections)
+    # each node resource is blamed for its own refusals only: host RAM's examples are over host RAM
+    host = [r for r in refused.rejections if r.reason == HOST_MEMORY_REASON]
+    assert host and all("GiB of host RAM" in r.example and ", -" not in r.example for r in host)
