@@ -65,7 +65,13 @@ def _expire(run: RunRow, now: datetime) -> str:
 
 
 def expire_leases(session: Session, cluster: str | None = None, now: datetime | None = None) -> list[str]:
-    """Requeue or fail the runs (of `cluster`, or all) whose lease deadline has passed."""
+    """Requeue or fail the runs (of `cluster`, or all) whose lease deadline has passed.
+
+    On PostgreSQL the expired rows are locked *waiting* (FOR UPDATE, not SKIP LOCKED): when the reaper holds
+    one, a lease call waits for its commit and then sees the run queued. Skipping it would make the lease
+    answer "nothing queued" (204) for a run that is being requeued that instant. Both callers lock in id
+    order, so two expirers cannot deadlock.
+    """
     now = now or utcnow()
     stmt = (
         select(RunRow)
@@ -75,7 +81,9 @@ def expire_leases(session: Session, cluster: str | None = None, now: datetime | 
     )
     if cluster is not None:
         stmt = stmt.where(RunRow.cluster == cluster)
-    return [_expire(run, now) for run in session.scalars(_locking(session, stmt))]
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return [_expire(run, now) for run in session.scalars(stmt)]
 
 
 def agent_of(session: Session, principal: Principal, agent_id: int, loc: list[str | int]) -> AgentRow:

@@ -177,6 +177,33 @@ def test_expired_lease_returns_to_queue_then_fails_after_max_attempts(
     assert [a["outcome"] for a in failed["attempts"]] == ["lease_expired", "lease_expired"]
 
 
+def test_lease_waits_for_a_requeue_in_flight_instead_of_answering_empty(
+    server: Any, user: httpx.Client, tiny_plan: dict[str, Any]
+) -> None:
+    """A reaper sweep holding an expired run must not make a concurrent lease answer 204 for it."""
+    from datetime import timedelta
+
+    from api.models import utcnow
+    from api.runs import expire_leases
+
+    site = _site(server, user)
+    second = site.register("a1")
+    run = site.queue(tiny_plan["id"], lease_seconds=3, max_attempts=3)
+    assert site.lease().status_code == 200
+    leased = time.monotonic()
+    answers: list[httpx.Response] = []
+    with server.db.write_session() as session:  # the "reaper": expires the lease, holds the row until commit
+        assert expire_leases(session, site.cluster, now=utcnow() + timedelta(hours=1)) == ["requeued"]
+        time.sleep(max(0.0, leased + 3.2 - time.monotonic()))  # the deadline has passed for the server too
+        asker = threading.Thread(target=lambda: answers.append(site.lease(second)))
+        asker.start()
+        asker.join(0.5)
+        assert asker.is_alive() and not answers, "the lease answered while the requeue was uncommitted"
+    asker.join(30)
+    assert len(answers) == 1 and answers[0].status_code == 200, answers[0].text
+    assert answers[0].json()["run"]["id"] == run["id"] and answers[0].json()["attempt"] == 2
+
+
 def test_reaper_requeues_without_any_lease_call(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
     site = _site(server, user)
     run = site.queue(tiny_plan["id"], lease_seconds=1, max_attempts=3)
