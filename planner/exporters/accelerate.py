@@ -1,7 +1,18 @@
-"""Hugging Face Accelerate config (YAML) for FSDP2, with Accelerate's N-D `parallelism_config`
-(data-parallel replicate x shard, tensor and context parallelism). Accelerate has no pipeline or
-expert parallelism, and FSDP2 shards weights and gradients (ZeRO-2/3), so those parts of a plan
-are reported as lost, in the file's own comments.
+"""Hugging Face Accelerate config (YAML), with the plugin of the framework the plan was priced for.
+
+- FSDP2 (every plan not priced for DeepSpeed): Accelerate's N-D `parallelism_config` (data-parallel
+  replicate x shard, tensor and context parallelism). Accelerate has no pipeline or expert
+  parallelism, and FSDP2 shards weights and gradients (ZeRO-2/3), so those parts of a plan are
+  reported as lost, in the file's own comments.
+- DeepSpeed (plans priced with `framework: deepspeed`): `distributed_type: DEEPSPEED`. Without
+  pipeline parallelism the plugin reads `deepspeed_config_file: ds_config.json`, the plan's DeepSpeed
+  export (`autopar export ... --format deepspeed`), so ZeRO stage, CPU / NVMe offload, ZeRO++ and
+  AutoTP are exactly that file's; the precision is the file's too (Accelerate refuses
+  `mixed_precision` beside a config file and reads `bf16.enabled` / `fp16.enabled`). Accelerate drives
+  DeepSpeed's engine without its pipeline module, so a pipelined plan cannot use that file (its
+  batch counts pp as a separate dimension): it gets the plugin's own keys instead (`zero_stage`,
+  `offload_*_device`, `gradient_accumulation_steps`), with the pp and tp ranks folded into data
+  parallelism, and says so.
 
 The file names no node address: every node runs
 `accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK
@@ -11,12 +22,14 @@ comments, escaped by `one_line`."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
 
 from planner.exporters.common import (
     RDZV_PORT,
+    ExportError,
     ExportResult,
     Job,
     comment_block,
@@ -27,6 +40,7 @@ from planner.exporters.common import (
     peft_lines,
     summary_lines,
 )
+from planner.exporters.deepspeed import NVME_PATH, export_deepspeed
 
 DECODER_LAYERS = {
     "llama": "LlamaDecoderLayer",
@@ -94,56 +108,165 @@ def _losses(job: Job, lost: list[str]) -> None:
         lost.append(f"model family {job.model.family}: set fsdp_transformer_layer_cls_to_wrap to its decoder layer class")
 
 
-def export_accelerate(job: Job) -> ExportResult:
-    lost = nodes_note(job)
+def _fsdp_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The FSDP2 plugin and Accelerate's N-D parallelism config (the pp dimension folds into the
+    shard group: Accelerate has no pipeline parallelism), and what the launch needs beside it (nothing)."""
     lay = job.lay
     _losses(job, lost)
     lost += framework_note(job, "fsdp", "Accelerate (FSDP2)")
-    lost += deepspeed_only_notes(job, "Accelerate")
-    # Without pipeline parallelism in Accelerate, the pp dimension folds into the shard group.
-    shard = job.dp_shard * lay.pp
-    fsdp: dict[str, Any] = {
-        "fsdp_activation_checkpointing": lay.recompute != "none",
-        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "fsdp_cpu_ram_efficient_loading": lay.zero_init,
-        "fsdp_offload_params": lay.offload_optimizer or lay.offload_params,
-        "fsdp_reshard_after_forward": lay.zero_stage == 3,
-        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_transformer_layer_cls_to_wrap": DECODER_LAYERS.get(job.model.family, "DecoderLayer"),
-        "fsdp_version": 2,
-    }
-    config: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "debug": False,
+    return {
         "distributed_type": "FSDP",
-        "downcast_bf16": "no",
-        "fsdp_config": fsdp,
-        "machine_rank": 0,
-        "main_process_port": RDZV_PORT,
-        "main_training_function": "main",
+        "fsdp_config": {
+            "fsdp_activation_checkpointing": lay.recompute != "none",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_cpu_ram_efficient_loading": lay.zero_init,
+            "fsdp_offload_params": lay.offload_optimizer or lay.offload_params,
+            "fsdp_reshard_after_forward": lay.zero_stage == 3,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_transformer_layer_cls_to_wrap": DECODER_LAYERS.get(job.model.family, "DecoderLayer"),
+            "fsdp_version": 2,
+        },
         "mixed_precision": MIXED[job.training.precision],
         **({"fp8_config": {"backend": "AO"}} if job.training.precision == "fp8" else {}),  # torchao float8
-        "num_machines": job.nodes,
-        "num_processes": job.gpus,
         "parallelism_config": {
             "parallelism_config_cp_size": lay.cp,
             "parallelism_config_dp_replicate_size": job.dp_replicate,
-            "parallelism_config_dp_shard_size": shard,
+            "parallelism_config_dp_shard_size": job.dp_shard * lay.pp,
             "parallelism_config_tp_size": lay.tp,
         },
+    }, []
+
+
+def _deepspeed_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Accelerate's DeepSpeed plugin: the plan's ds_config.json when it has no pipeline, else the
+    plugin's own keys with pp and tp folded into data parallelism (module docstring); and what the
+    launch needs beside the file (ds_config.json, train.py's DataLoader batch size)."""
+    lay = job.lay
+    zero3_init = lay.zero_stage == 3 and lay.zero_init
+    if lay.pp == 1:
+        ds_config = export_deepspeed(job)
+        lost += [_for_transformers(note) for note in ds_config.lost]  # what ds_config.json itself cannot say
+        micro = json.loads(ds_config.text)["train_micro_batch_size_per_gpu"]
+        return {
+            "deepspeed_config": {
+                "deepspeed_config_file": ds_config.filename,
+                "deepspeed_multinode_launcher": "standard",
+                "zero3_init_flag": zero3_init,
+            },
+            "distributed_type": "DEEPSPEED",
+        }, [
+            f"DeepSpeed config: {ds_config.filename}, the plan's DeepSpeed export, in the directory you launch from:",
+            f"  autopar plan <the same arguments> --export deepspeed > {ds_config.filename}",
+            "  or GET /v1/plans/ID/export/deepspeed with Accept: application/octet-stream",
+            f"train.py's DataLoader batch_size: {micro} (the file's train_micro_batch_size_per_gpu)",
+        ]
+    micro, accum = _folded_batch(job, lost)
+    _folded_losses(job, lost)
+    nvme = lay.offload_device == "nvme" and lay.zero_stage == 3
+    device = "nvme" if nvme else "cpu"
+    ds: dict[str, Any] = {
+        "deepspeed_multinode_launcher": "standard",
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": 1.0,
+        "offload_optimizer_device": device if lay.offload_optimizer else "none",
+        "offload_param_device": device if lay.offload_params and lay.zero_stage == 3 else "none",
+        "zero3_init_flag": zero3_init,
+        "zero_stage": lay.zero_stage,
+    }
+    if nvme:
+        ds.update({"offload_optimizer_nvme_path": NVME_PATH, "offload_param_nvme_path": NVME_PATH})
+        lost.append(
+            f"NVMe offload: the path {NVME_PATH} is a placeholder for a local NVMe mount on every node; "
+            "the swap buffers are DeepSpeed's defaults, not the ones priced"
+        )
+    if job.training.precision == "fp8":
+        lost.append("FP8 GEMMs: DeepSpeed has no FP8 switch (use Transformer Engine layers); the plugin runs bf16")
+    lost += framework_note(job, "deepspeed", "Accelerate (DeepSpeed)")
+    precision = "bf16" if job.training.precision == "fp8" else MIXED[job.training.precision]
+    keys = {"deepspeed_config": ds, "distributed_type": "DEEPSPEED", "mixed_precision": precision}
+    return keys, [f"train.py's DataLoader batch_size: {micro} (micro-batch per GPU; every GPU data-parallel)"]
+
+
+def _folded_losses(job: Job, lost: list[str]) -> None:
+    """What the plugin's own keys cannot say: every parallelism but data and ZeRO, and the kernels."""
+    lay = job.lay
+    lost.append(
+        f"pipeline parallelism (pp={lay.pp}): Accelerate drives DeepSpeed's engine without its pipeline module; "
+        f"the {lay.pp} pipeline ranks of each replica become data-parallel ranks under ZeRO-{lay.zero_stage} "
+        "(each holds every layer: more memory than planned)"
+    )
+    if lay.tp > 1:
+        lost.append(
+            f"tensor parallelism (tp={lay.tp}): DeepSpeed's AutoTP is set only in a config file, whose batch "
+            "would count the pipeline; the tp ranks become data-parallel ranks"
+        )
+    if lay.cp > 1:
+        lost.append(f"context parallelism (cp={lay.cp}): the cp ranks become data-parallel ranks on whole sequences")
+    if lay.ep > 1:
+        lost.append(f"expert parallelism (ep={lay.ep}): set ep_size on deepspeed.moe.layer.MoE in model code")
+    if lay.recompute != "none":
+        lost.append(_for_transformers(f"{lay.recompute} recompute: "))
+    lost += [n for n in deepspeed_only_notes(job, "the plugin's own keys") if not n.startswith("NVMe")]
+    if lay.cross_entropy_ != "eager":
+        lost.append(f"{lay.cross_entropy_} cross entropy: the loss is the model's (Transformers: eager)")
+    if lay.norm_kernel != "eager_fp32":
+        lost.append(f"{lay.norm_kernel} RMSNorm: the norm is the model's (Transformers: eager, fp32 upcast)")
+
+
+def _for_transformers(note: str) -> str:
+    """A ds_config note in a Transformers model's terms: its layers are checkpointed by the model itself."""
+    if note.startswith(("full recompute", "selective recompute")):  # whole layers, every layer
+        return f"{note.split(':')[0]}: DeepSpeed's config has no switch; call model.gradient_checkpointing_enable() " \
+            "(whole layers) in train.py"
+    return note
+
+
+def _folded_batch(job: Job, lost: list[str]) -> tuple[int, int]:
+    """(micro-batch, accumulation) for every rank as a data-parallel rank: global batch =
+    micro x accumulation x GPUs, the plan's micro-batch or the closest smaller one that divides."""
+    lay, tr = job.lay, job.training
+    for micro in range(lay.micro_batch, 0, -1):
+        if tr.global_batch % (micro * job.gpus) == 0:
+            if micro != lay.micro_batch:
+                lost.append(
+                    f"micro-batch {lay.micro_batch}: with all {job.gpus} ranks data-parallel the global batch "
+                    f"{tr.global_batch} splits as micro-batch {micro} x accumulation {tr.global_batch // (micro * job.gpus)}"
+                )
+            return micro, tr.global_batch // (micro * job.gpus)
+    raise ExportError(
+        f"global batch {tr.global_batch} does not split over {job.gpus} data-parallel ranks: Accelerate's DeepSpeed "
+        "plugin has no pipeline, so every GPU is a data-parallel rank; export deepspeed or megatron instead"
+    )
+
+
+def export_accelerate(job: Job) -> ExportResult:
+    lost = nodes_note(job)
+    deepspeed = job.lay.framework == "deepspeed"
+    plugin, launch = _deepspeed_plugin(job, lost) if deepspeed else _fsdp_plugin(job, lost)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_process_port": RDZV_PORT,
+        "main_training_function": "main",
+        "num_machines": job.nodes,
+        "num_processes": job.gpus,
         "rdzv_backend": "c10d",
         "same_network": True,
         "use_cpu": False,
+        **plugin,
     }
     head = comment_block(
         [
-            "Accelerate config (FSDP2) written by autopar",
+            f"Accelerate config ({'DeepSpeed' if deepspeed else 'FSDP2'}) written by autopar",
             *summary_lines(job),
+            *launch,
             "On every node (NODE_RANK 0 .. num_machines - 1, MASTER_ADDR the first node's address):",
             "  accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK "
             "--main_process_ip $MASTER_ADDR train.py",
         ]
     )
     notes = comment_block(notes_lines("Accelerate", lost) + peft_lines(job))
-    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    body = yaml.safe_dump(dict(sorted(config.items())), sort_keys=False, default_flow_style=False)
     return ExportResult(head + "\n" + notes + "\n" + body, "accelerate_config.yaml", lost, "application/yaml")

@@ -125,6 +125,11 @@ FIXTURES = {
         "llama3-8b", 8, Layout(zero_stage=3, micro_batch=2, recompute="full", framework="fsdp"),
         training=TrainingSpec(seq_len=8192, global_batch=64, grad_dtype="fp32"),
     ),
+    # DeepSpeed's pipeline engine with AutoTP (Accelerate's plugin cannot use its ds_config.json)
+    "llama3-8b-deepspeed-pipe": lambda: make_plan(
+        "llama3-8b", 16, Layout(tp=2, pp=2, zero_stage=1, micro_batch=2, recompute="full", framework="deepspeed"),
+        training=TrainingSpec(seq_len=4096, global_batch=64),
+    ),
     # Llama-3.1-405B with Megatron's own split options: 126 + embedding + loss = 128 = 8 x 8 x 2
     "llama3-405b-split": lambda: make_plan(
         "llama3-405b", 512,
@@ -337,14 +342,25 @@ def test_torchtitan_config(plan_name: str) -> None:
 def test_accelerate_config(plan_name: str) -> None:
     plan = FIXTURES[plan_name]()
     cfg = yaml.safe_load(export(plan, "accelerate").text)
-    assert cfg["distributed_type"] == "FSDP"
-    assert cfg["fsdp_config"]["fsdp_version"] == 2
-    par = cfg["parallelism_config"]
-    world = (
-        par["parallelism_config_dp_replicate_size"] * par["parallelism_config_dp_shard_size"]
-        * par["parallelism_config_tp_size"] * par["parallelism_config_cp_size"]
-    )
-    assert world == cfg["num_processes"] == plan.inputs.gpus
+    assert cfg["num_processes"] == plan.inputs.gpus
+    lay = plan.best.layout
+    if lay.framework == "deepspeed":  # DeepSpeed's plugin, never FSDP keys beside it
+        assert cfg["distributed_type"] == "DEEPSPEED" and "fsdp_config" not in cfg and "parallelism_config" not in cfg
+        ds = cfg["deepspeed_config"]
+        if lay.pp == 1:  # the plan's ds_config.json, and nothing Accelerate refuses beside a config file
+            assert ds["deepspeed_config_file"] == "ds_config.json" and "mixed_precision" not in cfg
+            assert set(ds) == {"deepspeed_config_file", "deepspeed_multinode_launcher", "zero3_init_flag"}
+        else:
+            assert "deepspeed_config_file" not in ds and ds["zero_stage"] == lay.zero_stage
+    else:
+        assert cfg["distributed_type"] == "FSDP"
+        assert cfg["fsdp_config"]["fsdp_version"] == 2
+        par = cfg["parallelism_config"]
+        world = (
+            par["parallelism_config_dp_replicate_size"] * par["parallelism_config_dp_shard_size"]
+            * par["parallelism_config_tp_size"] * par["parallelism_config_cp_size"]
+        )
+        assert world == plan.inputs.gpus
     assert cfg["num_machines"] == -(-plan.inputs.gpus // 8)  # whole nodes (one GPU of one node included)
     assert "main_process_ip" not in cfg  # given on the launch line, never a placeholder
 
@@ -487,8 +503,12 @@ def _consumer_results(fmt: str, tmp_path: Path) -> dict[str, tuple[Plan, dict]]:
     for name, build in FIXTURES.items():
         plan = build()
         result = export(plan, fmt)
-        path = tmp_path / f"{name}.{result.filename}"
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / result.filename
         path.write_text(result.text)
+        if fmt == "accelerate":  # its DeepSpeed plugin reads the plan's ds_config.json from the launch directory
+            ds_config = export(plan, "deepspeed")
+            (tmp_path / name / ds_config.filename).write_text(ds_config.text)
         lay = plan.best.layout
         manifest.append(
             {"name": name, "path": str(path), "gpus": plan.inputs.gpus, "tp": lay.tp, "pp": lay.pp,
@@ -546,12 +566,32 @@ def test_deepspeed_accepts_the_exports(tmp_path: Path) -> None:
 def test_accelerate_accepts_the_exports(tmp_path: Path) -> None:
     """Accelerate 1.15.0's ClusterConfig, launcher validation and environment, ParallelismConfig
     and FSDP plugin."""
+    deepspeed = set()
     for name, (plan, got) in _consumer_results("accelerate", tmp_path).items():
-        lay = plan.best.layout
-        assert got["num_processes"] == got["parallel_total"] == plan.inputs.gpus, name
-        assert got["main_process_ip"] is None, name
-        assert (got["tp"], got["cp"], got["fsdp_version"]) == (lay.tp, lay.cp, 2), name
-        assert got["mixed_precision"] == plan.inputs.training.precision, name
+        lay, tr = plan.best.layout, plan.inputs.training
+        assert got["num_processes"] == plan.inputs.gpus and got["main_process_ip"] is None, name
+        if lay.framework != "deepspeed":
+            assert got["plugin"] == "fsdp" and got["parallel_total"] == plan.inputs.gpus, name
+            assert (got["tp"], got["cp"], got["fsdp_version"]) == (lay.tp, lay.cp, 2), name
+            assert got["mixed_precision"] == tr.precision, name
+            continue
+        deepspeed.add(name)
+        ds = json.loads(export(plan, "deepspeed").text)  # what the plan's own ds_config.json says
+        assert got["plugin"] == "deepspeed" and got["zero_stage"] == lay.zero_stage, name
+        assert got["mixed_precision"] == ("bf16" if tr.precision == "fp8" else tr.precision), name
+        device = lay.offload_device if lay.zero_stage == 3 else "cpu"
+        assert got["offload_optimizer_device"] == (device if lay.offload_optimizer else "none"), name
+        assert got["offload_param_device"] == (device if lay.offload_params else "none"), name
+        assert got["zero3_init_flag"] == (lay.zero_stage == 3 and lay.zero_init), name
+        if lay.pp == 1:  # the plugin runs the plan's ds_config.json: every ZeRO / ZeRO++ / AutoTP key of it
+            assert got["config_file"] == "ds_config.json", name
+            assert got["zero_optimization"] == ds["zero_optimization"], name
+            assert got["tensor_parallel"] == ds.get("tensor_parallel"), name
+            assert got["gradient_accumulation_steps"] == ds["gradient_accumulation_steps"], name
+        else:  # every GPU a data-parallel rank: the plan's global batch over all of them
+            assert got["config_file"] is None and got["tensor_parallel"] is None, name
+            assert lay.micro_batch * got["gradient_accumulation_steps"] * plan.inputs.gpus == tr.global_batch, name
+    assert deepspeed == {"llama-65b-qlora", "llama3-70b-zero-infinity", "llama3-8b-deepspeed-pipe"}
 
 
 @pytest.mark.slow
@@ -790,6 +830,10 @@ def test_zero_infinity_and_zeropp_reach_the_deepspeed_config() -> None:
     assert zero["sub_group_size"] == NVME_SUB_GROUP_ELEMENTS
     assert zero["zero_hpz_partition_size"] == 8
     assert zero["zero_quantized_weights"] is True and zero["zero_quantized_gradients"] is True
-    for fmt in ("accelerate", "torchtitan", "megatron"):
+    for fmt in ("torchtitan", "megatron"):
         lost = " ".join(export(plan, fmt).lost)
         assert "NVMe offload (ZeRO-Infinity)" in lost and "ZeRO++ hpZ (zero_hpz_partition_size=8)" in lost, fmt
+    # Accelerate's DeepSpeed plugin runs that very ds_config.json: nothing of it is lost
+    accelerate = export(plan, "accelerate")
+    assert yaml.safe_load(accelerate.text)["deepspeed_config"]["deepspeed_config_file"] == "ds_config.json"
+    assert not _has(accelerate.lost, "ZeRO++") and not _has(accelerate.lost, "ZeRO-Infinity")
