@@ -10,7 +10,7 @@ Values tried per knob:
 - recompute: none, selective, full (and op_sac under framework fsdp);
 - zero_stage: 0, 1, 2, 3;
 - vpp: 1 and every v >= 2 with pp x v dividing the layers (with pp > 1);
-- schedule: gpipe or 1f1b at vpp 1, interleaved_1f1b above;
+- schedule: gpipe or 1f1b at vpp 1, interleaved_1f1b above, zero_bubble at any vpp (framework fsdp);
 - offload_optimizer: off, on (with ZeRO >= 1).
 At most `MAX_COMBINATIONS` combinations are priced: more is refused with the count, so that a
 request never holds a worker for long (pin some knobs instead).
@@ -72,7 +72,9 @@ def _values(knob: str, base: Layout, model: ModelSpec, training: TrainingSpec, g
             return [1]
         return [1] + [v for v in range(2, model.num_layers // base.pp + 1) if model.num_layers % (base.pp * v) == 0]
     if knob == "schedule":
-        return [None, "gpipe", "1f1b", "interleaved_1f1b"] if base.pp > 1 else [None]
+        if base.pp == 1:
+            return [None]
+        return [None, "gpipe", "1f1b", "interleaved_1f1b", *(["zero_bubble"] if base.framework == "fsdp" else [])]
     if knob == "offload_optimizer":
         return [False, True]
     raise AutoError(f"layout.{knob}: not an auto knob")

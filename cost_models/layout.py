@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models.pipeline import zero_bubble_rounds_ok
 from cost_models.stages import StagePartition, megatron_split
 from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
@@ -20,7 +21,9 @@ from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 Recompute = Literal["none", "selective", "full", "op_sac"]
 """none; selective (Megatron: attention core + MLP activation recomputed); full (whole layers, all or
 `recompute_layers` per stage); op_sac (torchtitan op-level selective checkpointing, `cost_models.op_sac`)."""
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+"""gpipe; 1f1b; interleaved_1f1b (vpp > 1); zero_bubble: ZB1P (Qi et al. 2024), interleaved when
+vpp > 1, torch.distributed.pipelining's ScheduleInterleavedZeroBubble (`cost_models.pipeline`)."""
 Framework = Literal["megatron", "fsdp", "deepspeed"]
 MoeDispatcher = Literal["alltoall", "flex"]
 RecomputeModule = Literal["core_attn", "act", "layernorm", "mla_up_proj"]
@@ -359,8 +362,12 @@ def validate_layout(
     sched = lay.schedule_
     if sched == "interleaved_1f1b" and lay.vpp == 1:
         v.append(Violation("schedule", "interleaved_1f1b needs vpp > 1"))
-    if sched != "interleaved_1f1b" and lay.vpp > 1:
-        v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b schedule, not {sched}"))
+    if sched not in ("interleaved_1f1b", "zero_bubble") and lay.vpp > 1:
+        v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b or zero_bubble schedule, not {sched}"))
+    if sched == "zero_bubble" and pp > 1 and not zero_bubble_rounds_ok(pp, lay.grad_accum_):
+        rounds = max(1, lay.grad_accum_ // pp)
+        v.append(Violation("grad_accum", f"zero bubble runs the {lay.grad_accum_} micro-batches in {rounds} rounds "
+                           "(max(1, m // pp), torch's ScheduleInterleavedZeroBubble): m must be a multiple of them"))
     if sched == "interleaved_1f1b" and lay.grad_accum_ % pp:
         v.append(
             Violation(
@@ -448,17 +455,27 @@ def framework_violations(lay: Layout) -> list[Violation]:
       only ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", DeepSpeed pipeline docs).
     - fsdp (PyTorch FSDP2 / torchtitan): op-level SAC is its own; Megatron's uneven-split options
       are Megatron's (TP communication overlap exists in both: TE userbuffers, torchtitan's async TP).
-    - megatron: op-level SAC is torchtitan's."""
+    - megatron: op-level SAC is torchtitan's.
+    - zero_bubble is torch.distributed.pipelining's (torchtitan's InterleavedZeroBubble): Megatron-LM
+      (core_v0.16) and DeepSpeed's pipeline engine have no schedule that splits the weight gradient;
+      not with ZeRO-3, whose per-layer reshard drops the deferred weight gradients
+      (tests/runtime/test_parallel_layouts.py measured it)."""
     v: list[Violation] = []
     fw = lay.framework
     if lay.recompute == "op_sac" and fw != "fsdp":
         v.append(Violation("recompute", "op_sac (torchtitan's op-level selective checkpointing) needs framework fsdp"))
+    if lay.pp > 1 and lay.schedule_ == "zero_bubble" and fw != "fsdp":
+        v.append(Violation("schedule", f"the zero_bubble schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
+    if lay.pp > 1 and lay.schedule_ == "zero_bubble" and lay.zero_stage == 3:
+        v.append(Violation("zero_stage", "zero_bubble with ZeRO-3: FSDP2 reshards a layer when its input-gradient pass "
+                           "ends, before the weight-gradient pass, whose gradients are then lost (measured on torch 2.13; "
+                           "torchtitan keeps weights unsharded under pipelining): use zero_stage 2"))
     if fw == "deepspeed":
         if lay.cp > 1:
             v.append(Violation("cp", "DeepSpeed has no context parallelism (framework deepspeed)"))
         if lay.pp > 1 and lay.vpp > 1:
             v.append(Violation("vpp", "DeepSpeed's pipeline engine runs one stage per rank (no virtual stages)"))
-        if lay.pp > 1 and lay.schedule_ not in ("1f1b", "interleaved_1f1b"):
+        if lay.pp > 1 and lay.schedule_ == "gpipe":
             v.append(Violation("schedule", f"DeepSpeed's pipeline engine runs 1F1B, not {lay.schedule_}"))
         if lay.pp > 1 and lay.zero_stage >= 2:
             v.append(Violation("zero_stage", "DeepSpeed's pipeline engine supports ZeRO stage 0-1 only"))

@@ -289,7 +289,7 @@ class StageTable:
     training: TrainingSpec
     cluster: ClusterSpec
     gpus: int
-    mesh: Layout  # resolved; its knobs (zero, recompute, schedule...) are ignored here
+    mesh: Layout  # resolved; its knobs (zero, recompute...) are ignored here; its schedule sets the bubble rule
     partition: StagePartition
     dense_params: np.ndarray
     expert_params: np.ndarray
@@ -896,7 +896,8 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     J = len(settings)
     knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
     dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
-    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal)
+    zero_bubble = t.mesh.schedule_ == "zero_bubble"
+    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal, zero_bubble)
     prices.stage_time = per_mb
     prices.parts = parts
     prices.step_s = step
@@ -905,7 +906,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
 
 def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """Seconds no knob setting of this table can beat (`step_time.lower_bound`)."""
-    return step_time.table_lower_bound(t, vpp, cal)
+    return step_time.table_lower_bound(t, vpp, cal, t.mesh.schedule_ == "zero_bubble")
 
 
 _DP_GRIDS: dict[tuple, tuple[tuple[object, ...], step_time.DataParallelTimes]] = {}

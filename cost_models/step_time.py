@@ -41,6 +41,8 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
 
 The step (`compose`):
     pipeline   m x slowest micro-batch + (sum_r t_r - max_r t_r) / v         (Narayanan et al. 2021)
+               zero bubble: each other rank's t_r less twice its weight-gradient share W_r, which
+               fills the idle slots: (p - 1)(F + B - W) / v (Qi et al. 2024; `cost_models.pipeline`)
     + gradient reduction once per step (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter, the all-reduce
       across replicas of hybrid sharding) in the window Megatron's `--overlap-grad-reduce` gives it:
       the last micro-batch's backward, bucket by bucket, and the pipeline drain after this rank's
@@ -66,6 +68,7 @@ from cost_models.calibration import Calibration
 from cost_models.comm import CHANNELS, HOST, Group, collective_cost
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
+from cost_models.pipeline import ZB_WEIGHT_SHARE
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec
@@ -316,6 +319,7 @@ class PhaseArrays:
     busy_b: np.ndarray  # (modes, CHANNELS, pp)
     pp_exposed: float  # pipeline send/recv exposed per micro-batch
     parts: np.ndarray  # (5, modes, pp): compute, recompute, TP, CP, EP exposed per micro-batch
+    weight_grad: np.ndarray  # (pp,) the weight-gradient share W of the backward compute (zero bubble)
 
 
 def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
@@ -366,7 +370,8 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     parts[2] = tp_f_exp[None, :] + tp_b_exp
     parts[3] = cp_f_exp[None, :] + cp_b_exp
     parts[4] = (ep_f[None, :] + ep_b) * (1 - ov.ep)
-    return PhaseArrays(sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts)
+    weight_grad = ZB_WEIGHT_SHARE * backward
+    return PhaseArrays(sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts, weight_grad)
 
 
 def compose(
@@ -376,9 +381,11 @@ def compose(
     phases: PhaseArrays,
     vpp: int,
     cal: Calibration,
+    zero_bubble: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Step seconds of every setting of `knobs` (module doc): (step (J,), per-micro-batch time of
-    every rank (J, pp), the parts (J,) named in `STEP_PARTS`, which sum to the step)."""
+    every rank (J, pp), the parts (J,) named in `STEP_PARTS`, which sum to the step).
+    `zero_bubble`: the schedule is ZB1P, whose weight-gradient passes fill the bubble."""
     m = t.mesh
     ov = cal.overlap(m.framework)
     pp, mb_count = m.pp, m.grad_accum_
@@ -394,7 +401,13 @@ def compose(
     per_mb = t_f + t_b + phases.pp_exposed
     slow = per_mb.argmax(axis=1)
     t_max = per_mb[rows, slow]
-    bubble = (per_mb.sum(axis=1) - t_max) / vpp if pp > 1 else np.zeros(J)
+    if pp == 1:
+        bubble = np.zeros(J)
+    elif zero_bubble:  # every rank but the slowest idles (t_r - 2 W_r) per slot, never below zero
+        idle = np.maximum(0.0, per_mb - 2 * phases.weight_grad[None, :])
+        bubble = (idle.sum(axis=1) - idle[rows, slow]) / vpp
+    else:
+        bubble = (per_mb.sum(axis=1) - t_max) / vpp
 
     # once per step: windows of the last backward (+ drain) and the first forward (+ warm-up)
     ranks = np.arange(pp, dtype=float)[None, :]
@@ -467,23 +480,25 @@ def lower_bound(
     pp_exposed: float,
     vpp: int,
     grad_accum: int,
+    zero_bubble: bool = False,
 ) -> float:
     """Seconds no knob setting can beat, from per-rank arrays (length pp): compute (forward +
     backward) and the knob-independent exposed communication (TP, CP, EP without recompute) of
     one micro-batch, and the pipeline send/recv exposed per micro-batch. Every knob (recompute,
     ZeRO traffic, once-per-step reduction, optimizer, offload) only adds to it, and the channel
-    rooflines only raise it."""
+    rooflines only raise it. A zero-bubble schedule's bubble is bounded by zero (its weight
+    passes may fill it)."""
     per = compute + exposed + pp_exposed
     worst = float(per.max())
-    bubble = (float(per.sum()) - worst) / vpp if len(per) > 1 else 0.0
+    bubble = (float(per.sum()) - worst) / vpp if len(per) > 1 and not zero_bubble else 0.0
     return grad_accum * worst + bubble
 
 
-def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
+def table_lower_bound(t: StageTable, vpp: int, cal: Calibration, zero_bubble: bool = False) -> float:
     """`lower_bound` of a built table."""
     ph = phase_arrays(t, vpp, cal)
     exposed = ph.sum_f + ph.sum_b[0] - t.compute
-    return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_)
+    return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_, zero_bubble)
 
 
 __all__ = [

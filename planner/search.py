@@ -486,7 +486,8 @@ class _PairTimes:
             sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
         compute, counts = sums
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
-        return lower_bound(compute, counts @ self.kind_exposed, pp_exposed, vpp, grad_accum)
+        zero_bubble = option.schedule == "zero_bubble"
+        return lower_bound(compute, counts @ self.kind_exposed, pp_exposed, vpp, grad_accum, zero_bubble)
 
 
 @lru_cache(maxsize=1024)
@@ -509,13 +510,14 @@ def _rank_of_layer(num_layers: int, pp: int, option: PipeOption) -> np.ndarray:
     return owner
 
 
-def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int) -> float:
+def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int, zero_bubble: bool = False) -> float:
     """A lower bound of `_PairTimes.bound`, in seconds per step, from one micro-batch's seconds
     summed over the pipeline ranks (`per_mb_s`, itself at most the sum of the per-rank times that
     bound adds up). That bound is grad_accum x slowest + (sum - slowest) / vpp, which grows with
-    the slowest rank, and the slowest rank is at least the average sum / pp."""
+    the slowest rank, and the slowest rank is at least the average sum / pp. A zero-bubble
+    schedule's bubble is bounded by zero."""
     average = per_mb_s / pp
-    return grad_accum * average + (per_mb_s - average) / vpp
+    return grad_accum * average + (0.0 if zero_bubble else (per_mb_s - average) / vpp)
 
 
 BOUND_MARGIN = 1e-9
@@ -531,6 +533,9 @@ HOST_MEMORY_REASON = (
 
 
 NVME_REASON = "NVMe: the states a node's ranks offload to NVMe (ZeRO-Infinity) exceed the node's NVMe capacity"
+
+ZERO_BUBBLE_ZERO3 = "zero_bubble with ZeRO-3: FSDP2's per-layer reshard drops the deferred weight gradients"
+"""`layout.framework_violations`' rule, applied to the knob grid of a zero-bubble pipeline option."""
 
 
 def _memory_reason(s: Setting) -> str:
@@ -740,7 +745,7 @@ def search(
             if ranked.full:  # bound the layout before building its table: cheap bound first
                 threshold = max(ranked.threshold_s, reference_step_s or 0.0)
                 ga = training.global_batch // (mb * mesh.dp)
-                if _bubble_bound(per_mb_s, mesh.pp, vpp, ga) * (1 - BOUND_MARGIN) >= threshold:
+                if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule == "zero_bubble") * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
                 pair_times = pair_times or bounds.pair_times(mesh_index, mb)
@@ -784,6 +789,11 @@ def search(
                     )
             host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
             fits = np.flatnonzero(~over_mask & ~host_over)
+            if schedule == "zero_bubble" and mesh.pp > 1:
+                zero3 = knobs_of(grid_key, grid).zero[fits] >= 3
+                if zero3.any():
+                    log.add(ZERO_BUBBLE_ZERO3, "pipelined meshes with the zero_bubble schedule", int(zero3.sum()))
+                    fits = fits[~zero3]
             over_idx = np.flatnonzero(over_mask)
             new_reasons = rejections.add(log, over_mask)
             if len(over_idx):

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import Layout
+from cost_models.pipeline import zero_bubble_rounds_ok
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import SearchConstraints
@@ -223,7 +224,8 @@ class PipeOption(NamedTuple):
 
 def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: int, c: SearchConstraints) -> list[PipeOption]:
     """1F1B and GPipe without virtual stages; interleaved 1F1B for every vpp >= 2 whose pp x vpp
-    chunks split the layers, when the micro-batches are a multiple of pp. Where the layers do not
+    chunks split the layers, when the micro-batches are a multiple of pp; for framework fsdp, the
+    zero-bubble schedule (ZB1P) on one chunk per rank and on every even interleaving. Where the layers do not
     divide, Megatron-Core's slots make them: the loss takes one slot (it is the heavier end: LM
     head and cross-entropy), or the embedding and the loss one each (126 + 2 = 128 = 8 x 8 x 2 for
     Llama-3.1-405B). A vpp is offered while every chunk keeps at least one layer."""
@@ -232,8 +234,13 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
     else:
         m = training.global_batch // (mb * mesh.dp)
         out = [PipeOption(1, "1f1b"), PipeOption(1, "gpipe")]
+        interleaved = interleaved_options(model.num_layers, mesh.pp)
         if m % mesh.pp == 0:
-            out += interleaved_options(model.num_layers, mesh.pp)
+            out += interleaved
+        if c.framework == "fsdp" and zero_bubble_rounds_ok(mesh.pp, m):
+            # torch's ZB1P, on one chunk per rank or interleaved over the chunks that split evenly
+            out += [PipeOption(1, "zero_bubble")]
+            out += [PipeOption(o.vpp, "zero_bubble") for o in interleaved if not (o.embedding_slot or o.loss_slot)]
     if c.schedule:
         out = [o for o in out if o.schedule == c.schedule]
     return out

@@ -170,6 +170,7 @@ class Trainer:
             Schedule1F1B,
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
         )
 
         lay = self.run.layout
@@ -186,7 +187,9 @@ class Trainer:
             for m, c in zip(self.parts.chunks, self.parts.chunk_ids, strict=True)
         ]
         n_mb = lay.grad_accum_
-        if lay.schedule_ == "interleaved_1f1b":
+        if lay.schedule_ == "zero_bubble":  # ZB1P: input and weight gradients as separate passes
+            schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
+        elif lay.schedule_ == "interleaved_1f1b":
             schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
         else:
             cls = ScheduleGPipe if lay.schedule_ == "gpipe" else Schedule1F1B

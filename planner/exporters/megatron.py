@@ -280,6 +280,8 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
         ]
     if lay.pp > 1 and lay.schedule_ == "gpipe":
         lost.append("GPipe schedule: Megatron always runs 1F1B (same bubble, fewer micro-batches in flight)")
+    if lay.pp > 1 and lay.schedule_ == "zero_bubble":
+        lost.append("zero-bubble schedule (ZB1P): Megatron runs (interleaved) 1F1B, whose bubble is three times larger")
     if lay.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
         lost.append(f"rank order {lay.order}: Megatron-Core orders ranks tp-cp-ep-dp-pp")
     elif lay.order == "tp-cp-ep-pp-dp":

@@ -34,7 +34,9 @@ from planner.exporters.common import (
     summary_lines,
 )
 
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+SCHEDULES = {
+    "gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "zero_bubble": "InterleavedZeroBubble",
+}
 MODEL_NAMES = {
     "llama": "llama3",
     "deepseek_v3": "deepseek_v3",

@@ -92,3 +92,30 @@ def test_activation_offload_moves_saved_activations_to_the_host_link() -> None:
     assert 0 < staging < 0.05 * base.memory[0].activations
     # 16 of 20 layers per stage over a 50 GB/s host link: the copies outlast the compute they hide behind
     assert few.step_s == pytest.approx(base.step_s, rel=1e-9) and many.step_s > base.step_s
+
+
+def test_zero_bubble_fills_the_bubble_with_weight_gradients() -> None:
+    """Same work, same memory as 1F1B; the other ranks' idle time shrinks by twice their
+    weight-gradient share W (cost_models.pipeline.ZB_WEIGHT_SHARE of the backward compute)."""
+    from cost_models.pipeline import ZB_WEIGHT_SHARE
+
+    kw = dict(tp=8, pp=4, zero_stage=1, framework="fsdp")
+    plain, zb = est(**kw), est(schedule="zero_bubble", **kw)
+    assert zb.time.compute == pytest.approx(plain.time.compute)
+    assert zb.peak_bytes == plain.peak_bytes
+    assert 0 < zb.time.bubble < plain.time.bubble
+    # the pipeline ranks are (nearly) equal here: the bubble loses 2 W per other rank and slot
+    m = TRAIN.global_batch // (256 // (8 * 4))  # micro-batches of one micro-sequence per dp rank
+    backward = plain.time.compute / m * (2 / 3)  # 6N: the backward is about 2/3 of a micro-batch's compute
+    saved = (4 - 1) * 2 * ZB_WEIGHT_SHARE * backward
+    assert plain.time.bubble - zb.time.bubble == pytest.approx(saved, rel=0.15)
+
+
+def test_zero_bubble_is_torch_pipelinings_and_not_with_zero3() -> None:
+    with pytest.raises(LayoutError, match="framework fsdp"):
+        est(tp=8, pp=4, schedule="zero_bubble")  # megatron
+    with pytest.raises(LayoutError, match="zero_stage 2"):
+        est(tp=8, pp=4, schedule="zero_bubble", zero_stage=3, framework="fsdp")
+    with pytest.raises(LayoutError, match="rounds"):
+        estimate(MODEL, TrainingSpec(seq_len=4096, global_batch=9 * 8), CLUSTER, 256,
+                 Layout(tp=8, pp=4, schedule="zero_bubble", framework="fsdp"))

@@ -125,6 +125,12 @@ FIXTURES = {
         "llama3-8b", 8, Layout(zero_stage=3, micro_batch=2, recompute="full", framework="fsdp"),
         training=TrainingSpec(seq_len=8192, global_batch=64, grad_dtype="fp32"),
     ),
+    # torch.distributed.pipelining's zero-bubble schedule (ZB1P), interleaved over two chunks per rank
+    "llama3-8b-zero-bubble": lambda: make_plan(
+        "llama3-8b", 32,
+        Layout(tp=2, pp=2, vpp=2, zero_stage=2, schedule="zero_bubble", recompute="selective", framework="fsdp"),
+        training=TrainingSpec(seq_len=8192, global_batch=64),
+    ),
     # DeepSpeed's pipeline engine with AutoTP (Accelerate's plugin cannot use its ds_config.json)
     "llama3-8b-deepspeed-pipe": lambda: make_plan(
         "llama3-8b", 16, Layout(tp=2, pp=2, zero_stage=1, micro_batch=2, recompute="full", framework="deepspeed"),
@@ -336,7 +342,9 @@ def test_torchtitan_config(plan_name: str) -> None:
     assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == plan.best.partition
     flat = [m for p in parts for m in p]
     assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(model.num_layers)), "norm", "output"]
-    assert par["pipeline_parallel_schedule"] == {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "gpipe": "GPipe"}[lay.schedule_]
+    assert par["pipeline_parallel_schedule"] == {
+        "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "gpipe": "GPipe", "zero_bubble": "InterleavedZeroBubble",
+    }[lay.schedule_]
 
 
 def test_accelerate_config(plan_name: str) -> None:

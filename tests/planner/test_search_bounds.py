@@ -9,7 +9,7 @@ from cluster_specs.presets import get_cluster
 from cost_models.calibration import default_calibration
 from cost_models.compute import ShardGeometry, layer_time, lm_head_times
 from cost_models.layout import validate_layout
-from cost_models.stage_table import build_table, time_lower_bound
+from cost_models.stage_table import build_table, price_memory, price_time, time_lower_bound
 from cost_models.stages import StagePartition
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
@@ -23,6 +23,7 @@ CASES = [
     ("mixtral-8x7b", "dgx-h100", 64, 4096, 256),
     ("deepseek-v3", "dgx-h800", 256, 4096, 1024),
 ]
+FSDP_CASE = ("llama3-70b", "dgx-h100", 64, 4096, 256)  # framework fsdp: zero-bubble options too
 
 
 def _valid_pairs(model, training, cluster, gpus, c, limit):
@@ -39,11 +40,13 @@ def _valid_pairs(model, training, cluster, gpus, c, limit):
     return out[::step]
 
 
-@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", CASES)
-def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch) -> None:
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch,framework",
+                         [(*case, "megatron") for case in CASES] + [(*FSDP_CASE, "fsdp")])
+def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, framework) -> None:
     model, cluster = get_model(name), get_cluster(cluster_name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
-    c, cal = SearchConstraints(), default_calibration()
+    c, cal = SearchConstraints(framework=framework), default_calibration()
+    schedules = set()
     valid = _valid_pairs(model, training, cluster, gpus, c, limit=25)
     all_mbs = sorted({mb for _, mbs in valid for mb in mbs})
     bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
@@ -59,11 +62,18 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch) -> 
                 exact = time_lower_bound(table, vpp, cal)
                 assert times.bound(mesh.pp, option, layout.grad_accum_, ov) == pytest.approx(exact, rel=1e-12)
                 pair = np.flatnonzero((bounds.mesh_of == index) & (bounds.mb_of == mb))[0]
-                cheap = _bubble_bound(float(bounds.per_mb_s[pair]), mesh.pp, vpp, layout.grad_accum_)
+                zero_bubble = option.schedule == "zero_bubble"
+                cheap = _bubble_bound(float(bounds.per_mb_s[pair]), mesh.pp, vpp, layout.grad_accum_, zero_bubble)
                 assert bounds.bound_s[pair] <= cheap * (1 + 1e-12)
                 assert cheap <= exact * (1 + 1e-12)
+                if zero_bubble and layout.pp > 1:  # the bound holds for the priced steps of every knob setting
+                    grid = [g for g in settings(mesh, cluster, c) if g.zero_stage < 3]
+                    priced = price_time(table, grid, price_memory(table, grid, option.schedule, vpp, cal), vpp, cal)
+                    assert priced.step_s.min() >= exact * (1 - 1e-12)
+                schedules.add(option.schedule)
                 checked += 1
     assert checked > 20
+    assert ("zero_bubble" in schedules) == (framework == "fsdp")
 
 
 @pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", CASES)
