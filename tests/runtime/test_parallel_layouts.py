@@ -77,7 +77,7 @@ CASES: list[dict[str, Any]] = [
     # data parallel: FSDP2 per ZeRO stage, DDP, HSDP
     _case("fsdp_dp4_zero3", {"zero_stage": 3}),
     _case("fsdp_dp4_zero2_mb2", {"zero_stage": 2, "micro_batch": 2}),
-    _case("fsdp_dp4_zero1_adamw", {"zero_stage": 1}, opt="adamw"),
+    _case("fsdp_dp4_zero1_adamw", {"zero_stage": 1}, opt="adamw", track_memory=True),
     _case("ddp_dp4_zero0", {"zero_stage": 0}),
     _case("hsdp_2x2_zero3", {"dp_shard": 2, "zero_stage": 3}),
     # tensor (+ sequence) parallel
