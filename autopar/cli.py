@@ -122,7 +122,7 @@ def evaluate(
     recompute: str = typer.Option("none", help="none | selective | full | op_sac (fsdp) | auto"),
     recompute_layers: int | None = typer.Option(None, help="full recompute: layers per stage"),
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
-    schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b | auto"),
+    schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b | zero_bubble (fsdp) | auto"),
     offload_optimizer: bool = False,
     offload_params: bool = typer.Option(False, help="ZeRO-3: weight shards in host memory (or NVMe)"),
     offload_device: str = typer.Option("cpu", help="where offloaded states live: cpu | nvme (DeepSpeed ZeRO-3)"),
@@ -262,7 +262,7 @@ def plan(
     cp: int | None = typer.Option(None, help="pin the context-parallel degree"),
     ep: int | None = typer.Option(None, help="pin the expert-parallel degree"),
     zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
-    schedule: str | None = typer.Option(None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b"),
+    schedule: str | None = typer.Option(None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble (fsdp)"),
     offload: bool = typer.Option(
         True, "--offload/--no-offload", help="allow offloading the optimizer (and ZeRO-3 weights) to host memory or NVMe (--no-offload: never)"
     ),
