@@ -16,6 +16,8 @@ Conventions applied per source (the CSV's README lists the sources):
   embeddings, LayerNorm. Llama rows: SwiGLU, RMSNorm, RoPE, GQA from `kv_heads`, untied. Nemotron
   rows: squared-ReLU MLP, LayerNorm, RoPE, untied (vocabulary 256000 where blank, the Nemotron
   tokenizer of the 340B row). Mixtral: SwiGLU experts, `ffn_hidden` is the expert width.
+  Nemotron-H rows (hybrid Mamba-2, shape columns blank but the layer count): the `nemotron-h-56b`
+  preset.
 - Precision: BF16/amp_bf16/bf16 -> bf16; FP8/amp_fp8 -> fp8; FP16/"mixed (16-bit)" -> fp16
   (bf16 where the catalog GPU has no separate fp16 peak: Ampere's fp16 and bf16 tensor-core rates
   are equal). Megatron/NeMo keep fp32 main gradients (`grad_dtype="fp32"`); llm-foundry's
@@ -156,6 +158,8 @@ def _style(c: _Ctx) -> str:
         return "mpt"
     if "deepseek-v3" in name:
         return "deepseek-v3"
+    if "nemotron-h" in name:
+        return "nemotron-h"
     if c.i("moe_experts"):
         return "mixtral"
     if "llama" in name:
@@ -167,9 +171,20 @@ def _style(c: _Ctx) -> str:
 
 def _model(c: _Ctx) -> ModelSpec:
     layers, hidden, seq = c.i("layers"), c.i("hidden"), c.i("seq_len")
+    style = _style(c)
+    if style == "nemotron-h" and layers and seq:
+        # the rows name the model and its 118 layers only; the hybrid Mamba-2 shape (54 Mamba, 54
+        # MLP, 10 attention layers) comes from the nemotron-h-56b preset (Megatron-Bridge's 56B
+        # provider in NemotronHConfig fields)
+        from model_specs.presets import get_model
+
+        spec = get_model("nemotron-h-56b")
+        if spec.num_layers != layers:
+            raise _Skip(f"{layers} layers in the row, the nemotron-h-56b preset has {spec.num_layers}")
+        c.notes.append("Nemotron-H-56B shape from the nemotron-h-56b preset (hybrid Mamba-2, Megatron-Bridge 56B provider)")
+        return spec.model_copy(update={"name": f"{c.s('model')} (row {c.s('row_id')})"})
     if not (layers and hidden and seq):
         raise _Skip("no model shape (layers / hidden / seq_len blank)")
-    style = _style(c)
     if style == "deepseek-v3":
         # the row's shape columns are DeepSeek-V3's (61 layers, 7168, dense FFN 18432, 256 experts
         # top-8); the MLA and shared-expert details come from the preset (its config.json). NeMo's

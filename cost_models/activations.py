@@ -53,6 +53,20 @@ Recompute:
   priced with recomputed expert activations; 2 x 8192 routed rows x 14336 x 2 bytes per layer.
 - "full": only the layer input is kept; one layer's full activations exist again during its
   backward (counted once per rank as the recompute working set).
+
+Hybrid models (`ModelSpec.hybrid_pattern`): each layer is one block, its norm included: attention
+(`attention_bytes`), MLP / MoE (`mlp_bytes`) or a Mamba-2 mixer (`mamba_bytes`). A Mamba mixer
+keeps its block norm's input and in_proj's input, and then, per framework:
+- megatron: Megatron-Core's `MambaMixer._ssm_training` runs mamba_ssm's fused
+  `mamba_split_conv1d_scan_combined` (conv, scan, D, gate; `ctx.save_for_backward(zxbcdt, ...,
+  out_x, ...)`: the in_proj output (2 d_inner + 2 G N + H, as the contiguous copy it is handed)
+  and the scan output x d_inner), then its gated RMSNorm (input d_inner and a float32 rstd per
+  group) and out_proj (input d_inner, FP8 under FP8 training); all split over TP by heads.
+- fsdp / deepspeed (eager PyTorch, `runtime.model.Mamba2Mixer`, and transformers' NemotronH with
+  the fused kernel, which passes the norm and out_proj into it): the region between in_proj and
+  out_proj is checkpointed and keeps its input (the in_proj output) only, then out_proj's input.
+Selective recompute (Megatron's `--recompute-modules`) has no Mamba module: only `layernorm`
+applies (the norm output, in_proj's input, is not kept).
 """
 
 from __future__ import annotations
@@ -111,12 +125,13 @@ def _mlp_act_widths(model: ModelSpec, framework: Framework) -> tuple[int, int]:
     """(saved widths without recompute, saved widths with selective recompute), in units of f.
 
     Without recompute: gated eager = gate, up, act(gate), product = 4; Megatron's fused bias-SwiGLU = 3
-    (fc1 output 2f + product). Non-gated: act input + act output = 2 (3 for squared ReLU eager).
-    Selective recompute keeps what the two GEMMs need: fc1 output (2f gated, f otherwise)."""
+    (fc1 output 2f + product). Non-gated: act input + act output = 2. Squared ReLU in eager PyTorch
+    (`relu(x).square()`) is 2 as well: ReLU saves its output, which `square` saves as its input, and
+    the square feeds fc2 (measured with saved-tensor hooks on `runtime.model.FeedForward`: two
+    (tokens, f) bf16 tensors). Selective recompute keeps what the two GEMMs need: fc1 output (2f
+    gated, f otherwise)."""
     if model.gated_mlp:
         return (3 if framework == "megatron" else 4), 2
-    if model.mlp == "relu2":
-        return (2 if framework == "megatron" else 3), 1
     return 2, 1
 
 
@@ -198,6 +213,50 @@ def routed_expert_bytes(model: ModelSpec, ctx: ActivationContext, widths: int) -
     return copies + widths * routed * model.moe_ffn_hidden_size / ctx.etp * ab
 
 
+def mamba_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) -> float:
+    """Saved bytes of one Mamba-2 layer (its block norm included; module doc, per framework)."""
+    t, ab, h, tp = ctx.tokens, ctx.act_bytes, model.hidden_size, ctx.tp
+    total = t * h * ctx.norm_bytes / ctx.replicated_divisor  # block norm input
+    if "layernorm" not in _modules(ctx, recompute):
+        total += t * h * ctx.gemm_input_bytes / ctx.gathered_input_divisor  # norm output = in_proj input
+    inner = model.mamba_inner
+    total += t * model.mamba_in_proj_width / tp * ab  # zxbcdt: the fused kernel's / checkpoint's input
+    if ctx.framework == "megatron":
+        total += 2 * t * inner / tp * ab  # scan output out_x (kernel) and the gated output (norm input)
+        total += t * model.mamba_groups / tp * ROUTER_BYTES  # the norm's float32 rstd per group
+    return total + t * inner / tp * ctx.gemm_input_bytes  # out_proj input
+
+
+def mamba_backward_transient_bytes(model: ModelSpec, ctx: ActivationContext) -> float:
+    """Bytes a Mamba-2 layer's backward adds on top of the kept activations, one micro-batch on one
+    rank: the recomputed conv / scan / gate region with its gradients (module doc: the region keeps
+    only its input, so its intermediates exist again while its backward runs, one layer at a time).
+
+    - megatron (mamba_ssm's fused `mamba_split_conv1d_scan_combined` backward, modelling choice):
+      the chunk states it recomputes in float32 (ceil(s / Q) x H x N x P) and the gradient of its
+      input (the in_proj width), split over TP.
+    - fsdp / deepspeed (the eager region of `runtime.model.Mamba2Mixer`): per sequence of s tokens
+      (padded to whole chunks) 10 s H Q (the Q x Q decay and score blocks, float32 and bf16, and
+      their gradients) + 45 s H P (the float32 gate and norm) + 8 s H N + 15.5 s G N (B, C per
+      head and group) + 3.5 s h + 3.5 ceil(s / Q) H N P (chunk states) bytes, heads and groups split
+      over TP. Coefficients fitted by least squares to the live-storage tracker's peak over 45
+      shapes (s 512-2048, H 8-48, P 32-128, N 32-128, G 1-8, Q 64-256, h 512-2048; largest
+      error 6% of the transient), not derived term by term."""
+    if "M" not in (model.hybrid_pattern or ""):
+        return 0.0
+    heads, p, n = model.mamba_num_heads, model.mamba_head_dim, model.mamba_state_size
+    assert heads and p and n
+    g, q, tp, h = model.mamba_groups, model.mamba_chunk_size, ctx.tp, model.hidden_size
+    chunks = -(-ctx.seq_len_local // q)
+    s = chunks * q
+    if ctx.framework == "megatron":
+        per_seq = (4.0 * chunks * heads * n * p + ctx.act_bytes * s * model.mamba_in_proj_width) / tp
+    else:
+        per_seq = (10.0 * s * heads * q + 45.0 * s * heads * p + 8.0 * s * heads * n + 15.5 * s * g * n
+                   + 3.5 * chunks * heads * n * p) / tp + 3.5 * s * h
+    return per_seq * ctx.micro_batch
+
+
 def op_sac_bytes(model: ModelSpec, index: int, ctx: ActivationContext) -> float:
     """Bytes layer `index` keeps under torchtitan's op-level selective checkpointing
     (`cost_models.op_sac`): the block input, every other matmul output, the attention output and
@@ -205,7 +264,8 @@ def op_sac_bytes(model: ModelSpec, index: int, ctx: ActivationContext) -> float:
     (grouped matmuls, not recomputed)."""
     t, ab = ctx.tokens, ctx.act_bytes
     total = t * op_sac.saved_widths(model, index, ctx.tp, ctx.replicated_divisor) * ab
-    total += t * model.num_heads / ctx.tp * LSE_BYTES
+    if model.has_attention(index):
+        total += t * model.num_heads / ctx.tp * LSE_BYTES
     if model.is_moe_layer(index):
         full_w, _ = _mlp_act_widths(model, ctx.framework)
         total += 2 * t / ctx.replicated_divisor * model.num_experts * ROUTER_BYTES
@@ -225,6 +285,13 @@ def layer_activation_bytes(model: ModelSpec, index: int, ctx: ActivationContext,
         return layer_input_bytes(model, ctx)
     if recompute == "op_sac":
         return op_sac_bytes(model, index, ctx)
+    mixer = model.layer_mixer(index)
+    if mixer == "mamba":
+        return mamba_bytes(model, ctx, recompute)
+    if mixer == "attention":
+        return attention_bytes(model, ctx, recompute)
+    if mixer in ("mlp", "moe"):
+        return mlp_bytes(model, ctx, recompute, index)
     return attention_bytes(model, ctx, recompute) + mlp_bytes(model, ctx, recompute, index)
 
 

@@ -45,7 +45,7 @@ from cluster_specs.spec import GPUSpec
 from cost_models import finetune, op_sac
 from cost_models.calibration import Calibration
 from cost_models.finetune import FineTune
-from cost_models.flops import attention_pairs, flash_backward_factor
+from cost_models.flops import attention_pairs, flash_backward_factor, ssd_scan_flops_forward
 from cost_models.mesh import MeshLike, Scalars
 from model_specs.spec import ModelSpec
 
@@ -86,25 +86,32 @@ class ShardGeometry:
 
 
 def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
-    """GEMMs of layer `index` on one rank for one micro-batch (forward)."""
+    """GEMMs of layer `index` on one rank for one micro-batch (forward). A Mamba-2 layer: in_proj
+    (column-parallel) and out_proj (row-parallel), split over TP by heads (Megatron-Core
+    `MambaMixer`)."""
     h, t, tp = model.hidden_size, g.tokens, g.tp
     nh = model.num_heads
     out: list[Gemm] = []
-    if model.attention == "mla":
-        assert model.kv_lora_rank and model.qk_rope_head_dim and model.qk_nope_head_dim and model.v_head_dim
-        if model.q_lora_rank:
-            out += [Gemm(t, model.q_lora_rank, h), Gemm(t, nh * model.qk_head_dim / tp, model.q_lora_rank)]
+    if model.is_mamba_layer(index):
+        return [Gemm(t, model.mamba_in_proj_width / tp, h), Gemm(t, h, model.mamba_inner / tp)]
+    if model.has_attention(index):
+        if model.attention == "mla":
+            assert model.kv_lora_rank and model.qk_rope_head_dim and model.qk_nope_head_dim and model.v_head_dim
+            if model.q_lora_rank:
+                out += [Gemm(t, model.q_lora_rank, h), Gemm(t, nh * model.qk_head_dim / tp, model.q_lora_rank)]
+            else:
+                out.append(Gemm(t, nh * model.qk_head_dim / tp, h))
+            out.append(Gemm(t, model.kv_lora_rank + model.qk_rope_head_dim, h))
+            out.append(Gemm(t, nh * (model.qk_nope_head_dim + model.v_head_dim) / tp, model.kv_lora_rank))
+            out.append(Gemm(t, h, nh * model.v_head_dim / tp))
         else:
-            out.append(Gemm(t, nh * model.qk_head_dim / tp, h))
-        out.append(Gemm(t, model.kv_lora_rank + model.qk_rope_head_dim, h))
-        out.append(Gemm(t, nh * (model.qk_nope_head_dim + model.v_head_dim) / tp, model.kv_lora_rank))
-        out.append(Gemm(t, h, nh * model.v_head_dim / tp))
-    else:
-        d = model.qk_head_dim
-        kv_cols = 2 * _larger(model.kv_heads / tp, 1.0) * d
-        out.append(Gemm(t, nh * d / tp + kv_cols, h))
-        out.append(Gemm(t, h, nh * d / tp))
+            d = model.qk_head_dim
+            kv_cols = 2 * _larger(model.kv_heads / tp, 1.0) * d
+            out.append(Gemm(t, nh * d / tp + kv_cols, h))
+            out.append(Gemm(t, h, nh * d / tp))
     gate = 2 if model.gated_mlp else 1
+    if not model.has_ffn(index):
+        return out
     if not model.is_moe_layer(index):
         f = model.ffn_hidden_size / tp
         return out + [Gemm(t, gate * f, h), Gemm(t, h, f)]
@@ -232,15 +239,30 @@ def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes:
 
     Per token: two norms (read + write h each), two residual adds (read 2h, write h), rotary on q
     and k (read + write), the MLP activation (gated: read 2f, write f; else read f, write f). Norms
-    and residuals are sequence-sharded under SP; the rest is head- or column-sharded under TP."""
+    and residuals are sequence-sharded under SP; the rest is head- or column-sharded under TP. A
+    hybrid layer has one norm and one residual; a Mamba-2 layer adds its conv, scan and gated-norm
+    traffic (`mamba_kernel_widths`)."""
     h, tp = model.hidden_size, g.tp
     rep = _where(g.sp, tp, 1)
-    per_token = (2 * 2 * h + 2 * 3 * h) / rep
-    per_token += 2 * (model.num_heads + max(model.kv_heads, 1)) * model.qk_head_dim / tp
+    blocks = model.tp_blocks_per_layer  # one norm + residual per block (hybrid layers: one)
+    per_token = blocks * (2 * h + 3 * h) / rep
+    if model.has_attention(index):
+        per_token += 2 * (model.num_heads + max(model.kv_heads, 1)) * model.qk_head_dim / tp
+    if model.is_mamba_layer(index):
+        per_token += mamba_kernel_widths(model) / tp
     total = per_token * g.tokens * act_bytes + activation_function_bytes(model, index, g, act_bytes)
     if model.is_moe_layer(index):
         total = total + moe_kernel_bytes(model, g, act_bytes)
     return total
+
+
+def mamba_kernel_widths(model: ModelSpec) -> float:
+    """Elements per token (before TP) the memory-bound kernels of a Mamba-2 mixer move, forward
+    (modelling choice, from the kernels' inputs and outputs): the conv reads x B C of the in_proj
+    output and writes them (2 conv_dim); the chunked scan reads x B C and dt and writes y
+    (conv_dim + H + d_inner); the gate and the grouped RMSNorm read y and z and write their output
+    (3 d_inner). The scan's matmuls are priced apart (`ssd_time`)."""
+    return 3.0 * model.mamba_conv_dim + (model.mamba_num_heads or 0) + 4.0 * model.mamba_inner
 
 
 def moe_kernel_bytes(model: ModelSpec, g: ShardGeometry, act_bytes: int) -> Scalars:
@@ -258,13 +280,33 @@ def moe_kernel_bytes(model: ModelSpec, g: ShardGeometry, act_bytes: int) -> Scal
 
 def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
     """HBM bytes of the MLP activation function, forward: gated reads 2f and writes f per token,
-    non-gated reads f and writes f (the part of `elementwise_bytes` selective recompute re-runs)."""
+    non-gated reads f and writes f (the part of `elementwise_bytes` selective recompute re-runs).
+    None in a hybrid model's attention or Mamba layers."""
+    if not model.has_ffn(index):
+        return 0.0
     if model.is_moe_layer(index):
         assert model.moe_ffn_hidden_size
         f = model.moe_top_k * model.moe_ffn_hidden_size / g.etp
     else:
         f = model.ffn_hidden_size / g.tp
     return (3 if model.gated_mlp else 2) * f * g.tokens * act_bytes
+
+
+SSM_BACKWARD_FACTOR = 3.0
+"""Backward of the chunked SSD scan over its forward: the input gradients of its matmuls (2x) and
+the forward they recompute (1x; `cost_models.flops`, hardware FLOPs)."""
+
+
+def ssd_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
+    """Seconds of one Mamba-2 layer's chunked SSD scan forward on one rank (0 elsewhere): its matmul
+    FLOPs (`flops.ssd_scan_flops_forward`, heads and groups split over TP) at
+    `attention_efficiency` of the bf16 peak. Modelling choice: mamba_ssm's Triton scan kernels are
+    tiled tensor-core matmuls over chunks, like a flash-attention kernel (they run in bf16 / fp32
+    whatever the GEMM precision)."""
+    if not model.is_mamba_layer(index):
+        return 0.0
+    seqs = g.tokens / (g.seq_len / g.cp)
+    return ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.peak("bf16") * cal.attention_efficiency)
 
 
 @dataclass(frozen=True)
@@ -284,6 +326,7 @@ class LayerTime:
     adapter_fwd: Scalars = 0.0  # LoRA adapters' forward (`cost_models.finetune`, memory-bound)
     adapter_bwd: Scalars = 0.0  # and their backward
     dequant_fwd: Scalars = 0.0  # QLoRA: dequantizing the layer's base weights once (per forward / backward)
+    ssm_fwd: Scalars = 0.0  # a Mamba-2 layer's chunked SSD scan (`ssd_time`); its backward SSM_BACKWARD_FACTOR x
 
     @property
     def attention(self) -> Scalars:
@@ -318,7 +361,9 @@ class LayerTime:
     def forward(self) -> Scalars:
         """GPU time of the forward, or the host's launches when they take longer."""
         return _larger(
-            self.gemm_fwd + self.attention_fwd + self.elementwise_fwd + self.adapter_fwd + self.dequant_fwd, self.host_fwd
+            self.gemm_fwd + self.attention_fwd + self.elementwise_fwd + self.adapter_fwd + self.dequant_fwd
+            + self.ssm_fwd,
+            self.host_fwd,
         )
 
     @property
@@ -334,7 +379,7 @@ class LayerTime:
         their backward and, under QLoRA, the weights dequantized again for the input-gradient GEMMs."""
         return (
             self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
-            + self.adapter_bwd + self.dequant_fwd
+            + self.adapter_bwd + self.dequant_fwd + SSM_BACKWARD_FACTOR * self.ssm_fwd
         )
 
     @property
@@ -353,7 +398,17 @@ def layer_kernels(model: ModelSpec, index: int, g: ShardGeometry) -> Scalars:
     adds the router GEMM, softmax/top-k, the load-balancing loss, permute and unpermute (5), the
     2 all-to-alls under expert parallelism, and 3 per shared expert MLP; its expert MLPs are
     grouped GEMMs (one kernel each). Ring context parallelism launches an attention kernel, a
-    send/receive and an output correction per extra ring step (3 x (cp - 1))."""
+    send/receive and an output correction per extra ring step (3 x (cp - 1)).
+    Hybrid layers (one block): norm and residual (2) plus the mixer's kernels: attention 4 (QKV,
+    rotary, attention, output), MLP 3, MoE 1 (its first GEMM, above which the MoE kernels count as
+    usual), Mamba-2 10 (in_proj, conv, the five chunked-scan kernels of mamba_ssm, gate + norm,
+    out_proj), with 2 sequence-parallel collectives under TP."""
+    if model.is_hybrid:
+        mixer = model.layer_mixer(index)
+        k: Scalars = 2.0 + {"attention": 4.0, "mlp": 3.0, "moe": 1.0, "mamba": 10.0}[mixer] + _where(g.tp > 1, 2.0, 0.0)
+        if mixer == "moe":
+            k = k + 5.0 + 3.0 * model.num_shared_experts + _where(g.ep > 1, 2.0, 0.0)
+        return k + 3.0 * (g.cp - 1)
     n: Scalars = 11.0 + _where(g.tp > 1, 4.0, 0.0)
     if model.attention == "mla":
         n = n + 5.0
@@ -368,7 +423,9 @@ def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec,
     its share of query positions (1 / cp, load-balanced causal chunks) against the keys before them,
     at `attention_efficiency` of the bf16 peak times the tile efficiency of the kernel calls (one
     causal call over the sequence, or under ring context parallelism calls over blocks of the
-    2 x cp load-balanced chunks)."""
+    2 x cp load-balanced chunks). 0 in a layer without attention (hybrid models)."""
+    if not model.has_attention(index):
+        return 0.0
     pairs = attention_pairs(model, index, g.seq_len, "causal") / g.cp
     seqs = g.tokens / (g.seq_len / g.cp)
     attn_flops = 2.0 * pairs * seqs * model.num_heads / g.tp * (model.qk_head_dim + model.v_dim)
@@ -402,14 +459,16 @@ def layer_time(
     act = activation_function_bytes(model, index, g, act_bytes) / bandwidth
     host = layer_kernels(model, index, g) * cal.kernel_launch_s
     share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, g)
-    norms = 2 * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth  # read + write h, twice
+    # the input norms: read + write h each (two per layer, one in a hybrid layer)
+    norms = model.tp_blocks_per_layer * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth
+    ssm = ssd_time(model, index, g, gpu, cal)
     mla_up: Scalars = 0.0
     if model.attention == "mla":
         gemms = layer_gemms(model, index, g)
         ups = (gemms[1], gemms[3]) if model.q_lora_rank else (gemms[2],)  # q_b and kv_b (see layer_gemms)
         mla_up = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in ups)
     if ft is None:
-        return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up)
+        return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, ssm_fwd=ssm)
     adapters, adapters_bwd = finetune.adapter_seconds(model, index, g.tokens, g.tp, g.ep, g.etp, act_bytes, bandwidth, ft)
     dequant: Scalars = 0.0
     if ft.quantized:
@@ -418,7 +477,7 @@ def layer_time(
     host = host + finetune.adapter_kernels(model, index, ft) * cal.kernel_launch_s
     return LayerTime(
         gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
-        dequant,
+        dequant, ssm,
     )
 
 
@@ -431,6 +490,8 @@ def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:
     if not model.is_moe_layer(index) or not total:
         return 1.0
     n_attn = 5 if model.attention == "mla" and model.q_lora_rank else (4 if model.attention == "mla" else 2)
+    if not model.has_attention(index):
+        n_attn = 0
     shared = 2 if model.num_shared_experts else 0
     dense = sum(flops[:n_attn]) + sum(flops[n_attn + 1 : n_attn + 1 + shared])
     return dense / total

@@ -354,6 +354,7 @@ def validate_layout(
             v.append(Violation("etp", f"etp={lay.etp_} does not divide the expert FFN width {model.moe_ffn_hidden_size}"))
     elif ep > 1:
         v.append(Violation("ep", f"ep={ep} needs a mixture-of-experts model; {model.name} is dense"))
+    v += hybrid_violations(model, lay)
     if pp > model.num_layers:
         v.append(Violation("pp", f"pp={pp} exceeds the {model.num_layers} layers"))
     if lay.vpp > 1 and pp == 1:
@@ -487,6 +488,34 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if split:
             v.append(Violation("account_for_embedding_in_pipeline_split",
                                f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
+    return v
+
+
+def hybrid_violations(model: ModelSpec, lay: Layout) -> list[Violation]:
+    """What a hybrid Mamba-2 model (`ModelSpec.hybrid_pattern`) cannot run with.
+
+    - tp: Megatron-Core's `MambaMixer` splits the Mamba heads and the B / C groups over TP
+      (`megatron/core/ssm/mamba_mixer.py`: "nheads must be evenly divisble by tp_size", "ngroups
+      must be evenly divisible by tp_size").
+    - cp: Megatron-Core has context parallelism for Mamba layers only from core_v0.13.0
+      (`megatron/core/ssm/mamba_context_parallel.py`, "Add Mamba context parallel", 2025-06-14: an
+      all-to-all from sequence to head sharding around the conv and scan); the NeMo 25.04 /
+      Megatron-Core 0.12 recipes that trained Nemotron-H run cp=1, and autopar does not price that
+      all-to-all: refused rather than priced as ring attention.
+    - op_sac: torchtitan's op-level SAC is not priced for Mamba layers."""
+    if not model.is_hybrid:
+        return []
+    v: list[Violation] = []
+    mamba = "M" in (model.hybrid_pattern or "")
+    if mamba and (model.mamba_num_heads or 0) % lay.tp:
+        v.append(Violation("tp", f"tp={lay.tp} does not divide the {model.mamba_num_heads} Mamba heads"))
+    if mamba and model.mamba_groups % lay.tp:
+        v.append(Violation("tp", f"tp={lay.tp} does not divide the {model.mamba_groups} Mamba B/C groups (n_groups)"))
+    if lay.cp > 1:
+        v.append(Violation("cp", "context parallelism of hybrid Mamba models is not priced (Megatron-Core has it from "
+                           "core_v0.13 as an all-to-all to head sharding, not ring attention): use cp=1"))
+    if lay.recompute == "op_sac" and mamba:
+        v.append(Violation("recompute", "op_sac is not priced for Mamba-2 layers: use full or selective recompute"))
     return v
 
 

@@ -40,26 +40,32 @@ def block_matmuls(model: ModelSpec, index: int) -> list[Matmul]:
     h = model.hidden_size
     nh = model.num_heads
     out: list[Matmul] = []
-    if model.attention == "mla":
-        assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None and model.v_head_dim
-        qd = model.qk_head_dim
-        if model.q_lora_rank:
-            out.append(Matmul("q_a", model.q_lora_rank, h * model.q_lora_rank, False))
-            out.append(Matmul("q_b", nh * qd, model.q_lora_rank * nh * qd, True))
+    if model.is_mamba_layer(index):  # Mamba-2 mixer: in_proj (column-parallel), out_proj (row-parallel)
+        proj, inner = model.mamba_in_proj_width, model.mamba_inner
+        return [Matmul("in_proj", proj, h * proj, True), Matmul("out_proj", h, inner * h, False)]
+    if model.has_attention(index):
+        if model.attention == "mla":
+            assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None and model.v_head_dim
+            qd = model.qk_head_dim
+            if model.q_lora_rank:
+                out.append(Matmul("q_a", model.q_lora_rank, h * model.q_lora_rank, False))
+                out.append(Matmul("q_b", nh * qd, model.q_lora_rank * nh * qd, True))
+            else:
+                out.append(Matmul("q", nh * qd, h * nh * qd, True))
+            kv_a = model.kv_lora_rank + model.qk_rope_head_dim
+            out.append(Matmul("kv_a", kv_a, h * kv_a, False))
+            kv_b = nh * ((model.qk_nope_head_dim or 0) + model.v_head_dim)
+            out.append(Matmul("kv_b", kv_b, model.kv_lora_rank * kv_b, True))
+            out.append(Matmul("o", h, nh * model.v_head_dim * h, False))
         else:
-            out.append(Matmul("q", nh * qd, h * nh * qd, True))
-        kv_a = model.kv_lora_rank + model.qk_rope_head_dim
-        out.append(Matmul("kv_a", kv_a, h * kv_a, False))
-        kv_b = nh * ((model.qk_nope_head_dim or 0) + model.v_head_dim)
-        out.append(Matmul("kv_b", kv_b, model.kv_lora_rank * kv_b, True))
-        out.append(Matmul("o", h, nh * model.v_head_dim * h, False))
-    else:
-        d = model.qk_head_dim
-        kv = model.kv_heads
-        out.append(Matmul("q", nh * d, h * nh * d, True))
-        out.append(Matmul("k", kv * d, h * kv * d, True))
-        out.append(Matmul("v", kv * model.v_dim, h * kv * model.v_dim, True))
-        out.append(Matmul("o", h, nh * model.v_dim * h, False))
+            d = model.qk_head_dim
+            kv = model.kv_heads
+            out.append(Matmul("q", nh * d, h * nh * d, True))
+            out.append(Matmul("k", kv * d, h * kv * d, True))
+            out.append(Matmul("v", kv * model.v_dim, h * kv * model.v_dim, True))
+            out.append(Matmul("o", h, nh * model.v_dim * h, False))
+    if not model.has_ffn(index):
+        return out
     if model.is_moe_layer(index):
         if model.num_shared_experts:
             fs = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size or 0)
@@ -97,5 +103,6 @@ def saved_widths(model: ModelSpec, index: int, tp: float, replicated_divisor: fl
     total = h / replicated_divisor  # the checkpointed block's input
     for m in saved_matmuls(model, index):
         total += m.out_width / (tp if m.column_parallel else replicated_divisor)
-    total += model.num_heads * model.v_dim / tp  # the attention kernel's output
+    if model.has_attention(index):
+        total += model.num_heads * model.v_dim / tp  # the attention kernel's output
     return total

@@ -26,6 +26,7 @@ from cost_models.activations import (
     ActivationContext,
     layer_activation_bytes,
     logits_bytes,
+    mamba_backward_transient_bytes,
     retained_logits_bytes,
 )
 from cost_models.calibration import Calibration
@@ -43,15 +44,24 @@ from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
 
 RECOMPUTE_MODES = ("none", "selective", "full", "op_sac")
 
-@lru_cache(maxsize=256)
-def layer_kinds(model: ModelSpec) -> tuple[tuple[bool, bool], ...]:
-    """(is MoE, uses a sliding window) of every layer, in order: layers differ only in these."""
-    return tuple((model.is_moe_layer(i), model.uses_sliding_window(i)) for i in range(model.num_layers))
+LayerKind = tuple[bool, bool, str]
+"""(is MoE, uses a sliding window, mixer): the mixer is `ModelSpec.layer_mixer` ("transformer", or
+a hybrid layer's "mamba", "attention", "mlp", "moe"). The first entry stays the MoE flag."""
 
 
 @lru_cache(maxsize=256)
-def layer_kind_counts(model: ModelSpec) -> dict[tuple[bool, bool], int]:
-    counts: dict[tuple[bool, bool], int] = {}
+def layer_kinds(model: ModelSpec) -> tuple[LayerKind, ...]:
+    """The `LayerKind` of every layer, in order: layers differ only in these, so each kind is priced
+    once and pipeline cuts weigh every layer by its own kind's cost (a Mamba, attention or MLP layer
+    of a hybrid model costs what it costs)."""
+    return tuple(
+        (model.is_moe_layer(i), model.uses_sliding_window(i), model.layer_mixer(i)) for i in range(model.num_layers)
+    )
+
+
+@lru_cache(maxsize=256)
+def layer_kind_counts(model: ModelSpec) -> dict[LayerKind, int]:
+    counts: dict[LayerKind, int] = {}
     for key in layer_kinds(model):
         counts[key] = counts.get(key, 0) + 1
     return counts
@@ -61,9 +71,9 @@ def layer_kind_counts(model: ModelSpec) -> dict[tuple[bool, bool], int]:
 def layer_times(
     model: ModelSpec, cluster: ClusterSpec, precision: str, act_bytes: int, g: ShardGeometry, cal: Calibration,
     ft: FineTune | None = None,
-) -> dict[tuple[bool, bool], LayerTime]:
+) -> dict[LayerKind, LayerTime]:
     """Seconds per layer kind for one shard geometry (cached: many layouts share a geometry)."""
-    kinds: dict[tuple[bool, bool], LayerTime] = {}
+    kinds: dict[LayerKind, LayerTime] = {}
     for i, key in enumerate(layer_kinds(model)):
         if key not in kinds:
             kinds[key] = layer_time(model, i, g, cluster.gpu, precision, act_bytes, cal, ft)
@@ -71,9 +81,9 @@ def layer_times(
 
 
 @lru_cache(maxsize=4096)
-def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[tuple[bool, bool], tuple[float, float, float]]:
+def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[LayerKind, tuple[float, float, float]]:
     """Saved bytes per layer kind and micro-batch under each of `RECOMPUTE_MODES`."""
-    out: dict[tuple[bool, bool], tuple[float, ...]] = {}
+    out: dict[LayerKind, tuple[float, ...]] = {}
     for i, key in enumerate(layer_kinds(model)):
         if key not in out:
             out[key] = tuple(layer_activation_bytes(model, i, actx, mode) for mode in RECOMPUTE_MODES)  # type: ignore[assignment]
@@ -107,8 +117,9 @@ def _layer_arrays(
     """Per-layer quantities for one shard geometry: priced once per layer class (`_layer_classes`),
     as arrays over the classes and spread over the model's layers (read-only). Weights: `dense`,
     `expert` (elements on the rank), `dense_w`, `expert_w` (stored bytes), `dense_t`, `expert_t`
-    (trainable elements: all of them, or the adapters of a frozen base), `deq` (bytes of the
-    largest dequantized 16-bit copy under QLoRA)."""
+    (trainable elements: all of them, or the adapters of a frozen base), `deq` (bytes a layer's
+    backward adds transiently: the largest dequantized 16-bit copy under QLoRA, a Mamba-2 layer's
+    recomputed scan, `activations.mamba_backward_transient_bytes`)."""
     kinds = layer_times(model, cluster, precision, actx.act_bytes, g, cal, ft)
     pb = param_bytes_of(precision)
     acts_by_kind = _layer_acts(model, actx)
@@ -116,6 +127,7 @@ def _layer_arrays(
     tp, ep, etp = g.tp, g.ep, g.etp
     all_kinds = layer_kinds(model)
     firsts, of_layer = _layer_classes(model)
+    scan_transient = mamba_backward_transient_bytes(model, actx)
     # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
     names = ("dense", "expert", "a0", "a1", "a2", "a3", "fwd", "fb", "sel", "osac", "attn_f", "moe",
              "dense_w", "expert_w", "dense_t", "expert_t", "deq")
@@ -125,7 +137,7 @@ def _layer_arrays(
         lp = pc.layers[i]
         lt = kinds[key]
         a = acts_by_kind[key]
-        out["dense"].append((lp.attention + lp.dense_mlp + lp.shared_experts) / tp + lp.norms + lp.router)
+        out["dense"].append((lp.attention + lp.dense_mlp + lp.shared_experts + lp.mamba) / tp + lp.norms + lp.router)
         out["expert"].append(lp.routed_experts / (ep * etp))
         out["a0"].append(a[0])
         out["a1"].append(a[1])
@@ -138,19 +150,20 @@ def _layer_arrays(
         out["attn_f"].append(lt.attention_fwd)  # the attention kernel's forward seconds
         out["moe"].append(float(key[0]))
         dense, expert = out["dense"][-1], out["expert"][-1]
+        transient = scan_transient if model.is_mamba_layer(i) else 0.0
         if ft is None:
             out["dense_w"].append(pb * dense)
             out["expert_w"].append(pb * expert)
             out["dense_t"].append(dense)
             out["expert_t"].append(expert)
-            out["deq"].append(0.0)
+            out["deq"].append(transient)
         else:
             st = finetune.layer_state(model, i, float(tp), float(ep), float(etp), ft)
             out["dense_w"].append(frozen_weight_bytes(dense, st.dense_linear, ft) + pb * st.dense_adapters)
             out["expert_w"].append(frozen_weight_bytes(expert, st.expert_linear, ft) + pb * st.expert_adapters)
             out["dense_t"].append(st.dense_adapters)
             out["expert_t"].append(st.expert_adapters)
-            out["deq"].append(ft.compute_bytes * st.largest_linear if ft.quantized else 0.0)
+            out["deq"].append(transient + (ft.compute_bytes * st.largest_linear if ft.quantized else 0.0))
     per_class = {k: np.array(v, dtype=float) for k, v in out.items()}
     per_layer = {k: v[of_layer] for k, v in per_class.items()}
     for d in (per_class, per_layer):
@@ -323,7 +336,7 @@ class StageTable:
     class_trainable: np.ndarray  # (2, K) trainable elements of one layer of each class
     largest_weight_bytes: np.ndarray  # (pp,) stored bytes of the rank's largest layer
     largest_trainable: np.ndarray  # (pp,) trainable elements of the rank's largest layer
-    dequant_bytes: np.ndarray  # (pp,) QLoRA: the largest linear's dequantized 16-bit copy (0 otherwise)
+    dequant_bytes: np.ndarray  # (pp,) a layer backward's transient: QLoRA's dequantized copy, a Mamba scan's recompute
     offloaded_acts: np.ndarray = field(default_factory=lambda: np.zeros((4, 1)))
     """(4, pp): saved bytes per micro-batch of the layers whose activations go to the host
     (`Layout.activation_offload_layers`, the first ones of each rank), per RECOMPUTE_MODES."""
@@ -363,7 +376,7 @@ def mesh_comm(
 ) -> list[tuple[float, float, float, float, float]]:
     """Knob-independent communication of one micro-batch, at each of `micro_batches` (sequences;
     None: the mesh's own micro-batch only), seconds:
-      tp    one layer's forward TP/SP collectives (attention block and MLP);
+      tp    one layer's forward TP/SP collectives (attention block and MLP; a hybrid layer's mixer);
       cp    one ring step of context parallelism: this rank's K/V block sent to the next rank
             (forward; the backward sends K, V and dK, dV: twice the bytes); under all-gather
             attention (`cp_attention = allgather_mask`), one layer's K/V all-gather;
@@ -395,7 +408,9 @@ def mesh_comm(
             key = ("tp", tp, cp, sp, mb, st.tp)
             tp_per_layer = store.get(key)  # type: ignore[assignment]
             if tp_per_layer is None:
-                tp_per_layer = store[key] = _tp_comm(cluster, gpus, cal, tp, sp, act_full, st.tp)
+                tp_per_layer = store[key] = _tp_comm(
+                    cluster, gpus, cal, tp, sp, act_full, st.tp, model.tp_blocks_per_layer
+                )
         if cp > 1:
             key = ("cp", tp, cp, mb, st.cp, allgather_cp)
             cp_step = store.get(key)  # type: ignore[assignment]
@@ -445,14 +460,18 @@ def mesh_channels(cluster: ClusterSpec, gpus: int, mesh: MeshLike) -> tuple[int,
     )
 
 
-def _tp_comm(cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int) -> float:
-    """Seconds of one layer's forward TP/SP collectives over `act_full` bytes of activations."""
+def _tp_comm(
+    cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int, blocks: int = 2
+) -> float:
+    """Seconds of one layer's forward TP/SP collectives over `act_full` bytes of activations: one
+    all-reduce (or all-gather + reduce-scatter under SP) per TP block of the layer
+    (`ModelSpec.tp_blocks_per_layer`: attention and MLP, or a hybrid layer's one mixer)."""
     tpg = Group.strided(cluster, tp, stride, gpus)
     if sp:
         one = collective_time("all_gather", act_full, tpg, cal) + collective_time("reduce_scatter", act_full, tpg, cal)
     else:
         one = collective_time("all_reduce", act_full, tpg, cal)
-    return 2 * one  # a layer's forward: attention block and MLP block
+    return blocks * one
 
 
 def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | None = None) -> ActivationContext:

@@ -3,11 +3,13 @@
 Supported `model_type`s are the keys of `FAMILIES`, a reviewed list: llama, mistral, mixtral,
 qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gpt2, gpt_neox, bloom,
 nemotron, phi3 and granite (Llama shapes: fused qkv / gate-up projections store the same
-matrices), olmo2, gemma, gemma2, gemma3_text and llama4_text. Anything else is refused with the
-list: a config is never read as a Llama by guess. Fields that change the architecture in a way this
-reader does not model (`UNMODELLED_FIELDS`: hybrid Mamba / linear-attention layer patterns,
-cross-attention layers, ...) and `layer_types` entries other than sliding / full / chunked attention
-are refused by name as well. Multimodal configs are read from their `text_config`; their other
+matrices), olmo2, gemma, gemma2, gemma3_text, llama4_text and nemotron_h (Nemotron-H, Nemotron Nano
+2, Nemotron 3 Nano: hybrid Mamba-2 / attention / MLP / MoE layers from `hybrid_override_pattern`,
+`ModelSpec.hybrid_pattern`). Anything else is refused with the list: a config is never read as a
+Llama by guess. Fields that change the architecture in a way this reader does not model
+(`UNMODELLED_FIELDS`: hybrid Mamba / linear-attention layer patterns outside nemotron_h, Jamba's
+Mamba-1 interleaving, cross-attention layers, ...) and `layer_types` entries other than sliding /
+full / chunked attention are refused by name as well. Multimodal configs are read from their `text_config`; their other
 towers (`vision_config`, `audio_config`, ...) are named in `ModelSpec.notes` as not priced.
 
 The per-family rules (`FAMILIES`) encode what the `transformers` modeling code builds but the config
@@ -89,6 +91,7 @@ class Family:
     # Gemma 3: `sliding_window_pattern`, default 6). None: every layer (Mistral-style).
     window_period: int | None = None
     window_period_key: str | None = None
+    hybrid: bool = False  # Mamba-2 hybrid (Nemotron-H): the pattern and Mamba fields are read, not refused
     # The configuration class's defaults for fields a published config may leave out.
     defaults: dict[str, Any] = field(default_factory=dict)
     # Fields read and known to change no parameter, FLOP or byte: (field, why), noted on the spec.
@@ -155,6 +158,19 @@ FAMILIES: dict[str, Family] = {
     # attend in chunks of `attention_chunk_size`, every `no_rope_layer_interval`-th (NoPE) layer
     # globally. Its q/k norm is a weightless L2 norm: no parameters.
     "llama4_text": Family(cost_free=(("use_qk_norm", "a weightless L2 norm of q and k: no parameters"),)),
+    # Nemotron-H / Nemotron Nano 2 / Nemotron 3 Nano (modeling_nemotron_h, configuration_nemotron_h):
+    # `hybrid_override_pattern` (or `layers_block_type`) picks one mixer per layer; squared-ReLU MLPs
+    # without gate; one shared expert of `moe_shared_expert_intermediate_size`; RMSNorm; untied.
+    "nemotron_h": Family(gated=False, act="relu2", hybrid=True),
+}
+
+HYBRID_FIELDS = frozenset({
+    "hybrid_override_pattern", "layers_block_type", "layer_block_types", "ssm_state_size", "mamba_num_heads",
+})
+"""`UNMODELLED_FIELDS` a hybrid family (`Family.hybrid`) reads instead of refusing."""
+
+_BLOCK_TYPES = {  # transformers' NemotronH layer-type names (both vocabularies) -> pattern symbols
+    "mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-", "moe": "E",
 }
 
 UNMODELLED_FIELDS: dict[str, str] = {
@@ -385,10 +401,69 @@ def _rope(c: ConfigFields) -> dict[str, Any]:
     return out
 
 
+def _hybrid_pattern(c: ConfigFields) -> str:
+    """The layer pattern of a hybrid config: `hybrid_override_pattern` (Megatron-Core's symbols)
+    or `layers_block_type` / `layer_types` (transformers' names, mapped by `_BLOCK_TYPES`)."""
+    if c.has("hybrid_override_pattern"):
+        pattern = c.text("hybrid_override_pattern")
+        unknown = sorted(set(pattern) - set(_BLOCK_TYPES.values()))
+        if unknown:
+            raise c.error(f"hybrid_override_pattern has symbols {unknown} autopar does not price (M * - E)")
+        return pattern
+    for key in ("layers_block_type", "layer_block_types", "layer_types"):
+        kinds = c.str_list(key)
+        if kinds is not None:
+            unknown = sorted(set(kinds) - set(_BLOCK_TYPES))
+            if unknown:
+                raise c.error(f"{key} names block kinds {unknown} that autopar does not price ({sorted(_BLOCK_TYPES)})")
+            return "".join(_BLOCK_TYPES[k] for k in kinds)
+    raise c.error("missing required field 'hybrid_override_pattern' (also looked for: layers_block_type)")
+
+
+def _hybrid(c: ConfigFields, spec: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H's hybrid fields (transformers `NemotronHConfig`; its `__post_init__` aliases
+    mamba_n_groups, mamba_d_conv, mamba_chunk_size, mamba_conv_bias; defaults are the class's)."""
+    pattern = _hybrid_pattern(c)
+    if c.has("moe_latent_size"):
+        raise c.error("field moe_latent_size (latent MoE projections, Nemotron 3 Super) is not priced")
+    out: dict[str, Any] = {
+        "hybrid_pattern": pattern,
+        "num_layers": len(pattern),
+        "mlp": _mlp_kind(ConfigFields({"hidden_act": c.text("mlp_hidden_act", default="relu2")}, c.model_type),
+                         FAMILIES["nemotron_h"]),
+        "head_dim": c.integer("head_dim", "attention_head_dim", default=128),
+        "qkv_bias": False,  # NemotronHAttention builds q, k, v, o without biases
+        "attn_out_bias": False,
+    }
+    if "M" in pattern:
+        heads = c.integer("mamba_num_heads")
+        out |= {
+            "mamba_num_heads": heads,
+            "mamba_head_dim": c.integer("mamba_head_dim", default=c.integer("hidden_size") * c.integer(
+                "expand", "mamba_expand", default=2) // heads),
+            "mamba_state_size": c.integer("ssm_state_size", "mamba_d_state", default=128),
+            "mamba_groups": c.integer("n_groups", "mamba_n_groups", default=8),
+            "mamba_conv_kernel": c.integer("conv_kernel", "mamba_d_conv", default=4),
+            "mamba_chunk_size": c.integer("chunk_size", "mamba_chunk_size", default=128),
+            "mamba_conv_bias": c.flag("use_conv_bias", "mamba_conv_bias", default=True),
+            "mamba_proj_bias": c.flag("use_bias", default=False),
+        }
+    if "E" not in pattern:  # the class defaults n_routed_experts = 8; only E layers build experts
+        out |= {"num_experts": 0, "moe_top_k": 0, "moe_ffn_hidden_size": None, "num_shared_experts": 0,
+                "shared_expert_ffn_hidden_size": None, "moe_router_groups": 0, "moe_router_group_topk": 0}
+    else:
+        # NemotronHMoE builds one shared NemotronHMLP of moe_shared_expert_intermediate_size whatever
+        # n_shared_experts says; its router's e_score_correction_bias is a buffer (no parameter)
+        shared = c.integer("moe_shared_expert_intermediate_size", default=7688)
+        out |= {"num_shared_experts": 1, "shared_expert_ffn_hidden_size": shared, "shared_expert_gate": False,
+                "router_score_correction_bias": False}
+    return out
+
+
 def _read(c: ConfigFields, family: str) -> dict[str, Any]:
     fam = FAMILIES[family]
     hidden = c.integer(*HIDDEN)
-    num_layers = c.integer(*LAYERS)
+    num_layers = len(_hybrid_pattern(c)) if fam.hybrid else c.integer(*LAYERS)
     heads = c.integer(*HEADS)
     if family == "llama4_text":  # dense layers are intermediate_size_mlp wide; intermediate_size is the experts'
         ffn = c.integer("intermediate_size_mlp", default=None)
@@ -427,9 +502,14 @@ def _read(c: ConfigFields, family: str) -> dict[str, Any]:
     if fam.mla or c.has("kv_lora_rank"):
         spec |= _mla(c)
         spec["num_kv_heads"] = None  # MLA up-projects full heads for k and v
-    spec |= _window(c, fam, family, num_layers)
+    if not fam.hybrid:
+        spec |= _window(c, fam, family, num_layers)
+    elif c.has("sliding_window"):
+        raise c.error("field sliding_window on a hybrid model's attention layers is not priced")
     spec |= _llama4_moe(c) if family == "llama4_text" else _moe(c, fam, ffn)
     spec |= _rope(c)
+    if fam.hybrid:
+        spec |= _hybrid(c, spec)
     return spec
 
 
@@ -448,7 +528,11 @@ def _family_of(model_type: str | None) -> str:
 
 
 def _refuse_unmodelled(config: Mapping[str, Any], model_type: str) -> None:
-    found = [f"{key} ({why})" for key, why in UNMODELLED_FIELDS.items() if config.get(key) not in (None, [], "", 0)]
+    read = HYBRID_FIELDS if model_type in FAMILIES and FAMILIES[model_type].hybrid else frozenset()
+    found = [
+        f"{key} ({why})" for key, why in UNMODELLED_FIELDS.items()
+        if key not in read and config.get(key) not in (None, [], "", 0)
+    ]
     if found:
         raise ModelConfigError(
             f"{model_type} config: field(s) {'; '.join(found)} change the architecture in a way autopar does not "
@@ -492,6 +576,11 @@ def from_hf_config(config: Mapping[str, Any], name: str | None = None) -> ModelS
     c = ConfigFields(config, family)
     fields = _read(c, family)
     notes += [f"{key}: {why}" for key, why in fam.cost_free if config.get(key) not in (None, False)]
+    if fam.hybrid:
+        notes.append(
+            "attention layers use no position encoding (transformers NemotronHAttention): priced as RoPE, "
+            "whose rotation has no parameters or matmul FLOPs (its elementwise traffic is counted)"
+        )
     fields["notes"] = tuple(notes)
     fields["name"] = name or config.get("_name_or_path") or model_type or "custom"
     no_dense_width = fields["ffn_hidden_size"] is None

@@ -75,6 +75,24 @@ def attention_params(spec: ModelSpec) -> int:
     return n
 
 
+def mamba_params(spec: ModelSpec) -> int:
+    """Parameters of one Mamba-2 mixer, as transformers' `NemotronHMamba2Mixer` and Megatron-Core's
+    `MambaMixer` build it (Dao & Gu 2024, Sec. 7 "Mamba-2 architecture"):
+    in_proj h x (2 d_inner + 2 G N + H) [z, x, B, C, dt] (+ bias with `mamba_proj_bias`), the
+    depthwise conv1d conv_dim x 1 x d_conv (+ conv_dim bias), dt_bias, A_log and D (one per head),
+    the gated RMSNorm over d_inner (its scale), out_proj d_inner x h (+ bias)."""
+    h, heads = spec.hidden_size, spec.mamba_num_heads
+    assert heads
+    inner, conv, proj = spec.mamba_inner, spec.mamba_conv_dim, spec.mamba_in_proj_width
+    n = h * proj + inner * h  # in_proj, out_proj
+    if spec.mamba_proj_bias:
+        n += proj + h
+    n += conv * spec.mamba_conv_kernel + (conv if spec.mamba_conv_bias else 0)
+    n += 3 * heads  # dt_bias, A_log, D
+    n += inner  # gated RMSNorm scale
+    return n
+
+
 def router_params(spec: ModelSpec) -> int:
     n = spec.hidden_size * spec.num_experts
     if spec.router_bias:
@@ -112,14 +130,21 @@ class LayerParams:
     shared_experts: int
     routed_experts: int  # all routed experts of the layer
     routed_active: int  # top-k of them
+    mamba: int = 0  # the Mamba-2 mixer of a hybrid `M` layer (split over TP by heads, like attention)
 
     @property
     def total(self) -> int:
-        return self.attention + self.norms + self.dense_mlp + self.router + self.shared_experts + self.routed_experts
+        return (
+            self.attention + self.norms + self.dense_mlp + self.router + self.shared_experts + self.routed_experts
+            + self.mamba
+        )
 
     @property
     def active(self) -> int:
-        return self.attention + self.norms + self.dense_mlp + self.router + self.shared_experts + self.routed_active
+        return (
+            self.attention + self.norms + self.dense_mlp + self.router + self.shared_experts + self.routed_active
+            + self.mamba
+        )
 
     @property
     def non_expert(self) -> int:
@@ -129,7 +154,12 @@ class LayerParams:
 
 def layer_params(spec: ModelSpec, index: int) -> LayerParams:
     norms = spec.norms_per_layer * norm_params(spec, spec.hidden_size)
-    attn = attention_params(spec)
+    mixer = spec.layer_mixer(index)
+    if mixer == "mamba":
+        return LayerParams(0, norms, 0, 0, 0, 0, 0, mamba_params(spec))
+    if mixer == "attention":
+        return LayerParams(attention_params(spec), norms, 0, 0, 0, 0, 0)
+    attn = attention_params(spec) if mixer == "transformer" else 0
     if spec.is_moe_layer(index):
         per_expert = routed_expert_params(spec)
         return LayerParams(
@@ -225,24 +255,29 @@ def layer_linears(spec: ModelSpec, index: int) -> tuple[Linear, ...]:
     shared-expert gate)."""
     h, nh = spec.hidden_size, spec.num_heads
     out: list[Linear] = []
-    if spec.attention == "mla":
-        assert spec.kv_lora_rank and spec.qk_rope_head_dim and spec.qk_nope_head_dim and spec.v_head_dim
-        qk = spec.qk_head_dim
-        if spec.q_lora_rank:
-            out += [Linear("q_a_proj", h, spec.q_lora_rank), Linear("q_b_proj", spec.q_lora_rank, nh * qk)]
+    if spec.is_mamba_layer(index):  # Mamba-2: in_proj column-parallel, out_proj row-parallel (over heads)
+        return (Linear("in_proj", h, spec.mamba_in_proj_width), Linear("out_proj", spec.mamba_inner, h, split="row"))
+    if spec.has_attention(index):
+        if spec.attention == "mla":
+            assert spec.kv_lora_rank and spec.qk_rope_head_dim and spec.qk_nope_head_dim and spec.v_head_dim
+            qk = spec.qk_head_dim
+            if spec.q_lora_rank:
+                out += [Linear("q_a_proj", h, spec.q_lora_rank), Linear("q_b_proj", spec.q_lora_rank, nh * qk)]
+            else:
+                out.append(Linear("q_proj", h, nh * qk))
+            out += [
+                Linear("kv_a_proj_with_mqa", h, spec.kv_lora_rank + spec.qk_rope_head_dim),
+                Linear("kv_b_proj", spec.kv_lora_rank, nh * (spec.qk_nope_head_dim + spec.v_head_dim)),
+                Linear("o_proj", nh * spec.v_head_dim, h, split="row"),
+            ]
         else:
-            out.append(Linear("q_proj", h, nh * qk))
-        out += [
-            Linear("kv_a_proj_with_mqa", h, spec.kv_lora_rank + spec.qk_rope_head_dim),
-            Linear("kv_b_proj", spec.kv_lora_rank, nh * (spec.qk_nope_head_dim + spec.v_head_dim)),
-            Linear("o_proj", nh * spec.v_head_dim, h, split="row"),
-        ]
-    else:
-        hd = spec.qk_head_dim
-        out += [
-            Linear("q_proj", h, nh * hd), Linear("k_proj", h, spec.kv_heads * hd), Linear("v_proj", h, spec.kv_heads * hd),
-            Linear("o_proj", nh * hd, h, split="row"),
-        ]
+            hd = spec.qk_head_dim
+            out += [
+                Linear("q_proj", h, nh * hd), Linear("k_proj", h, spec.kv_heads * hd), Linear("v_proj", h, spec.kv_heads * hd),
+                Linear("o_proj", nh * hd, h, split="row"),
+            ]
+    if not spec.has_ffn(index):
+        return tuple(out)
     if spec.is_moe_layer(index):
         assert spec.moe_ffn_hidden_size
         out.append(Linear("gate", h, spec.num_experts, split="replicated"))

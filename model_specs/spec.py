@@ -18,20 +18,44 @@ Conventions
   tokens (query i sees keys j <= i with i // w == j // w) instead of a sliding window.
 - Norms per layer: two (`norm_placement` "pre": before attention and MLP, the common case; "post":
   after each, OLMo-2) or four ("sandwich": before and after each, Gemma 2/3).
+- Hybrid models (`hybrid_pattern`, Megatron-Core's `hybrid_override_pattern`, Nemotron-H): every
+  layer is ONE pre-norm block `x + mixer(norm(x))` whose mixer is named by one symbol per layer:
+  `M` a Mamba-2 mixer, `*` self-attention, `-` a dense MLP (`ffn_hidden_size`), `E` an MoE (routed
+  and shared experts as above). Layer `i` is an MoE layer iff its symbol is `E`. Sources:
+  Megatron-Core `megatron/core/models/mamba/mamba_model.py` and `megatron/core/ssm/mamba_block.py`
+  (`hybrid_override_pattern`, symbols M * - E), transformers `NemotronHBlock` (one RMSNorm, one
+  mixer, one residual per layer).
+- Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", SSD; Megatron-Core
+  `megatron/core/ssm/mamba_mixer.py`; transformers `NemotronHMamba2Mixer`): `mamba_num_heads` H
+  heads of width `mamba_head_dim` P (d_inner = H x P), `mamba_groups` G groups of B / C of width
+  `mamba_state_size` N, a depthwise causal conv1d of `mamba_conv_kernel` taps over x, B, C
+  (conv_dim = d_inner + 2 G N), and the chunked SSD scan over chunks of `mamba_chunk_size` tokens.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 MlpKind = Literal["swiglu", "geglu", "gelu", "relu", "relu2", "silu"]
 """MLP activation. `swiglu`/`geglu` are gated (three matrices); the rest have two matrices.
 `relu2` is squared ReLU (Nemotron)."""
 
 GATED_MLPS: frozenset[str] = frozenset({"swiglu", "geglu"})
+
+HYBRID_SYMBOLS: dict[str, str] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+"""Layer symbols of a hybrid pattern (Megatron-Core `hybrid_override_pattern`,
+`megatron/core/ssm/mamba_hybrid_layer_allocation.py` `Symbols`: MAMBA 'M', ATTENTION '*', MLP '-',
+MOE 'E') and the mixer each names."""
 
 
 class RopeScaling(BaseModel):
@@ -51,6 +75,13 @@ class RopeScaling(BaseModel):
     beta_slow: float | None = None
     mscale: float | None = None
     mscale_all_dim: float | None = None
+
+
+HYBRID_FIELDS: tuple[str, ...] = (
+    "hybrid_pattern", "mamba_num_heads", "mamba_head_dim", "mamba_state_size", "mamba_groups", "mamba_conv_kernel",
+    "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias",
+)
+"""`ModelSpec` fields of hybrid Mamba-2 models (left out of a plain model's serialization)."""
 
 
 class ModelSpec(BaseModel):
@@ -133,10 +164,34 @@ class ModelSpec(BaseModel):
         "DeepSeek-V3 sends a token to at most 4 of 8 groups, one group per node in its EP layout"
     )
     mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules; not counted in params")
+
+    # Hybrid state-space models (Nemotron-H; module doc). None: every layer is attention + MLP / MoE.
+    hybrid_pattern: str | None = Field(
+        None, description="one symbol per layer (M Mamba-2, * attention, - MLP, E MoE), Megatron-Core's "
+        "hybrid_override_pattern; each layer is one pre-norm block around that mixer"
+    )
+    mamba_num_heads: int | None = Field(None, gt=0, description="Mamba-2 heads H (d_inner = H x head dim)")
+    mamba_head_dim: int | None = Field(None, gt=0, description="Mamba-2 head width P (elements)")
+    mamba_state_size: int | None = Field(None, gt=0, description="SSM state width N (HF ssm_state_size, d_state)")
+    mamba_groups: int = Field(1, ge=1, description="groups of B and C (HF n_groups, Megatron mamba_num_groups)")
+    mamba_conv_kernel: int = Field(4, ge=1, description="taps of the depthwise causal conv1d (d_conv)")
+    mamba_chunk_size: int = Field(128, ge=1, description="tokens per chunk of the SSD scan (HF chunk_size)")
+    mamba_conv_bias: bool = Field(True, description="conv1d bias (HF use_conv_bias)")
+    mamba_proj_bias: bool = Field(False, description="in_proj / out_proj biases (HF use_bias)")
     notes: tuple[str, ...] = Field(
         (), description="what the config reader left out or read as cost-free, for the user (e.g. the "
         "vision tower of a multimodal config whose text model is priced; Granite's multipliers)"
     )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A model without a hybrid pattern serializes without the Mamba fields (all at their
+        defaults then), so plain models' JSON (plans, exports, stored specs) is as before."""
+        data = handler(self)
+        if self.hybrid_pattern is None and isinstance(data, dict):
+            for key in HYBRID_FIELDS:
+                data.pop(key, None)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -180,9 +235,40 @@ class ModelSpec(BaseModel):
             problems.append("parallel_residual blocks have pre-norms only")
         if self.attention == "mla" and self.norm_placement != "pre":
             problems.append("MLA models have pre-norms only")
+        problems += self._hybrid_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _hybrid_problems(self) -> list[str]:
+        """A hybrid pattern names one known symbol per layer, Mamba layers have their shape, MoE
+        symbols match the expert fields, and the block is the pre-norm one Nemotron-H builds."""
+        pattern = self.hybrid_pattern
+        mamba_fields = ("mamba_num_heads", "mamba_head_dim", "mamba_state_size")
+        if pattern is None:
+            given = [f for f in mamba_fields if getattr(self, f) is not None]
+            return [f"{', '.join(given)} need a hybrid_pattern with Mamba layers (M)"] if given else []
+        out: list[str] = []
+        unknown = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+        if unknown:
+            out.append(f"hybrid_pattern has unknown symbol(s) {unknown} (known: M Mamba-2, * attention, - MLP, E MoE)")
+        if len(pattern) != self.num_layers:
+            out.append(f"hybrid_pattern has {len(pattern)} symbols for {self.num_layers} layers")
+        if "M" in pattern:
+            missing = [f for f in mamba_fields if getattr(self, f) is None]
+            if missing:
+                out.append(f"Mamba layers (M) need {', '.join(missing)}")
+            elif self.mamba_num_heads % self.mamba_groups:  # type: ignore[operator]
+                out.append(f"mamba_num_heads ({self.mamba_num_heads}) must be a multiple of mamba_groups ({self.mamba_groups})")
+        if ("E" in pattern) != (self.num_experts > 0):
+            out.append("MoE layers (E) in a hybrid_pattern need num_experts > 0, and routed experts need E layers")
+        if self.first_k_dense_layers or self.dense_layers or self.moe_layer_freq != 1 or self.moe_layer_offset:
+            out.append("a hybrid_pattern places the MoE layers itself (E): no first_k_dense_layers / dense_layers / moe_layer_freq")
+        if self.norm_placement != "pre" or self.parallel_residual:
+            out.append("hybrid layers are single pre-norm blocks (no post / sandwich norms, no parallel residual)")
+        if self.attention == "mla" or self.sliding_window is not None:
+            out.append("hybrid attention layers are standard full attention (no MLA, no sliding window)")
+        return out
 
     # ---- derived shape -------------------------------------------------------------------------
     @property
@@ -215,8 +301,60 @@ class ModelSpec(BaseModel):
 
     @property
     def norms_per_layer(self) -> int:
-        """Hidden-size norms in one block: 4 with sandwich norms (Gemma 2/3), else 2."""
+        """Hidden-size norms in one block: 1 in a hybrid model (one pre-norm per mixer), 4 with
+        sandwich norms (Gemma 2/3), else 2."""
+        if self.hybrid_pattern is not None:
+            return 1
         return 4 if self.norm_placement == "sandwich" else 2
+
+    # ---- hybrid layers (module doc) --------------------------------------------------------------
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_pattern is not None
+
+    def layer_mixer(self, index: int) -> str:
+        """What layer `index` holds: "transformer" (attention + MLP / MoE) in a plain model, else the
+        single mixer its hybrid symbol names: "mamba", "attention", "mlp" or "moe"."""
+        if self.hybrid_pattern is None:
+            return "transformer"
+        return HYBRID_SYMBOLS[self.hybrid_pattern[index]]
+
+    def has_attention(self, index: int) -> bool:
+        """Layer `index` runs self-attention (every layer of a plain model, `*` of a hybrid)."""
+        return self.layer_mixer(index) in ("transformer", "attention")
+
+    def has_ffn(self, index: int) -> bool:
+        """Layer `index` runs a dense MLP or an MoE (every layer of a plain model, `-` / `E`)."""
+        return self.layer_mixer(index) in ("transformer", "mlp", "moe")
+
+    def is_mamba_layer(self, index: int) -> bool:
+        return self.layer_mixer(index) == "mamba"
+
+    @property
+    def tp_blocks_per_layer(self) -> int:
+        """Tensor-parallel blocks (a column-parallel GEMM ... row-parallel GEMM pair, one TP
+        all-reduce or all-gather + reduce-scatter each) per layer: attention and MLP in a plain
+        layer (2), the one mixer of a hybrid layer (1; Megatron-Core's MambaMixer is in_proj
+        column-parallel, out_proj row-parallel, `megatron/core/ssm/mamba_mixer.py`)."""
+        return 1 if self.hybrid_pattern is not None else 2
+
+    @property
+    def mamba_inner(self) -> int:
+        """d_inner = H x P (elements): width of x, z and the scan output."""
+        assert self.mamba_num_heads and self.mamba_head_dim
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of the depthwise conv1d: x, B and C (d_inner + 2 G N)."""
+        assert self.mamba_state_size
+        return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state_size
+
+    @property
+    def mamba_in_proj_width(self) -> int:
+        """Output width of in_proj: z (d_inner), x B C (conv_dim) and dt (one per head)."""
+        assert self.mamba_num_heads
+        return self.mamba_inner + self.mamba_conv_dim + self.mamba_num_heads
 
     @property
     def gated_mlp(self) -> bool:
@@ -227,6 +365,8 @@ class ModelSpec(BaseModel):
         return self.num_experts > 0
 
     def is_moe_layer(self, index: int) -> bool:
+        if self.hybrid_pattern is not None:
+            return index < len(self.hybrid_pattern) and self.hybrid_pattern[index] == "E"
         return (
             self.is_moe
             and index >= self.first_k_dense_layers
@@ -240,10 +380,13 @@ class ModelSpec(BaseModel):
 
     @property
     def dense_layer_count(self) -> int:
+        """Layers with a dense MLP (`-` layers of a hybrid model)."""
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern.count("-")
         return self.num_layers - self.moe_layer_count
 
     def uses_sliding_window(self, index: int) -> bool:
-        if self.sliding_window is None:
+        if self.sliding_window is None or not self.has_attention(index):
             return False
         if self.sliding_window_layers is not None:
             return index in self.sliding_window_layers

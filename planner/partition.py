@@ -73,6 +73,7 @@ from cost_models.estimate import Estimate, price
 from cost_models.layout import Layout
 from cost_models.memory import MemoryBreakdown
 from cost_models.pipeline import in_flight_micro_batches
+from cost_models.stage_table import LayerKind, layer_kinds
 from cost_models.stages import StagePartition
 from model_specs.spec import ModelSpec, TrainingSpec
 
@@ -623,9 +624,11 @@ def _probe_partition(pp: int, vpp: int, first_chunk_layers: int) -> StagePartiti
     return StagePartition((first_chunk_layers,) + (0,) * (pp * vpp - 1), pp, vpp)
 
 
-def _kind(model: ModelSpec, i: int) -> tuple[bool, bool]:
-    """Layers of one kind cost the same (the cost models price dense/MoE x windowed/full)."""
-    return (model.is_moe_layer(i), model.uses_sliding_window(i))
+def _kind(model: ModelSpec, i: int) -> LayerKind:
+    """Layers of one kind cost the same (`cost_models.stage_table.layer_kinds`: dense/MoE x
+    windowed/full x mixer, so a hybrid model's Mamba, attention, MLP and MoE layers each weigh what
+    they cost)."""
+    return layer_kinds(model)[i]
 
 
 def _states(mem: MemoryBreakdown) -> float:
@@ -705,10 +708,10 @@ def build_partition_data(
     # Probe each kind at a typical rank's size (the layer of that kind nearest to L / pp), where
     # the per-rank max(0, comm - overlap x compute) terms are in their usual regime.
     typical = L // P
-    at: dict[tuple[bool, bool], int] = {}
+    at: dict[LayerKind, int] = {}
     for i in sorted(range(L), key=lambda j: (abs(j - typical), j)):
         at.setdefault(_kind(model, i), i)
-    per_kind: dict[tuple[bool, bool], tuple[float, float, float, float, float, float]] = {}
+    per_kind: dict[LayerKind, tuple[float, float, float, float, float, float]] = {}
     for kind, i in at.items():
         t, states, acts = added(base, i)
         t_full, _, acts_full = added(full, i)

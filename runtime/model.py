@@ -19,6 +19,10 @@ measure. It follows torchtitan's module structure and HuggingFace's numerics for
   `relu2`, `silu`: w2(act(w1 x))).
 - `MoE`: router, `GroupedExperts` (routed experts stored as 3-D tensors, expert index first, so
   expert parallelism shards dim 0), shared experts and an optional shared-expert sigmoid gate.
+- Hybrid models (`spec.hybrid_pattern`, Nemotron-H): every layer is a `HybridBlock`, one RMSNorm and
+  one mixer: `Mamba2Mixer` (chunked SSD scan in plain PyTorch, `ssd_chunked_scan`), `Attention`,
+  `FeedForward` or `MoE`. The runtime runs them without tensor, context or expert parallelism
+  (`runtime.spec` refuses those layouts).
 
 Shapes: B = batch, S = sequence, h = hidden, H = query heads, K = kv heads, d = head width,
 E = routed experts, k = top-k, T = B*S tokens.
@@ -81,6 +85,8 @@ __all__ = [
     "Attention",
     "FeedForward",
     "GroupedExperts",
+    "HybridBlock",
+    "Mamba2Mixer",
     "MLAttention",
     "MoE",
     "NotSupportedError",
@@ -579,6 +585,176 @@ class MoE(nn.Module):
         return out + shared
 
 
+# ---- Mamba-2 (hybrid models) --------------------------------------------------------------------
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Causal depthwise conv1d over the sequence: x (B, S, C), weight (C, 1, K), bias (C,) ->
+    (B, S, C), out[t] = bias + sum_k w[k] x[t - K + 1 + k] (zeros before the start). Written as K
+    shifted multiply-adds (elementwise, as the causal_conv1d kernel is memory-bound) rather than
+    `nn.Conv1d`, whose padded output the FLOP counter would count."""
+    k = weight.shape[-1]
+    s = x.shape[1]
+    xp = F.pad(x, (0, 0, k - 1, 0))
+    w = weight[:, 0, :].to(x.dtype)
+    out = xp[:, 0:s] * w[:, 0]
+    for j in range(1, k):
+        out = out + xp[:, j : j + s] * w[:, j]
+    return out if bias is None else out + bias.to(x.dtype)
+
+
+def ssd_chunked_scan(
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """The SSD scan of Mamba-2 by chunks (Dao & Gu 2024, Sec. 6, Listing 1 `ssd_minimal_discrete`;
+    transformers `NemotronHMamba2Mixer.torch_forward`). x (B, S, H, P), dt (B, S, H) (after
+    softplus), a (H,) (A = -exp(A_log)), b / c (B, S, G, N). Returns y (B, S, H, P) without the D
+    skip. The sequence is zero-padded to whole chunks of `chunk` tokens. Matmuls (what FLOP
+    counters see, `cost_models.flops.ssd_scan_flops_forward`): per chunk C B^T per group, the
+    masked diagonal block times X per head, each chunk's final state B^T X and the output of the
+    previous chunks' state C h; the state recurrence between chunks is elementwise (a sequential
+    scan, as mamba_ssm's `_state_passing_fwd`)."""
+    bsz, s, heads, p = x.shape
+    groups, n = b.shape[2], b.shape[3]
+    pad = (-s) % chunk
+    if pad:
+        x, b, c = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, b, c))
+        dt = F.pad(dt, (0, 0, 0, pad))
+    nc = (s + pad) // chunk
+    rep = heads // groups
+    dtype = x.dtype
+    xdt = (x * dt[..., None].to(dtype)).view(bsz, nc, chunk, heads, p).transpose(2, 3)  # (B, c, H, Q, P)
+    acs = (dt.float() * a.float()).view(bsz, nc, chunk, heads).transpose(2, 3).cumsum(-1)  # (B, c, H, Q)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp((acs[..., :, None] - acs[..., None, :]).masked_fill(~causal, float("-inf")))  # (B, c, H, Q, Q)
+    bc = b.view(bsz, nc, chunk, groups, n).transpose(2, 3)  # (B, c, G, Q, N)
+    cc = c.view(bsz, nc, chunk, groups, n).transpose(2, 3)
+    cb = torch.matmul(cc, bc.transpose(-1, -2))  # (B, c, G, Q, Q): C B^T per group
+    scores = cb.repeat_interleave(rep, dim=2) * decay.to(dtype)
+    y = torch.matmul(scores, xdt)  # diagonal blocks (B, c, H, Q, P)
+    to_end = torch.exp(acs[..., -1:] - acs).to(dtype)  # decay from each position to its chunk's end
+    bh = bc.repeat_interleave(rep, dim=2) * to_end[..., None]  # (B, c, H, Q, N)
+    states = torch.matmul(bh.transpose(-1, -2), xdt)  # (B, c, H, N, P): each chunk's final state
+    chunk_decay = torch.exp(acs[..., -1]).to(dtype)  # (B, c, H)
+    h = torch.zeros_like(states[:, 0])
+    entering = []
+    for k in range(nc):  # state entering chunk k (elementwise recurrence)
+        entering.append(h)
+        h = h * chunk_decay[:, k, :, None, None] + states[:, k]
+    prev = torch.stack(entering, dim=1)  # (B, c, H, N, P)
+    ch = cc.repeat_interleave(rep, dim=2) * torch.exp(acs).to(dtype)[..., None]  # (B, c, H, Q, N)
+    y = y + torch.matmul(ch, prev)  # contribution of the previous chunks
+    return y.transpose(2, 3).reshape(bsz, nc * chunk, heads, p)[:, :s]
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba-2 mixer (Dao & Gu 2024, Sec. 7; transformers `NemotronHMamba2Mixer`; Megatron-Core
+    `megatron/core/ssm/mamba_mixer.py`). in_proj (h -> z, x B C, dt: 2 d_inner + 2 G N + H);
+    depthwise causal conv1d over x B C (`conv1d.weight` (conv_dim, 1, K), bias) and SiLU; dt =
+    softplus(dt + dt_bias); A = -exp(A_log); the chunked SSD scan (`ssd_chunked_scan`) plus the D
+    skip; a gated RMSNorm per group (`norm_weight`, y * silu(z) normalized over d_inner / G,
+    norm_before_gate=False as Nemotron-H); out_proj (d_inner -> h). Parameters as
+    `model_specs.params.mamba_params`.
+
+    Memory: everything between in_proj and out_proj (conv, scan, gate, norm) runs as one
+    checkpointed region (`torch.utils.checkpoint`): it keeps its input, in_proj's output, and is
+    recomputed in the backward, as mamba_ssm's fused `mamba_split_conv1d_scan_combined` keeps
+    zxbcdt and recomputes its intermediates; so FLOP counters see the scan's forward twice
+    (`cost_models.flops`: hardware FLOPs). Input/output (B, S, h)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        assert spec.mamba_num_heads and spec.mamba_head_dim and spec.mamba_state_size
+        h = spec.hidden_size
+        self.heads, self.head_dim = spec.mamba_num_heads, spec.mamba_head_dim
+        self.groups, self.state = spec.mamba_groups, spec.mamba_state_size
+        self.inner, self.conv_dim, self.chunk = spec.mamba_inner, spec.mamba_conv_dim, spec.mamba_chunk_size
+        self.eps = float(getattr(spec, "norm_eps", None) or DEFAULT_NORM_EPS)
+        self.in_proj = nn.Linear(h, spec.mamba_in_proj_width, bias=spec.mamba_proj_bias)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, spec.mamba_conv_kernel, groups=self.conv_dim, bias=spec.mamba_conv_bias
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.heads))
+        self.A_log = nn.Parameter(torch.zeros(self.heads))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm_weight = nn.Parameter(torch.ones(self.inner))
+        self.out_proj = nn.Linear(self.inner, h, bias=spec.mamba_proj_bias)
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.in_proj.weight, std=std)
+        nn.init.normal_(self.out_proj.weight, std=out_std)
+        for lin in (self.in_proj, self.out_proj):
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        nn.init.normal_(self.conv1d.weight, std=std)
+        if self.conv1d.bias is not None:
+            nn.init.zeros_(self.conv1d.bias)
+        self.A_log.copy_(torch.log(torch.arange(1, self.heads + 1, dtype=torch.float32)))  # S4D-real (HF)
+        nn.init.ones_(self.D)
+        nn.init.ones_(self.norm_weight)
+        # dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (HF `_init_weights`)
+        dt = torch.exp(torch.rand(self.heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def core(self, zxbcdt: torch.Tensor) -> torch.Tensor:
+        """conv, scan, D skip, gate and norm: zxbcdt (B, S, proj) -> normed output (B, S, d_inner)."""
+        bsz, s, _ = zxbcdt.shape
+        z, xbc, dt = zxbcdt.split([self.inner, self.conv_dim, self.heads], dim=-1)
+        xbc = F.silu(causal_depthwise_conv(xbc, self.conv1d.weight, self.conv1d.bias))
+        x, b, c = xbc.split([self.inner, self.groups * self.state, self.groups * self.state], dim=-1)
+        dt = F.softplus(dt.float() + self.dt_bias.float())
+        x4 = x.reshape(bsz, s, self.heads, self.head_dim)
+        y = ssd_chunked_scan(
+            x4, dt, -torch.exp(self.A_log.float()), b.reshape(bsz, s, self.groups, self.state),
+            c.reshape(bsz, s, self.groups, self.state), self.chunk,
+        )
+        y = (y + x4 * self.D.to(x.dtype)[:, None]).reshape(bsz, s, self.inner)
+        g = (y.float() * F.silu(z.float())).view(bsz, s, self.groups, -1)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.norm_weight.to(x.dtype) * g.view(bsz, s, self.inner).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        zxbcdt = self.in_proj(x)
+        if torch.is_grad_enabled() and zxbcdt.requires_grad:
+            y = checkpoint(self.core, zxbcdt, use_reentrant=False, preserve_rng_state=False)
+        else:
+            y = self.core(zxbcdt)
+        return self.out_proj(y)
+
+
+class HybridBlock(nn.Module):
+    """One layer of a hybrid model (`ModelSpec.hybrid_pattern`): `x + mixer(norm(x))` with a single
+    RMSNorm and a single mixer, `Mamba2Mixer` (M), `Attention` (*), `FeedForward` (-) or `MoE`
+    (E), as transformers' `NemotronHBlock` and Megatron-Core's hybrid stack build it.
+    `self.kind` names the mixer. Input/output (B, S, h)."""
+
+    def __init__(self, spec: ModelSpec, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.kind = spec.layer_mixer(layer_id)
+        self.moe = self.kind == "moe"
+        self.norm = _norm(spec, spec.hidden_size)
+        if self.kind == "mamba":
+            self.mixer: nn.Module = Mamba2Mixer(spec)
+        elif self.kind == "attention":
+            self.mixer = Attention(spec, layer_id)
+        elif self.kind == "moe":
+            self.mixer = MoE(spec)
+        else:
+            self.mixer = FeedForward(spec, spec.ffn_hidden_size)
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        self.norm.reset_parameters()
+        self.mixer.init_weights(std, out_std)  # type: ignore[operator]
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if self.kind in ("mamba", "attention"):
+            return x + self.mixer(self.norm(x), rope)
+        return x + self.mixer(self.norm(x))
+
+
 # ---- blocks and model ---------------------------------------------------------------------------
 
 
@@ -651,7 +827,8 @@ class Transformer(nn.Module):
             self.rope: RotaryEmbedding | None = RotaryEmbedding(rope_dim, theta)
         else:
             self.rope = None
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, i) for i in range(spec.num_layers)})
+        block = HybridBlock if spec.is_hybrid else TransformerBlock
+        self.layers = nn.ModuleDict({str(i): block(spec, i) for i in range(spec.num_layers)})
         self.norm: nn.Module | None = _norm(spec, h)
         self.output: nn.Linear | None = nn.Linear(h, spec.vocab_size, bias=False)
         if spec.tie_embeddings:

@@ -73,6 +73,11 @@ class RunSpec(BaseModel):
         if problems:
             raise LayoutError(problems)
         lay = self.layout.resolved(self.gpus, self.training)
+        if self.model.is_hybrid and (lay.tp > 1 or lay.ep > 1):
+            raise ValueError(
+                f"the reference runtime runs hybrid Mamba models with data and pipeline parallelism only "
+                f"(tp={lay.tp}, ep={lay.ep}: its tensor / expert plans cover TransformerBlock layers)"
+            )
         object.__setattr__(self, "layout", lay)
         if self.partition is None:
             part = StagePartition.even(self.model.num_layers, lay.pp, lay.vpp).chunk_layers

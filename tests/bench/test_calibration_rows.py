@@ -98,9 +98,9 @@ def test_unusable_rows_have_reasons(parsed):
     assert 36 in bad  # Korthikanti memory-only variant
     assert 62 in rows and not rows[62].has_throughput  # Mixtral 8x22B: layout only
     assert len(rows) + len(bad) == 486
-    # the hybrid Mamba and Llama 4 rows print no shape: refused with the reason, never guessed
-    for rid in (483, 490):
-        assert "no model shape" in bad[rid].reason
+    # the Llama 4 rows print no shape: refused with the reason, never guessed (the hybrid Mamba
+    # Nemotron-H rows are priced from their preset: test_nemotron_h_rows_are_priced_with_the_hybrid_model)
+    assert "no model shape" in bad[490].reason and 483 in rows
 
 
 def test_dgxc_405b_uneven_pipeline_split(parsed):
@@ -180,3 +180,18 @@ def test_torchtitan_measured_peak_memory():
     assert len(errors) == 10
     assert statistics.median(abs(e) for e in errors) < 3.0
     assert max(abs(e) for e in errors) < 7.0  # compiled runs fragment less than eager ones
+
+
+def test_nemotron_h_rows_are_priced_with_the_hybrid_model(parsed):
+    """dgxc-benchmarking's Nemotron-H 56B FP8 rows (483-489) name the model and its 118 layers: they
+    are priced with the nemotron-h-56b preset (54 Mamba-2, 54 MLP, 10 attention layers), not refused."""
+    from model_specs.params import count_params
+
+    rows, bad = parsed
+    assert not any(483 <= i <= 489 for i in bad)
+    for i in range(483, 490):
+        r = rows[i]
+        assert r.model.hybrid_pattern is not None and r.model.hybrid_pattern.count("M") == 54
+        assert count_params(r.model).total == 56_324_350_464
+        assert (r.layout.tp, r.layout.pp, r.layout.cp) == (8, 1, 1) and r.training.precision == "fp8"
+        assert r.measured_tokens_per_s_per_gpu and any("nemotron-h-56b preset" in a for a in r.assumptions)

@@ -116,7 +116,7 @@ def test_family_flags():
 def test_every_listed_family_is_supported():
     expected = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
                 "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "bloom", "nemotron", "phi3", "granite", "olmo2",
-                "gemma", "gemma2", "gemma3_text", "llama4_text"}
+                "gemma", "gemma2", "gemma3_text", "llama4_text", "nemotron_h"}
     assert set(FAMILIES) == expected
 
 

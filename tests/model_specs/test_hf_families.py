@@ -33,11 +33,14 @@ PUBLISHED = {
     "llama-4-scout-17b-16e": 107_769_861_120,  # text model: 16 routed + 1 shared expert per layer
     "granite-3.1-8b-base": 8_170_848_256,
     "phi-3.5-mini-instruct": 3_821_079_552,
+    # hybrid Mamba-2 (nemotron_h): the 56B's 56.3B; Nemotron 3 Nano's 31.6B (issue 14's transformers counts)
+    "nemotron-h-56b": 56_324_350_464,
+    "nemotron-3-nano-30b-a3b": 31_577_937_344,
 }
 
 
 def transformers_count(cfg: dict) -> int:
-    hf = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "_name_or_path"})
+    hf = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if not k.startswith("_")})
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(hf.get_text_config())
     return sum(p.numel() for p in model.parameters())
@@ -114,18 +117,42 @@ def test_granite_multipliers_are_noted():
 
 
 # ---- refused, never guessed -----------------------------------------------------------------------
-NEMOTRON_H_56B = {  # abbreviated from nvidia/Nemotron-H-56B-Base-8K config.json (shape fields kept)
-    "model_type": "nemotron_h", "hidden_size": 8192, "num_hidden_layers": 118, "num_attention_heads": 64,
-    "num_key_value_heads": 8, "intermediate_size": 32768, "vocab_size": 131072, "mamba_num_heads": 256,
-    "ssm_state_size": 256, "hybrid_override_pattern": "M-M-M-M*-" * 13 + "M-M-M-M-M-",
-}
+NEMOTRON_H_56B = {k: v for k, v in load_hf_config(DATA / "nemotron-h-56b.json").items() if not k.startswith("_")}
+
+
+def test_nemotron_h_56b_hybrid_layers():
+    """118 layers: 54 Mamba-2, 54 MLP, 10 attention (Nemotron-H paper), one norm per layer; the
+    Mamba mixer's parameters piece by piece (transformers NemotronHMamba2Mixer)."""
+    from model_specs.params import layer_params, mamba_params
+
+    spec = from_hf_config(NEMOTRON_H_56B)
+    pattern = spec.hybrid_pattern
+    assert pattern is not None and spec.num_layers == len(pattern) == 118
+    assert (pattern.count("M"), pattern.count("-"), pattern.count("*")) == (54, 54, 10)
+    assert spec.norms_per_layer == 1 and not spec.is_moe and spec.mlp == "relu2"
+    inner, conv = 256 * 64, 256 * 64 + 2 * 8 * 256
+    in_proj = 8192 * (inner + conv + 256)  # z, x B C, dt
+    assert mamba_params(spec) == in_proj + conv * 4 + conv + 3 * 256 + inner + inner * 8192
+    assert layer_params(spec, 0).total == mamba_params(spec) + 8192
+    assert layer_params(spec, 1).total == 2 * 8192 * 32768 + 8192  # relu2 MLP, no gate
+    assert layer_params(spec, pattern.index("*")).total == 8192 * 8192 * 2 + 2 * 8192 * 1024 + 8192
+
+
+def test_nemotron_3_nano_moe_hybrid():
+    spec = from_hf_config(load_hf_config(DATA / "nemotron-3-nano-30b-a3b.json"))
+    assert spec.moe_layer_count == 23 and spec.num_experts == 128 and spec.moe_top_k == 6
+    assert spec.num_shared_experts == 1 and spec.shared_expert_ffn_hidden_size == 3712
+    assert [spec.layer_mixer(i) for i in range(6)] == ["mamba", "moe", "mamba", "moe", "mamba", "attention"]
 
 
 @pytest.mark.parametrize(
     ("cfg", "pattern"),
     [
-        (NEMOTRON_H_56B, r"model_type 'nemotron_h' is not a supported family"),
         (NEMOTRON_H_56B | {"model_type": "nemotron"}, r"hybrid_override_pattern \(a hybrid Mamba-2"),
+        (NEMOTRON_H_56B | {"moe_latent_size": 512}, r"moe_latent_size \(latent MoE"),
+        (NEMOTRON_H_56B | {"hybrid_override_pattern": "M-X" * 39 + "M"}, r"symbols \['X'\] autopar does not price"),
+        ({**NEMOTRON_H_56B, "hybrid_override_pattern": None, "layers_block_type": ["mamba", "gated_delta"]},
+         r"layers_block_type names block kinds \['gated_delta'\]"),
         ({**load_hf_config(DATA / "qwen3-0.6b.json"), "full_attention_interval": 4},
          r"qwen3 config: field\(s\) full_attention_interval \(linear-attention"),
         ({**load_hf_config(DATA / "llama3-8b.json"), "cross_attention_layers": [3, 8]}, r"cross-attention layers"),

@@ -157,3 +157,39 @@ def test_global_batch_errors():
         TrainingSpec(seq_len=4096)
     with pytest.raises(ValidationError):
         TrainingSpec(seq_len=0, global_batch=1)
+
+
+# ---- hybrid Mamba-2 models (hybrid_pattern) --------------------------------------------------------
+
+_HYBRID = dict(
+    vocab_size=512, hidden_size=64, num_layers=4, num_heads=4, ffn_hidden_size=128, mlp="relu2",
+    hybrid_pattern="M*-M", mamba_num_heads=8, mamba_head_dim=16, mamba_state_size=16, mamba_groups=2,
+)
+
+
+def test_hybrid_pattern_names_one_mixer_per_layer():
+    spec = ModelSpec(**_HYBRID)
+    assert [spec.layer_mixer(i) for i in range(4)] == ["mamba", "attention", "mlp", "mamba"]
+    assert [spec.has_attention(i) for i in range(4)] == [False, True, False, False]
+    assert [spec.has_ffn(i) for i in range(4)] == [False, False, True, False]
+    assert spec.norms_per_layer == 1 and spec.tp_blocks_per_layer == 1 and spec.dense_layer_count == 1
+    assert spec.mamba_inner == 128 and spec.mamba_conv_dim == 128 + 2 * 2 * 16 and spec.mamba_in_proj_width == 128 + 192 + 8
+    assert ModelSpec(**{**_HYBRID, "hybrid_pattern": None, "mamba_num_heads": None, "mamba_head_dim": None,
+                        "mamba_state_size": None}).layer_mixer(0) == "transformer"
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"hybrid_pattern": "M*-"}, "3 symbols for 4 layers"),
+        ({"hybrid_pattern": "M*-X"}, r"unknown symbol\(s\) \['X'\]"),
+        ({"mamba_state_size": None}, "Mamba layers \\(M\\) need mamba_state_size"),
+        ({"mamba_groups": 3}, "multiple of mamba_groups"),
+        ({"hybrid_pattern": "M*-E"}, "MoE layers \\(E\\)"),
+        ({"sliding_window": 16}, "no MLA, no sliding window"),
+        ({"hybrid_pattern": None}, "need a hybrid_pattern"),
+    ],
+)
+def test_hybrid_pattern_is_validated(update, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**{**_HYBRID, **update})

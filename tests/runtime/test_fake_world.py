@@ -102,3 +102,41 @@ def test_cli_fake_world_on_tiny_plan(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )
     assert bad.returncode == 2 and "cannot run on 3 ranks" in bad.stderr, bad.stderr[-2000:]
+
+
+HYBRID = {  # Nemotron-H's mixers at 1/8 width: Mamba-2 (32 heads x 64, state 128, 8 groups), GQA, relu2 MLP
+    "name": "hybrid-small", "family": "nemotron_h", "vocab_size": 32000, "hidden_size": 1024, "num_heads": 8,
+    "num_kv_heads": 2, "head_dim": 128, "ffn_hidden_size": 4096, "mlp": "relu2", "mamba_num_heads": 32,
+    "mamba_head_dim": 64, "mamba_state_size": 128, "mamba_groups": 8, "mamba_chunk_size": 128,
+}
+HYBRID_MOE = {"num_experts": 8, "moe_top_k": 2, "moe_ffn_hidden_size": 1024, "num_shared_experts": 1,
+              "shared_expert_ffn_hidden_size": 2048}
+HYBRID_CASES = {
+    # FSDP over 8 ranks, ZeRO-3, 2 micro-batches: Mamba, attention and MLP layers
+    "hybrid-fsdp8-zero3": ("M-M*-M-M*-", 16, {"zero_stage": 3}),
+    # PP2 1F1B with full recompute: stage 0's peak is a Mamba layer's backward (its recomputed scan)
+    "hybrid-pp2-dp4-1f1b-full": ("M-M*-M-M*-", 16, {"pp": 2, "zero_stage": 1, "recompute": "full", "schedule": "1f1b"}),
+    # Mamba + MoE (Nemotron 3 Nano's pattern), selective recompute
+    "hybrid-moe-fsdp8-zero2-selective": ("MEM*EMEM*E", 16, {"zero_stage": 2, "recompute": "selective"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(HYBRID_CASES))
+def test_hybrid_estimate_within_5_percent_of_trace(name: str) -> None:
+    """Hybrid Mamba-2 models (`ModelSpec.hybrid_pattern`) traced at 8 ranks, sequence 4096."""
+    from runtime.fake_world import compare_with_estimate, measure_stages
+    from runtime.spec import load_run_spec
+
+    pattern, gbs, layout = HYBRID_CASES[name]
+    model = {**HYBRID, "num_layers": len(pattern), "hybrid_pattern": pattern, **(HYBRID_MOE if "E" in pattern else {})}
+    run = load_run_spec({"model": model, "training": {"seq_len": 4096, "global_batch": gbs, "optimizer": "adamw"},
+                         "gpus": 8, "layout": layout, "dtype": "bf16"})
+    rows = compare_with_estimate(run, measure_stages(run, steps=2))
+    assert len(rows) == run.layout.pp
+    for r in rows:
+        err = r["estimate_without_reserve_bytes"] / r["peak_bytes"] - 1
+        assert abs(err) <= TOLERANCE, (
+            f"{name} stage {r['stage']}: traced {r['peak_bytes'] / 2**30:.3f} GiB, "
+            f"estimated {r['estimate_without_reserve_bytes'] / 2**30:.3f} GiB ({100 * err:+.1f}%)"
+        )

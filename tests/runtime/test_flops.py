@@ -197,3 +197,92 @@ def test_moe_flops_real_tensors_unbalanced_routing() -> None:
     (counts,) = seen
     assert sum(counts) == 2 * 64 * 2 and max(counts) > 2 * min(counts)  # really unbalanced
     assert counter.get_total_flops() == step_flops(spec, 64, 2).model_flops
+
+
+# ---- hybrid Mamba-2 layers ------------------------------------------------------------------------
+
+NEMOTRON_H_SHAPED = ModelSpec(
+    name="nemotron-h-shaped-small",  # Nemotron-H-56B's Mamba / attention / MLP mixers at 1/8 width
+    family="nemotron_h",
+    vocab_size=4096,
+    hidden_size=1024,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=1,
+    head_dim=128,
+    ffn_hidden_size=4096,
+    mlp="relu2",
+    hybrid_pattern="M-*E",
+    mamba_num_heads=32,
+    mamba_head_dim=64,
+    mamba_state_size=256,
+    mamba_groups=8,
+    mamba_chunk_size=128,
+    num_experts=8,
+    moe_top_k=2,
+    moe_ffn_hidden_size=512,
+    num_shared_experts=1,
+    shared_expert_ffn_hidden_size=1024,
+)
+
+
+@pytest.mark.parametrize("seq", [2048, 1000])  # 1000: the scan pads the last chunk (8 chunks of 128)
+def test_hybrid_mamba_layer_flops(seq: int) -> None:
+    """A Mamba-2 layer (in_proj, out_proj and the chunked SSD scan's matmuls) beside attention, MLP
+    and MoE layers: FlopCounterMode on the runtime's reference model against `step_flops`. The
+    runtime checkpoints the mixer core (as mamba_ssm's fused kernel keeps only its input), so the
+    counter sees the scan's forward once more: model FLOPs + scan / 3."""
+    from cost_models.flops import ssd_scan_flops_forward
+
+    measured = measure_step_flops(NEMOTRON_H_SHAPED, seq, backend="math")
+    ours = step_flops(NEMOTRON_H_SHAPED, seq, 1)
+    assert ours.scan_flops == 3 * ssd_scan_flops_forward(NEMOTRON_H_SHAPED, seq) > 0
+    assert _rel(measured.total, ours.model_flops + ours.scan_flops / 3) < TOL, (measured.by_op, ours)
+    # the scan's matmuls are batched (bmm); the attention core of the math backend too: the bmm
+    # total is the attention scores (3 x forward) and the scan (4 x forward)
+    assert _rel(measured.by_op["bmm"], ours.attention_flops + 4 / 3 * ours.scan_flops) < TOL
+
+
+def test_hybrid_mamba_only_layer_flops_and_hardware_count() -> None:
+    """One Mamba-2 layer alone (pattern "M"): every counted FLOP is the layer's and the LM head's,
+    and the hardware count (scan 4 x forward, no attention) is what the counter sees."""
+    spec = NEMOTRON_H_SHAPED.model_copy(
+        update={"num_layers": 1, "hybrid_pattern": "M", "num_experts": 0, "moe_top_k": 0, "moe_ffn_hidden_size": None,
+                "num_shared_experts": 0, "shared_expert_ffn_hidden_size": None}
+    )
+    spec = ModelSpec.model_validate(spec.model_dump())
+    measured = measure_step_flops(spec, 4096, backend="math")
+    ours = step_flops(spec, 4096, 1)
+    assert _rel(measured.total, ours.hardware_flops) < TOL
+    layer = measured.total - 6 * 4096 * spec.vocab_size * spec.hidden_size
+    assert layer > 0.5 * measured.total  # the comparison is about the Mamba layer, not the LM head
+
+
+def test_hybrid_reference_model_parameters_equal_count_params() -> None:
+    from model_specs.params import count_params
+    from runtime.model import num_params
+
+    with torch.device("meta"):
+        model = build_model(NEMOTRON_H_SHAPED, device="meta")
+    assert num_params(model) == count_params(NEMOTRON_H_SHAPED).total
+
+
+def test_ssd_chunked_scan_matches_the_recurrence() -> None:
+    """The chunked SSD scan equals Mamba-2's recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t,
+    y_t = C_t h_t (Dao & Gu 2024, Eq. 1), for a length that is not a multiple of the chunk."""
+    from runtime.model import ssd_chunked_scan
+
+    g = torch.Generator().manual_seed(0)
+    b, s, heads, p, groups, n = 2, 37, 4, 3, 2, 5
+    x = torch.randn(b, s, heads, p, generator=g)
+    dt = torch.rand(b, s, heads, generator=g)
+    a = -torch.rand(heads, generator=g)
+    bm, cm = torch.randn(b, s, groups, n, generator=g), torch.randn(b, s, groups, n, generator=g)
+    y = ssd_chunked_scan(x, dt, a, bm, cm, 8)
+    bh, ch = bm.repeat_interleave(2, dim=2), cm.repeat_interleave(2, dim=2)
+    h = torch.zeros(b, heads, n, p)
+    ref = []
+    for t in range(s):
+        h = h * torch.exp(dt[:, t] * a)[..., None, None] + bh[:, t, :, :, None] * (x[:, t] * dt[:, t, :, None])[:, :, None]
+        ref.append(torch.einsum("bhn,bhnp->bhp", ch[:, t], h))
+    assert torch.allclose(y, torch.stack(ref, 1), atol=1e-5)
