@@ -1,4 +1,5 @@
-"""HTTP client of the runner protocol (/tmp/brief/contract.md; the server side is `api/`).
+"""HTTP client of the runner protocol (docs/architecture.md, "Service and runner agent"; the server
+side is `api/runs.py` and `api/routes/runs.py`).
 
 Every call goes through `ApiClient.request`, which retries what a restarting or overloaded server
 answers (connection refused or reset, timeouts, 429, 502, 503, 504) with exponential backoff and
@@ -118,7 +119,13 @@ class ApiClient:
         r = self.request("POST", "/v1/agents", json={"name": name, "cluster": cluster, "hostname": hostname})
         if r.status_code not in (200, 201):
             raise ProtocolError(r, "register")
-        return r.json()
+        try:
+            info = r.json()
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or "id" not in info:
+            raise ProtocolError(r, "register answer names no agent id")
+        return info
 
     def lease(self, agent_id: Any) -> dict[str, Any] | None:
         """The leased run (run, plan, attempt, lease_deadline), or None when the queue is empty."""
@@ -127,7 +134,10 @@ class ApiClient:
             return None
         if r.status_code != 200:
             raise ProtocolError(r, "lease")
-        return r.json()
+        try:
+            return r.json()  # its shape is checked by agent.lease.Lease before anything runs
+        except ValueError:
+            raise ProtocolError(r, "lease answer is not JSON") from None
 
     def heartbeat(
         self, run_id: Any, agent_id: Any, attempt: int, progress: dict[str, Any], retry: RetryPolicy | None = None

@@ -1,4 +1,5 @@
-"""The runner agent: register, lease, launch, heartbeat, upload, finish (contract: /tmp/brief/contract.md).
+"""The runner agent: register, lease, launch, heartbeat, upload, finish (the protocol:
+docs/architecture.md, "Service and runner agent").
 
 One attempt of a run, in the agent's work dir `WORKDIR/run-<id>/attempt-<n>/`:
     plan.json          the leased Plan, written as data (the runtime reads it; nothing interprets it)
@@ -42,6 +43,7 @@ from agent.launcher import (
     runtime_argv,
     safe_id,
 )
+from agent.lease import Lease, LeaseRefused
 
 log = logging.getLogger("autopar.agent")
 
@@ -108,7 +110,7 @@ class Heartbeat(threading.Thread):
             return
         if r.status_code == 200:
             self.beats += 1
-            if r.json().get("cancel_requested"):
+            if _answer_field(r, "cancel_requested") is True:
                 self.stop_reason = "cancelled"
         elif r.status_code in (404, 409):
             self.stop_reason = "lease_lost"
@@ -124,6 +126,18 @@ class Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=self._retry.max_elapsed_s + 35.0)
+
+
+def _answer_field(response: Any, key: str) -> Any:
+    """`key` of a JSON object answer; None when the answer is not one (logged, never raised)."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        log.warning("heartbeat: answer is not a JSON object: %s", response.text[:200])
+        return None
+    return data.get(key)
 
 
 def _finite(x: Any) -> Any:
@@ -185,8 +199,7 @@ class Agent:
                 self.terminate.wait(self.cfg.poll_s)
                 continue
             if leased is not None:
-                outcome = self.execute(leased)
-                log.info("run %s attempt %s: %s", leased["run"].get("id"), leased.get("attempt"), outcome)
+                self.execute(leased)
             if self.cfg.once:
                 return 0
             if leased is None:
@@ -194,20 +207,28 @@ class Agent:
         return 0
 
     # ---- one attempt ---------------------------------------------------------------------------
-    def execute(self, leased: dict[str, Any]) -> str:
-        """Run one leased attempt to its end; returns the outcome reported (or "lease_lost")."""
-        run, plan = leased["run"], leased["plan"]
-        attempt = int(leased["attempt"])
-        run_id = safe_id(run["id"])
-        adir = self.cfg.workdir / f"run-{run_id}" / f"attempt-{attempt}"
-        adir.mkdir(parents=True, exist_ok=True)
+    def execute(self, leased: Any) -> str:
+        """Run one leased attempt to its end; returns the outcome reported ("lease_lost" when the
+        lease was lost, "refused" when the answer was too malformed to name its run)."""
+        try:
+            lease = Lease.parse(leased)
+        except LeaseRefused as exc:
+            return self._refuse(exc)
+        outcome = self._run_attempt(lease)
+        log.info("run %s attempt %d: %s", lease.run_id, lease.attempt, outcome)
+        return outcome
+
+    def _run_attempt(self, lease: Lease) -> str:
+        run, plan, attempt = lease.run.model_dump(), lease.plan, lease.attempt
+        run_id = safe_id(lease.run_id)
+        adir = self._attempt_dir(run_id, attempt)
         plan_file = adir / "plan.json"
         plan_file.write_text(json.dumps(plan))
         try:
             spec = LaunchSpec.from_run(run, plan)
         except LaunchError as exc:
             return self._finish(adir, run_id, attempt, "failed", f"agent refused to launch: {exc}\n", None)
-        lease_s = float(run.get("lease_seconds") or 60.0)
+        lease_s = float(lease.run.lease_seconds)
         interval = self.cfg.heartbeat_s or max(0.5, lease_s / 3.0)
         progress_file = adir / "progress.json"
         hb = Heartbeat(self.client, run_id, self.agent_id, attempt, interval, progress_file, spec.steps)
@@ -253,6 +274,22 @@ class Agent:
                 return self._finish(adir, run_id, attempt, "failed", tail + f"\nprofile upload failed: {exc}\n", code)
             return self._finish(adir, run_id, attempt, "succeeded", tail, code)
         return self._finish(adir, run_id, attempt, "failed", tail, code)
+
+    def _attempt_dir(self, run_id: str, attempt: int) -> Path:
+        adir = self.cfg.workdir / f"run-{run_id}" / f"attempt-{attempt}"
+        adir.mkdir(parents=True, exist_ok=True)
+        return adir
+
+    def _refuse(self, exc: LeaseRefused) -> str:
+        """A malformed lease: finish its attempt as failed with the reason when the answer names the
+        run and the attempt; otherwise log it (the server re-queues the run when the lease expires)."""
+        reason = f"agent refused the leased run: malformed lease answer: {exc}\n"
+        if exc.identity is None:
+            log.error("%s(it names no valid run id and attempt: nothing to report to)", reason)
+            return "refused"
+        run_id, attempt = exc.identity
+        log.error("run %s attempt %d: %s", run_id, attempt, reason.strip())
+        return self._finish(self._attempt_dir(run_id, attempt), run_id, attempt, "failed", reason, None)
 
     def _supervise(
         self, argv: list[str], adir: Path, log_name: str, hb: Heartbeat, timeout_s: float | None

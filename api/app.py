@@ -1,7 +1,8 @@
 """The FastAPI application: `create_app(settings)`; `autopar serve` runs it under uvicorn.
 
 On start it migrates the database (Alembic, scripts inside the package), opens the planner pool and
-starts the lease reaper; every request body is capped at `max_body_bytes` (413 beyond)."""
+starts the lease reaper; every request body is capped at `max_body_bytes` (413 beyond), and NUL
+characters, lone surrogates and non-finite numbers are refused before any route runs (422)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
@@ -30,7 +32,9 @@ VERSION = "1"
 
 class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413, whether announced by Content-Length or
-    streamed in chunks (the body is read up to the limit before the app sees it)."""
+    streamed in chunks (the body is read up to the limit before the app sees it), and values no
+    database column holds faithfully, in the query string or a JSON body, with 422 (`unsafe_query`,
+    `unsafe_json`)."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -39,6 +43,11 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        query_problem = unsafe_query(scope.get("query_string") or b"")
+        if query_problem is not None:
+            loc, msg = query_problem
+            await _error(send, 422, msg, loc, "unsafe_value")
             return
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
@@ -81,6 +90,15 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def unsafe_query(query_string: bytes) -> tuple[list[str | int], str] | None:
+    """(path, reason) of the first query parameter holding a NUL character once percent-decoded (as
+    the routes read it): PostgreSQL text refuses NUL, so a filter like `?cluster=%00` would be a 500."""
+    for key, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        if "\x00" in key or "\x00" in value:
+            return ["query", key.replace("\x00", "\\x00")], "NUL characters are not allowed in text"
+    return None
 
 
 def _is_json(headers: dict[bytes, bytes]) -> bool:
@@ -219,6 +237,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # api.ui serves /docs from vendored Swagger UI assets (no CDN)
         redoc_url=None,
+        # no redirect to the path with(out) a trailing slash: Starlette builds that Location from the
+        # request's Host header, so a forged Host would send the client to another server; a path
+        # that is not a route is a 404 in the documented error shape instead
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.db = db

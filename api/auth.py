@@ -2,9 +2,10 @@
 
 The secret is shown once, by `create_token`; the database keeps the digest and the first characters
 (`prefix`, to tell tokens apart in lists). Revocation sets `revoked_at` and takes effect on the next
-request (every request looks its token up). Roles: `user` (plans, specs, evaluations, queue and
-cancel runs, read everything) and `agent` (bound to one cluster: register, lease, heartbeat, upload
-profiles, finish, and read that cluster's runs).
+request (every request looks its token up). Roles: `user` (plans, specs, evaluations, queue runs
+and cancel its own, read everything), `admin` (a user that may also cancel any user's run) and
+`agent` (bound to one cluster: register agents, and as those agents lease, heartbeat, upload
+profiles, finish; read that cluster's runs).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from api.models import ApiToken, utcnow
 
 TOKEN_PREFIX = "apt_"
 CLUSTER_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-Role = Literal["user", "agent"]
+Role = Literal["user", "admin", "agent"]
+ROLES = ("user", "admin", "agent")
 
 
 def hash_token(secret: str) -> str:
@@ -42,11 +44,15 @@ class Principal:
     def is_agent(self) -> bool:
         return self.role == "agent"
 
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
 
 def create_token(session: Session, name: str, role: Role = "user", cluster: str | None = None) -> tuple[ApiToken, str]:
     """Store a new token; returns the row and the secret (the only time it is seen)."""
-    if role not in ("user", "agent"):
-        raise ValueError(f"role must be 'user' or 'agent', not {role!r}")
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     if role == "agent":
         if not cluster:
             raise ValueError("an agent token needs --cluster (the cluster it leases runs for)")

@@ -106,13 +106,39 @@ def alembic_config(url: str) -> Any:
 
 
 def migrate(engine: Engine) -> None:
-    """Apply every Alembic migration up to head (idempotent; the scripts ship inside the package)."""
+    """Apply every Alembic migration up to head (idempotent; the scripts ship inside the package).
+
+    SQLite: foreign-key enforcement is off while the migrations run, because batch migrations
+    rebuild a table (copy, drop, rename) and dropping a table that other rows reference would fail
+    or cascade; the keys are checked before the transaction commits (SQLite's own recipe, section 7
+    of https://www.sqlite.org/lang_altertable.html)."""
     from alembic import command
 
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            # Two servers starting at once on one database migrate one after the other.
-            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7366746)")
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as conn:
+        if sqlite:
+            _sqlite_foreign_keys(conn, enabled=False)
+        try:
+            with conn.begin():
+                if engine.dialect.name == "postgresql":
+                    # Two servers starting at once on one database migrate one after the other.
+                    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7366746)")
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                if sqlite:
+                    _check_sqlite_foreign_keys(conn)
+        finally:
+            if sqlite:
+                _sqlite_foreign_keys(conn, enabled=True)
+
+
+def _sqlite_foreign_keys(conn: Any, *, enabled: bool) -> None:
+    """PRAGMA foreign_keys on the DBAPI connection, outside any transaction (inside one it is a no-op)."""
+    conn.connection.dbapi_connection.execute(f"PRAGMA foreign_keys={'ON' if enabled else 'OFF'}")
+
+
+def _check_sqlite_foreign_keys(conn: Any) -> None:
+    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if broken:
+        raise RuntimeError(f"migration left {len(broken)} rows with dangling foreign keys, e.g. {tuple(broken[0])}")

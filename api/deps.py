@@ -11,6 +11,7 @@ from api.auth import Principal, principal_for
 from api.db import Database
 from api.errors import forbidden, unauthorized
 from api.metrics import Metrics
+from api.numbers import strict_numbers
 from api.planning import PlannerPool
 from api.settings import Settings
 
@@ -51,7 +52,8 @@ def authenticated(
 
 
 def user(principal: Annotated[Principal, Depends(authenticated)]) -> Principal:
-    if principal.role != "user":
+    """A user or admin token (admins are users that may also cancel others' runs)."""
+    if principal.role not in ("user", "admin"):
         raise forbidden(f"this needs a user token; agent tokens (cluster {principal.cluster!r}) may only run jobs")
     return principal
 
@@ -69,3 +71,5 @@ Agent = Annotated[Principal, Depends(agent)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 Pool = Annotated[PlannerPool, Depends(get_pool)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+BODY_CHECKS = [Depends(strict_numbers)]
+"""Router dependencies every body-taking router lists: JSON booleans are never numbers (api.numbers)."""

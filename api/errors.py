@@ -44,8 +44,9 @@ def unauthorized(msg: str = "a bearer token is required (Authorization: Bearer a
     return ApiError(401, msg, ["header", "authorization"], "unauthorized", {"WWW-Authenticate": "Bearer"})
 
 
-def forbidden(msg: str) -> ApiError:
-    return ApiError(403, msg, ["header", "authorization"], "forbidden")
+def forbidden(msg: str, loc: Sequence[str | int] = ("header", "authorization")) -> ApiError:
+    """403: the token may not do this (`loc`: the field naming what it may not touch)."""
+    return ApiError(403, msg, loc, "forbidden")
 
 
 def not_found(what: str, ident: Any, loc: Sequence[str | int]) -> ApiError:
@@ -61,7 +62,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "bad request",
         401: "missing, unknown or revoked bearer token",
-        403: "the token's role or cluster does not allow this",
+        403: "the token's role or cluster does not allow this, or the object is another token's",
         404: "no such object",
         409: "conflicts with the object's current state",
         413: "request body larger than the limit",

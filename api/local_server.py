@@ -32,7 +32,7 @@ def free_port() -> int:
 
 
 class LocalServer:
-    """`python -m autopar.cli serve --port P --database-url URL` as a child process."""
+    """`AUTOPAR_DATABASE_URL=URL python -m autopar.cli serve --port P` as a child process."""
 
     def __init__(
         self, database_url: str, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
@@ -48,10 +48,10 @@ class LocalServer:
     def start(self, timeout_s: float = 60.0) -> None:
         """Start the server and wait until GET /healthz answers 200 (RuntimeError with the log's
         tail when it exits or does not answer within `timeout_s` seconds)."""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "autopar.cli", "serve", "--port", str(self.port), "--database-url",
-             self.database_url, "--log-level", "warning"],
-            cwd=self.cwd, env=self.env, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(  # the URL (a password, on PostgreSQL) in the environment, not in `ps`
+            [sys.executable, "-m", "autopar.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
+            cwd=self.cwd, env={**self.env, "AUTOPAR_DATABASE_URL": self.database_url},
+            stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

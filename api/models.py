@@ -73,6 +73,8 @@ class PlanRow(Base):
         Index("ix_plans_created_at", "created_at"),
         Index("ix_plans_model_cluster", "model_name", "cluster_name"),
         Index("ix_plans_tokens_per_s", "tokens_per_s"),
+        # an Idempotency-Key is its token's own: another token's replay never finds this plan
+        UniqueConstraint("created_by", "idempotency_key", name="uq_plans_created_by_idempotency_key"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -89,7 +91,7 @@ class PlanRow(Base):
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
     calibration: Mapped[str] = mapped_column(String(256), default="")
-    idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
     request_sha256: Mapped[str | None] = mapped_column(String(64))
     plan: Mapped[dict[str, Any]] = mapped_column(JSONType)
 
@@ -192,6 +194,9 @@ class ProfileRow(Base):
     plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id"), index=True)
     cluster: Mapped[str] = mapped_column(String(64), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
+    agent_id: Mapped[int | None] = mapped_column(  # who uploaded it: the lease holder of `attempt`
+        ForeignKey("agents.id", name="fk_profiles_agent_id_agents")
+    )
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     step_s: Mapped[float | None] = mapped_column(Float)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from api.errors import ApiError
 from api.models import TeamCluster, TeamModel
+from api.numbers import check_no_bool_numbers, schema_of
 from cluster_specs.presets import cluster_from_dict, get_cluster, list_clusters
 from cluster_specs.spec import ClusterSpec
 from model_specs.hf import from_hf_config
@@ -56,6 +57,7 @@ def model_from_fields(spec: dict[str, Any], loc: Sequence[str | int], name: str 
                 raise _invalid([*loc, "name"], "name must be a string")
             model = from_hf_config(cfg, name=name or given)
         else:
+            check_no_bool_numbers(spec, schema_of(ModelSpec), loc)
             fields = dict(spec)
             if name is not None:
                 fields["name"] = name
@@ -72,6 +74,7 @@ def model_from_fields(spec: dict[str, Any], loc: Sequence[str | int], name: str 
 
 
 def cluster_from_fields(spec: dict[str, Any], loc: Sequence[str | int], name: str | None = None) -> ClusterSpec:
+    check_no_bool_numbers(spec, schema_of(ClusterSpec), loc)
     try:
         return cluster_from_dict(spec, name=name)
     except ValidationError as exc:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from api.auth import Principal
 from api.errors import ApiError, conflict, forbidden, not_found
-from api.models import AgentRow, RunAttempt, RunRow, utcnow
+from api.models import AgentRow, ProfileRow, RunAttempt, RunRow, utcnow
 
 ACTIVE = ("leased", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -87,11 +87,18 @@ def expire_leases(session: Session, cluster: str | None = None, now: datetime | 
 
 
 def agent_of(session: Session, principal: Principal, agent_id: int, loc: list[str | int]) -> AgentRow:
+    """The agent `agent_id`, if the calling token registered it (POST /v1/agents): an agent id is
+    the token's own, never a handle another token of the same cluster may act under (403)."""
     agent = session.get(AgentRow, agent_id)
     if agent is None:
         raise not_found("agent", agent_id, loc)
     if agent.cluster != principal.cluster:
         raise forbidden(f"agent {agent_id} serves cluster {agent.cluster!r}, the token cluster {principal.cluster!r}")
+    if agent.token_id != principal.token_id:
+        raise forbidden(
+            f"agent {agent_id} was registered by another token; a token acts only as the agents it registered "
+            "(POST /v1/agents)", loc,
+        )
     return agent
 
 
@@ -204,13 +211,25 @@ def finish(
     return run
 
 
-def cancel(session: Session, run_id: int, by: str) -> RunRow:
+def check_may_cancel(run: RunRow, principal: Principal) -> None:
+    """403 unless the token queued the run or is an admin token (runs are readable by every user,
+    so refusing is no secret: a 404 would hide nothing)."""
+    if principal.is_admin or (run.created_by is not None and run.created_by == principal.token_id):
+        return
+    raise forbidden(
+        f"run {run.id} was queued by another token: only the token that queued it or an admin token "
+        "(autopar tokens create --role admin) may cancel it", ["path", "run_id"],
+    )
+
+
+def cancel(session: Session, run_id: int, principal: Principal) -> RunRow:
     stmt = select(RunRow).where(RunRow.id == run_id).options(selectinload(RunRow.attempts))
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     run = session.scalar(stmt)
     if run is None:
         raise not_found("run", run_id, ["path", "run_id"])
+    check_may_cancel(run, principal)
     if run.status in ("succeeded", "failed"):
         raise conflict(f"run {run_id} already {run.status}", ["path", "run_id"])
     now = utcnow()
@@ -221,7 +240,7 @@ def cancel(session: Session, run_id: int, by: str) -> RunRow:
     if run.status == "queued":
         run.status = "cancelled"
         run.finished_at = now
-        run.failure_reason = f"cancelled by {by} before it was leased"
+        run.failure_reason = f"cancelled by {principal.name} before it was leased"
     return run
 
 
@@ -232,6 +251,20 @@ def check_lease_holder(run: RunRow, agent: AgentRow, attempt: int) -> None:
         raise conflict(
             f"agent {agent.id} attempt {attempt} does not hold run {run.id} "
             f"(status {run.status}, attempt {run.attempt}, agent {run.agent_id}): only the lease holder uploads its profile",
+            ["query", "attempt"],
+        )
+
+
+def check_profile_replay(run: RunRow, stored: ProfileRow, agent: AgentRow, attempt: int) -> None:
+    """The stored profile goes back (as the answer to a retried upload) to the agent and attempt
+    that uploaded it, or to the current lease holder (one profile per run: a re-leased attempt
+    finds its predecessor's); anyone else gets a 409, not the impression that theirs was stored."""
+    author = stored.agent_id
+    if author is None:  # stored before profiles recorded their author: the holder of its attempt
+        author = next((a.agent_id for a in run.attempts if a.attempt == stored.attempt), None)
+    if (author, stored.attempt) != (agent.id, attempt) and not _holds(run, agent.id, attempt):
+        raise conflict(
+            f"run {run.id} already has its profile, uploaded by agent {author} for attempt {stored.attempt}",
             ["query", "attempt"],
         )
 

@@ -289,6 +289,7 @@ class ProfileOut(BaseModel):
     plan_id: int
     cluster: str
     attempt: int
+    agent_id: int | None = Field(description="the agent that uploaded it: the lease holder of `attempt`")
     created_at: datetime
     profile: dict[str, Any]
 

@@ -53,7 +53,7 @@ def run_out(run: RunRow) -> RunOut:
 def profile_out(row: ProfileRow) -> ProfileOut:
     return ProfileOut(
         id=row.id, run_id=row.run_id, plan_id=row.plan_id, cluster=row.cluster, attempt=row.attempt,
-        created_at=row.created_at, profile=row.profile,
+        agent_id=row.agent_id, created_at=row.created_at, profile=row.profile,
     )
 
 

@@ -13,7 +13,13 @@ _CLUSTER = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 def agent(
     server: str = typer.Option(..., help="service URL, e.g. http://127.0.0.1:8000"),
-    token: str = typer.Option(..., envvar="AUTOPAR_AGENT_TOKEN", help="agent token (env AUTOPAR_AGENT_TOKEN)"),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help="file holding the agent token (mode 600); default: $AUTOPAR_AGENT_TOKEN",
+    ),
+    token: str | None = typer.Option(
+        None, "--token", help="the agent token itself: visible to every user in `ps`; prefer "
+        "AUTOPAR_AGENT_TOKEN or --token-file",
+    ),
     cluster: str = typer.Option(..., help="cluster name this agent serves (the token's cluster)"),
     workdir: Path = typer.Option(Path("autopar-agent"), help="per-run work dirs go here"),
     name: str | None = typer.Option(None, help="agent name (default host-pid)"),
@@ -24,11 +30,17 @@ def agent(
     heartbeat_s: float | None = typer.Option(None, help="heartbeat period, s (default: a third of the lease)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Serve one cluster: lease queued runs, launch them through torchrun, report progress and profiles."""
+    """Serve one cluster: lease queued runs, launch them through torchrun, report progress and profiles.
+
+    The token comes from $AUTOPAR_AGENT_TOKEN or --token-file, never needs the command line (`ps`
+    shows every process's argv), and never reaches the launched training processes."""
     import logging
     import signal
 
+    from autopar.cli_secrets import agent_token
     from autopar.cli_support import require_extra
+
+    secret = agent_token(token, token_file)
 
     require_extra("api", "agent", ["httpx"])
     require_extra("runtime", "agent", ["torch"])  # the runs it launches train with torch
@@ -43,7 +55,7 @@ def agent(
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     cfg = AgentConfig(
-        server=server, token=token, cluster=cluster, workdir=workdir.resolve(), poll_s=poll_s, once=once,
+        server=server, token=secret, cluster=cluster, workdir=workdir.resolve(), poll_s=poll_s, once=once,
         preflight=preflight, preflight_bytes=preflight_bytes, heartbeat_s=heartbeat_s,
     )
     if name:

@@ -3,9 +3,12 @@ sqlalchemy) is imported inside the commands, so `autopar plan` never loads it.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from api.settings import DEFAULT_DATABASE_URL, database_url_from_env
+from autopar.cli_secrets import database_url as given_database_url
 from autopar.cli_support import busy, require_extra
 
 SERVE_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic")
@@ -13,16 +16,27 @@ DB_MODULES = ("sqlalchemy", "alembic")
 
 tokens_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Create, list and revoke API tokens.")
 
-DATABASE_HELP = f"SQLAlchemy URL (default: $AUTOPAR_DATABASE_URL, else {DEFAULT_DATABASE_URL})"
+DATABASE_HELP = (
+    f"SQLAlchemy URL (default: $AUTOPAR_DATABASE_URL, else {DEFAULT_DATABASE_URL}); one with a password "
+    "is visible in `ps`: use $AUTOPAR_DATABASE_URL or --database-url-file"
+)
+DATABASE_FILE_HELP = "file holding the SQLAlchemy URL (mode 600), instead of --database-url"
+
+
+def _database_url_file_option() -> Path | None:
+    """The --database-url-file option every command that opens the database takes."""
+    return typer.Option(None, "--database-url-file", help=DATABASE_FILE_HELP)  # type: ignore[no-any-return]
 
 
 def serve(
     host: str = typer.Option("127.0.0.1", help="interface to listen on (0.0.0.0: all)"),
     port: int = typer.Option(8000, help="TCP port"),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+    database_url_file: Path | None = _database_url_file_option(),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     """Serve the planning API and the web UI at / (migrates the database first; API docs at /docs)."""
+    database_url = given_database_url(database_url, database_url_file)
     require_extra("api", "serve", SERVE_MODULES)
     import uvicorn
 
@@ -35,7 +49,8 @@ def serve(
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
 
 
-def _database(database_url: str | None, command: str):  # type: ignore[no-untyped-def]
+def _database(database_url: str | None, database_url_file: Path | None, command: str):  # type: ignore[no-untyped-def]
+    database_url = given_database_url(database_url, database_url_file)
     require_extra("api", f"tokens {command}", DB_MODULES)
     from api.db import Database
 
@@ -48,12 +63,13 @@ def _database(database_url: str | None, command: str):  # type: ignore[no-untype
 @tokens_app.command("create")
 def tokens_create(
     name: str = typer.Option(..., help="who or what holds the token"),
-    role: str = typer.Option("user", help="user | agent"),
+    role: str = typer.Option("user", help="user | admin (a user that may cancel anyone's run) | agent"),
     cluster: str | None = typer.Option(None, help="agent tokens: the cluster whose runs it may lease"),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+    database_url_file: Path | None = _database_url_file_option(),
 ) -> None:
     """Create a token and print it (shown this once; only its sha256 digest is stored)."""
-    db = _database(database_url, "create")
+    db = _database(database_url, database_url_file, "create")
     from api.auth import create_token
 
     try:
@@ -71,9 +87,12 @@ def tokens_create(
 
 
 @tokens_app.command("list")
-def tokens_list(database_url: str | None = typer.Option(None, help=DATABASE_HELP)) -> None:
+def tokens_list(
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+    database_url_file: Path | None = _database_url_file_option(),
+) -> None:
     """List tokens (id, prefix, role, cluster, created, revoked); never the secrets."""
-    db = _database(database_url, "list")
+    db = _database(database_url, database_url_file, "list")
     from api.auth import list_tokens
 
     try:
@@ -94,9 +113,10 @@ def tokens_list(database_url: str | None = typer.Option(None, help=DATABASE_HELP
 def tokens_revoke(
     token_id: int = typer.Argument(..., help="id from `autopar tokens list`"),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+    database_url_file: Path | None = _database_url_file_option(),
 ) -> None:
     """Revoke a token: requests with it are refused from now on."""
-    db = _database(database_url, "revoke")
+    db = _database(database_url, database_url_file, "revoke")
     from api.auth import revoke_token
 
     try:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from api.calibration import calibration_for
-from api.deps import DB, MetricsDep, Pool, SettingsDep, User
+from api.deps import BODY_CHECKS, DB, MetricsDep, Pool, SettingsDep, User
 from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, conflict, not_found
 from api.models import EvaluationRow, PlanRow, ProfileRow
 from api.planning import request_sha256, run_evaluation, run_search
@@ -32,14 +32,17 @@ from cost_models.jobs import Job
 from planner.exporters import ExportError, export, formats
 from planner.plan import Plan
 
-router = APIRouter(prefix="/v1", tags=["plans"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+router = APIRouter(
+    prefix="/v1", tags=["plans"], responses=ERROR_RESPONSES, dependencies=BODY_CHECKS,  # type: ignore[arg-type]
+)
 
 ExportFormat = Enum("ExportFormat", {f: f for f in formats()}, type=str)  # type: ignore[misc]
 IdempotencyKey = Annotated[
     str | None,
     Header(
         max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
-        description="a retried POST with the same key returns the plan stored the first time (200)",
+        description="a retried POST with the same key returns the plan this token stored the first time (200); "
+        "keys are per token",
     ),
 ]
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID)]
@@ -66,9 +69,12 @@ async def create_plan(
     digest = request_sha256(body.model_dump(mode="json"))
 
     def replay(session: Any) -> PlanRecord | None:
+        """The plan this token stored under the key (keys are per token: another's is never found)."""
         if idempotency_key is None:
             return None
-        row = session.scalar(select(PlanRow).where(PlanRow.idempotency_key == idempotency_key))
+        row = session.scalar(
+            select(PlanRow).where(PlanRow.created_by == principal.token_id, PlanRow.idempotency_key == idempotency_key)
+        )
         if row is None:
             return None
         if row.request_sha256 != digest:

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import selectinload
 
 from api import runs as lifecycle
-from api.deps import DB, Agent, Authenticated, MetricsDep, User
+from api.deps import BODY_CHECKS, DB, Agent, Authenticated, MetricsDep, User
 from api.errors import ERROR_RESPONSES, conflict, forbidden, not_found
 from api.models import AgentRow, PlanRow, ProfileRow, RunRow, utcnow
 from api.schemas import (
@@ -34,7 +34,9 @@ from api.schemas import (
 from api.views import profile_out, run_out
 from planner.plan import Plan
 
-router = APIRouter(prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+router = APIRouter(
+    prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES, dependencies=BODY_CHECKS,  # type: ignore[arg-type]
+)
 Id = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
@@ -108,9 +110,10 @@ def get_run(run_id: Id, principal: Authenticated, db: DB) -> RunOut:
 @router.post("/runs/{run_id}/cancel", response_model=RunOut, summary="Cancel a run")
 def cancel_run(run_id: Id, principal: User, db: DB) -> RunOut:
     """A queued run is cancelled at once; a leased or running one gets `cancel_requested`, which its
-    agent sees on the next heartbeat (it stops the child process and finishes as cancelled)."""
+    agent sees on the next heartbeat (it stops the child process and finishes as cancelled). Only
+    the token that queued the run, or an admin token, may cancel it (403 otherwise)."""
     with db.write_session() as session:
-        return run_out(lifecycle.cancel(session, run_id, principal.name))
+        return run_out(lifecycle.cancel(session, run_id, principal))
 
 
 @router.post("/agents", status_code=201, response_model=AgentOut, summary="Register a runner agent")
@@ -170,26 +173,34 @@ def upload_profile(
     attempt: Annotated[int, Query(ge=1, description="the leased attempt the profile measures")],
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> ProfileOut:
-    """Exactly one profile per run: a retried upload (whatever its key) returns the stored one.
-    Only the agent holding the lease of the run's current attempt may upload it."""
+    """Exactly one profile per run, uploaded by the lease holder of the run's current attempt; that
+    agent retrying the upload (whatever its key), or a later attempt's holder, gets the stored one
+    back (200); another agent gets a 409."""
 
-    def existing() -> ProfileOut | None:
+    def stored_for(session: Any, run: RunRow, agent: AgentRow) -> ProfileOut | None:
+        row = session.scalar(select(ProfileRow).where(ProfileRow.run_id == run.id))
+        if row is None:
+            return None
+        lifecycle.check_profile_replay(run, row, agent, attempt)
+        return profile_out(row)
+
+    def earlier() -> ProfileOut | None:
         with db.read_session() as session:
-            row = session.scalar(select(ProfileRow).where(ProfileRow.run_id == run_id))
-            return profile_out(row) if row is not None else None
+            run = lifecycle.run_for_agent(session, principal, run_id, lock=False)
+            return stored_for(session, run, lifecycle.agent_of(session, principal, agent_id, ["query", "agent_id"]))
 
     try:
         with db.write_session() as session:
             run = lifecycle.run_for_agent(session, principal, run_id)
             lifecycle.check_holder_for_profile(run)
-            stored = session.scalar(select(ProfileRow).where(ProfileRow.run_id == run_id))
+            agent = lifecycle.agent_of(session, principal, agent_id, ["query", "agent_id"])
+            stored = stored_for(session, run, agent)
             if stored is not None:
                 response.status_code = 200
-                return profile_out(stored)
-            agent = lifecycle.agent_of(session, principal, agent_id, ["query", "agent_id"])
+                return stored
             lifecycle.check_lease_holder(run, agent, attempt)
             row = ProfileRow(
-                run_id=run.id, plan_id=run.plan_id, cluster=run.cluster, attempt=run.attempt,
+                run_id=run.id, plan_id=run.plan_id, cluster=run.cluster, attempt=run.attempt, agent_id=agent.id,
                 idempotency_key=idempotency_key, step_s=body.step_s, tokens_per_s=body.tokens_per_s, mfu=body.mfu,
                 profile=body.model_dump(mode="json"),
             )
@@ -197,11 +208,11 @@ def upload_profile(
             session.flush()
             out = profile_out(row)
     except IntegrityError:  # a concurrent upload for the same run won the race
-        earlier = existing()
-        if earlier is None:
+        replayed = earlier()
+        if replayed is None:
             raise
         response.status_code = 200
-        return earlier
+        return replayed
     metrics.profiles.inc()
     return out
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path, Query
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from api.deps import DB, User
+from api.deps import BODY_CHECKS, DB, User
 from api.errors import ERROR_RESPONSES, conflict, not_found
 from api.models import TeamCluster, TeamModel
 from api.resolve import cluster_from_fields, model_from_fields, preset_cluster, preset_model
@@ -22,7 +22,9 @@ from model_specs.params import count_params
 from model_specs.presets import get_model, list_models
 from model_specs.spec import ModelSpec
 
-router = APIRouter(prefix="/v1", tags=["specs"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+router = APIRouter(
+    prefix="/v1", tags=["specs"], responses=ERROR_RESPONSES, dependencies=BODY_CHECKS,  # type: ignore[arg-type]
+)
 T = TypeVar("T")
 Limit = Annotated[int, Query(ge=1, le=200)]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]

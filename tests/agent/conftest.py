@@ -1,6 +1,6 @@
-"""Shared helpers of the agent tests: a stdlib HTTP server that speaks the runner contract
-(/tmp/brief/contract.md) from a dict, for tests of the agent alone; the end-to-end test uses the
-real service (`autopar serve`)."""
+"""Shared helpers of the agent tests: a stdlib HTTP server that speaks the runner protocol
+(docs/architecture.md, "Service and runner agent") from a dict, for tests of the agent alone; the
+end-to-end test uses the real service (`autopar serve`)."""
 
 from __future__ import annotations
 

@@ -242,6 +242,128 @@ def test_refused_launch_is_reported_failed_without_running(fake_server: FakeServ
     assert not Path("/tmp/autopar-pwned-unit").exists()
 
 
+def _malformed(**changes: Any) -> dict[str, Any]:
+    """lease_answer() with the run's fields replaced (a value of DROP removes the key)."""
+    answer = lease_answer()
+    for key, value in changes.items():
+        target = answer["run"] if key in answer["run"] or key in ("id", "steps", "lease_seconds", "launch") else answer
+        if value is DROP:
+            target.pop(key, None)
+        else:
+            target[key] = value
+    return answer
+
+
+DROP = object()
+
+
+@pytest.mark.parametrize(
+    ("answer", "field"),
+    [
+        (_malformed(steps=True), "run.steps"),
+        (_malformed(steps="3; touch /tmp/autopar-pwned-unit"), "run.steps"),
+        (_malformed(steps=DROP), "run.steps"),
+        (_malformed(lease_seconds="soon"), "run.lease_seconds"),
+        (_malformed(launch=["--", "sh", "-c", "touch /tmp/autopar-pwned-unit"]), "run.launch"),
+        (_malformed(launch={"nproc_per_node": 2.5}), "run.launch.nproc_per_node"),
+        (_malformed(plan="not a plan"), "plan"),
+        (_malformed(plan=DROP), "plan"),
+    ],
+)
+def test_malformed_lease_is_finished_failed_with_the_reason(
+    answer: dict[str, Any], field: str, fake_server: FakeServer, tmp_path: Path
+) -> None:
+    """The answer still names its run and attempt: the agent refuses to act on it and finishes that
+    attempt as failed, saying which field was wrong (issue 12, finding 8)."""
+    fake_server.queue.append(answer)
+    agent = make_agent(fake_server, tmp_path / "w")
+    assert agent.run_forever() == 0
+    (finish,) = fake_server.bodies("/finish")
+    assert finish["status"] == "failed" and finish["attempt"] == 1, finish
+    assert "agent refused the leased run" in finish["log_tail"] and f"{field}:" in finish["log_tail"], finish
+    assert fake_server.paths("POST")[-1] == "/v1/runs/11/finish" and not fake_server.bodies("/heartbeat")
+    assert not (tmp_path / "w" / "run-11" / "attempt-1" / "child.log").exists()
+    assert not Path("/tmp/autopar-pwned-unit").exists()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        [],
+        "run 11",
+        {"plan": {}, "attempt": 1},
+        {**lease_answer(), "run": "11"},
+        {**lease_answer(), "attempt": True},
+        {**lease_answer(), "attempt": "1"},
+        _malformed(id="../../etc"),
+        _malformed(id=None),
+    ],
+)
+def test_lease_naming_no_valid_run_is_refused_without_crashing(answer: Any, fake_server: FakeServer, tmp_path: Path) -> None:
+    """Nothing to report to: the agent logs it, launches nothing, writes nothing outside its work dir
+    and goes on polling (the server's lease expires and re-queues the run)."""
+    fake_server.queue.append(answer)
+    agent = make_agent(fake_server, tmp_path / "w")
+    assert agent.execute(answer) == "refused"
+    fake_server.queue.append(answer)
+    assert agent.run_forever() == 0  # --once: polled, refused, done; no exception
+    assert not fake_server.bodies("/finish") and not fake_server.bodies("/heartbeat")
+    assert not list((tmp_path / "w").glob("run-*")) and not (tmp_path / "etc").exists()
+
+
+def test_the_agent_token_never_reaches_the_training_processes(
+    fake_server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token stays in the agent: not in the children's argv (visible in `ps`) nor environment."""
+    token = "apt_never-in-a-child-0123456789"
+    monkeypatch.setenv("AUTOPAR_AGENT_TOKEN", token)
+    script = tmp_path / "dump.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "json.dump({'argv': open('/proc/self/cmdline', 'rb').read().decode(errors='replace'), "
+        "'env': dict(os.environ)}, open('seen.json', 'w'))\n"
+    )
+    monkeypatch.setattr(runner_mod, "runtime_argv", lambda *a: [sys.executable, str(script)])
+    fake_server.queue.append(lease_answer(steps=1))
+    agent = make_agent(fake_server, tmp_path / "w")
+    agent.cfg.token = token
+    agent.run_forever()
+    seen = (tmp_path / "w" / "run-11" / "attempt-1" / "seen.json").read_text()
+    assert "AUTOPAR_AGENT_TOKEN" not in json.loads(seen)["env"] and token not in seen
+
+
+def test_agent_token_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`autopar agent` never needs the token on its command line; given there, it warns."""
+    import typer
+
+    from autopar.cli_secrets import agent_token
+
+    monkeypatch.delenv("AUTOPAR_AGENT_TOKEN", raising=False)
+    with pytest.raises(typer.BadParameter, match="AUTOPAR_AGENT_TOKEN or give --token-file"):
+        agent_token(None, None)
+    monkeypatch.setenv("AUTOPAR_AGENT_TOKEN", "apt_from-env")
+    assert agent_token(None, None) == "apt_from-env"
+    token_file = tmp_path / "token"
+    token_file.write_text("apt_from-file\n")
+    token_file.chmod(0o600)
+    assert agent_token(None, token_file) == "apt_from-file"
+    assert capsys.readouterr().err == ""
+    assert agent_token("apt_on-argv", None) == "apt_on-argv"
+    assert "where `ps` shows it" in capsys.readouterr().err
+    with pytest.raises(typer.BadParameter, match="not both"):
+        agent_token("apt_on-argv", token_file)
+    token_file.write_text("")
+    with pytest.raises(typer.BadParameter, match="empty"):
+        agent_token(None, token_file)
+    import subprocess
+
+    helped = subprocess.run([sys.executable, "-m", "autopar.cli", "agent", "--help"], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert "--token-file" in helped.stdout, helped.stdout + helped.stderr
+
+
 # ---- the real runtime ------------------------------------------------------------------------------
 
 

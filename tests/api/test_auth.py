@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from typing import Any
 
 import httpx
@@ -115,3 +116,73 @@ def test_tokens_cli_create_list_revoke(tmp_path: Any) -> None:
     assert revoked_line.count(":") == 4  # created and revoked timestamps (was "-" before)
     bad = run("create", "--name", "x", "--role", "agent")
     assert bad.returncode == 2 and "--cluster" in bad.stderr
+
+
+def test_agent_ids_are_bound_to_the_token_that_registered_them(
+    server: Any, user: httpx.Client, tiny_plan: dict[str, Any]
+) -> None:
+    """Two agent tokens of one cluster: neither may lease, heartbeat, upload or finish as an agent
+    the other registered (issue 12, finding 8)."""
+    cluster = f"bound-{uuid.uuid4().hex[:8]}"
+    mine, theirs = server.token("agent", cluster), server.token("agent", cluster)
+    run = user.post(f"/v1/plans/{tiny_plan['id']}/runs", json={"cluster": cluster}).json()
+    with server.client(mine) as m, server.client(theirs) as t:
+        my_agent = m.post("/v1/agents", json={"name": "m", "cluster": cluster, "hostname": "h"}).json()["id"]
+        their_agent = t.post("/v1/agents", json={"name": "t", "cluster": cluster, "hostname": "h"}).json()["id"]
+        r = t.post("/v1/runs/lease", json={"agent_id": my_agent})
+        assert r.status_code == 403, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "agent_id"] and "another token" in r.json()["detail"][0]["msg"]
+        lease = m.post("/v1/runs/lease", json={"agent_id": my_agent})
+        assert lease.status_code == 200 and lease.json()["run"]["id"] == run["id"], lease.text
+        as_mine = {"agent_id": my_agent, "attempt": 1}
+        assert t.post(f"/v1/runs/{run['id']}/heartbeat", json=as_mine).status_code == 403
+        assert t.put(f"/v1/runs/{run['id']}/profile", json={"step_s": 1.0}, params=as_mine).status_code == 403
+        assert t.post(f"/v1/runs/{run['id']}/finish", json={**as_mine, "status": "failed"}).status_code == 403
+        # under its own agent id the other token is simply not the lease holder
+        as_theirs = {"agent_id": their_agent, "attempt": 1}
+        assert t.post(f"/v1/runs/{run['id']}/heartbeat", json=as_theirs).status_code == 409
+        assert m.get(f"/v1/runs/{run['id']}").json()["status"] == "leased"  # untouched
+        assert m.post(f"/v1/runs/{run['id']}/heartbeat", json=as_mine).status_code == 200
+
+
+def test_only_the_creator_or_an_admin_cancels_a_run(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    cluster = f"own-{uuid.uuid4().hex[:8]}"
+    queue = {"cluster": cluster}
+    with server.client(server.token("user")) as other, server.client(server.token("admin")) as admin:
+        run = user.post(f"/v1/plans/{tiny_plan['id']}/runs", json=queue).json()
+        r = other.post(f"/v1/runs/{run['id']}/cancel")
+        assert r.status_code == 403, r.text
+        assert r.json()["detail"][0]["loc"] == ["path", "run_id"] and "another token" in r.json()["detail"][0]["msg"]
+        assert user.get(f"/v1/runs/{run['id']}").json()["status"] == "queued"  # untouched
+        assert user.post(f"/v1/runs/{run['id']}/cancel").json()["status"] == "cancelled"  # its creator may
+        second = other.post(f"/v1/plans/{tiny_plan['id']}/runs", json=queue).json()
+        r = admin.post(f"/v1/runs/{second['id']}/cancel")
+        assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text  # an admin may cancel any run
+        assert admin.post("/v1/evaluate", json={**PLAN, "layout": {}}).status_code == 200  # and is a user
+
+
+def test_admin_role_in_the_tokens_cli(tmp_path: Any) -> None:
+    url_file = tmp_path / "db-url"
+    url_file.write_text(f"sqlite:///{tmp_path / 'cli.db'}\n")
+    url_file.chmod(0o600)
+    created = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "tokens", "create", "--name", "ops", "--role", "admin",
+         "--database-url-file", str(url_file)], capture_output=True, text=True, timeout=60,
+    )
+    assert created.returncode == 0 and created.stdout.strip().startswith("apt_"), created.stderr
+    assert "warning" not in created.stderr
+    assert (tmp_path / "cli.db").exists()  # the URL came from the file
+
+
+def test_a_database_password_on_the_command_line_is_warned_about(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    from autopar.cli_secrets import database_url
+
+    assert database_url("sqlite:///x.db", None) == "sqlite:///x.db"
+    assert "warning" not in capsys.readouterr().err
+    assert database_url("postgresql+psycopg://autopar:s3cret@db/autopar", None)
+    assert "--database-url puts the database password on the command line" in capsys.readouterr().err
+    secret_file = tmp_path / "url"
+    secret_file.write_text("postgresql+psycopg://autopar:s3cret@db/autopar\n")
+    secret_file.chmod(0o644)
+    assert database_url(None, secret_file) == "postgresql+psycopg://autopar:s3cret@db/autopar"
+    assert "readable by other users" in capsys.readouterr().err

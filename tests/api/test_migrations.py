@@ -5,10 +5,12 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
+from sqlalchemy.exc import IntegrityError
 
 from api.db import Database, alembic_config
 from api.models import Base
@@ -41,3 +43,47 @@ def test_migrations_ship_inside_the_package() -> None:
     root = resources.files("api") / "migrations"
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
     assert any(p.name.endswith(".py") and p.name[0].isdigit() for p in (root / "versions").iterdir())
+
+
+def test_upgrade_keeps_rows_scopes_keys_per_token_and_records_profile_authors(tmp_path: Any) -> None:
+    """0001 -> head on a database holding plans, runs and a profile: SQLite rebuilds `plans` (its
+    rows are referenced), the idempotency key becomes unique per token, existing profiles get the
+    agent that held their attempt."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0001")
+    engine = create_engine(url)
+    t = "'2026-01-01 00:00:00'"
+    rows = [
+        f"INSERT INTO api_tokens VALUES (1, 'alice', 'user', NULL, 'h1', 'apt_a', {t}, NULL)",
+        f"INSERT INTO api_tokens VALUES (2, 'bob', 'user', NULL, 'h2', 'apt_b', {t}, NULL)",
+        f"INSERT INTO api_tokens VALUES (3, 'rack', 'agent', 'rack', 'h3', 'apt_c', {t}, NULL)",
+        f"INSERT INTO plans (id, created_at, created_by, model_name, cluster_name, gpus, seq_len, global_batch, "
+        f"precision, feasible, calibration, idempotency_key, plan) VALUES (1, {t}, 1, 'm', 'c', 1, 1, 1, 'bf16', 1, '', "
+        "'k', '{}')",
+        f"INSERT INTO agents VALUES (7, 'a', 'rack', 'h', 3, {t}, {t})",
+        f"INSERT INTO runs (id, plan_id, cluster, status, steps, max_attempts, lease_seconds, launch, attempt, "
+        f"cancel_requested, created_at, updated_at) VALUES (1, 1, 'rack', 'succeeded', 1, 1, 1, '{{}}', 1, 0, {t}, {t})",
+        f"INSERT INTO run_attempts (run_id, attempt, agent_id, leased_at, outcome) VALUES (1, 1, 7, {t}, 'succeeded')",
+        f"INSERT INTO profiles (run_id, plan_id, cluster, attempt, created_at, profile) VALUES (1, 1, 'rack', 1, {t}, '{{}}')",
+    ]
+    with engine.begin() as conn:
+        for sql in rows:
+            conn.exec_driver_sql(sql)
+    engine.dispose()
+    db = Database(url)
+    db.migrate()
+    try:
+        with db.engine.begin() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one() == 1
+            assert conn.exec_driver_sql("SELECT agent_id FROM profiles").scalar_one() == 7
+            insert = ("INSERT INTO plans (created_at, created_by, model_name, cluster_name, gpus, seq_len, global_batch, "
+                      f"precision, feasible, calibration, idempotency_key, plan) VALUES ({t}, %s, 'm', 'c', 1, 1, 1, "
+                      "'bf16', 1, '', 'k', '{}')")
+            conn.exec_driver_sql(insert % 2)  # bob may use alice's key
+        with pytest.raises(IntegrityError), db.engine.begin() as conn:
+            conn.exec_driver_sql(insert % 1)  # alice may not use hers twice
+        with db.engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+        assert diff == [], diff
+    finally:
+        db.dispose()

@@ -250,3 +250,68 @@ def test_nul_bytes_surrogates_and_nan_are_refused_with_their_path(user: httpx.Cl
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "training", "x"], r.text
     r = user.post("/v1/evaluate", content=body.replace('"\\ud800"', "NaN"), headers={"content-type": "application/json"})
     assert r.status_code == 422 and "NaN" in r.json()["detail"][0]["msg"], r.text
+
+
+def test_idempotency_keys_are_per_token(server: Any, user: httpx.Client) -> None:
+    """Another token replaying my key gets a plan of its own, never mine (issue 12, finding 8)."""
+    key = uuid.uuid4().hex
+    body = {**PLAN_BODY, "gpus": 1}
+    mine = user.post("/v1/plans", json=body, headers={"Idempotency-Key": key})
+    assert mine.status_code == 201, mine.text
+    with server.client(server.token("user")) as other:
+        theirs = other.post("/v1/plans", json=body, headers={"Idempotency-Key": key})
+        assert theirs.status_code == 201 and theirs.json()["id"] != mine.json()["id"], theirs.text
+        # and the key is theirs now: a replay by them finds their plan, a different body conflicts
+        assert other.post("/v1/plans", json=body, headers={"Idempotency-Key": key}).json()["id"] == theirs.json()["id"]
+        assert other.post("/v1/plans", json={**body, "gpus": 2}, headers={"Idempotency-Key": key}).status_code == 409
+    assert user.post("/v1/plans", json=body, headers={"Idempotency-Key": key}).json()["id"] == mine.json()["id"]
+
+
+TINY_FIELDS_LOC = ["body", "model", "num_layers"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "loc"),
+    [
+        ("/v1/plans", {**PLAN_BODY, "gpus": True}, ["body", "gpus"]),
+        ("/v1/plans", {**PLAN_BODY, "training": {"seq_len": 128, "global_batch": True}}, ["body", "training", "global_batch"]),
+        ("/v1/plans", {**PLAN_BODY, "constraints": {"tp": True}}, ["body", "constraints", "tp"]),
+        ("/v1/plans", {**PLAN_BODY, "constraints": {"memory_headroom": False}}, ["body", "constraints", "memory_headroom"]),
+        ("/v1/evaluate", {**PLAN_BODY, "layout": {"tp": True}}, ["body", "layout", "tp"]),
+        ("/v1/evaluate", {**PLAN_BODY, "gpus": False}, ["body", "gpus"]),
+        ("/v1/plans", {**PLAN_BODY, "cluster": {"preset": "local-cpu", "gpus_per_node": True}}, ["body", "cluster", "gpus_per_node"]),
+        ("/v1/clusters", {"name": "c-bool", "spec": {"preset": "local-cpu", "gpus_per_node": True}}, ["body", "spec", "gpus_per_node"]),
+    ],
+)
+def test_booleans_are_never_numbers(user: httpx.Client, path: str, body: dict[str, Any], loc: list[Any]) -> None:
+    """`true` where a number belongs is refused with its path, not read as 1 (issue 12, finding 8)."""
+    r = user.post(path, json=body)
+    assert r.status_code == 422, r.text
+    err = r.json()["detail"][0]
+    assert err["loc"] == loc and err["type"] == "bool_is_not_a_number" and "boolean" in err["msg"], err
+
+
+def test_booleans_are_never_numbers_in_inline_and_team_models(user: httpx.Client) -> None:
+    spec = user.get("/v1/models/tiny").json()["spec"]
+    r = user.post("/v1/plans", json={**PLAN_BODY, "model": {**spec, "num_layers": True}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == TINY_FIELDS_LOC, r.text
+    r = user.post("/v1/models", json={"name": f"m-{uuid.uuid4().hex[:8]}", "spec": {**spec, "num_layers": True}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "spec", "num_layers"], r.text
+
+
+def test_booleans_stay_booleans_where_the_schema_wants_one(user: httpx.Client) -> None:
+    r = user.post("/v1/evaluate", json={**PLAN_BODY, "layout": {"offload_optimizer": False}})
+    assert r.status_code == 200, r.text
+    r = user.post("/v1/plans", json={**PLAN_BODY, "constraints": {"allow_offload": False}})
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [("/v1/runs", {"cluster": "a\x00b"}), ("/v1/plans", {"model": "tiny\x00"}), ("/v1/plans", {"cluster": "\x00"})],
+)
+def test_nul_in_a_query_parameter_is_refused_with_its_name(user: httpx.Client, path: str, params: dict[str, str]) -> None:
+    """PostgreSQL answered 500 to a NUL in a list filter (issue 12, finding 7): refused on every backend."""
+    r = user.get(path, params=params)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["query", next(iter(params))] and "NUL" in r.json()["detail"][0]["msg"]

@@ -281,3 +281,20 @@ def test_runs_list_filters(server: Any, user: httpx.Client, tiny_plan: dict[str,
     queued = user.get("/v1/runs", params={"cluster": site.cluster, "status": "queued"}).json()
     assert [r["id"] for r in queued["items"]] == [b["id"]]
     assert user.get("/v1/runs", params={"plan_id": tiny_plan["id"], "limit": 1}).json()["total"] >= 2
+
+
+def test_the_stored_profile_goes_back_only_to_its_uploader_or_the_lease_holder(
+    server: Any, user: httpx.Client, tiny_plan: dict[str, Any]
+) -> None:
+    site = _site(server, user)
+    run = site.queue(tiny_plan["id"])
+    site.lease()
+    url = f"/v1/runs/{run['id']}/profile"
+    holder = {"agent_id": site.agent_id, "attempt": 1}
+    first = site.http.put(url, json=PROFILE, params=holder)
+    assert first.status_code == 201 and first.json()["agent_id"] == site.agent_id, first.text  # its author
+    assert site.finish(run["id"], 1).status_code == 200
+    assert site.http.put(url, json=PROFILE, params=holder).status_code == 200  # the uploader's retry
+    other = site.register("a1")  # same token, not the uploader: no "stored" answer for a profile it never sent
+    r = site.http.put(url, json=PROFILE, params={"agent_id": other, "attempt": 1})
+    assert r.status_code == 409 and f"agent {site.agent_id}" in r.json()["detail"][0]["msg"], r.text

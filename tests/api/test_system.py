@@ -6,16 +6,23 @@ import re
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from model_specs.presets import list_models
 
 
 def test_healthz(anon: httpx.Client) -> None:
+    from alembic.script import ScriptDirectory
+
+    from api.db import alembic_config
+
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     r = anon.get("/healthz")
-    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["migration"] == "0001"
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["migration"] == head
 
 
 def test_metrics_are_prometheus_text(anon: httpx.Client, tiny_plan: dict[str, Any]) -> None:
@@ -97,3 +104,41 @@ def test_plan_command_never_imports_the_web_stack() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_trailing_slash_is_not_redirected_to_the_request_host(anon: httpx.Client) -> None:
+    """Starlette's slash redirect built its Location from the Host header: a forged Host sent the
+    client elsewhere (issue 12, finding 8). Now a path that is not a route is a 404 in the error shape."""
+    for path in ("/v1/plans/", "/healthz/", "/v1/runs/"):
+        r = anon.get(path, headers={"Host": "attacker.example"}, follow_redirects=False)
+        assert r.status_code == 404 and "location" not in r.headers, (path, r.status_code, r.headers)
+        assert r.json()["detail"][0]["type"] == "http_error"
+
+
+def test_the_database_url_is_not_on_the_server_command_line(server: Any) -> None:
+    """`ps` shows every process's argv to every user: the URL (a password on PostgreSQL) travels in
+    the environment (issue 12, finding 8)."""
+    argv = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"serve" in argv and not any(server.database_url.encode() in a for a in argv), argv
+
+
+OUTSIDE_PATHS = re.compile("|".join([r"\.\./shared", "/tmp/" + "brief", r"(?<![\w.])/" + "work/"]))
+"""The sibling checkout, the brief and the workspace the project was written in (spelled in pieces
+so that this file does not match itself)."""
+
+
+def test_nothing_cites_a_path_outside_the_repository() -> None:
+    """A fresh clone is the whole project (issue 12, finding 9): no tracked file reads or cites a
+    path beside the repository (the vendored Megatron-LM sources are left as they are)."""
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
+    files = listed.stdout.split()
+    hits = []
+    for name in files:
+        if name.startswith("tests/planner/megatron_lm/") or not name.endswith((".py", ".md", ".sh", ".toml", ".yaml", ".js", ".html")):
+            continue
+        text = (root / name).read_text(errors="replace")
+        hits += [f"{name}: {m.group(0)}" for m in OUTSIDE_PATHS.finditer(text)]
+    assert not hits, hits

@@ -1,0 +1,117 @@
+"""What a lease answer must hold before the agent acts on it (`Lease.parse`).
+
+The server is trusted to authenticate, not to be well formed: a lease with a missing field, a
+string where a number belongs, `true` for a step count, a run id that is not a plain id or a plan
+that is not an object is refused, never half-executed. When the answer still names the run and the
+attempt (`LeaseIdentity`), the agent finishes that attempt as failed with the reason, so the run
+does not wait out its lease; when it does not, the agent can only log it (the lease then expires
+on the server and the run is re-queued or fails after `max_attempts`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationError
+
+MAX_STEPS = 1_000_000
+MAX_NPROC = 1024
+MAX_LEASE_S = 86_400
+_PLAIN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _run_id(value: Any) -> str:
+    """A run id usable as a directory name: an integer or a plain token (uuids), as text."""
+    if isinstance(value, bool) or not isinstance(value, int | str) or not _PLAIN_ID.match(str(value)):
+        raise ValueError("a run id is an integer or 1-64 of [A-Za-z0-9_-]")
+    return str(value)
+
+
+RunId = Annotated[str, PlainValidator(_run_id)]
+
+
+class LeaseRefused(ValueError):
+    """The lease answer is malformed; `identity` is (run id, attempt) when it still names them."""
+
+    def __init__(self, reason: str, identity: tuple[str, int] | None):
+        super().__init__(reason)
+        self.identity = identity
+
+
+class LeasedLaunch(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    nproc_per_node: Annotated[StrictInt, Field(ge=1, le=MAX_NPROC)] | None = None
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+
+class LeasedRun(BaseModel):
+    """The fields of the run the agent reads (the server sends more: they are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: RunId
+    steps: Annotated[StrictInt, Field(ge=1, le=MAX_STEPS)]
+    lease_seconds: Annotated[float, Field(strict=True, gt=0, le=MAX_LEASE_S, allow_inf_nan=False)] = 60.0
+    launch: LeasedLaunch = LeasedLaunch()
+
+
+class LeaseIdentity(BaseModel):
+    """Just enough of a lease to report on it: the run's id and the attempt."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    class RunRef(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+        id: RunId
+
+    run: RunRef
+    attempt: Annotated[StrictInt, Field(ge=1)]
+
+
+class Lease(BaseModel):
+    """A lease answer (POST /v1/runs/lease, 200): the run, its Plan (kept as data) and the attempt."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    run: LeasedRun
+    plan: dict[str, Any]
+    attempt: Annotated[StrictInt, Field(ge=1)]
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    @classmethod
+    def parse(cls, answer: Any) -> Lease:
+        """The validated lease, or `LeaseRefused` with every problem by its path in the answer."""
+        try:
+            return cls.model_validate(answer)
+        except ValidationError as exc:
+            raise LeaseRefused(describe(exc), identity_of(answer)) from None
+
+
+def identity_of(answer: Any) -> tuple[str, int] | None:
+    """(run id, attempt) when a malformed answer still names both validly, else None."""
+    try:
+        ident = LeaseIdentity.model_validate(answer)
+    except ValidationError:
+        return None
+    return ident.run.id, ident.attempt
+
+
+def describe(exc: ValidationError, limit: int = 10) -> str:
+    """'run.steps: Input should be a valid integer; ...', one entry per problem (at most `limit`)."""
+    parts = [
+        f"{'.'.join(str(p) for p in e['loc']) or '(answer)'}: {e['msg'].removeprefix('Value error, ')} "
+        f"(got {_short(e.get('input'))})"
+        for e in exc.errors(include_url=False)[:limit]
+    ]
+    more = exc.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
