@@ -143,7 +143,10 @@ class AgentRow(Base):
 
 class RunRow(Base):
     __tablename__ = "runs"
-    __table_args__ = (Index("ix_runs_cluster_status", "cluster", "status", "id"),)
+    __table_args__ = (
+        Index("ix_runs_cluster_status", "cluster", "status", "id"),
+        UniqueConstraint("created_by", "idempotency_key", name="uq_runs_created_by_idempotency_key"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id"), index=True)
@@ -165,6 +168,8 @@ class RunRow(Base):
     created_by: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))  # per token (migration 0003)
+    request_sha256: Mapped[str | None] = mapped_column(String(64))
 
     attempts: Mapped[list[RunAttempt]] = relationship(
         back_populates="run", order_by="RunAttempt.attempt", cascade="all, delete-orphan"

@@ -15,6 +15,7 @@ from api import runs as lifecycle
 from api.deps import BODY_CHECKS, DB, Agent, Authenticated, MetricsDep, User
 from api.errors import ERROR_RESPONSES, conflict, forbidden, not_found
 from api.models import AgentRow, PlanRow, ProfileRow, RunRow, utcnow
+from api.planning import request_sha256
 from api.schemas import (
     MAX_ID,
     AgentCreate,
@@ -47,23 +48,69 @@ def _agent_out(a: AgentRow) -> AgentOut:
     )
 
 
-@router.post("/plans/{plan_id}/runs", status_code=201, response_model=RunOut, summary="Queue a plan on a cluster")
-def create_run(plan_id: Id, body: RunCreate, principal: User, db: DB) -> RunOut:
-    with db.write_session() as session:
-        plan = session.get(PlanRow, plan_id)
-        if plan is None:
-            raise not_found("plan", plan_id, ["path", "plan_id"])
-        if not plan.feasible:
-            raise conflict(f"plan {plan_id} has no layout that fits: nothing to run", ["path", "plan_id"])
-        now = utcnow()
-        run = RunRow(
-            plan_id=plan_id, cluster=body.cluster, status="queued", steps=body.steps, max_attempts=body.max_attempts,
-            lease_seconds=body.lease_seconds, launch=body.launch.model_dump(mode="json"), attempt=0,
-            cancel_requested=False, created_by=principal.token_id, created_at=now, updated_at=now,
-        )
-        session.add(run)
-        session.flush()
-        return run_out(run)
+RunIdempotencyKey = Annotated[
+    str | None,
+    Header(
+        max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+        description="a retried POST with the same key returns the run this token queued the first time (200); "
+        "keys are per token",
+    ),
+]
+
+
+def _earlier_run(session: Any, principal: Any, key: str | None, digest: str) -> RunOut | None:
+    """The run this token queued under `key` (another token's is never found); 409 when the key
+    was used for a different request."""
+    if key is None:
+        return None
+    row = session.scalar(select(RunRow).where(RunRow.created_by == principal.token_id, RunRow.idempotency_key == key))
+    if row is None:
+        return None
+    if row.request_sha256 != digest:
+        raise conflict(f"Idempotency-Key {key!r} was used for a different request (run {row.id})", ["header", "idempotency-key"])
+    return run_out(row)
+
+
+@router.post(
+    "/plans/{plan_id}/runs", status_code=201, response_model=RunOut, summary="Queue a plan on a cluster",
+    responses={200: {"model": RunOut, "description": "the run queued earlier under this Idempotency-Key"}},
+)
+def create_run(
+    plan_id: Id, body: RunCreate, principal: User, db: DB, response: Response,
+    idempotency_key: RunIdempotencyKey = None,
+) -> RunOut:
+    digest = request_sha256({"plan_id": plan_id, **body.model_dump(mode="json")})
+    try:
+        with db.write_session() as session:
+            earlier = _earlier_run(session, principal, idempotency_key, digest)
+            if earlier is not None:
+                response.status_code = 200
+                return earlier
+            plan = session.get(PlanRow, plan_id)
+            if plan is None:
+                raise not_found("plan", plan_id, ["path", "plan_id"])
+            if not plan.feasible:
+                raise conflict(f"plan {plan_id} has no layout that fits: nothing to run", ["path", "plan_id"])
+            now = utcnow()
+            run = RunRow(
+                plan_id=plan_id, cluster=body.cluster, status="queued", steps=body.steps,
+                max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
+                launch=body.launch.model_dump(mode="json"), attempt=0, cancel_requested=False,
+                created_by=principal.token_id, created_at=now, updated_at=now,
+                idempotency_key=idempotency_key, request_sha256=digest,
+            )
+            session.add(run)
+            session.flush()
+            return run_out(run)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        with db.read_session() as session:  # the same key queued concurrently: answer with that run
+            earlier = _earlier_run(session, principal, idempotency_key, digest)
+        if earlier is None:
+            raise
+        response.status_code = 200
+        return earlier
 
 
 @router.get("/runs", response_model=Page[RunOut], summary="List runs (agent tokens: their cluster's)")

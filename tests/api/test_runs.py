@@ -298,3 +298,24 @@ def test_the_stored_profile_goes_back_only_to_its_uploader_or_the_lease_holder(
     other = site.register("a1")  # same token, not the uploader: no "stored" answer for a profile it never sent
     r = site.http.put(url, json=PROFILE, params={"agent_id": other, "attempt": 1})
     assert r.status_code == 409 and f"agent {site.agent_id}" in r.json()["detail"][0]["msg"], r.text
+
+
+def test_queueing_a_run_honours_the_idempotency_key_per_token(
+    server: Any, user: httpx.Client, tiny_plan: dict[str, Any]
+) -> None:
+    """A blind retry of POST /plans/{id}/runs with the same key answers the run queued the first
+    time (200) and queues nothing more; the key with another body is a 409; another token's key is its own."""
+    site = _site(server, user)
+    key = {"Idempotency-Key": f"queue-{uuid.uuid4().hex[:8]}"}
+    body = {"cluster": site.cluster, "steps": 3}
+    first = user.post(f"/v1/plans/{tiny_plan['id']}/runs", json=body, headers=key)
+    again = user.post(f"/v1/plans/{tiny_plan['id']}/runs", json=body, headers=key)
+    assert first.status_code == 201 and again.status_code == 200, (first.text, again.text)
+    assert again.json()["id"] == first.json()["id"]
+    listed = user.get("/v1/runs", params={"cluster": site.cluster}).json()
+    assert [r["id"] for r in listed["items"]] == [first.json()["id"]]  # queued once
+    other = user.post(f"/v1/plans/{tiny_plan['id']}/runs", json={**body, "steps": 4}, headers=key)
+    assert other.status_code == 409 and other.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
+    with server.client(server.token("user")) as stranger:
+        theirs = stranger.post(f"/v1/plans/{tiny_plan['id']}/runs", json=body, headers=key)
+    assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
