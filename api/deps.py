@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.auth import Principal, principal_for
@@ -73,3 +73,12 @@ Pool = Annotated[PlannerPool, Depends(get_pool)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 BODY_CHECKS = [Depends(strict_numbers)]
 """Router dependencies every body-taking router lists: JSON booleans are never numbers (api.numbers)."""
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+        description="a retried POST with the same key returns what this token stored the first time (200); "
+        "keys are per token",
+    ),
+]
+"""The `Idempotency-Key` header of the POSTs that store a row (a plan, a queued run)."""

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_models.pipeline import zero_bubble_rounds_ok
+from cost_models.pipeline import ZERO_BUBBLE_ZERO3, zero_bubble_rounds_ok
 from cost_models.stages import StagePartition, megatron_split
 from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
@@ -468,9 +468,7 @@ def framework_violations(lay: Layout) -> list[Violation]:
     if lay.pp > 1 and lay.schedule_ == "zero_bubble" and fw != "fsdp":
         v.append(Violation("schedule", f"the zero_bubble schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
     if lay.pp > 1 and lay.schedule_ == "zero_bubble" and lay.zero_stage == 3:
-        v.append(Violation("zero_stage", "zero_bubble with ZeRO-3: FSDP2 reshards a layer when its input-gradient pass "
-                           "ends, before the weight-gradient pass, whose gradients are then lost (measured on torch 2.13; "
-                           "torchtitan keeps weights unsharded under pipelining): use zero_stage 2"))
+        v.append(Violation("zero_stage", ZERO_BUBBLE_ZERO3))
     if fw == "deepspeed":
         if lay.cp > 1:
             v.append(Violation("cp", "DeepSpeed has no context parallelism (framework deepspeed)"))

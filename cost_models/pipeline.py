@@ -66,3 +66,11 @@ def zero_bubble_rounds_ok(pp: int, micro_batches: int) -> bool:
     refuses a count that is not a multiple of the rounds."""
     rounds = max(1, micro_batches // pp)
     return micro_batches % rounds == 0
+
+
+ZERO_BUBBLE_ZERO3 = (
+    "zero_bubble with ZeRO-3: FSDP2 reshards a layer when its input-gradient pass ends, before the "
+    "weight-gradient pass, whose gradients are then lost (measured on torch 2.13, "
+    "tests/runtime/test_parallel_layouts.py; torchtitan keeps weights unsharded under pipelining): use zero_stage 2"
+)
+"""Why zero bubble is not run with ZeRO-3: `layout.framework_violations` and the search's knob grid say the same."""

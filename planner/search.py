@@ -47,6 +47,7 @@ from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
 from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
+from cost_models.pipeline import ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
     KnobArrays,
@@ -533,9 +534,6 @@ HOST_MEMORY_REASON = (
 
 
 NVME_REASON = "NVMe: the states a node's ranks offload to NVMe (ZeRO-Infinity) exceed the node's NVMe capacity"
-
-ZERO_BUBBLE_ZERO3 = "zero_bubble with ZeRO-3: FSDP2's per-layer reshard drops the deferred weight gradients"
-"""`layout.framework_violations`' rule, applied to the knob grid of a zero-bubble pipeline option."""
 
 
 def _memory_reason(s: Setting) -> str:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from api.calibration import calibration_for
-from api.deps import BODY_CHECKS, DB, MetricsDep, Pool, SettingsDep, User
+from api.deps import BODY_CHECKS, DB, IdempotencyKey, MetricsDep, Pool, SettingsDep, User
 from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, conflict, not_found
 from api.models import EvaluationRow, PlanRow, ProfileRow
 from api.planning import request_sha256, run_evaluation, run_search
@@ -37,14 +37,6 @@ router = APIRouter(
 )
 
 ExportFormat = Enum("ExportFormat", {f: f for f in formats()}, type=str)  # type: ignore[misc]
-IdempotencyKey = Annotated[
-    str | None,
-    Header(
-        max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
-        description="a retried POST with the same key returns the plan this token stored the first time (200); "
-        "keys are per token",
-    ),
-]
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 

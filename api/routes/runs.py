@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import selectinload
 
 from api import runs as lifecycle
-from api.deps import BODY_CHECKS, DB, Agent, Authenticated, MetricsDep, User
+from api.deps import BODY_CHECKS, DB, Agent, Authenticated, IdempotencyKey, MetricsDep, User
 from api.errors import ERROR_RESPONSES, conflict, forbidden, not_found
 from api.models import AgentRow, PlanRow, ProfileRow, RunRow, utcnow
 from api.planning import request_sha256
@@ -48,16 +48,6 @@ def _agent_out(a: AgentRow) -> AgentOut:
     )
 
 
-RunIdempotencyKey = Annotated[
-    str | None,
-    Header(
-        max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
-        description="a retried POST with the same key returns the run this token queued the first time (200); "
-        "keys are per token",
-    ),
-]
-
-
 def _earlier_run(session: Any, principal: Any, key: str | None, digest: str) -> RunOut | None:
     """The run this token queued under `key` (another token's is never found); 409 when the key
     was used for a different request."""
@@ -77,7 +67,7 @@ def _earlier_run(session: Any, principal: Any, key: str | None, digest: str) -> 
 )
 def create_run(
     plan_id: Id, body: RunCreate, principal: User, db: DB, response: Response,
-    idempotency_key: RunIdempotencyKey = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> RunOut:
     digest = request_sha256({"plan_id": plan_id, **body.model_dump(mode="json")})
     try:
