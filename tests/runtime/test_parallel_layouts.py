@@ -222,6 +222,11 @@ def test_cpu_memory_tracker_reports_a_peak(job: tuple[Path, float]) -> None:
     assert spec.layout.zero_stage == 1
 
 
+GLOO_STAGING_BYTES = 2.3 * 2**20
+"""What real gloo runs held above the allocation tracker (docs/verification-notes.md, "Memory":
+0-2.3 MiB, gloo's own staging buffers)."""
+
+
 @pytest.mark.parametrize("name", ["fsdp_dp4_zero1_adamw", "pp2_dp2_gpipe", "tp2_dp2_sp_selective"])
 def test_fake_world_memory_matches_real_gloo_run(job: tuple[Path, float], name: str) -> None:
     """runtime.fake_world (fake process group + FakeTensorMode) measures what the real 4-rank
@@ -237,7 +242,11 @@ def test_fake_world_memory_matches_real_gloo_run(job: tuple[Path, float], name: 
     run = load_run_spec(BY_NAME[name]["run"])
     for m in measure_stages(run, steps=2):
         real = ranks[m.rank]["peak_memory_bytes"]
-        assert abs(m.peak_bytes - real) <= max(0.01 * real, 128 * 1024), (m, real)
+        tolerance = max(0.01 * real, 128 * 1024)
+        # the real run may also hold gloo's staging buffers of sends still in flight, more when the
+        # machine is loaded and a GPipe sender runs ahead (772 KiB seen on stage 1 under the suite's
+        # two workers); never the other way round
+        assert -tolerance <= real - m.peak_bytes <= tolerance + GLOO_STAGING_BYTES, (m, real)
 
 
 def test_job_wall_time(job: tuple[Path, float]) -> None:
