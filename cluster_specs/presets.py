@@ -6,6 +6,7 @@ A cluster is written as a mapping of `ClusterSpec` fields, in vendor units or SI
 gpu: H100-80GB                # catalog name or alias, or a mapping (GPUSpec fields in SI, or a
 gpus_per_node: 8              #   catalog-style entry with `peak_dense` in vendor units)
 nvlink_domain_size: 8         # optional, defaults to gpus_per_node
+placement_segment_nodes: 16   # optional: nodes kept in one domain when a job spans domains (Slurm --segment)
 intra_node: {kind: nvswitch, bus_bandwidth: 368 GB/s, latency: 1.9 us}
 inter_node: {kind: infiniband, nics_per_node: 8, nic_bandwidth: 400 Gb/s, rail_optimized: true,
              oversubscription: 1.0, nodes_per_leaf: 32, latency: 4 us}

@@ -118,6 +118,13 @@ class ClusterSpec(BaseModel):
     nvlink_domain_size: int | None = Field(
         default=None, gt=0, description="GPUs in one NVLink domain; defaults to gpus_per_node (72 for NVL72)"
     )
+    placement_segment_nodes: int | None = Field(
+        default=None,
+        gt=0,
+        description="nodes the scheduler keeps together inside one NVLink domain when a job spans several "
+        "(Slurm topology/block `--segment`): such a job is placed as whole segments, one per domain, so it "
+        "sees domains of segment x gpus_per_node GPUs (`placement_domain`); None: jobs fill domains whole",
+    )
     inter_node: InterNodeNetwork = InterNodeNetwork()
     host_memory_bytes: int = Field(default=2 * 1024**4, gt=0, description="CPU memory per node, for offload")
     host_to_device_bytes_per_s: float = Field(
@@ -162,6 +169,11 @@ class ClusterSpec(BaseModel):
                 f"nvlink_domain_size ({d}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
             )
         net, g = self.inter_node, self.gpus_per_node
+        seg = self.placement_segment_nodes
+        if seg is not None and seg * g > d:
+            raise ValueError(
+                f"placement_segment_nodes ({seg}) x gpus_per_node ({g}) exceeds the NVLink domain ({d} GPUs)"
+            )
         if net.kind != "none":
             if net.nics_per_node < 1 or net.nic_bandwidth_bytes_per_s <= 0:
                 raise ValueError(f"inter_node kind {net.kind!r} needs nics_per_node >= 1 and a NIC bandwidth")
@@ -180,6 +192,25 @@ class ClusterSpec(BaseModel):
     @property
     def domain_size(self) -> int:
         return self.nvlink_domain_size or self.gpus_per_node
+
+    def placement_domain(self, world: int | None = None) -> int:
+        """GPUs of a job of `world` GPUs that share one NVLink domain, in rank order.
+
+        A job inside one domain gets it whole. A larger one is placed in segments of
+        `placement_segment_nodes` nodes, one segment per domain (a segment never straddles a domain,
+        and NVIDIA's GB200 NVL72 guidance is segment 16 of a rack's 18 trays for jobs of 128+
+        GPUs: "Achieving Peak System and Workload Efficiency on NVIDIA GB200 NVL72 with Slurm Block
+        Scheduling", NVIDIA Technical Blog 2025); the segment is the largest count up to that which
+        divides the job's nodes (Slurm needs whole segments). `world` None: a job as large as the
+        cluster's structure repeats (whole segments)."""
+        d, seg = self.domain_size, self.placement_segment_nodes
+        if seg is None or (world is not None and world <= d):
+            return d
+        if world is not None:
+            nodes = -(-world // self.gpus_per_node)
+            while nodes % seg:
+                seg -= 1
+        return seg * self.gpus_per_node
 
     @property
     def has_nvme(self) -> bool:

@@ -1,7 +1,9 @@
 """Where a group of ranks sits on the cluster, and the bus bandwidth a collective over it gets.
 
 Ranks are numbered node-major: rank r is GPU r % G of node r // G and lies in NVLink domain r // D
-(G = `gpus_per_node`, D = `domain_size`; GB200 NVL72: G = 4, D = 72). Bandwidths are bytes/s in
+(G = `gpus_per_node`, D = the job's placement domain, `ClusterSpec.placement_domain`: the domain
+size, or the scheduler's segment when the job spans domains; GB200 NVL72: G = 4, D = 72 for a job
+of one rack, 64 (segments of 16 trays) for a larger one). Bandwidths are bytes/s in
 one direction, in the NCCL bus-bandwidth convention (nccl-tests doc/PERFORMANCE.md): an all-reduce
 of S bytes over n ranks takes 2(n-1)/n * S / B, an all-gather (n-1)/n * S / B.
 
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -105,7 +107,7 @@ def build_topology_graph(cluster: ClusterSpec, num_gpus: int) -> nx.Graph:
     """
     if num_gpus < 1:
         raise ValueError("num_gpus must be >= 1")
-    g_per_node, dom, net = cluster.gpus_per_node, cluster.domain_size, cluster.inter_node
+    g_per_node, dom, net = cluster.gpus_per_node, cluster.placement_domain(num_gpus), cluster.inter_node
     n_nodes = -(-num_gpus // g_per_node)
     if net.kind == "none" and n_nodes > 1:
         raise ValueError(f"{cluster.name} has no network between nodes: at most {g_per_node} ranks")
@@ -267,6 +269,20 @@ class _Params:
 
 
 _PARAMS: dict[int, _Params] = {}
+_BY_DOMAIN: dict[tuple[int, int], _Params] = {}
+
+
+def _with_domain(p: _Params, domain: int) -> _Params:
+    """`p` with the job's placement domain (`ClusterSpec.placement_domain`), one object per pair."""
+    if domain == p.domain_size:
+        return p
+    key = (id(p), domain)
+    q = _BY_DOMAIN.get(key)
+    if q is None or q.cluster is not p.cluster:
+        if len(_BY_DOMAIN) > 4096:
+            _BY_DOMAIN.clear()
+        q = _BY_DOMAIN[key] = replace(p, domain_size=domain)
+    return q
 
 
 def _params(cluster: ClusterSpec) -> _Params:
@@ -305,7 +321,10 @@ def strided_group_link(cluster: ClusterSpec, size: int, stride: int, world: int 
     domains and leaf units occurs, i.e. a job as large as the cluster's structure repeats.
     Cost after the first call: a dict lookup and an LRU hit (~0.2 us).
     """
-    return _strided(_params(cluster), size, stride, world)
+    p = _params(cluster)
+    if cluster.placement_segment_nodes is not None:
+        p = _with_domain(p, cluster.placement_domain(world))
+    return _strided(p, size, stride, world)
 
 
 _MAX_SPAN = 1 << 16

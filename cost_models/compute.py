@@ -122,12 +122,21 @@ def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
         out += [Gemm(t, gate * fs, h), Gemm(t, h, fs)]
     # Routed tokens: each rank dispatches its tokens (sequence-sharded under SP) top_k times; with
     # balanced routing each of its E/ep local experts receives routed / (E/ep) of the ep group's.
-    t_route = t / _where(g.sp, tp, 1) * model.moe_top_k * _where(g.sp, g.etp, 1)
+    t_route = routed_rows(model, g)
     local_experts = model.num_experts / g.ep
     per_expert = t_route * moe_imbalance(t_route, g.ep) / local_experts
     fe = model.moe_ffn_hidden_size / g.etp
     out += [Gemm(per_expert, gate * fe, h, local_experts), Gemm(per_expert, h, fe, local_experts)]
     return out
+
+
+def routed_rows(model: ModelSpec, g: ShardGeometry) -> Scalars:
+    """Token rows a rank's local experts process in one micro-batch, forward, under balanced
+    routing (a rank receives as many routed copies as it sends): its tokens (sequence-sharded under
+    SP) times top_k, times the expert-TP degree under SP, whose all-gather hands every expert-TP
+    rank the rows of the whole expert-TP group (Megatron-Core `MoEAlltoAllTokenDispatcher.
+    dispatch_postprocess`: `gather_from_sequence_parallel_region` over the expert-TP group)."""
+    return g.tokens / _where(g.sp, g.tp, 1) * model.moe_top_k * _where(g.sp, g.etp, 1)
 
 
 def moe_imbalance(routed_per_rank: Scalars, ep: int | np.ndarray) -> Scalars:
@@ -269,27 +278,35 @@ def moe_kernel_bytes(model: ModelSpec, g: ShardGeometry, act_bytes: int) -> Scal
     """HBM bytes of an MoE layer's memory-bound kernels, forward, per rank (Megatron-Core's
     token dispatcher, `moe_utils.permute` / `unpermute`): the router's float32 logits, softmax and
     top-k over the experts; permute reads each local token and writes its top_k copies; unpermute
-    reads the top_k expert outputs and the probabilities and writes one weighted sum per token."""
+    reads the top_k expert outputs and the probabilities and writes one weighted sum per token.
+    With more than one local expert, the rows received from the other ranks arrive grouped by
+    source rank and are sorted by local expert before the grouped GEMM and back after it
+    (`sort_chunks_by_idxs`, "permutation 2"; torchtitan's EP permutes its received tokens the
+    same way): each sort reads and writes every received row (`routed_rows`)."""
     tokens = g.tokens / _where(g.sp, g.tp, 1)  # tokens this rank routes (sequence-sharded under SP)
     router = tokens * model.num_experts * 4 * 3  # logits written, read by softmax/top-k, probs written
     copies = tokens * model.moe_top_k * model.hidden_size * act_bytes
     permute = tokens * model.hidden_size * act_bytes + copies
     unpermute = copies + tokens * model.moe_top_k * 4 + tokens * model.hidden_size * act_bytes
-    return router + permute + unpermute
+    local_experts = model.num_experts / g.ep
+    sort = _where(local_experts > 1, 2 * 2 * routed_rows(model, g) * model.hidden_size * act_bytes, 0.0)
+    return router + permute + unpermute + sort
 
 
 def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
     """HBM bytes of the MLP activation function, forward: gated reads 2f and writes f per token,
     non-gated reads f and writes f (the part of `elementwise_bytes` selective recompute re-runs).
-    None in a hybrid model's attention or Mamba layers."""
+    An MoE layer's routed experts apply it to the rows they process (`routed_rows`), its shared
+    experts to every token. None in a hybrid model's attention or Mamba layers."""
     if not model.has_ffn(index):
         return 0.0
+    width = 3 if model.gated_mlp else 2
     if model.is_moe_layer(index):
         assert model.moe_ffn_hidden_size
-        f = model.moe_top_k * model.moe_ffn_hidden_size / g.etp
-    else:
-        f = model.ffn_hidden_size / g.tp
-    return (3 if model.gated_mlp else 2) * f * g.tokens * act_bytes
+        routed = width * model.moe_ffn_hidden_size / g.etp * routed_rows(model, g)
+        shared_f = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size)
+        return (routed + width * shared_f / g.tp * g.tokens) * act_bytes
+    return width * model.ffn_hidden_size / g.tp * g.tokens * act_bytes
 
 
 SSM_BACKWARD_FACTOR = 3.0

@@ -326,10 +326,11 @@ class StageTable:
     cp_exposed: np.ndarray  # (2, pp): forward, backward seconds of CP exchange not hidden, per micro-batch
     cp_busy: np.ndarray  # (2, pp): forward, backward seconds of CP traffic on its channel
     ep_per_moe_layer: float  # one MoE layer's forward dispatch + combine (the backward the same)
+    etp_per_moe_layer: float  # the expert-TP all-gather + reduce-scatter part of `ep_per_moe_layer`
     p2p: float  # one boundary send, one direction
     boundary_bytes: float
     nccl_groups: int
-    channels: tuple[int, int, int, int]  # channel of the TP, CP, EP and pipeline groups (`comm.INTRA` / `INTER`)
+    channels: tuple[int, int, int, int, int]  # channel of the TP, CP, EP, pipeline, expert-TP groups (`comm.INTRA` / `INTER`)
     weight_bytes: np.ndarray  # (2, pp) stored bytes of the dense and expert weights (frozen base + adapters)
     trainable: np.ndarray  # (2, pp) trainable elements, dense and expert: gradients and optimizer states
     class_weight_bytes: np.ndarray  # (2, K) stored bytes of one layer of each class, dense and expert
@@ -373,14 +374,17 @@ def mesh_comm(
     cal: Calibration,
     micro_batches: tuple[int, ...] | None = None,
     store: dict[tuple, Any] | None = None,
-) -> list[tuple[float, float, float, float, float]]:
+) -> list[tuple[float, float, float, float, float, float]]:
     """Knob-independent communication of one micro-batch, at each of `micro_batches` (sequences;
     None: the mesh's own micro-batch only), seconds:
       tp    one layer's forward TP/SP collectives (attention block and MLP; a hybrid layer's mixer);
       cp    one ring step of context parallelism: this rank's K/V block sent to the next rank
             (forward; the backward sends K, V and dK, dV: twice the bytes); under all-gather
             attention (`cp_attention = allgather_mask`), one layer's K/V all-gather;
-      ep    one MoE layer's forward all-to-alls (dispatch + combine; the backward has as many);
+      ep    one MoE layer's forward all-to-alls (dispatch + combine; the backward has as many),
+            and under expert TP with SP the expert-TP all-gather of the routed rows after dispatch
+            and their reduce-scatter before combine (Megatron-Core's alltoall dispatcher);
+      etp   the expert-TP part of `ep` (it runs on the expert-TP group's channel);
       p2p   one pipeline boundary send;
     and the boundary's bytes. Each is affine in the micro-batch (bytes x seconds per byte +
     latency). `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order. Each part depends on a
@@ -403,7 +407,7 @@ def mesh_comm(
         tokens = mb * training.seq_len / cp
         act_full = tokens * h * ab
         boundary = act_full / (tp if sp else 1)
-        tp_per_layer = cp_step = ep_per_moe = p2p = 0.0
+        tp_per_layer = cp_step = ep_per_moe = etp_per_moe = p2p = 0.0
         if tp > 1:
             key = ("tp", tp, cp, sp, mb, st.tp)
             tp_per_layer = store.get(key)  # type: ignore[assignment]
@@ -439,24 +443,36 @@ def mesh_comm(
                 else:
                     a2a = collective_time("all_to_all", model.moe_top_k * copy_bytes, group, cal)
                 ep_per_moe = store[key] = 2 * a2a  # dispatch + combine
+        if model.is_moe and sp and mesh.etp_ > 1:
+            key = ("etp", tp, cp, mesh.etp_, mb)
+            etp_per_moe = store.get(key)  # type: ignore[assignment]
+            if etp_per_moe is None:
+                # expert-TP exchange of the routed rows: all-gather after dispatch, reduce-scatter
+                # before combine (`compute.routed_rows`); stride 1 (expert-TP is innermost)
+                rows = tokens / tp * model.moe_top_k * mesh.etp_ * h * ab
+                etp_group = Group.strided(cluster, mesh.etp_, 1, gpus)
+                etp_per_moe = store[key] = collective_time("all_gather", rows, etp_group, cal) + collective_time(
+                    "reduce_scatter", rows, etp_group, cal
+                )
         if mesh.pp > 1:
             key = ("p2p", tp, cp, sp, mb, st.pp)
             p2p = store.get(key)  # type: ignore[assignment]
             if p2p is None:
                 p2p = store[key] = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal)
-        out.append((tp_per_layer, cp_step, ep_per_moe, p2p, boundary))
+        out.append((tp_per_layer, cp_step, ep_per_moe + etp_per_moe, p2p, boundary, etp_per_moe))
     return out
 
 
-def mesh_channels(cluster: ClusterSpec, gpus: int, mesh: MeshLike) -> tuple[int, int, int, int]:
-    """The channel (`comm.INTRA` or `comm.INTER`) of the TP, CP, EP and pipeline groups of `mesh`:
-    which link their traffic occupies (`cost_models.comm`)."""
+def mesh_channels(cluster: ClusterSpec, gpus: int, mesh: MeshLike) -> tuple[int, int, int, int, int]:
+    """The channel (`comm.INTRA` or `comm.INTER`) of the TP, CP, EP, pipeline and expert-TP groups
+    of `mesh`: which link their traffic occupies (`cost_models.comm`)."""
     st = mesh_strides(mesh)
     return (
         Group.strided(cluster, mesh.tp, st.tp, gpus).channel,
         Group.strided(cluster, mesh.cp, st.cp, gpus).channel,
         Group.strided(cluster, mesh.ep, st.ep, gpus).channel,
         Group.strided(cluster, 2, st.pp, gpus).channel if mesh.pp > 1 else INTRA,
+        Group.strided(cluster, mesh.etp_, 1, gpus).channel,
     )
 
 
@@ -539,7 +555,7 @@ def build_table(
     forward[pp - 1] += head_fwd
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
-    tp_per_layer, cp_step, ep_per_moe, p2p, boundary = comm
+    tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = comm
     _, per_class = _layer_arrays(model, cluster, training.precision, g, actx, cal, ft)
     cp_exposed, cp_busy = cp_exposure(
         cp_step, mesh.cp, per_class["attn_f"], flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
@@ -556,7 +572,7 @@ def build_table(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
         re_layers, re_moe, compute, forward, reco, counts, per_class["fwd"], per_class["fb"] - per_class["fwd"],
         logits, tp_per_layer, mesh.tp_comm_overlap_,
-        tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, p2p, boundary,
+        tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, etp_per_moe, p2p, boundary,
         mesh.communicator_groups, channels, weight_bytes, trainable,
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
         peaks[0], peaks[1], peaks[2], *_offloaded(acts, layers, mesh.activation_offload_layers),

@@ -18,8 +18,10 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
                        cp) (Liu et al. 2023, "Ring Attention"; Megatron-Core / Transformer Engine's
                        context parallelism overlaps the same way). All-gather attention
                        (`cp_attention = allgather_mask`) gathers K/V before it attends: blocking.
-              + EPf    MoE dispatch and combine all-to-alls: blocking (the experts need their
-                       tokens, the next layer its output), except `Overlap.ep`
+              + EPf    MoE dispatch and combine all-to-alls, and under expert TP the all-gather of
+                       the routed rows over the expert-TP group and their reduce-scatter (on that
+                       group's channel): blocking (the experts need their tokens, the next layer
+                       its output), except `Overlap.ep`
               + Zf     ZeRO-3 / FSDP parameter all-gathers, prefetched one layer ahead (FSDP2's
                        implicit forward prefetch, Megatron-FSDP's and DeepSpeed's prefetch): a
                        layer's gather hides behind the previous layer's compute only, so the phase
@@ -349,15 +351,18 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
 
     sum_f = forward + tp_f_exp + cp_f_exp + ep_f * (1 - ov.ep)
     sum_b = backward[None, :] + t.recompute + tp_b_exp + cp_b_exp + ep_b * (1 - ov.ep)
-    tp_ch, cp_ch, ep_ch, pp_ch = t.channels
+    tp_ch, cp_ch, ep_ch, pp_ch, etp_ch = t.channels
     busy_f = np.zeros((len(_FULL), CHANNELS, pp))
     busy_b = np.zeros((len(_FULL), CHANNELS, pp))
     busy_f[:, tp_ch] += tp_f
     busy_b[:, tp_ch] += tp_b_busy
     busy_f[:, cp_ch] += cp_f_busy
     busy_b[:, cp_ch] += cp_b_busy
-    busy_f[:, ep_ch] += ep_f
-    busy_b[:, ep_ch] += ep_b
+    etp_share = t.etp_per_moe_layer / eps if eps > 0 else 0.0  # expert-TP exchange on its own group's channel
+    busy_f[:, ep_ch] += ep_f * (1 - etp_share)
+    busy_b[:, ep_ch] += ep_b * (1 - etp_share)
+    busy_f[:, etp_ch] += ep_f * etp_share
+    busy_b[:, etp_ch] += ep_b * etp_share
     busy_f[:, pp_ch] += p2p_one_way
     busy_b[:, pp_ch] += p2p_one_way
     # activation offload: the offloaded layers' saved tensors go to the host in the forward and come

@@ -131,7 +131,8 @@ def test_single_rank_and_errors():
 FAST_PATH = {  # preset -> job size for the comparison (several domains and, where cheap, leaf units)
     "dgx-h100": 256,
     "dgx-a100-40g": 320,  # 2 units of 20 nodes
-    "gb200-nvl72": 288,  # 4 NVLink domains of 72
+    "gb200-nvl72": 512,  # 8 racks, one segment of 16 trays (64 GPUs) in each
+    "gb200-whole": 288,  # racks filled whole: 4 NVLink domains of 72
     "mi300x-8": 128,
     "l40s-pcie-8": 256,  # 2 units of 16 nodes, non-rail-optimized
     "local-cpu": 64,
@@ -148,7 +149,12 @@ def dimension_groups(world, size, stride):
 
 @pytest.mark.parametrize("cluster", FAST_PATH)
 def test_strided_fast_path_matches_graph(cluster):
-    c = oversubscribed(2.0, nodes_per_leaf=4) if cluster == "oversub" else get_cluster(cluster)
+    if cluster == "oversub":
+        c = oversubscribed(2.0, nodes_per_leaf=4)
+    elif cluster == "gb200-whole":
+        c = get_cluster("gb200-nvl72").model_copy(update={"placement_segment_nodes": None})
+    else:
+        c = get_cluster(cluster)
     world = FAST_PATH[cluster]
     graph = build_topology_graph(c, world)
     checked = 0
@@ -173,7 +179,8 @@ def test_strided_fast_path_matches_graph(cluster):
 
 
 def test_strided_prices_the_worst_group():
-    gb = get_cluster("gb200-nvl72")
+    # a scheduler that fills racks whole (no segments): 72-GPU domains in rank order
+    gb = get_cluster("gb200-nvl72").model_copy(update={"placement_segment_nodes": None})
     # TP=64 at stride 1: the group at rank 0 fits in rack 0, the one at 64 straddles racks 0 and 1
     assert group_link(gb, range(64)).tier == "intra_domain"
     worst = strided_group_link(gb, 64, 1, world=576)
@@ -184,6 +191,25 @@ def test_strided_prices_the_worst_group():
     assert strided_group_link(H100, 12, 8, world=96).tier == "inter_node"
     with pytest.raises(ValueError, match="multiple"):
         strided_group_link(H100, 12, 8, world=100)
+
+
+def test_segment_placement_keeps_groups_inside_racks():
+    """GB200 NVL72 jobs larger than a rack are placed in Slurm segments of 16 trays (64 GPUs), one
+    per rack: a 64-rank group or an 8-rank expert group at stride 4 never straddles two racks,
+    where filling racks whole (72 GPUs in rank order) makes the group at rank 64 straddle."""
+    gb = get_cluster("gb200-nvl72")
+    assert gb.placement_segment_nodes == 16
+    assert [gb.placement_domain(w) for w in (8, 72, 128, 576, None)] == [72, 72, 64, 64, 64]
+    assert gb.placement_domain(96) == 48  # 24 trays: the largest segment up to 16 dividing them is 12
+    whole = gb.model_copy(update={"placement_segment_nodes": None})
+    for size, stride, world in ((64, 1, 576), (8, 4, 128), (32, 1, 128)):
+        assert strided_group_link(gb, size, stride, world=world).tier == "intra_domain", (size, stride)
+        assert strided_group_link(whole, size, stride, world=world).tier == "inter_node", (size, stride)
+    # the graph places the job the same way
+    graph = build_topology_graph(gb, 128)
+    assert {graph.nodes[("gpu", r)]["domain"] for r in range(64, 128)} == {1}
+    with pytest.raises(ValueError, match="exceeds the NVLink domain"):
+        type(gb).model_validate({**gb.model_dump(), "placement_segment_nodes": 19})
 
 
 def test_strided_is_cached():

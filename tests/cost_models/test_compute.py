@@ -13,10 +13,13 @@ from cost_models.calibration import Calibration
 from cost_models.compute import (
     Gemm,
     ShardGeometry,
+    activation_function_bytes,
     attention_tile_efficiency,
     gemm_time,
     layer_time,
     moe_imbalance,
+    moe_kernel_bytes,
+    routed_rows,
 )
 from model_specs.presets import get_model
 
@@ -89,3 +92,29 @@ def test_op_sac_recomputes_every_second_matmul_and_no_attention() -> None:
     assert lt.op_sac_gemm_share == pytest.approx(share)
     assert lt.op_sac_recompute == pytest.approx(share * lt.gemm_fwd + lt.elementwise_fwd)
     assert lt.selective_recompute < lt.op_sac_recompute < lt.forward
+
+
+def test_routed_rows_follow_the_expert_tp_gather() -> None:
+    """A rank's experts process its sequence shard's routed copies times the expert-TP degree (the
+    all-gather over the expert-TP group); the activation function and the expert GEMMs use them."""
+    model = get_model("mixtral-8x7b")  # 8 experts, top 2, one MoE layer per block
+    folded = ShardGeometry(tokens=4096.0, seq_len=4096, cp=1, tp=4, sp=True, ep=8, etp=1)
+    tp_experts = ShardGeometry(tokens=4096.0, seq_len=4096, cp=1, tp=4, sp=True, ep=2, etp=4)
+    assert routed_rows(model, folded) == 4096 / 4 * 2
+    assert routed_rows(model, tp_experts) == 4096 / 4 * 2 * 4
+    f = model.moe_ffn_hidden_size
+    # gated: read 2f, write f per row, the expert's f split over expert TP
+    assert activation_function_bytes(model, 0, folded, 2) == pytest.approx(3 * f * 2048 * 2)
+    assert activation_function_bytes(model, 0, tp_experts, 2) == pytest.approx(3 * f / 4 * 8192 * 2)
+
+
+def test_sorting_by_local_expert_costs_only_with_several_local_experts() -> None:
+    """Permutation 2 (rows sorted by local expert and back) reads and writes every received row,
+    twice per forward; with one expert per rank there is nothing to sort."""
+    model = get_model("mixtral-8x7b")
+    one = ShardGeometry(tokens=4096.0, seq_len=4096, cp=1, tp=1, sp=False, ep=8, etp=1)
+    two = ShardGeometry(tokens=4096.0, seq_len=4096, cp=1, tp=1, sp=False, ep=4, etp=1)
+    rows = 4096 * 2
+    assert moe_kernel_bytes(model, two, 2) - moe_kernel_bytes(model, one, 2) == pytest.approx(
+        2 * 2 * rows * model.hidden_size * 2
+    )

@@ -10,7 +10,7 @@ import pytest
 from cluster_specs.presets import get_cluster
 from cost_models import step_time
 from cost_models.calibration import default_calibration
-from cost_models.layout import validate_layout
+from cost_models.layout import Layout, validate_layout
 from cost_models.stage_table import KnobArrays, _dp_grid, _dp_table_key, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
 from model_specs.presets import get_model
@@ -106,3 +106,33 @@ def test_more_zero3_traffic_never_makes_a_step_faster() -> None:
                 assert step >= by_key[(shard, recompute, offload, 1)] - 1e-9
                 compared += 1
     assert compared > 10
+
+
+def test_expert_tp_exchange_is_priced_on_its_own_groups_channel() -> None:
+    """Under expert TP with SP, Megatron-Core's alltoall dispatcher all-gathers the routed rows over
+    the expert-TP group after the all-to-all and reduce-scatters them before the combine: the MoE
+    layer's communication grows by one all-gather and one reduce-scatter of the gathered rows, and
+    that part sits on the expert-TP group's channel (NVLink), not on the EP group's (scale-out)."""
+    from cost_models.comm import INTER, INTRA, Group, collective_time
+    from cost_models.stage_table import mesh_comm
+
+    model, cluster, cal = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), default_calibration()
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    folded = Layout(tp=4, ep=8, etp=1, sp=True).resolved(64, training)
+    tp_experts = Layout(tp=4, ep=8, etp=4, sp=True).resolved(64, training)
+    assert not validate_layout(model, training, 64, folded) and not validate_layout(model, training, 64, tp_experts)
+    ep_only = mesh_comm(model, training, cluster, 64, folded, cal)[0]
+    with_etp = mesh_comm(model, training, cluster, 64, tp_experts, cal)[0]
+    assert ep_only[5] == 0.0
+    rows = 4096 / 4 * model.moe_top_k * 4 * model.hidden_size * training.activation_bytes
+    group = Group.strided(cluster, 4, 1, 64)
+    expected = collective_time("all_gather", rows, group, cal) + collective_time("reduce_scatter", rows, group, cal)
+    assert with_etp[5] == pytest.approx(expected)
+    copies = model.moe_top_k * 4096 / 4 * model.hidden_size * training.activation_bytes
+    for lay, comm in ((folded, ep_only), (tp_experts, with_etp)):  # EP ranks sit etp apart
+        a2a = collective_time("all_to_all", copies, Group.strided(cluster, 8, lay.etp_, 64), cal)
+        assert comm[2] == pytest.approx(2 * a2a + comm[5])
+    partition = StagePartition.for_layout(model.num_layers, tp_experts)
+    table = build_table(model, training, cluster, 64, tp_experts, partition, cal)
+    assert table.channels[2] == INTER and table.channels[4] == INTRA
+    assert table.etp_per_moe_layer == pytest.approx(expected)
