@@ -68,7 +68,9 @@ def tokens_create(
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
     database_url_file: Path | None = _database_url_file_option(),
 ) -> None:
-    """Create a token and print it (shown this once; only its sha256 digest is stored)."""
+    """Create a token and print it (shown this once; only its sha256 digest is stored). An agent
+    token for a cluster preset's name is created, with a notice on stderr that the profiles of
+    its runs will not calibrate the preset."""
     db = _database(database_url, database_url_file, "create")
     from api.auth import create_token
 
@@ -83,7 +85,24 @@ def tokens_create(
         db.dispose()
     typer.echo(f"created token {ident} ({role}{' for cluster ' + cluster if cluster else ''}); it is shown only once:",
                err=True)
+    if role == "agent" and cluster:
+        from api.calibration import is_preset
+
+        if is_preset(cluster):
+            typer.echo(preset_agent_notice(cluster), err=True)
     typer.echo(secret)
+
+
+def preset_agent_notice(cluster: str) -> str:
+    """What `tokens create` says (on stderr) for an agent token of a cluster preset's name: the
+    token works, the runs' profiles are stored, but they never calibrate the preset."""
+    return (
+        f"notice: {cluster!r} is a cluster preset. This agent runs its queued runs and uploads their "
+        f"profiles, but profiles never calibrate a preset: plans for {cluster!r} keep the global "
+        "calibration (fitted on published runs). To calibrate a cluster from profiles, register one of "
+        f"your own (POST /v1/clusters {{\"name\": \"lab-{cluster}\", \"spec\": {{\"preset\": \"{cluster}\"}}}}) "
+        "and create the agent token for that name (README: Runner agent and calibration from profiles)."
+    )
 
 
 @tokens_app.command("list")

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from api.calibration import cluster_fit
+from api.calibration import cluster_fit, is_preset, preset_note, stored_profiles
 from api.deps import DB
 from api.errors import ERROR_RESPONSES
 
@@ -46,6 +46,14 @@ class CalibrationOut(BaseModel):
     error_leave_one_out: ErrorOut | None
     method: str
     calibration: dict[str, Any] = Field(description="the full cost_models.calibration.Calibration")
+    preset: bool = Field(
+        description="a cluster preset: priced with the global calibration only, never fitted from profiles"
+    )
+    profiles_stored: int = Field(
+        description="profiles stored for runs queued on this cluster name, used by the fit or not "
+        "(for a preset, none is used)"
+    )
+    note: str | None = Field(description="for a preset: why profiles do not calibrate it, and what does")
 
 
 @router.get(
@@ -55,10 +63,18 @@ class CalibrationOut(BaseModel):
 )
 async def get_cluster_calibration(name: ClusterName, db: DB) -> CalibrationOut:
     """Factors refitted from the profiles of runs on this cluster (the global calibration with
-    `n_profiles = 0` when it has none); plans and evaluations for the cluster are priced with them."""
+    `n_profiles = 0` when it has none); plans and evaluations for the cluster are priced with them.
+    A cluster preset answers the global calibration (`n_profiles = 0`, `preset: true`, a `note`)
+    whatever profiles runs on that name stored: presets are calibrated only by the project's fit
+    to published runs."""
 
     def fit() -> dict[str, Any]:
+        preset = is_preset(name)
         with db.read_session() as session:
-            return cluster_fit(session, name, errors=True).as_dict()
+            out = cluster_fit(session, name, errors=True).as_dict()
+            out["profiles_stored"] = stored_profiles(session, name)
+        out["preset"] = preset
+        out["note"] = preset_note(name) if preset else None
+        return out
 
     return CalibrationOut.model_validate(await run_in_threadpool(fit))

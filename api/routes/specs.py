@@ -126,9 +126,17 @@ def get_cluster_spec(name: SpecName, db: DB) -> ClusterOut:
 @router.post("/clusters", status_code=201, response_model=ClusterOut, summary="Store a team cluster")
 def create_cluster_spec(body: ClusterCreate, principal: User, db: DB) -> ClusterOut:
     """ClusterSpec fields in SI units or vendor units ('400 Gb/s'); `gpu` may name a catalog GPU.
-    Usable by name in POST /v1/plans and /v1/evaluate afterwards."""
+    Usable by name in POST /v1/plans and /v1/evaluate afterwards, and calibrated by the profiles of
+    runs queued on that name (`api.calibration`). Names are unique; a name that resolves to a
+    cluster preset (any case, `_` for `-`) is a 409: a preset is shared and never calibrated from
+    profiles, and its name always means the preset."""
     if preset_cluster(body.name) is not None:
-        raise conflict(f"{body.name!r} is a cluster preset; pick another name", ["body", "name"])
+        raise conflict(
+            f"{body.name!r} is a cluster preset's name: a preset is shared by every team and is never "
+            f"calibrated from profiles, so a team cluster may not take its name; pick a name of your own "
+            f"(e.g. 'team-{body.name}'), with {{\"preset\": \"{body.name}\"}} as its spec to start from the preset",
+            ["body", "name"],
+        )
     spec = cluster_from_fields(body.spec, ["body", "spec"], name=body.name)
     try:
         with db.write_session() as session:

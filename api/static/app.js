@@ -517,7 +517,8 @@ async function calibrationPage(cluster) {
   if (!cluster) {
     const page = await api("/v1/clusters?limit=200");
     app().innerHTML = `<h1>Calibration per cluster</h1>
-      <p class="muted">Factors refitted from the profiles runs on a cluster reported (the global calibration when none).
+      <p class="muted">Factors refitted from the profiles runs on a cluster reported (the global calibration when none;
+      presets always keep the global calibration: register a team cluster to calibrate from profiles).
       Runs are queued under a cluster name; open it here:</p>
       <form class="filters" id="cluster-form"><label>cluster name<input name="cluster" required pattern="[A-Za-z0-9._-]{1,64}"></label><button>Open</button></form>
       ${table(["cluster", "GPU", "GPUs per node", "source"], page.items.map((c) => [`<a href="/ui/calibration/${encodeURIComponent(c.name)}">${esc(c.name)}</a>`, esc(c.gpu), c.gpus_per_node, esc(c.source)]), { numeric: [2] })}`;
@@ -531,7 +532,8 @@ async function calibrationPage(cluster) {
   const c = await api(`/v1/clusters/${encodeURIComponent(cluster)}/calibration`);
   const err = (e) => (e ? [e.n, num(e.median_ape_pct, 1), num(e.mape_pct, 1), num(e.mean_signed_pct, 1), esc(e.method)] : ["–", "–", "–", "–", "not enough profiles"]);
   app().innerHTML = `<h1>Calibration of cluster ${esc(c.cluster)}</h1>
-    ${cards([["profiles", c.n_profiles], ["source", esc(c.source)], ...Object.entries(c.time_multipliers).map(([k, v]) => [`${k} time ×`, num(v, 3)])])}
+    ${c.note ? `<p class="notice" id="calibration-note">${esc(c.note)}</p>` : ""}
+    ${cards([["profiles", c.n_profiles], ["profiles stored", c.profiles_stored], ["source", esc(c.source)], ...Object.entries(c.time_multipliers).map(([k, v]) => [`${k} time ×`, num(v, 3)])])}
     <p class="muted">${esc(c.method)}</p>
     <h2>Step-time prediction error (%)</h2>
     ${table(["", "profiles", "median |error| %", "mean |error| %", "mean signed %", "method"],

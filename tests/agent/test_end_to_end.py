@@ -1,13 +1,16 @@
 """The whole loop with real processes: `autopar serve` (uvicorn, temporary SQLite), `autopar agent`
-subprocesses launching torchrun on the tiny model (local-cpu, 2 ranks, gloo), a node crash
-(SIGKILL of one agent and its child tree), re-lease after the deadline, one stored profile, and
-the calibration the profiles feed back into plans."""
+subprocesses launching torchrun on the tiny model (2 ranks, gloo) on the team cluster README's
+"Runner agent and calibration from profiles" registers (the local-cpu preset's fields under a name
+of its own: presets are never calibrated from profiles), a node crash (SIGKILL of one agent and its
+child tree), re-lease after the deadline, one stored profile, and the calibration the profiles feed
+back into plans."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +28,28 @@ from .conftest import free_port
 ROOT = Path(__file__).resolve().parents[2]
 AUTOPAR = [sys.executable, "-m", "autopar.cli"]
 TINY = {"model": "tiny", "cluster": "local-cpu", "gpus": 2, "training": {"seq_len": 64, "global_batch": 4}}
+
+
+def readme_agent_flow() -> dict[str, Any]:
+    """The request bodies of README's agent flow (its bash block): the team cluster it registers,
+    the plan for it and the run queued on it, and the cluster its agent token serves."""
+    section = (ROOT / "README.md").read_text().split("## Runner agent and calibration from profiles", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    bodies = {m.group(1): json.loads(m.group(2))
+              for m in re.finditer(r"localhost:8000/v1/(clusters|plans|plans/\$PLAN/runs) \\\n\s+-d '(\{.*\})'", block)}
+    token = re.search(r"^autopar tokens create --name \S+ --role agent --cluster (\S+)", block, re.M)
+    agent = re.search(r"^AUTOPAR_AGENT_TOKEN=apt_\.\.\. autopar agent .*--cluster (\S+)", block, re.M)
+    calibration = re.search(r"^curl localhost:8000/v1/clusters/(\S+)/calibration", block, re.M)
+    assert set(bodies) == {"clusters", "plans", "plans/$PLAN/runs"} and token and agent and calibration, block
+    cluster = bodies["clusters"]["name"]
+    assert bodies["plans"]["cluster"] == bodies["plans/$PLAN/runs"]["cluster"] == cluster
+    assert token.group(1) == agent.group(1) == calibration.group(1) == cluster
+    return {"cluster": bodies["clusters"], "plan": bodies["plans"], "run": bodies["plans/$PLAN/runs"], "name": cluster}
+
+
+README_FLOW = readme_agent_flow()
+LAB = README_FLOW["name"]
+TINY_LAB = README_FLOW["plan"]
 KILL_STEPS = 48
 """Steps of the run whose agent is killed: enough that attempt 1 is still training when the test,
 polling the server every 0.3 s for its first reported step, kills it (12 steps were sometimes all
@@ -58,6 +83,11 @@ class Service:
         r = self.user.post("/v1/plans", json=body)
         assert r.status_code == 201, r.text
         return r.json()
+
+    def register_readme_cluster(self) -> None:
+        """README's first step: the team cluster its agent flow calibrates."""
+        r = self.user.post("/v1/clusters", json=README_FLOW["cluster"])
+        assert r.status_code == 201, r.text
 
 
 @pytest.fixture
@@ -97,11 +127,11 @@ def service(tmp_path: Path) -> Iterator[Service]:
         log.close()
 
 
-def start_agent(svc: Service, token: str, workdir: Path, name: str) -> subprocess.Popen:
+def start_agent(svc: Service, token: str, workdir: Path, name: str, cluster: str = LAB) -> subprocess.Popen:
     env = {**os.environ, "AUTOPAR_AGENT_TOKEN": token, "OMP_NUM_THREADS": "1"}
     log = (svc.tmp / f"{name}.log").open("wb")
     return subprocess.Popen(
-        [*AUTOPAR, "agent", "--server", svc.url, "--cluster", "local-cpu", "--workdir", str(workdir), "--name", name,
+        [*AUTOPAR, "agent", "--server", svc.url, "--cluster", cluster, "--workdir", str(workdir), "--name", name,
          "--poll-s", "0.5", "--heartbeat-s", "1"],
         cwd=svc.tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -137,21 +167,22 @@ def test_killed_agent_run_is_released_and_completed_by_the_other(service: Servic
     t_start = time.monotonic()
     svc = service
     marker = tmp_path / "pwned-e2e"
+    svc.register_readme_cluster()  # README's agent flow: a team cluster of its own, then plan, run, agent
     # a model given as fields whose name tries command substitution: stored and run as data
     tiny = svc.user.get("/v1/models", params={"limit": 200}).json()["items"]
     spec = next(m["spec"] for m in tiny if m["name"] == "tiny")
-    body = {**TINY, "model": {**spec, "name": f"tiny$(touch {marker})"}}
+    body = {**TINY_LAB, "model": {**spec, "name": f"tiny$(touch {marker})"}}
     record = svc.plan(body)
     assert record["plan"]["best"] is not None
     assert record["plan"]["calibration"].startswith("fitted by bench/fit_calibration.py")  # no profiles yet
     predicted = record["step_s"]
     run = svc.user.post(
         f"/v1/plans/{record['id']}/runs",
-        json={"cluster": "local-cpu", "steps": KILL_STEPS, "max_attempts": 3, "lease_seconds": 6, "launch": {"backend": "gloo"}},
+        json={**README_FLOW["run"], "steps": KILL_STEPS, "max_attempts": 3, "lease_seconds": 6},
     )
     assert run.status_code == 201, run.text
     run_id = run.json()["id"]
-    token = svc.token("--name", "node-agents", "--role", "agent", "--cluster", "local-cpu")
+    token = svc.token("--name", "node-agents", "--role", "agent", "--cluster", LAB)
 
     wa, wb = tmp_path / "agent-a", tmp_path / "agent-b"
     a = start_agent(svc, token, wa, "agent-a")
@@ -194,10 +225,11 @@ def test_killed_agent_run_is_released_and_completed_by_the_other(service: Servic
         print(f"\nend to end: killed at step {killed_at_step}; predicted step {predicted * 1e3:.1f} ms, "
               f"measured {measured * 1e3:.1f} ms; {time.monotonic() - t_start:.0f} s")
 
-        # the profile recalibrates local-cpu: the next plan says so and moves toward the measurement
-        cal = svc.user.get("/v1/clusters/local-cpu/calibration").json()
-        assert cal["n_profiles"] == 1 and cal["source"].startswith("cluster local-cpu: fitted from 1 profile")
-        again = svc.plan(TINY)
+        # the profile recalibrates the team cluster: the next plan says so and moves toward the measurement
+        cal = svc.user.get(f"/v1/clusters/{LAB}/calibration").json()
+        assert cal["n_profiles"] == 1 and cal["source"].startswith(f"cluster {LAB}: fitted from 1 profile")
+        assert cal["preset"] is False
+        again = svc.plan(TINY_LAB)
         assert again["plan"]["calibration"] == cal["source"]
         assert abs(again["step_s"] - measured) < abs(predicted - measured)
         print(f"calibration from the run: error {cal['error_before']['mape_pct']:.1f}% -> "
@@ -228,7 +260,7 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def act_as_agent(svc: Service, token: str, plan_id: int, step_s: float, cluster: str = "local-cpu") -> None:
+def act_as_agent(svc: Service, token: str, plan_id: int, step_s: float, cluster: str = LAB) -> None:
     """One run through the protocol without torchrun: lease, heartbeat, profile, finish."""
     r = svc.user.post(f"/v1/plans/{plan_id}/runs", json={"cluster": cluster, "steps": 5, "lease_seconds": 30})
     assert r.status_code == 201, r.text
@@ -251,20 +283,23 @@ def act_as_agent(svc: Service, token: str, plan_id: int, step_s: float, cluster:
 
 def test_slow_profiles_recalibrate_their_cluster_only(service: Service) -> None:
     svc = service
-    token = svc.token("--name", "scripted", "--role", "agent", "--cluster", "local-cpu")
+    svc.register_readme_cluster()
+    token = svc.token("--name", "scripted", "--role", "agent", "--cluster", LAB)
     other_body = {"model": "tiny", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 64, "global_batch": 8}}
     other_before = svc.plan(other_body)
+    preset_body = {**TINY, "training": {"seq_len": 512, "global_batch": 128}}  # the preset the team cluster copies
+    preset_before = svc.plan(preset_body)
     # shapes whose compute outweighs the global fixed cost per step (fitted on GPU clusters)
     shapes = [(512, 32), (1024, 32), (2048, 32)]
     slow = 2.0  # every run measures twice the predicted step time
-    plans = [svc.plan({**TINY, "training": {"seq_len": s, "global_batch": b}}) for s, b in shapes]
+    plans = [svc.plan({**TINY_LAB, "training": {"seq_len": s, "global_batch": b}}) for s, b in shapes]
     for p in plans:
         act_as_agent(svc, token, p["id"], slow * p["step_s"])
-    cal = svc.user.get("/v1/clusters/local-cpu/calibration")
+    cal = svc.user.get(f"/v1/clusters/{LAB}/calibration")
     assert cal.status_code == 200, cal.text
     fit = cal.json()
     before, after, loo = fit["error_before"], fit["error_after"], fit["error_leave_one_out"]
-    print(f"\nlocal-cpu from {fit['n_profiles']} profiles at 2x the prediction: error {before['mape_pct']:.1f}% -> "
+    print(f"\n{LAB} from {fit['n_profiles']} profiles at 2x the prediction: error {before['mape_pct']:.1f}% -> "
           f"{after['mape_pct']:.1f}% in-sample, {loo['mape_pct']:.1f}% leave-one-out; {fit['source']}")
     assert fit["n_profiles"] == 3
     assert before["mape_pct"] == pytest.approx(50.0, abs=0.5)  # predicted = measured / 2
@@ -273,20 +308,22 @@ def test_slow_profiles_recalibrate_their_cluster_only(service: Service) -> None:
     # (held at the global value), so it misses more; still far better than before
     assert loo["mape_pct"] < 0.5 * before["mape_pct"]
     assert fit["time_multipliers"]["compute"] == pytest.approx(2.0, rel=0.1)
-    # an unseen shape on local-cpu is now predicted near 2x its global prediction
-    unseen_global = svc.plan({**TINY, "training": {"seq_len": 512, "global_batch": 128}})  # priced after the fit
+    # an unseen shape on the team cluster is now predicted near 2x its global prediction
+    unseen_global = svc.plan({**TINY_LAB, "training": {"seq_len": 512, "global_batch": 128}})  # priced after the fit
     assert unseen_global["plan"]["calibration"] == fit["source"]
-    est = svc.user.post("/v1/evaluate", json={**TINY, "training": {"seq_len": 512, "global_batch": 128},
+    assert unseen_global["step_s"] == pytest.approx(slow * preset_before["step_s"], rel=0.1)
+    est = svc.user.post("/v1/evaluate", json={**TINY_LAB, "training": {"seq_len": 512, "global_batch": 128},
                                                "layout": unseen_global["plan"]["best"]["layout"]})
     assert est.status_code == 200, est.text
     assert est.json()["result"]["step_s"] == pytest.approx(unseen_global["step_s"], rel=1e-6)
     first = plans[0]
-    replanned = svc.plan({**TINY, "training": {"seq_len": 512, "global_batch": 32}})
+    replanned = svc.plan({**TINY_LAB, "training": {"seq_len": 512, "global_batch": 32}})
     assert replanned["step_s"] == pytest.approx(slow * first["step_s"], rel=0.05)
-    # other clusters: same calibration, same prediction
-    other_after = svc.plan(other_body)
-    assert other_after["plan"]["calibration"] == other_before["plan"]["calibration"]
-    assert other_after["step_s"] == other_before["step_s"]
+    # other clusters, the preset the team cluster copies included: same calibration, same prediction
+    for body, earlier in ((other_body, other_before), (preset_body, preset_before)):
+        later = svc.plan(body)
+        assert later["plan"]["calibration"] == earlier["plan"]["calibration"]
+        assert later["step_s"] == earlier["step_s"]
     nothing = svc.user.get("/v1/clusters/dgx-h100/calibration").json()
     assert nothing["n_profiles"] == 0 and nothing["error_before"] is None
 

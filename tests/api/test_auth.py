@@ -118,6 +118,25 @@ def test_tokens_cli_create_list_revoke(tmp_path: Any) -> None:
     assert bad.returncode == 2 and "--cluster" in bad.stderr
 
 
+def test_an_agent_token_for_a_preset_is_created_with_a_notice_that_it_will_not_calibrate(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+
+    def create(cluster: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "autopar.cli", "tokens", "create", "--name", f"agent-{cluster}", "--role", "agent",
+             "--cluster", cluster, "--database-url", url], capture_output=True, text=True, timeout=60,
+        )
+
+    for preset in ("local-cpu", "DGX_H100"):  # any spelling the presets resolve
+        made = create(preset)
+        assert made.returncode == 0, made.stderr
+        assert made.stdout.strip().startswith("apt_") and "notice" not in made.stdout  # stdout: the token alone
+        assert f"notice: {preset!r} is a cluster preset" in made.stderr
+        assert "profiles never calibrate a preset" in made.stderr and "POST /v1/clusters" in made.stderr
+    own = create("lab-cpu")
+    assert own.returncode == 0 and "notice" not in own.stderr, own.stderr
+
+
 def test_agent_ids_are_bound_to_the_token_that_registered_them(
     server: Any, user: httpx.Client, tiny_plan: dict[str, Any]
 ) -> None:

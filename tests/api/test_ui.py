@@ -8,6 +8,7 @@ is kept in tests/artifacts/ui/ (ignored by git) or in $AUTOPAR_TEST_ARTIFACTS.""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -251,6 +252,10 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     text = _open(browser, f"{url}/ui/calibration/local-cpu", "09-calibration")
     assert "Factors" in text
     _chart_drawn(browser, "chart-calibration")
+    # the site's profile ran on the preset: stored, but presets keep the global calibration
+    note = browser.find_element("id", "calibration-note").text
+    assert "is a cluster preset" in note and "POST /v1/clusters" in note
+    assert re.search(r"profiles stored\s+1\b", text) and re.search(r"profiles\s+0\b", text), text
 
 
 def test_run_pages_show_live_progress_and_predicted_vs_measured(site: Site, browser: Any) -> None:
