@@ -29,10 +29,11 @@ from typing import Any
 from runtime.process import set_parent_death_signal
 
 BACKENDS = ("auto", "gloo", "nccl")
-MAX_STEPS = 1_000_000
-MAX_NPROC = 1024
+MAX_STEPS = 1_000_000  # the API's bound on a run's `steps`
+MAX_NPROC = 1024  # the API's bound on `launch.nproc_per_node`
 LOG_TAIL_BYTES = 64 * 1024  # the contract's limit on log_tail
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A run id the agent uses as a directory name (ints, uuids): the one rule for leases and launches."""
 
 
 class LaunchError(ValueError):
@@ -42,7 +43,7 @@ class LaunchError(ValueError):
 def safe_id(value: Any) -> str:
     """A run id usable as a directory name (ints, uuids); anything else is refused."""
     s = str(value)
-    if not _SAFE_ID.match(s):
+    if not SAFE_ID.match(s):
         raise LaunchError(f"run id {s!r} is not [A-Za-z0-9_-]{{1,64}}")
     return s
 

@@ -10,20 +10,19 @@ on the server and the run is re-queued or fails after `max_attempts`).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationError
 
-MAX_STEPS = 1_000_000
-MAX_NPROC = 1024
+from agent.launcher import MAX_NPROC, MAX_STEPS, SAFE_ID
+
 MAX_LEASE_S = 86_400
-_PLAIN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""Longest lease the agent accepts, seconds (the API's bound on `lease_seconds`)."""
 
 
 def _run_id(value: Any) -> str:
     """A run id usable as a directory name: an integer or a plain token (uuids), as text."""
-    if isinstance(value, bool) or not isinstance(value, int | str) or not _PLAIN_ID.match(str(value)):
+    if isinstance(value, bool) or not isinstance(value, int | str) or not SAFE_ID.match(str(value)):
         raise ValueError("a run id is an integer or 1-64 of [A-Za-z0-9_-]")
     return str(value)
 

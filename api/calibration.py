@@ -87,9 +87,8 @@ def _scope(cluster_name: str):  # type: ignore[no-untyped-def]
 
 def profile_pairs(session: Session, cluster_name: str) -> list[ProfilePair]:
     """(prediction, measurement) pairs of `cluster_name`, oldest first; unusable rows (no
-    feasible plan, no measured step time) are skipped. None for a preset (module docstring)."""
-    if is_preset(cluster_name):
-        return []
+    feasible plan, no measured step time) are skipped. Never asked for a preset: `cluster_fit`
+    answers a preset without reading its profiles (module docstring)."""
     rows = session.execute(_scope(cluster_name).order_by(ProfileRow.id.desc()).limit(MAX_PROFILES)).all()
     pairs: list[ProfilePair] = []
     for _pid, run_id, profile, plan in reversed(rows):

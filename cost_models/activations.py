@@ -195,8 +195,7 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     t_local = t / rep  # tokens this rank routes (sequence-sharded under SP)
     total += 2 * t_local * model.num_experts * ROUTER_BYTES  # router logits + probabilities
     if model.num_shared_experts:
-        shared_w = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size)
-        total += widths * t * shared_w / ctx.tp * ab
+        total += widths * t * model.shared_experts_width / ctx.tp * ab
     routed_widths = full_w if ctx.framework == "fsdp" else widths  # module doc: not recomputed
     return total + routed_expert_bytes(model, ctx, routed_widths)
 

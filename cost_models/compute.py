@@ -118,7 +118,7 @@ def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
     assert model.moe_ffn_hidden_size
     out.append(Gemm(t, model.num_experts, h))  # router, replicated over TP
     if model.num_shared_experts:
-        fs = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size) / tp
+        fs = model.shared_experts_width / tp
         out += [Gemm(t, gate * fs, h), Gemm(t, h, fs)]
     # Routed tokens: each rank dispatches its tokens (sequence-sharded under SP) top_k times; with
     # balanced routing each of its E/ep local experts receives routed / (E/ep) of the ep group's.
@@ -304,8 +304,7 @@ def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, ac
     if model.is_moe_layer(index):
         assert model.moe_ffn_hidden_size
         routed = width * model.moe_ffn_hidden_size / g.etp * routed_rows(model, g)
-        shared_f = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size)
-        return (routed + width * shared_f / g.tp * g.tokens) * act_bytes
+        return (routed + width * model.shared_experts_width / g.tp * g.tokens) * act_bytes
     return width * model.ffn_hidden_size / g.tp * g.tokens * act_bytes
 
 

@@ -115,8 +115,7 @@ def layer_matmuls(model: ModelSpec, index: int) -> LayerMatmuls:
     if not model.is_moe_layer(index):
         return LayerMatmuls(attn, mlp_matmul_params(model, model.ffn_hidden_size), 0, 0, 0)
     assert model.moe_ffn_hidden_size
-    shared_w = model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size
-    shared = model.num_shared_experts * mlp_matmul_params(model, shared_w)
+    shared = model.num_shared_experts * mlp_matmul_params(model, model.shared_expert_width)
     if model.shared_expert_gate:
         shared += model.hidden_size
     return LayerMatmuls(

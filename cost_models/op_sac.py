@@ -68,8 +68,7 @@ def block_matmuls(model: ModelSpec, index: int) -> list[Matmul]:
         return out
     if model.is_moe_layer(index):
         if model.num_shared_experts:
-            fs = model.num_shared_experts * (model.shared_expert_ffn_hidden_size or model.moe_ffn_hidden_size or 0)
-            out += _mlp(model, fs)
+            out += _mlp(model, model.shared_experts_width)
         return out
     return out + _mlp(model, model.ffn_hidden_size)
 

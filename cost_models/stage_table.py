@@ -31,7 +31,7 @@ from cost_models.activations import (
 )
 from cost_models.calibration import Calibration
 from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
-from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
+from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times, routed_rows
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
@@ -448,8 +448,8 @@ def mesh_comm(
             etp_per_moe = store.get(key)  # type: ignore[assignment]
             if etp_per_moe is None:
                 # expert-TP exchange of the routed rows: all-gather after dispatch, reduce-scatter
-                # before combine (`compute.routed_rows`); stride 1 (expert-TP is innermost)
-                rows = tokens / tp * model.moe_top_k * mesh.etp_ * h * ab
+                # before combine; stride 1 (expert-TP is innermost)
+                rows = routed_rows(model, ShardGeometry.of(mesh, mb, training.seq_len)) * h * ab
                 etp_group = Group.strided(cluster, mesh.etp_, 1, gpus)
                 etp_per_moe = store[key] = collective_time("all_gather", rows, etp_group, cal) + collective_time(
                     "reduce_scatter", rows, etp_group, cal

@@ -105,7 +105,7 @@ def router_params(spec: ModelSpec) -> int:
 def shared_experts_params(spec: ModelSpec) -> int:
     if not spec.num_shared_experts:
         return 0
-    width = spec.shared_expert_ffn_hidden_size or spec.moe_ffn_hidden_size
+    width = spec.shared_expert_width
     assert width
     n = spec.num_shared_experts * mlp_params(spec, width)
     if spec.shared_expert_gate:
@@ -282,8 +282,7 @@ def layer_linears(spec: ModelSpec, index: int) -> tuple[Linear, ...]:
         assert spec.moe_ffn_hidden_size
         out.append(Linear("gate", h, spec.num_experts, split="replicated"))
         if spec.num_shared_experts:
-            width = spec.shared_expert_ffn_hidden_size or spec.moe_ffn_hidden_size
-            out += _mlp_linears(spec, width, spec.num_shared_experts, expert=False)
+            out += _mlp_linears(spec, spec.shared_expert_width, spec.num_shared_experts, expert=False)
         out += _mlp_linears(spec, spec.moe_ffn_hidden_size, spec.num_experts, expert=True)
     else:
         out += _mlp_linears(spec, spec.ffn_hidden_size, 1, expert=False)

@@ -379,6 +379,18 @@ class ModelSpec(BaseModel):
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
     @property
+    def shared_expert_width(self) -> int:
+        """Intermediate width of one shared expert: `shared_expert_ffn_hidden_size`, else the routed
+        experts' `moe_ffn_hidden_size` (0 for a dense model)."""
+        return self.shared_expert_ffn_hidden_size or self.moe_ffn_hidden_size or 0
+
+    @property
+    def shared_experts_width(self) -> int:
+        """Intermediate width of all shared experts of an MoE layer together (0 without any): what
+        Megatron-Core's `--moe-shared-expert-intermediate-size` takes."""
+        return self.num_shared_experts * self.shared_expert_width
+
+    @property
     def dense_layer_count(self) -> int:
         """Layers with a dense MLP (`-` layers of a hybrid model)."""
         if self.hybrid_pattern is not None:

@@ -521,9 +521,8 @@ class MoE(nn.Module):
             else None
         )
         self.experts = GroupedExperts(spec, self.num_experts, spec.moe_ffn_hidden_size)
-        shared_w = spec.shared_expert_ffn_hidden_size or spec.moe_ffn_hidden_size
         self.shared_experts = (
-            nn.ModuleList(FeedForward(spec, shared_w) for _ in range(spec.num_shared_experts))
+            nn.ModuleList(FeedForward(spec, spec.shared_expert_width) for _ in range(spec.num_shared_experts))
             if spec.num_shared_experts
             else None
         )

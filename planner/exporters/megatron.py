@@ -100,8 +100,7 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "
             ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)),
         ]
         if m.num_shared_experts:
-            width = m.num_shared_experts * (m.shared_expert_ffn_hidden_size or m.moe_ffn_hidden_size or 0)
-            args.append(("--moe-shared-expert-intermediate-size", str(width)))
+            args.append(("--moe-shared-expert-intermediate-size", str(m.shared_experts_width)))
         if m.moe_layer_count != m.num_layers:
             args.append(("--moe-layer-freq", _layer_pattern([int(m.is_moe_layer(i)) for i in range(m.num_layers)])))
         args += [("--moe-grouped-gemm",), ("--moe-token-dispatcher-type", dispatcher)]
