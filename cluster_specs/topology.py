@@ -73,6 +73,11 @@ class GroupLink:
     nodes: int  # servers / trays touched
     intra_latency_s: float
     inter_latency_s: float
+    nic_share_bytes_per_s: float = math.inf
+    """Scale-out bandwidth one rank owns (its share of its node's NICs, divided by the spine's
+    oversubscription when the group crosses leaves): the rate of traffic a rank sends out of its
+    domain by itself (send/recv, all-to-all), which a ring's `bus_bandwidth_bytes_per_s` (capped by
+    the NVLink rate of the k ranks it crosses) does not give. inf inside one domain."""
 
 
 def _local(cluster: ClusterSpec) -> GroupLink:
@@ -241,11 +246,13 @@ def group_link(graph_or_cluster: nx.Graph | ClusterSpec, ranks) -> GroupLink:
     if cluster.inter_node.kind == "none":
         raise ValueError(f"{cluster.name}: ranks span nodes but the cluster has no network")
     bw = min(intra_bw, min(sum(_nic_share(graph, gpu) for gpu in m) for m in by_domain.values()))
+    share = min(_nic_share(graph, ("gpu", r)) for r in ranks)
     oversub = _spine_oversubscription(graph, [("gpu", r) for r in ranks])
     tier: Tier = "inter_node" if oversub is None else "inter_leaf"
     if oversub is not None:
         bw /= oversub
-    return GroupLink(bw, max(a_intra, a_inter), tier, len(ranks), k, len(by_domain), nodes, a_intra, a_inter)
+        share /= oversub
+    return GroupLink(bw, max(a_intra, a_inter), tier, len(ranks), k, len(by_domain), nodes, a_intra, a_inter, share)
 
 
 # ------------------------------------------------------------------------------------ fast path
@@ -372,11 +379,13 @@ def _one_group(p: _Params, first: int, size: int, stride: int) -> GroupLink:
     )
     k = min(counts)
     bw = min(min((intra(c) for c in counts if c >= 2), default=math.inf), k * p.nic_share)
+    share = p.nic_share
     spans = first // g // p.nodes_per_leaf != last // g // p.nodes_per_leaf
     if spans:
         bw /= p.oversubscription
+        share /= p.oversubscription
     tier: Tier = "inter_leaf" if spans else "inter_node"
-    return GroupLink(bw, max(p.a_intra, p.a_inter), tier, size, k, len(counts), nodes, p.a_intra, p.a_inter)
+    return GroupLink(bw, max(p.a_intra, p.a_inter), tier, size, k, len(counts), nodes, p.a_intra, p.a_inter, share)
 
 
 # -------------------------------------------------------------------------------------- latency

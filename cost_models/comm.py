@@ -13,13 +13,16 @@ the per-GPU links instead:
 
 - send/recv (pipeline boundaries, ring attention's K/V blocks): one GPU sends to one peer. Inside an
   NVLink domain it gets the domain's bandwidth; across domains it gets *its own* share of its
-  node's NICs (`ClusterSpec.nic_bandwidth_per_gpu_bytes_per_s`), not the k NICs a ring of k ranks
-  per domain drives together.
+  node's NICs (`GroupLink.nic_share_bytes_per_s`, from `ClusterSpec.nic_bandwidth_per_gpu_bytes_per_s`),
+  not the k NICs a ring of k ranks per domain drives together.
 - all-to-all (MoE dispatch and combine; S = bytes one rank sends, itself included): each rank
   sends S/n to every peer. Of it, (n - k)/n leaves the NVLink domain through the rank's own NIC
   share and (k - 1)/n stays on NVLink (k ranks of the group per domain, PXN moving cross-rail
   traffic over NVLink first). Both run at once and NVLink is the faster on every preset, so the
-  NIC part sets the time: (n - k)/n * S / (B / k), B / k being one rank's NIC share. A group
+  NIC part sets the time: (n - k)/n * S / N, N one rank's NIC share. That share is not B / k: a
+  ring's B is capped by the NVLink rate of the k ranks it crosses (H800: 160 GB/s for 8 ranks, 20
+  GB/s each, against 50 GB/s of NIC each), an all-to-all's traffic is not. DeepEP measures 43-58
+  GB/s of RDMA per H800 GPU (50 GB/s NIC) at EP 16-64 (DeepEP README, normal kernels). A group
   inside one domain is (n-1)/n * S / B. A deduplicating dispatcher (DeepEP) sends a token once per
   remote domain it needs (`remote_domains_per_token`) and fans it out over NVLink there
   (`dedup_dispatch_time`).
@@ -91,6 +94,12 @@ def effective_bandwidth(link: GroupLink, cal: Calibration) -> float:
     return link.bus_bandwidth_bytes_per_s * eff
 
 
+def nic_share(link: GroupLink, cal: Calibration) -> float:
+    """Bytes/s one rank sends out of its domain by itself: its NIC share at the calibrated scale-out
+    efficiency (`GroupLink.nic_share_bytes_per_s`; module doc)."""
+    return link.nic_share_bytes_per_s * cal.inter_bus_efficiency
+
+
 def latency(kind: Collective, link: GroupLink) -> float:
     """NCCL's latency term for one collective of `kind` over the group (ring algorithm)."""
     return collective_latency_s(link, _LATENCY_KIND[kind])  # type: ignore[arg-type]
@@ -108,13 +117,13 @@ def collective_cost(kind: Collective, group: Group, cal: Calibration) -> tuple[f
     lat = latency(kind, link)
     if kind == "p2p":
         if link.domains > 1:  # the sender's own NIC share (module doc)
-            bw = bw / max(link.ranks_per_domain, 1)
+            bw = nic_share(link, cal)
         return 1.0 / bw, lat
     if kind == "all_to_all":
         if link.domains <= 1:
             return (n - 1) / n / bw, lat
         k = max(link.ranks_per_domain, 1)
-        return (n - k) / n / (bw / k), lat  # the rank's own NIC share carries what leaves the domain
+        return (n - k) / n / nic_share(link, cal), lat  # the rank's own NIC share carries what leaves the domain
     return _VOLUME[kind] * (n - 1) / n / bw, lat
 
 
@@ -145,8 +154,7 @@ def dedup_dispatch_time(copy_bytes: float, top_k: int, remote_copies: float, gro
     link = group.link
     if link.domains <= 1:
         return collective_time("all_to_all", top_k * copy_bytes, group, cal)
-    share = effective_bandwidth(link, cal) / max(link.ranks_per_domain, 1)
-    return remote_copies * copy_bytes / share + latency("all_to_all", link)
+    return remote_copies * copy_bytes / nic_share(link, cal) + latency("all_to_all", link)
 
 
 def collective_time(kind: Collective, nbytes: float, group: Group, cal: Calibration) -> float:
