@@ -94,7 +94,7 @@ def run_evaluation(
         if job.partition and not job.auto:
             lay = job.layout.resolved(job.gpus, job.training)
             try:
-                StagePartition(tuple(job.partition), lay.pp, lay.vpp)
+                StagePartition.explicit(job.partition, lay)
             except ValueError as exc:
                 raise ApiError(422, str(exc), ["body", "partition"], "value_error") from exc
         return price_job(job, model, cluster, calibration)

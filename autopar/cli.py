@@ -122,7 +122,9 @@ def evaluate(
     recompute: str = typer.Option("none", help="none | selective | full | op_sac (fsdp) | auto"),
     recompute_layers: int | None = typer.Option(None, help="full recompute: layers per stage"),
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
-    schedule: str | None = typer.Option(None, help="gpipe | 1f1b | interleaved_1f1b | zero_bubble (fsdp) | auto"),
+    schedule: str | None = typer.Option(
+        None, help="gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev (fsdp; zbv and dualpipev: vpp 2) | auto"
+    ),
     offload_optimizer: bool = False,
     offload_params: bool = typer.Option(False, help="ZeRO-3: weight shards in host memory (or NVMe)"),
     offload_device: str = typer.Option("cpu", help="where offloaded states live: cpu | nvme (DeepSpeed ZeRO-3)"),
@@ -140,6 +142,10 @@ def evaluate(
     ),
     first_stage_layers: int | None = typer.Option(None, help="Megatron decoder_first_pipeline_num_layers"),
     last_stage_layers: int | None = typer.Option(None, help="Megatron decoder_last_pipeline_num_layers"),
+    moe_dispatcher: str = typer.Option("alltoall", help="MoE token dispatcher: alltoall | flex (DeepEP)"),
+    moe_a2a_overlap: bool = typer.Option(
+        False, "--moe-a2a-overlap", help="Megatron combined 1F1B (--overlap-moe-expert-parallel-comm): EP all-to-alls beside compute"
+    ),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free (as `autopar plan`): sets 'usable'"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
@@ -180,6 +186,7 @@ def evaluate(
         "account_for_loss_in_pipeline_split": account_for_loss or None,
         "decoder_first_pipeline_num_layers": first_stage_layers,
         "decoder_last_pipeline_num_layers": last_stage_layers,
+        "moe_token_dispatcher": moe_dispatcher, "moe_a2a_overlap": moe_a2a_overlap or None,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
@@ -262,7 +269,9 @@ def plan(
     cp: int | None = typer.Option(None, help="pin the context-parallel degree"),
     ep: int | None = typer.Option(None, help="pin the expert-parallel degree"),
     zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
-    schedule: str | None = typer.Option(None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble (fsdp)"),
+    schedule: str | None = typer.Option(
+        None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev (fsdp)"
+    ),
     offload: bool = typer.Option(
         True, "--offload/--no-offload", help="allow offloading the optimizer (and ZeRO-3 weights) to host memory or NVMe (--no-offload: never)"
     ),

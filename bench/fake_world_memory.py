@@ -34,10 +34,30 @@ CASES: list[dict[str, Any]] = [
      "layout": {"tp": 8, "zero_stage": 3}},
     {"name": "8b-tp4-pp4-dp8-1f1b-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "zero_stage": 1, "recompute": "selective"}},
-    # zero bubble: the trace is known to miss part of the real run's peak past stage 0 (measured on
-    # gloo, tests/runtime/test_parallel_layouts.py): the estimate keeps 1F1B's in-flight count
+    # zero bubble (torch's ScheduleInterleavedZeroBubble at vpp 1). Since the fake-world stages keep
+    # the weight-gradient pass (`Trainer._static_stage_args`), the trace matches the real gloo run
+    # (tests/runtime/test_parallel_layouts.py, within 33 KiB) and shows what torch 2.13 runs: every
+    # rank holds pp micro-batches (not 1F1B's pp - r), and rank r >= 1 up to r + 1 of them between
+    # their input- and weight-gradient passes, holding the gradients of every weight op's output
+    # (`pipeline.split_backward_peaks`, `activations` pending bytes). Measured (torch 2.13 CPU trace,
+    # 2 steps): 18.3 / 20.2 / 22.3 / 29.4 GiB per stage; 1F1B's count priced 17.8 / 12.5 / 9.4 / 9.7
+    # (-3% / -38% / -58% / -67%); with the split-backward peaks -2.7% / -2.7% / -2.5% / -7.8%.
     {"name": "8b-tp4-pp4-dp8-zero-bubble-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "zero_stage": 1, "recompute": "selective", "schedule": "zero_bubble", "framework": "fsdp"}},
+    # V-shape schedules: two chunks of 4 layers per rank placed as a V (rank 0: chunks 0 and 7, the
+    # embedding and the LM head), 8 micro-batches (DualPipeV needs >= 2 x pp). Measured (torch 2.13
+    # CPU trace, 2 steps): zbv 22.9 / 17.9 / 18.5 / 21.9 GiB. Priced with p micro-batches only:
+    # -6.5% / -11.5% / -14.5% / -27.9% (each input pass keeps the weight ops' output gradients until
+    # its weight pass, and in the cool-down rank r runs r input passes on each chunk first: rank 3
+    # holds 7 chunks, all between their passes); with the split-backward peaks -2.0% / -5.7% / -3.1%
+    # / -2.0%. dualpipev 21.7 / 18.0 / 17.9 / 17.8 GiB against (2pp + 1) / 2 micro-batches: +5.5% /
+    # -3.5% / -3.4% / -2.9% (rank 0 peaks in chunk 0's backward, when no logits are alive).
+    {"name": "8b-tp4-pp4-dp8-zbv-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
+     "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zbv",
+                "framework": "fsdp"}},
+    {"name": "8b-tp4-pp4-dp8-dualpipev-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
+     "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "dualpipev",
+                "framework": "fsdp"}},
     {"name": "8b-tp8-pp2-dp16-gpipe", "model": "llama3-8b", "gpus": 256, "seq": 8192, "gbs": 64,
      "layout": {"tp": 8, "pp": 2, "zero_stage": 1, "schedule": "gpipe"}},
     {"name": "8b-tp2-cp2-dp16-z3", "model": "llama3-8b", "gpus": 64, "seq": 16384, "gbs": 32,

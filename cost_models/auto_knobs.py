@@ -10,7 +10,8 @@ Values tried per knob:
 - recompute: none, selective, full (and op_sac under framework fsdp);
 - zero_stage: 0, 1, 2, 3;
 - vpp: 1 and every v >= 2 with pp x v dividing the layers (with pp > 1);
-- schedule: gpipe or 1f1b at vpp 1, interleaved_1f1b above, zero_bubble at any vpp (framework fsdp);
+- schedule: gpipe or 1f1b at vpp 1, interleaved_1f1b above, zero_bubble at any vpp, zbv and
+  dualpipev at vpp 2 (framework fsdp; the others are refused by validation and not counted as fits);
 - offload_optimizer: off, on (with ZeRO >= 1).
 At most `MAX_COMBINATIONS` combinations are priced: more is refused with the count, so that a
 request never holds a worker for long (pin some knobs instead).
@@ -74,7 +75,8 @@ def _values(knob: str, base: Layout, model: ModelSpec, training: TrainingSpec, g
     if knob == "schedule":
         if base.pp == 1:
             return [None]
-        return [None, "gpipe", "1f1b", "interleaved_1f1b", *(["zero_bubble"] if base.framework == "fsdp" else [])]
+        torch_only = ["zero_bubble", "zbv", "dualpipev"] if base.framework == "fsdp" else []  # zbv, dualpipev: vpp 2
+        return [None, "gpipe", "1f1b", "interleaved_1f1b", *torch_only]
     if knob == "offload_optimizer":
         return [False, True]
     raise AutoError(f"layout.{knob}: not an auto knob")

@@ -118,7 +118,7 @@ def price_job(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Cal
         return out
     lay = job.layout.resolved(job.gpus, job.training)
     if job.partition:
-        partition = StagePartition(tuple(job.partition), lay.pp, lay.vpp)
+        partition = StagePartition.explicit(job.partition, lay)
     est = estimate(model, job.training, cluster, job.gpus, job.layout, partition, calibration=calibration)
     return estimate_dict(model, cluster.name, est, cluster.gpu.name, job.training)
 

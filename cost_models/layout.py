@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_models.pipeline import ZERO_BUBBLE_ZERO3, zero_bubble_rounds_ok
+from cost_models.pipeline import ZERO_BUBBLE_ZERO3, is_v_shape, zero_bubble_rounds_ok
 from cost_models.stages import StagePartition, megatron_split
 from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
@@ -21,9 +21,11 @@ from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 Recompute = Literal["none", "selective", "full", "op_sac"]
 """none; selective (Megatron: attention core + MLP activation recomputed); full (whole layers, all or
 `recompute_layers` per stage); op_sac (torchtitan op-level selective checkpointing, `cost_models.op_sac`)."""
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"]
 """gpipe; 1f1b; interleaved_1f1b (vpp > 1); zero_bubble: ZB1P (Qi et al. 2024), interleaved when
-vpp > 1, torch.distributed.pipelining's ScheduleInterleavedZeroBubble (`cost_models.pipeline`)."""
+vpp > 1, torch.distributed.pipelining's ScheduleInterleavedZeroBubble; zbv (ZB-V) and dualpipev
+(DeepSeek's DualPipeV): two chunks per rank placed as a V (vpp = 2), torch's ScheduleZBVZeroBubble
+and ScheduleDualPipeV (`cost_models.pipeline`)."""
 Framework = Literal["megatron", "fsdp", "deepspeed"]
 MoeDispatcher = Literal["alltoall", "flex"]
 RecomputeModule = Literal["core_attn", "act", "layernorm", "mla_up_proj"]
@@ -147,6 +149,13 @@ class Layout(BaseModel):
         description="MoE token dispatcher: alltoall (Megatron-Core's default, torchtitan: every routed copy "
         "sent) or flex (Megatron-Core's flex dispatcher with DeepEP: a token crosses to each remote node "
         "once and NVLink fans it out; with group-limited routing at most moe_router_group_topk nodes)",
+    )
+
+    moe_a2a_overlap: bool = Field(
+        False,
+        description="Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): the MoE dispatch and "
+        "combine all-to-alls of one micro-batch run beside the forward or backward compute of an adjacent one; "
+        "needs expert parallelism, interleaving (vpp > 1) when pp > 1, and no full recompute",
     )
 
     cp_attention: CpAttention = Field(
@@ -363,8 +372,13 @@ def validate_layout(
     sched = lay.schedule_
     if sched == "interleaved_1f1b" and lay.vpp == 1:
         v.append(Violation("schedule", "interleaved_1f1b needs vpp > 1"))
-    if sched not in ("interleaved_1f1b", "zero_bubble") and lay.vpp > 1:
-        v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b or zero_bubble schedule, not {sched}"))
+    if is_v_shape(sched) and pp > 1 and lay.vpp != 2:
+        v.append(Violation("vpp", f"the {sched} schedule places exactly two chunks per rank as a V: vpp=2, not {lay.vpp}"))
+    if sched == "dualpipev" and pp > 1 and lay.grad_accum_ < 2 * pp:
+        v.append(Violation("grad_accum", f"dualpipev needs at least 2 x pp = {2 * pp} micro-batches (torch's "
+                           f"ScheduleDualPipeV: one per stage), not {lay.grad_accum_}"))
+    if sched not in ("interleaved_1f1b", "zero_bubble", "zbv", "dualpipev") and lay.vpp > 1:
+        v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b, zero_bubble, zbv or dualpipev schedule, not {sched}"))
     if sched == "zero_bubble" and pp > 1 and not zero_bubble_rounds_ok(pp, lay.grad_accum_):
         rounds = max(1, lay.grad_accum_ // pp)
         v.append(Violation("grad_accum", f"zero bubble runs the {lay.grad_accum_} micro-batches in {rounds} rounds "
@@ -456,19 +470,35 @@ def framework_violations(lay: Layout) -> list[Violation]:
       only ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", DeepSpeed pipeline docs).
     - fsdp (PyTorch FSDP2 / torchtitan): op-level SAC is its own; Megatron's uneven-split options
       are Megatron's (TP communication overlap exists in both: TE userbuffers, torchtitan's async TP).
-    - megatron: op-level SAC is torchtitan's.
-    - zero_bubble is torch.distributed.pipelining's (torchtitan's InterleavedZeroBubble): Megatron-LM
-      (core_v0.16) and DeepSpeed's pipeline engine have no schedule that splits the weight gradient;
-      not with ZeRO-3, whose per-layer reshard drops the deferred weight gradients
+    - megatron: op-level SAC is torchtitan's. Combined 1F1B (`moe_a2a_overlap`,
+      --overlap-moe-expert-parallel-comm) is Megatron-Core's: it needs ep > 1, vpp > 1 when pp > 1,
+      and no full recompute (Megatron-Core user guide, "Combined 1F1B: Expert-Parallel All-to-All
+      Overlap"; Megatron-Bridge's overlap validation).
+    - zero_bubble, zbv and dualpipev are torch.distributed.pipelining's (torchtitan's
+      InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): Megatron-LM (core_v0.16) and DeepSpeed's
+      pipeline engine have no schedule that splits the weight gradient; not with ZeRO-3, whose per-layer reshard drops the deferred weight gradients
       (tests/runtime/test_parallel_layouts.py measured it)."""
     v: list[Violation] = []
     fw = lay.framework
     if lay.recompute == "op_sac" and fw != "fsdp":
         v.append(Violation("recompute", "op_sac (torchtitan's op-level selective checkpointing) needs framework fsdp"))
-    if lay.pp > 1 and lay.schedule_ == "zero_bubble" and fw != "fsdp":
-        v.append(Violation("schedule", f"the zero_bubble schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
-    if lay.pp > 1 and lay.schedule_ == "zero_bubble" and lay.zero_stage == 3:
+    split_backward = lay.schedule_ in ("zero_bubble", "zbv", "dualpipev")
+    if lay.pp > 1 and split_backward and fw != "fsdp":
+        v.append(Violation("schedule", f"the {lay.schedule_} schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
+    if lay.pp > 1 and split_backward and lay.zero_stage == 3:
         v.append(Violation("zero_stage", ZERO_BUBBLE_ZERO3))
+    if lay.moe_a2a_overlap:
+        if fw != "megatron":
+            v.append(Violation("moe_a2a_overlap", f"combined 1F1B (--overlap-moe-expert-parallel-comm) is Megatron-Core's, not {fw}'s"))
+        if lay.ep == 1:
+            v.append(Violation("moe_a2a_overlap", "combined 1F1B overlaps expert-parallel all-to-alls: it needs ep > 1"))
+        if lay.pp > 1 and lay.vpp == 1:
+            v.append(Violation("moe_a2a_overlap", "combined 1F1B with pp > 1 needs interleaving (vpp > 1, Megatron-Core's rule)"))
+        if lay.recompute == "full":
+            v.append(Violation("moe_a2a_overlap", "combined 1F1B does not run with full recompute (Megatron-Core's rule)"))
+        if lay.grad_accum_ < 2:
+            v.append(Violation("moe_a2a_overlap", "combined 1F1B pairs one micro-batch's all-to-alls with another's "
+                               "compute: it needs at least 2 micro-batches per step"))
     if fw == "deepspeed":
         if lay.cp > 1:
             v.append(Violation("cp", "DeepSpeed has no context parallelism (framework deepspeed)"))
@@ -566,6 +596,9 @@ def _split_violations(model: ModelSpec, lay: Layout, partition: StagePartition |
     if partition is not None:
         if (partition.pp, partition.vpp) != (pp, vpp):
             return [Violation("partition", f"cut for pp={partition.pp} x vpp={partition.vpp}, the layout has pp={pp} x vpp={vpp}")]
+        if partition.v_shape != (is_v_shape(lay.schedule_) and pp > 1):
+            placed = "as a V" if partition.v_shape else "looped (chunk c on rank c % pp)"
+            return [Violation("partition", f"chunks placed {placed}, which the {lay.schedule_} schedule does not do")]
         return [Violation("partition", p) for p in partition.problems(model.num_layers)]
     if lay.uneven_split:
         if pp == 1:

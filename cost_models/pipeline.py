@@ -12,11 +12,51 @@ that `torch.distributed.pipelining.ScheduleInterleavedZeroBubble` implements, in
 rank holds v chunks): the backward is split into the input gradient B and the weight gradient W,
 and the W passes fill the idle slots, so a stage's bubble is (p - 1)(F + B - W) instead of 1F1B's
 (p - 1)(F + B + W) (DeepSeek-V3's table writes the same as (PP - 1)(F + B_full - 2W)), divided by v
-when interleaved. Its peak activation memory is 1F1B's: ZB-H1 is built to hold at most p
-micro-batches (the paper's Sec. 3.1), the interleaved variant the interleaved count.
+when interleaved. The paper's ZB-H1 holds 1F1B's p - r micro-batches; torch's implementation does
+not: every rank warms up with p forwards, and the gradients of the weight GEMMs' outputs wait
+between a micro-batch's two backward passes (`split_backward_peaks`, measured).
+
+V-shape schedules hold exactly two chunks per rank, placed as a V: chunk c on rank c for c < p and
+on rank 2p - 1 - c after (`chunk_rank`), so rank 0 holds the embedding *and* the LM head, and
+chunks p - 1 and p meet on rank p - 1 without a send. Times below are of one chunk (half the rank's
+layers): F forward, B the full backward, W its weight-gradient part.
+- zbv (Qi et al. 2024, Sec. 6, "ZB-V"; torch's ScheduleZBVZeroBubble): zero bubble and 1F1B's
+  activation memory when F = B_input = W, with every rank holding p micro-batches of its layers
+  (the schedule balances the ranks; the Sea AI Lab comparison table: bubble 0, activations 1x,
+  pipeline traffic 2x of 1F1B). For unequal times we take (p - 1)(F + B - 3W), clipped at zero:
+  0 at the paper's F = B_input = W, and interleaved 1F1B's (p - 1)(F + B) at v = 2 when W is 0 (a V
+  of chunks without the weight-gradient trick is interleaving with two chunks).
+- dualpipev (DeepSeek's DualPipe repository, "DualPipeV": the cut-in-half DualPipe of Sea AI Lab;
+  torch's ScheduleDualPipeV): bubble (PP/2 - 1)(F&B + B - 3W) with PP = 2p chunks, i.e.
+  (p - 1)(F&B + B - 3W), F&B the time of a forward and a backward chunk of two micro-batches
+  overlapped (compute of both; their communication hides behind it, `step_time`); activations
+  PP + 1 = 2p + 1 chunks, p + 1/2 micro-batches of the rank's layers, on every rank. torch needs at
+  least 2p micro-batches.
 """
 
 from __future__ import annotations
+
+V_SCHEDULES = ("zbv", "dualpipev")
+"""Schedules that place two chunks per rank as a V (module doc)."""
+BUBBLE_FILLING_SCHEDULES = ("zero_bubble", "zbv", "dualpipev")
+"""Schedules whose split weight-gradient passes fill idle slots: their bubble may reach zero."""
+
+
+def is_v_shape(schedule: str) -> bool:
+    return schedule in V_SCHEDULES
+
+
+def chunk_rank(chunk: int, pp: int, v_shape: bool = False) -> int:
+    """Pipeline rank of chunk `chunk`: c % pp when looped (Megatron's interleaving), the V
+    (c, then 2pp - 1 - c) for the V-shape schedules."""
+    if v_shape:
+        return chunk if chunk < pp else 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def v_shape_local_boundaries(pp: int) -> int:
+    """Chunk boundaries of a V-shape pipeline that stay on one rank (chunks pp - 1 and pp)."""
+    return 1 if pp > 1 else 0
 
 
 def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int, rank: int) -> float:
@@ -26,8 +66,14 @@ def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int
         return 1.0
     if schedule == "gpipe":
         return float(micro_batches)
-    if schedule == "1f1b" or (schedule == "zero_bubble" and vpp == 1):
+    if schedule == "1f1b":
         return float(min(micro_batches, pp - rank))
+    if schedule == "zero_bubble" and vpp == 1:  # torch's ZB1P warms every rank up with p forwards
+        return float(min(micro_batches, pp))
+    if schedule == "zbv":  # chunks alive: min(2p, m + 1 + r, 2m), p micro-batches once m >= 2p - 1
+        return min(2 * pp, micro_batches + 1 + rank, 2 * micro_batches) / 2
+    if schedule == "dualpipev":  # 2p + 1 chunks of half the rank's layers
+        return min(2 * pp + 1, 2 * micro_batches) / 2
     if schedule in ("interleaved_1f1b", "zero_bubble"):
         # Megatron's warm-up for rank r: 2*(p - r - 1) + (v - 1)*p chunk forwards, plus the one in
         # steady state; each chunk is 1/v of the rank's layers.
@@ -49,6 +95,10 @@ def bubble_slots(schedule: str, pp: int, vpp: int) -> float:
         return 0.0
     if schedule == "zero_bubble":
         return (pp - 1) / vpp / 3
+    if schedule == "zbv":  # (p - 1)(F + B - 3W) per chunk at F = B_input = W
+        return 0.0
+    if schedule == "dualpipev":  # (p - 1)(F&B + B - 3W) per chunk, F&B = F + B: 2 of a micro-batch's 6 chunk units
+        return (pp - 1) / 3
     if schedule == "interleaved_1f1b":
         return (pp - 1) / vpp
     return float(pp - 1)
@@ -61,6 +111,35 @@ def bubble_fraction(schedule: str, pp: int, vpp: int, micro_batches: int) -> flo
     return idle / (micro_batches + idle)
 
 
+def split_backward_peaks(schedule: str, pp: int, vpp: int, micro_batches: int, rank: int) -> list[tuple[float, float]]:
+    """Candidate peaks of a rank as (a, g) pairs: a micro-batches of the rank's saved activations and
+    g micro-batches of its *pending weight-output gradients* alive together; the rank's peak is the
+    largest a x acts + g x pending (`stage_table.price_memory`; pending = `activations.
+    pending_weight_gradient_bytes`, the gradients of the weight GEMMs' outputs, which a split
+    backward keeps from a chunk's input-gradient pass until its weight-gradient pass).
+
+    Measured with torch 2.13's schedules on fake-world traces and replays of their action lists
+    (Llama-3-8B TP4 x PP4, 8 micro-batches; docs/verification-notes.md):
+    - zero_bubble, one chunk per rank (ScheduleInterleavedZeroBubble): every rank runs p forwards
+      first, and rank r >= 1 holds up to r + 1 micro-batches between their two passes: (min(m, p),
+      min(m, r + 1)); rank 0 none at its peak (traced within 3% with none, +8.5% with one). Interleaved (v > 1): the interleaved count and r + 1 chunks pending, 1/v of a
+      micro-batch each (not measured).
+    - zbv: the steady state holds min(2p, m + 1 + r, 2m) chunks and one chunk pending; in the
+      cool-down (m >= 2p - 1) rank r runs r input passes on each chunk before any weight pass:
+      (p + r) chunks and 2r + 1 chunks pending. Chunks are half a micro-batch of the rank's layers.
+    - every other schedule: (`in_flight_micro_batches`, 0)."""
+    m, r = micro_batches, rank
+    base = in_flight_micro_batches(schedule, pp, vpp, m, r)
+    if pp == 1 or schedule not in ("zero_bubble", "zbv"):
+        return [(base, 0.0)]
+    if schedule == "zero_bubble":  # rank 0 ends the backward chain: its weight pass follows at once
+        return [(base, (min(m, r + 1) if r else 0) / vpp)]
+    out = [(base, 0.5)]
+    if m >= 2 * pp - 1:
+        out.append(((pp + r) / 2, (2 * r + 1) / 2))
+    return out
+
+
 def zero_bubble_rounds_ok(pp: int, micro_batches: int) -> bool:
     """torch's ScheduleInterleavedZeroBubble runs the micro-batches in max(1, m // pp) rounds and
     refuses a count that is not a multiple of the rounds."""
@@ -69,7 +148,7 @@ def zero_bubble_rounds_ok(pp: int, micro_batches: int) -> bool:
 
 
 ZERO_BUBBLE_ZERO3 = (
-    "zero_bubble with ZeRO-3: FSDP2 reshards a layer when its input-gradient pass ends, before the "
+    "zero_bubble, zbv or dualpipev with ZeRO-3: FSDP2 reshards a layer when its input-gradient pass ends, before the "
     "weight-gradient pass, whose gradients are then lost (measured on torch 2.13, "
     "tests/runtime/test_parallel_layouts.py; torchtitan keeps weights unsharded under pipelining): use zero_stage 2"
 )

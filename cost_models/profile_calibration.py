@@ -402,7 +402,7 @@ def reprice_step_s(job: dict[str, Any], cal: Calibration) -> float:
     training = TrainingSpec(**job["training"])
     layout = Layout(**job["layout"])
     part = job.get("partition")
-    partition = StagePartition(tuple(part), layout.pp, layout.vpp) if part else None
+    partition = StagePartition.explicit(part, layout) if part else None
     return estimate(model, training, cluster, int(job["gpus"]), layout, partition, calibration=cal).step_s
 
 

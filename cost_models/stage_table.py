@@ -31,13 +31,13 @@ from cost_models.activations import (
 )
 from cost_models.calibration import Calibration
 from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
-from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times, routed_rows
+from cost_models.compute import LayerTime, ShardGeometry, layer_gemms, layer_time, lm_head_times, routed_rows
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh import MeshLike, mesh_strides
-from cost_models.pipeline import in_flight_micro_batches
+from cost_models.pipeline import in_flight_micro_batches, split_backward_peaks
 from cost_models.stages import StagePartition
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
@@ -130,7 +130,7 @@ def _layer_arrays(
     scan_transient = mamba_backward_transient_bytes(model, actx)
     # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
     names = ("dense", "expert", "a0", "a1", "a2", "a3", "fwd", "fb", "sel", "osac", "attn_f", "moe",
-             "dense_w", "expert_w", "dense_t", "expert_t", "deq")
+             "dense_w", "expert_w", "dense_t", "expert_t", "deq", "pend")
     out: dict[str, list[Any]] = {k: [] for k in names}
     for i in firsts:
         key = all_kinds[i]
@@ -151,6 +151,8 @@ def _layer_arrays(
         out["moe"].append(float(key[0]))
         dense, expert = out["dense"][-1], out["expert"][-1]
         transient = scan_transient if model.is_mamba_layer(i) else 0.0
+        # the gradient of every weight GEMM's output waits for the weight pass (frozen weights have none)
+        out["pend"].append(actx.act_bytes * sum(float(gm.m * gm.n * gm.count) for gm in layer_gemms(model, i, g)) if ft is None else 0.0)
         if ft is None:
             out["dense_w"].append(pb * dense)
             out["expert_w"].append(pb * expert)
@@ -256,7 +258,7 @@ def _partition_index(partition: StagePartition) -> tuple[np.ndarray, np.ndarray,
     """Of a partition: each layer's pipeline rank, the (pp, layers) mask of the layers each rank
     holds, and the bincount bins of `_rank_sums`' quantities (row-major, read-only arrays)."""
     pp = partition.pp
-    owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
+    owner = np.repeat(np.array(partition.chunk_ranks, dtype=np.int64), partition.chunk_layers)
     mine = owner[None, :] == np.arange(pp)[:, None]
     bins = (owner[None, :] + pp * np.arange(_RANK_QUANTITIES)[:, None]).ravel()
     for a in (owner, mine, bins):
@@ -342,6 +344,10 @@ class StageTable:
     """(4, pp): saved bytes per micro-batch of the layers whose activations go to the host
     (`Layout.activation_offload_layers`, the first ones of each rank), per RECOMPUTE_MODES."""
     offloaded_layers: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (pp,) layers offloaded per rank
+    pending_wgrad: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """(pp,): bytes per micro-batch of the gradients of the rank's weight-GEMM outputs, which a split
+    backward (zero_bubble, zbv) keeps between a chunk's input- and weight-gradient passes
+    (`pipeline.split_backward_peaks`)."""
 
 
 _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
@@ -533,11 +539,12 @@ def build_table(
     weight_bytes, trainable = weight_bytes.copy(), trainable.copy()
     outside = np.zeros(pp)  # embedding, final norm, LM head: compute dtype; frozen under LoRA / QLoRA
     outside[0] += pc.embedding / tp
-    outside[pp - 1] += pc.final_norm
+    head_rank = partition.head_rank  # pp - 1, or rank 0 under a V-shape schedule
+    outside[head_rank] += pc.final_norm
     if pc.lm_head:
-        outside[pp - 1] += pc.lm_head / tp
-    elif pp > 1:  # tied embeddings: the last stage keeps its own copy of the head
-        outside[pp - 1] += model.vocab_size * model.hidden_size / tp
+        outside[head_rank] += pc.lm_head / tp
+    elif pp > 1:  # tied embeddings: the last chunk keeps its own copy of the head (its own module, even in a V)
+        outside[head_rank] += model.vocab_size * model.hidden_size / tp
     dense += outside
     weight_bytes[0] += training.param_bytes * outside
     if ft is None:
@@ -551,8 +558,8 @@ def build_table(
         # LM head stays bf16 under FP8; frozen under LoRA / QLoRA
         head = store[head_key] = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, ft is not None)
     head_fwd, head_bwd = head
-    compute[pp - 1] += head_fwd + head_bwd
-    forward[pp - 1] += head_fwd
+    compute[head_rank] += head_fwd + head_bwd
+    forward[head_rank] += head_fwd
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
     tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = comm
@@ -576,6 +583,7 @@ def build_table(
         mesh.communicator_groups, channels, weight_bytes, trainable,
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
         peaks[0], peaks[1], peaks[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
+        pending_wgrad=counts @ per_class["pend"],
     )
 
 
@@ -665,6 +673,19 @@ class KnobArrays:
             np.array([s.offload_nvme for s in settings]),
             np.array([s.hpz for s in settings], dtype=np.int64),
         )
+
+
+@lru_cache(maxsize=4096)
+def _split_peaks(schedule: str, pp: int, vpp: int, grad_accum: int) -> tuple[np.ndarray, np.ndarray]:
+    """`pipeline.split_backward_peaks` of every rank as (C, pp) arrays of activation and pending
+    micro-batches (ranks with fewer candidates repeat their first; read-only)."""
+    cands = [split_backward_peaks(schedule, pp, vpp, grad_accum, r) for r in range(pp)]
+    c = max(len(x) for x in cands)
+    a = np.array([[x[min(i, len(x) - 1)][0] for x in cands] for i in range(c)])
+    g = np.array([[x[min(i, len(x) - 1)][1] for x in cands] for i in range(c)])
+    for arr in (a, g):
+        arr.flags.writeable = False
+    return a, g
 
 
 @lru_cache(maxsize=4096)
@@ -834,14 +855,19 @@ def price_memory(
     else:
         params, grads, opt, host, nvme, embedding_transient = _state_bytes(t, knobs)
     inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
-    acts = (t.acts * inflight[None, :])[mode]  # per recompute mode, then per setting
+    a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_)  # (C, pp) candidate peaks
+    if g_units.any():  # a split backward: saved activations and pending weight-output gradients
+        peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
+        acts = peaks.max(axis=0)[mode]  # (C, modes, pp) -> per recompute mode, then per setting
+    else:
+        acts = (t.acts * inflight[None, :])[mode]  # per recompute mode, then per setting
     if m.activation_offload_layers:
         # offloaded layers stay on the GPU only as the two layers being copied out / prefetched back
         staging = 2 * np.divide(t.offloaded_acts, np.maximum(t.offloaded_layers, 1.0)[None, :])
         on_host = (t.offloaded_acts * inflight[None, :])[mode]
         acts = acts - on_host + np.minimum(staging, t.offloaded_acts * inflight[None, :])[mode]
     logits = np.zeros((len(settings), pp))
-    logits[:, pp - 1] = t.logits
+    logits[:, t.partition.head_rank] = t.logits
     if m.framework == "fsdp" and pp > 1 and schedule == "gpipe" and m.grad_accum_ > 1:
         # torch.distributed.pipelining's GPipe runs every forward, then every backward. Gradients
         # do not exist before the first backward (zero_grad sets them to None; FSDP2 allocates the
@@ -854,7 +880,7 @@ def price_memory(
         one = t.acts[mode]  # (J, pp): one micro-batch
         acts = acts - np.minimum(one, grads)
         actx = activation_context(tr, m, t.model)
-        logits[:, pp - 1] += (m.grad_accum_ - 1) * retained_logits_bytes(t.model, actx, m.cross_entropy_)
+        logits[:, t.partition.head_rank] += (m.grad_accum_ - 1) * retained_logits_bytes(t.model, actx, m.cross_entropy_)
     # stored bytes per gathered element of the largest layer (the compute dtype's, less under QLoRA)
     bytes_per_element = np.divide(t.largest_weight_bytes, np.maximum(t.largest_layer, 1.0))
     if m.framework == "deepspeed":  # gathers bounded by max_live_parameters, gradients by the bucket
@@ -913,7 +939,7 @@ def price_memory(
             # Llama-3-8B TP4 x PP4, 8 micro-batches: 8 + 8 (1, 2048, 4096) bf16 buffers on
             # stages 1-2, 8 on stages 0 and 3). The sends reuse the stage outputs.
             ranks = np.arange(pp)
-            chunks = 2 * vpp - (ranks == 0) - (ranks == pp - 1)
+            chunks = 2 * vpp - (ranks == 0) - (ranks == t.partition.head_rank)
             buffers = buffers + (chunks * m.grad_accum_ * t.boundary_bytes)[None, :]
         else:
             buffers = buffers + 2 * t.boundary_bytes
@@ -931,8 +957,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     J = len(settings)
     knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
     dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
-    zero_bubble = t.mesh.schedule_ == "zero_bubble"
-    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal, zero_bubble)
+    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal, t.mesh.schedule_)
     prices.stage_time = per_mb
     prices.parts = parts
     prices.step_s = step
@@ -941,7 +966,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
 
 def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """Seconds no knob setting of this table can beat (`step_time.lower_bound`)."""
-    return step_time.table_lower_bound(t, vpp, cal, t.mesh.schedule_ == "zero_bubble")
+    return step_time.table_lower_bound(t, vpp, cal)
 
 
 _DP_GRIDS: dict[tuple, tuple[tuple[object, ...], step_time.DataParallelTimes]] = {}

@@ -2,14 +2,17 @@
 
 A partition is a tuple of layer counts, one per *chunk*, in model order. With `pp` ranks and `vpp`
 virtual stages there are `pp * vpp` chunks; chunk `c` runs on rank `c % pp` (Megatron's
-interleaved assignment). The embedding is on chunk 0 (rank 0), the final norm, LM head and loss on
-the last chunk (rank pp - 1).
+interleaved assignment), or, under a V-shape schedule (zbv, dualpipev: two chunks per rank), on
+rank c and then 2pp - 1 - c (`cost_models.pipeline.chunk_rank`). The embedding is on chunk 0
+(rank 0), the final norm, LM head and loss on the last chunk (rank pp - 1; rank 0 in a V).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from cost_models.pipeline import chunk_rank, is_v_shape
 
 
 class SplitLike(Protocol):
@@ -29,6 +32,8 @@ class SplitLike(Protocol):
     def decoder_last_pipeline_num_layers(self) -> int | None: ...
     @property
     def uneven_split(self) -> bool: ...
+    @property
+    def schedule_(self) -> str: ...
 
 
 def even_partition(num_layers: int, chunks: int) -> tuple[int, ...]:
@@ -111,22 +116,42 @@ class StagePartition:
     chunk_layers: tuple[int, ...]
     pp: int
     vpp: int = 1
+    v_shape: bool = False  # chunks placed as a V (zbv, dualpipev: vpp = 2)
 
     def __post_init__(self) -> None:
         if len(self.chunk_layers) != self.pp * self.vpp:
             raise ValueError(f"{len(self.chunk_layers)} chunks given for pp={self.pp} x vpp={self.vpp}")
         if any(n < 0 for n in self.chunk_layers):
             raise ValueError("negative layer count in partition")
+        if self.v_shape and self.vpp != 2:
+            raise ValueError(f"a V-shape pipeline holds two chunks per rank, not vpp={self.vpp}")
+
+    @property
+    def chunk_ranks(self) -> tuple[int, ...]:
+        """Pipeline rank of every chunk, in model order."""
+        return tuple(chunk_rank(c, self.pp, self.v_shape) for c in range(self.pp * self.vpp))
+
+    @property
+    def head_rank(self) -> int:
+        """The rank of the last chunk (final norm, LM head, loss): pp - 1, or 0 in a V."""
+        return 0 if self.v_shape else self.pp - 1
 
 
     @classmethod
-    def even(cls, num_layers: int, pp: int, vpp: int = 1) -> StagePartition:
-        return cls(even_partition(num_layers, pp * vpp), pp, vpp)
+    def even(cls, num_layers: int, pp: int, vpp: int = 1, v_shape: bool = False) -> StagePartition:
+        return cls(even_partition(num_layers, pp * vpp), pp, vpp, v_shape)
+
+    @classmethod
+    def explicit(cls, chunk_layers: tuple[int, ...] | list[int], layout: SplitLike) -> StagePartition:
+        """A partition given chunk by chunk (a job's `partition`), placed as the layout's schedule
+        places chunks. Raises `ValueError` when the chunk count is not pp x vpp."""
+        return cls(tuple(chunk_layers), layout.pp, layout.vpp, is_v_shape(layout.schedule_) and layout.pp > 1)
 
     @classmethod
     def for_layout(cls, num_layers: int, layout: SplitLike) -> StagePartition:
         """The partition a layout asks for: Megatron-Core's split (`megatron_split`) when it sets
         an uneven-split option, else `even` (which Megatron also cuts when the layers divide)."""
+        v_shape = is_v_shape(layout.schedule_) and layout.pp > 1
         if layout.uneven_split:
             return cls(
                 megatron_split(
@@ -138,8 +163,9 @@ class StagePartition:
                 ),
                 layout.pp,
                 layout.vpp,
+                v_shape,
             )
-        return cls.even(num_layers, layout.pp, layout.vpp)
+        return cls.even(num_layers, layout.pp, layout.vpp, v_shape)
 
     @property
     def num_layers(self) -> int:
@@ -168,7 +194,7 @@ class StagePartition:
     def rank_layers(self, rank: int) -> list[int]:
         """Global layer indices held by pipeline rank `rank` (all its virtual chunks)."""
         ranges = self.chunk_ranges()
-        return [i for c in range(rank, self.pp * self.vpp, self.pp) for i in ranges[c]]
+        return [i for c, r in enumerate(self.chunk_ranks) if r == rank for i in ranges[c]]
 
     def rank_layer_counts(self) -> list[int]:
         return [len(self.rank_layers(r)) for r in range(self.pp)]

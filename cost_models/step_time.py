@@ -40,11 +40,22 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
     traffic than the phase lasts (the excess is reported as `comm_wait_s`).
     The pipeline send/recv of each of the rank's vpp chunk boundaries (activations forward,
     gradients backward) hides `Overlap.pp` of itself (batched isend/irecv in the 1F1B steady state).
+    DualPipeV pairs the forward chunk of one micro-batch with the backward chunk of another
+    ("F&B", DeepSeek-V3 report Sec. 3.2.1; torchtitan's `pipeline_parallel_expert_parallel_overlap`
+    runs the two on two threads that alternate compute and EP communication), and so does
+    Megatron-Core's combined 1F1B (`Layout.moe_a2a_overlap`, --overlap-moe-expert-parallel-comm,
+    "1F1B A2A overlap": a micro-batch's dispatch and combine beside the adjacent one's forward or
+    backward compute, user guide "Combined 1F1B: Expert-Parallel All-to-All Overlap"): the MoE all-to-alls
+    of both hide behind the compute of both, so the pair lasts max(F + B, busiest channel of both),
+    and the communication kernels hold `DUALPIPE_COMM_SMS` of the GPU's SMs meanwhile (the compute
+    of a rank with expert-parallel traffic runs on the rest).
 
 The step (`compose`):
     pipeline   m x slowest micro-batch + (sum_r t_r - max_r t_r) / v         (Narayanan et al. 2021)
                zero bubble: each other rank's t_r less twice its weight-gradient share W_r, which
                fills the idle slots: (p - 1)(F + B - W) / v (Qi et al. 2024; `cost_models.pipeline`)
+               zbv: max(0, t_r - 3 W_r) / 2 per other rank; dualpipev: max(0, t_r + B_r - 3 W_r) / 2
+               (the chunk formulas of `cost_models.pipeline` with chunks of half the rank's layers)
     + gradient reduction once per step (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter, the all-reduce
       across replicas of hybrid sharding) in the window Megatron's `--overlap-grad-reduce` gives it:
       the last micro-batch's backward, bucket by bucket, and the pipeline drain after this rank's
@@ -70,7 +81,7 @@ from cost_models.calibration import Calibration
 from cost_models.comm import CHANNELS, HOST, Group, collective_cost
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
-from cost_models.pipeline import ZB_WEIGHT_SHARE
+from cost_models.pipeline import BUBBLE_FILLING_SCHEDULES, ZB_WEIGHT_SHARE
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec
@@ -121,6 +132,28 @@ QWZ_HBM_BYTES_PER_ELEMENT = 3.0
 QGZ_HBM_BYTES_PER_ELEMENT = 5.0
 """HBM bytes per gradient element of qgZ's kernels: quantize (read 16 bits, write 4) and, after the
 all-to-all, dequantize and reduce (read 4 bits, write 16)."""
+
+DUALPIPE_COMM_SMS = 20
+"""SMs the communication kernels take while DualPipe overlaps them with compute: "only 20 SMs are
+sufficient to fully utilize the bandwidths of IB and NVLink" (DeepSeek-V3 technical report,
+Sec. 3.2.2, H800 with 132 SMs). Compute beside them runs on the other SMs."""
+
+
+def fb_paired(mesh: object) -> bool:
+    """Whether a micro-batch's forward runs beside another's backward with the all-to-alls of both
+    hidden behind their compute: DualPipeV (pp > 1), or Megatron's combined 1F1B
+    (`Layout.moe_a2a_overlap`)."""
+    return (getattr(mesh, "pp", 1) > 1 and getattr(mesh, "schedule_", "") == "dualpipev") or bool(
+        getattr(mesh, "moe_a2a_overlap", False)
+    )
+
+
+def comm_sm_slowdown(sm_count: int | None) -> float:
+    """Factor on compute seconds while `DUALPIPE_COMM_SMS` SMs carry communication: sm / (sm - 20)
+    (132 SMs, the H100/H800 count, when the catalog gives none)."""
+    sms = sm_count or 132
+    return sms / max(sms - DUALPIPE_COMM_SMS, 1)
+
 
 _FULL = np.array([0.0, 0.0, 1.0, 0.0])[:, None]
 """Rows of RECOMPUTE_MODES (none, selective, full, op_sac) that re-run whole layers, as a (4, 1) mask."""
@@ -329,8 +362,15 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     m = t.mesh
     ov = cal.overlap(m.framework)
     pp = m.pp
-    forward = t.forward
-    backward = t.compute - t.forward
+    eps = t.ep_per_moe_layer
+    # DualPipeV's F&B pairs and Megatron's combined 1F1B hide the all-to-alls behind compute run
+    # beside the comm kernels (module doc)
+    fb_pairs = fb_paired(m)
+    ep_exposed_share = 0.0 if fb_pairs else 1 - ov.ep
+    slow = np.where(fb_pairs & (t.moe_layers > 0) & (eps > 0), comm_sm_slowdown(t.cluster.gpu.sm_count), 1.0)
+    forward = t.forward * slow
+    backward = (t.compute - t.forward) * slow
+    recompute = t.recompute * slow[None, :]
     full = _FULL * t.recomputed_layers[None, :]  # (modes, pp) layers re-run in the backward
     full_moe = _FULL * t.recomputed_moe[None, :]
     tp_hidden = ov.tp if t.tp_overlap else 0.0
@@ -344,13 +384,12 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     cp_f_busy, cp_b_busy0 = t.cp_busy
     cp_b_exp = cp_b_exp0[None, :] + share * cp_f_exp[None, :]
     cp_b_busy = cp_b_busy0[None, :] + share * cp_f_busy[None, :]
-    eps = t.ep_per_moe_layer
     ep_f = t.moe_layers * eps
     ep_b = (t.moe_layers[None, :] + full_moe) * eps
     p2p_one_way = vpp * t.p2p if pp > 1 else 0.0
 
-    sum_f = forward + tp_f_exp + cp_f_exp + ep_f * (1 - ov.ep)
-    sum_b = backward[None, :] + t.recompute + tp_b_exp + cp_b_exp + ep_b * (1 - ov.ep)
+    sum_f = forward + tp_f_exp + cp_f_exp + ep_f * ep_exposed_share
+    sum_b = backward[None, :] + recompute + tp_b_exp + cp_b_exp + ep_b * ep_exposed_share
     tp_ch, cp_ch, ep_ch, pp_ch, etp_ch = t.channels
     busy_f = np.zeros((len(_FULL), CHANNELS, pp))
     busy_b = np.zeros((len(_FULL), CHANNELS, pp))
@@ -370,11 +409,11 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     busy_f[:, HOST] += t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
     busy_b[:, HOST] += t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
     parts = np.empty((5, len(_FULL), pp))
-    parts[0] = t.compute
-    parts[1] = t.recompute
+    parts[0] = t.compute * slow
+    parts[1] = recompute
     parts[2] = tp_f_exp[None, :] + tp_b_exp
     parts[3] = cp_f_exp[None, :] + cp_b_exp
-    parts[4] = (ep_f[None, :] + ep_b) * (1 - ov.ep)
+    parts[4] = (ep_f[None, :] + ep_b) * ep_exposed_share
     weight_grad = ZB_WEIGHT_SHARE * backward
     return PhaseArrays(sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts, weight_grad)
 
@@ -386,11 +425,12 @@ def compose(
     phases: PhaseArrays,
     vpp: int,
     cal: Calibration,
-    zero_bubble: bool = False,
+    schedule: str = "1f1b",
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Step seconds of every setting of `knobs` (module doc): (step (J,), per-micro-batch time of
     every rank (J, pp), the parts (J,) named in `STEP_PARTS`, which sum to the step).
-    `zero_bubble`: the schedule is ZB1P, whose weight-gradient passes fill the bubble."""
+    `schedule`: the pipeline schedule (`Layout.schedule_`), which sets the bubble (and, for
+    dualpipev, pairs a forward with a backward)."""
     m = t.mesh
     ov = cal.overlap(m.framework)
     pp, mb_count = m.pp, m.grad_accum_
@@ -403,14 +443,23 @@ def compose(
     busy_f, busy_b = _busy(knobs, dp, phases)  # (J, CHANNELS, pp)
     t_f = np.maximum(sum_f, busy_f.max(axis=1))
     t_b = np.maximum(sum_b, busy_b.max(axis=1))
-    per_mb = t_f + t_b + phases.pp_exposed
+    if fb_paired(m):  # F&B: a forward and a backward chunk share one window
+        per_mb = np.maximum(sum_f + sum_b, (busy_f + busy_b).max(axis=1)) + phases.pp_exposed
+    else:
+        per_mb = t_f + t_b + phases.pp_exposed
     slow = per_mb.argmax(axis=1)
     t_max = per_mb[rows, slow]
+    w = phases.weight_grad[None, :]
     if pp == 1:
         bubble = np.zeros(J)
-    elif zero_bubble:  # every rank but the slowest idles (t_r - 2 W_r) per slot, never below zero
-        idle = np.maximum(0.0, per_mb - 2 * phases.weight_grad[None, :])
-        bubble = (idle.sum(axis=1) - idle[rows, slow]) / vpp
+    elif schedule in ("zero_bubble", "zbv", "dualpipev"):  # every rank but the slowest idles, never below zero
+        if schedule == "zero_bubble":  # (t_r - 2 W_r) per slot / v
+            idle = np.maximum(0.0, per_mb - 2 * w) / vpp
+        elif schedule == "zbv":  # (p - 1)(F + B - 3W) of chunks of half the rank
+            idle = np.maximum(0.0, per_mb - 3 * w) / 2
+        else:  # dualpipev: (p - 1)(F&B + B - 3W) of such chunks
+            idle = np.maximum(0.0, per_mb + t_b - 3 * w) / 2
+        bubble = idle.sum(axis=1) - idle[rows, slow]
     else:
         bubble = (per_mb.sum(axis=1) - t_max) / vpp
 
@@ -435,7 +484,7 @@ def compose(
     np.multiply(mb_count, at, out=parts[:5])
     parts[5] = mb_count * phases.pp_exposed
     parts[6] = mb_count * (dp.exposed_f[pair, slow] + dp.exposed_b[pair, slow]) + exposed_reduce[rows, tail_rank] + gather_s
-    parts[7] = mb_count * ((t_f - sum_f)[rows, slow] + (t_b - sum_b)[rows, slow])
+    parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
     parts[10] = cal.step_overhead_s
@@ -485,25 +534,26 @@ def lower_bound(
     pp_exposed: float,
     vpp: int,
     grad_accum: int,
-    zero_bubble: bool = False,
+    bubble_free: bool = False,
 ) -> float:
     """Seconds no knob setting can beat, from per-rank arrays (length pp): compute (forward +
     backward) and the knob-independent exposed communication (TP, CP, EP without recompute) of
     one micro-batch, and the pipeline send/recv exposed per micro-batch. Every knob (recompute,
     ZeRO traffic, once-per-step reduction, optimizer, offload) only adds to it, and the channel
-    rooflines only raise it. A zero-bubble schedule's bubble is bounded by zero (its weight
-    passes may fill it)."""
+    rooflines only raise it. `bubble_free`: a schedule whose weight passes may fill the bubble
+    (zero_bubble, zbv, dualpipev): bounded by zero."""
     per = compute + exposed + pp_exposed
     worst = float(per.max())
-    bubble = (float(per.sum()) - worst) / vpp if len(per) > 1 and not zero_bubble else 0.0
+    bubble = (float(per.sum()) - worst) / vpp if len(per) > 1 and not bubble_free else 0.0
     return grad_accum * worst + bubble
 
 
-def table_lower_bound(t: StageTable, vpp: int, cal: Calibration, zero_bubble: bool = False) -> float:
+def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """`lower_bound` of a built table."""
     ph = phase_arrays(t, vpp, cal)
     exposed = ph.sum_f + ph.sum_b[0] - t.compute
-    return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_, zero_bubble)
+    bubble_free = t.mesh.schedule_ in BUBBLE_FILLING_SCHEDULES
+    return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_, bubble_free)
 
 
 __all__ = [

@@ -20,7 +20,7 @@ Data (`PartitionData`, plain numbers; `build_partition_data` fills it from the c
     per rank r:   f_r   micro-batches in flight at the rank's peak (`in_flight_micro_batches`)
                   fixed seconds and bytes (p2p, buffers, CUDA context, ...)
     extras:       embedding seconds / bytes on rank 0 (chunk 0), LM head + loss seconds and
-                  bytes (its states and the logits) on rank pp - 1 (the last chunk), and the
+                  bytes (its states and the logits) on the last chunk's rank (pp - 1; 0 in a V), and the
                   working set of one layer being recomputed (on ranks that recompute at all).
     All bytes are what the rank reserves, allocator fragmentation included.
 
@@ -72,7 +72,7 @@ from cost_models.context import PricingContext
 from cost_models.estimate import Estimate, price
 from cost_models.layout import Layout
 from cost_models.memory import MemoryBreakdown
-from cost_models.pipeline import in_flight_micro_batches
+from cost_models.pipeline import chunk_rank, in_flight_micro_batches, is_v_shape
 from cost_models.stage_table import LayerKind, layer_kinds
 from cost_models.stages import StagePartition
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -118,12 +118,13 @@ class PartitionData:
     rank_bytes: tuple[float, ...] = ()  # fixed bytes per rank; empty = zeros
     embedding_time_s: float = 0.0  # rank 0 (chunk 0)
     embedding_bytes: float = 0.0
-    head_time_s: float = 0.0  # rank pp - 1 (last chunk): final norm, LM head, loss
+    head_time_s: float = 0.0  # the last chunk's rank (`head_rank`): final norm, LM head, loss
     head_bytes: float = 0.0  # its states and the logits
     layer_working_bytes: tuple[float, ...] = ()  # full activations while recomputed; empty = zeros
     recompute: RecomputeChoice = "none"
     recompute_layers: int | None = None
     notes: tuple[str, ...] = field(default=())  # how the data was derived (approximations)
+    v_shape: bool = False  # chunks placed as a V (zbv, dualpipev): the head on rank 0
 
     def __post_init__(self) -> None:
         n = self.num_layers
@@ -149,11 +150,31 @@ class PartitionData:
     def chunks(self) -> int:
         return self.pp * self.vpp
 
+    @property
+    def head_rank(self) -> int:
+        return 0 if self.v_shape else self.pp - 1
+
+    def chunk_rank(self, c: int) -> int:
+        return chunk_rank(c, self.pp, self.v_shape)
+
+    def rank_chunks(self, rank: int) -> list[int]:
+        """The chunks of `rank`, in model order."""
+        return [c for c in range(self.chunks) if self.chunk_rank(c) == rank]
+
+    def next_chunk_of_rank(self, c: int) -> int | None:
+        """The rank's chunk after chunk `c` in model order (None: `c` is its last)."""
+        own = self.rank_chunks(self.chunk_rank(c))
+        i = own.index(c)
+        return own[i + 1] if i + 1 < len(own) else None
+
+    def stage_partition(self, chunk_layers: tuple[int, ...] | list[int]) -> StagePartition:
+        return StagePartition(tuple(chunk_layers), self.pp, self.vpp, self.v_shape)
+
     def fixed_time_s(self, rank: int) -> float:
         t = self.rank_time_s[rank] if self.rank_time_s else 0.0
         if rank == 0:
             t += self.embedding_time_s
-        if rank == self.pp - 1:
+        if rank == self.head_rank:
             t += self.head_time_s
         return t
 
@@ -161,7 +182,7 @@ class PartitionData:
         b = self.rank_bytes[rank] if self.rank_bytes else 0.0
         if rank == 0:
             b += self.embedding_bytes
-        if rank == self.pp - 1:
+        if rank == self.head_rank:
             b += self.head_bytes
         return b
 
@@ -185,16 +206,16 @@ class PartitionResult:
     def ok(self) -> bool:
         return self.status in ("optimal", "feasible")
 
-    def stage_partition(self, pp: int, vpp: int = 1) -> StagePartition:
+    def stage_partition(self, pp: int, vpp: int = 1, v_shape: bool = False) -> StagePartition:
         if not self.ok:
             raise ValueError(f"no partition ({self.status}): {self.message}")
-        return StagePartition(self.chunk_layers, pp, vpp)
+        return StagePartition(self.chunk_layers, pp, vpp, v_shape)
 
 
 def evaluate(data: PartitionData, chunk_layers: tuple[int, ...] | list[int], recompute_per_rank: tuple[int, ...] | list[int] | None = None) -> tuple[list[float], list[float]]:
     """(seconds, bytes) of every rank for a given cut, in floats, with the solver's semantics:
     rank r recomputes the first `recompute_per_rank[r]` of its layers in model order."""
-    part = StagePartition(tuple(chunk_layers), data.pp, data.vpp)
+    part = data.stage_partition(chunk_layers)
     ks = list(recompute_per_rank) if recompute_per_rank is not None else [0] * data.pp
     times, mem = [], []
     for r in range(data.pp):
@@ -316,10 +337,6 @@ class _Lookups:
         return self.cache[key]
 
 
-def _chunk_rank(c: int, pp: int) -> int:
-    return c % pp
-
-
 def _cut_variables(m: cp_model.CpModel, data: PartitionData, spread: int) -> list[cp_model.IntVar | int]:
     """start[c] for c = 0..C: contiguous chunks of at least one layer (start[0] = 0, start[C] = L).
     The chunks of one rank differ by at most `spread` layers (interleaving assumes equal chunks)."""
@@ -328,7 +345,7 @@ def _cut_variables(m: cp_model.CpModel, data: PartitionData, spread: int) -> lis
     for c in range(C):
         m.add(start[c + 1] >= start[c] + 1)
     for r in range(P):
-        own = list(range(r, C, P))
+        own = data.rank_chunks(r)
         for a in own:
             for b in own:
                 if a != b:
@@ -349,10 +366,11 @@ def _recompute_variables(m: cp_model.CpModel, data: PartitionData, start: list) 
     redo = [m.new_int_var(0, L - C + 1, f"redo[{c}]") for c in range(C)]
     for c in range(C):
         m.add(redo[c] <= start[c + 1] - start[c])
-        if c + P < C:
+        after = data.next_chunk_of_rank(c)
+        if after is not None:
             whole = m.new_bool_var(f"whole[{c}]")
             m.add(redo[c] == start[c + 1] - start[c]).only_enforce_if(whole)
-            m.add(redo[c + P] == 0).only_enforce_if(~whole)
+            m.add(redo[after] == 0).only_enforce_if(~whole)
     k = None
     if data.recompute == "uniform":
         k = m.new_int_var(0, L, "K")
@@ -396,7 +414,7 @@ def _variables(m: cp_model.CpModel, data: PartitionData, s: _Scaled, spread: int
     recompute_time: cp_model.LinearExprT = 0
     ends: dict[int, cp_model.IntVar] = {}  # chunk -> index after its last recomputed layer
     for c in range(C):
-        r = _chunk_rank(c, P)
+        r = data.chunk_rank(c)
         rank_time[r] += at.at("time", s.time, start[c + 1]) - at.at("time", s.time, start[c])
         rank_bytes[r] += at.at(f"keep{r}", s.keep[r], start[c + 1]) - at.at(f"keep{r}", s.keep[r], start[c])
         if redo[c] is ALL:
@@ -443,7 +461,7 @@ def _peak_memory(m: cp_model.CpModel, v: _Vars, s: _Scaled) -> cp_model.IntVar:
 
 def _hint_even(m: cp_model.CpModel, v: _Vars, data: PartitionData) -> None:
     """Start the search from the even cut (the solver repairs it when it does not fit)."""
-    bounds = _prefix(list(StagePartition.even(data.num_layers, data.pp, data.vpp).chunk_layers))
+    bounds = _prefix(list(StagePartition.even(data.num_layers, data.pp, data.vpp, data.v_shape).chunk_layers))
     for c in range(1, data.chunks):
         m.add_hint(v.start[c], bounds[c])
 
@@ -488,7 +506,7 @@ def _read(solver: cp_model.CpSolver, v: _Vars, data: PartitionData) -> tuple[tup
     bounds = [solver.value(x) for x in v.start]
     counts = tuple(bounds[c + 1] - bounds[c] for c in range(C))
     redo = [counts[c] if x is ALL else x if isinstance(x, int) else solver.value(x) for c, x in enumerate(v.redo)]
-    ks = tuple(sum(redo[c] for c in range(r, C, P)) for r in range(P))
+    ks = tuple(sum(redo[c] for c in data.rank_chunks(r)) for r in range(P))
     k = solver.value(v.uniform_k) if v.uniform_k is not None else data.recompute_layers
     return counts, ks, k
 
@@ -564,7 +582,7 @@ def partition_layers(
 def fit_recompute(data: PartitionData, chunk_layers: tuple[int, ...] | list[int]) -> list[int] | None:
     """The least recompute that makes a given cut fit (per rank, or one count K for "uniform"),
     or None when none does. Recompute only adds time, so the least that fits is the fastest."""
-    counts = StagePartition(tuple(chunk_layers), data.pp, data.vpp).rank_layer_counts()
+    counts = data.stage_partition(chunk_layers).rank_layer_counts()
     P = data.pp
 
     def fits(ks: list[int]) -> bool:
@@ -618,10 +636,10 @@ def _least_peak_bytes(
 # =============================================================================================
 
 
-def _probe_partition(pp: int, vpp: int, first_chunk_layers: int) -> StagePartition:
+def _probe_partition(pp: int, vpp: int, first_chunk_layers: int, v_shape: bool = False) -> StagePartition:
     """Rank 0 holds layers [0, n) in chunk 0 and every other chunk is empty (a partial model:
     the cost model prices whatever layers a partition lists)."""
-    return StagePartition((first_chunk_layers,) + (0,) * (pp * vpp - 1), pp, vpp)
+    return StagePartition((first_chunk_layers,) + (0,) * (pp * vpp - 1), pp, vpp, v_shape)
 
 
 def _kind(model: ModelSpec, i: int) -> LayerKind:
@@ -646,7 +664,7 @@ class _Probe:
     def __call__(self, layout: Layout, n: int) -> Estimate:
         key = (layout.model_dump_json(), n)
         if key not in self.cache:
-            part = _probe_partition(layout.pp, layout.vpp, n)
+            part = _probe_partition(layout.pp, layout.vpp, n, is_v_shape(layout.schedule_) and layout.pp > 1)
             self.cache[key] = price(PricingContext(*self.args, layout, part), self.cal)
         return self.cache[key]
 
@@ -721,7 +739,9 @@ def build_partition_data(
 
     # Fixed seconds per rank: anchored on the even cut, so the linear model reproduces the cost
     # model exactly there (and wherever the stage time is linear in the layers: ZeRO-0/1, no CP).
-    even = StagePartition.even(L, P, lay.vpp)
+    v_shape = is_v_shape(lay.schedule_) and P > 1
+    head_rank = 0 if v_shape else P - 1
+    even = StagePartition.even(L, P, lay.vpp, v_shape)
     even_t = price(PricingContext(model, training, cluster, gpus, base, even), cal).stage_times_s
     fixed_t = [even_t[r] - sum(rows[i][0] for i in even.rank_layers(r)) for r in range(P)]
 
@@ -730,14 +750,14 @@ def build_partition_data(
 
     # --- embedding and LM head, split out of the fixed parts of ranks 0 and pp - 1 -------------
     head_t = _lm_head_seconds(model, training, cluster, lay, cal)
-    if P > 1:
+    if head_rank > 0:
         emb_b = frag * _states(fixed_mem[0])
-        head_b = frag * (_states(fixed_mem[P - 1]) + fixed_mem[P - 1].logits)
-    else:
-        emb_b, head_b = 0.0, frag * fixed_mem[0].logits  # one rank holds both: states stay in rank_bytes
-    rank_t = [fixed_t[r] - (head_t if r == P - 1 else 0.0) for r in range(P)]
+        head_b = frag * (_states(fixed_mem[head_rank]) + fixed_mem[head_rank].logits)
+    else:  # one rank holds both (pp 1, or a V): states stay in rank_bytes
+        emb_b, head_b = 0.0, frag * fixed_mem[0].logits
+    rank_t = [fixed_t[r] - (head_t if r == head_rank else 0.0) for r in range(P)]
     rank_b = [
-        fixed_mem[r].total + zero3_buffers - (emb_b if r == 0 else 0.0) - (head_b if r == P - 1 else 0.0)
+        fixed_mem[r].total + zero3_buffers - (emb_b if r == 0 else 0.0) - (head_b if r == head_rank else 0.0)
         for r in range(P)
     ]
 
@@ -778,6 +798,7 @@ def build_partition_data(
         recompute=recompute,
         recompute_layers=pinned,
         notes=tuple(notes),
+        v_shape=v_shape,
     )
 
 
@@ -808,4 +829,4 @@ def optimize_partition(
         return None
     data = build_partition_data(model, training, cluster, gpus, lay, calibration, capacity_bytes=capacity_bytes)
     result = partition_layers(data, time_limit_s=time_limit_s, work_limit=work_limit)
-    return result.stage_partition(lay.pp, lay.vpp) if result.ok else None
+    return result.stage_partition(lay.pp, lay.vpp, is_v_shape(lay.schedule_) and lay.pp > 1) if result.ok else None

@@ -47,7 +47,7 @@ from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
 from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
-from cost_models.pipeline import ZERO_BUBBLE_ZERO3
+from cost_models.pipeline import BUBBLE_FILLING_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
     KnobArrays,
@@ -375,9 +375,11 @@ class _Exposure:
         on = (tp > 1) & (self.framework == "megatron")
         return np.where(on, self.overlap.tp, 0.0) if isinstance(on, np.ndarray) else (self.overlap.tp if on else 0.0)
 
-    def per_kind(self, tp, cp, comm, attention_f):  # type: ignore[no-untyped-def]
+    def per_kind(self, tp, cp, comm, attention_f, ep_hideable=False):  # type: ignore[no-untyped-def]
         """Seconds exposed per layer of each kind (last axis), for one pair (scalars) or many
-        (arrays with a trailing kind axis): comm = (TP per layer, CP ring step, EP per MoE layer, p2p)."""
+        (arrays with a trailing kind axis): comm = (TP per layer, CP ring step, EP per MoE layer, p2p).
+        `ep_hideable` (per pair): a schedule of the pair may hide the all-to-alls (DualPipeV's F&B
+        pairs, framework fsdp with pp > 1), so they count as zero in a bound."""
         tau, x, eps = comm[0], comm[1], comm[2]
         if isinstance(cp, np.ndarray):
             steps = (cp - 1)[..., None]
@@ -388,7 +390,7 @@ class _Exposure:
         cp_exp = steps * (np.maximum(0.0, x_ - attention_f / cp_) + np.maximum(0.0, 2 * x_ - self.backward_factor * attention_f / cp_))
         hidden = self.tp_hidden(tp)
         base = 2 * tau * (1 - hidden)
-        moe = 2 * eps * (1 - self.overlap.ep)
+        moe = np.where(ep_hideable, 0.0, 2 * eps * (1 - self.overlap.ep))
         if isinstance(base, np.ndarray):
             return base[..., None] + moe[..., None] * self.kind_moe + cp_exp
         return base + moe * self.kind_moe + cp_exp
@@ -437,10 +439,11 @@ def _pair_bounds(
     exposure = _Exposure(framework, ov, flash_backward_factor(model), times.kind_moe, times.kind_of_layer)
     tp = np.array([m.tp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     cp = np.array([m.cp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
-    per_kind = exposure.per_kind(tp, cp, comm, times.kind_attention_f[row, at])  # (pairs, kinds)
+    pp = np.array([m.pp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
+    ep_hideable = (pp > 1) & (framework == "fsdp")  # dualpipev is among the pair's options
+    per_kind = exposure.per_kind(tp, cp, comm, times.kind_attention_f[row, at], ep_hideable)  # (pairs, kinds)
     per_mb = compute + per_kind @ times.kind_counts
     dp = np.array([m.dp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
-    pp = np.array([m.pp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     m_count = training.global_batch // (mb * dp)
     bound = m_count * per_mb / pp
     return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, per_mb, comm1, comm2, exposure)
@@ -481,14 +484,16 @@ class _PairTimes:
         if sums is None:
             owner = _rank_of_layer(len(self.layer_compute), pp, option)
             compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
-            compute[pp - 1] += self.head
+            compute[_partition(len(self.layer_compute), pp, option).head_rank] += self.head
             kinds = len(self.kind_exposed)
             counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
             sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
         compute, counts = sums
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
-        zero_bubble = option.schedule == "zero_bubble"
-        return lower_bound(compute, counts @ self.kind_exposed, pp_exposed, vpp, grad_accum, zero_bubble)
+        bubble_free = option.schedule in BUBBLE_FILLING_SCHEDULES
+        # DualPipeV's F&B pairs may hide the all-to-alls (`step_time`): bound its exposure by zero
+        exposed = np.zeros(pp) if option.schedule == "dualpipev" else counts @ self.kind_exposed
+        return lower_bound(compute, exposed, pp_exposed, vpp, grad_accum, bubble_free)
 
 
 @lru_cache(maxsize=1024)
@@ -497,7 +502,7 @@ def _partition(num_layers: int, pp: int, option: PipeOption) -> StagePartition:
     the pairs of one pipeline shape)."""
     probe = Layout.model_construct(
         pp=pp, vpp=option.vpp, account_for_embedding_in_pipeline_split=option.embedding_slot,
-        account_for_loss_in_pipeline_split=option.loss_slot,
+        account_for_loss_in_pipeline_split=option.loss_slot, schedule=option.schedule,
     )
     return StagePartition.for_layout(num_layers, probe)
 
@@ -506,19 +511,19 @@ def _partition(num_layers: int, pp: int, option: PipeOption) -> StagePartition:
 def _rank_of_layer(num_layers: int, pp: int, option: PipeOption) -> np.ndarray:
     """Pipeline rank of every layer under the pipeline option's partition (`_partition`)."""
     partition = _partition(num_layers, pp, option)
-    owner = np.repeat(np.arange(len(partition.chunk_layers)) % pp, partition.chunk_layers)
+    owner = np.repeat(np.array(partition.chunk_ranks, dtype=np.int64), partition.chunk_layers)
     owner.flags.writeable = False
     return owner
 
 
-def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int, zero_bubble: bool = False) -> float:
+def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int, bubble_free: bool = False) -> float:
     """A lower bound of `_PairTimes.bound`, in seconds per step, from one micro-batch's seconds
     summed over the pipeline ranks (`per_mb_s`, itself at most the sum of the per-rank times that
     bound adds up). That bound is grad_accum x slowest + (sum - slowest) / vpp, which grows with
-    the slowest rank, and the slowest rank is at least the average sum / pp. A zero-bubble
-    schedule's bubble is bounded by zero."""
+    the slowest rank, and the slowest rank is at least the average sum / pp. A bubble-filling
+    schedule's (zero_bubble, zbv, dualpipev) bubble is bounded by zero."""
     average = per_mb_s / pp
-    return grad_accum * average + (0.0 if zero_bubble else (per_mb_s - average) / vpp)
+    return grad_accum * average + (0.0 if bubble_free else (per_mb_s - average) / vpp)
 
 
 BOUND_MARGIN = 1e-9
@@ -743,7 +748,7 @@ def search(
             if ranked.full:  # bound the layout before building its table: cheap bound first
                 threshold = max(ranked.threshold_s, reference_step_s or 0.0)
                 ga = training.global_batch // (mb * mesh.dp)
-                if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule == "zero_bubble") * (1 - BOUND_MARGIN) >= threshold:
+                if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in BUBBLE_FILLING_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
                 pair_times = pair_times or bounds.pair_times(mesh_index, mb)
@@ -787,10 +792,10 @@ def search(
                     )
             host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
             fits = np.flatnonzero(~over_mask & ~host_over)
-            if schedule == "zero_bubble" and mesh.pp > 1:
+            if schedule in BUBBLE_FILLING_SCHEDULES and mesh.pp > 1:
                 zero3 = knobs_of(grid_key, grid).zero[fits] >= 3
                 if zero3.any():
-                    log.add(ZERO_BUBBLE_ZERO3, "pipelined meshes with the zero_bubble schedule", int(zero3.sum()))
+                    log.add(ZERO_BUBBLE_ZERO3, f"pipelined meshes with the {schedule} schedule", int(zero3.sum()))
                     fits = fits[~zero3]
             over_idx = np.flatnonzero(over_mask)
             new_reasons = rejections.add(log, over_mask)

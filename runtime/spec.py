@@ -80,10 +80,10 @@ class RunSpec(BaseModel):
             )
         object.__setattr__(self, "layout", lay)
         if self.partition is None:
-            part = StagePartition.even(self.model.num_layers, lay.pp, lay.vpp).chunk_layers
+            part = StagePartition.for_layout(self.model.num_layers, lay).chunk_layers
             object.__setattr__(self, "partition", part)
         else:
-            StagePartition(tuple(self.partition), lay.pp, lay.vpp)  # validates the chunk count
+            StagePartition.explicit(self.partition, lay)  # validates the chunk count
             if sum(self.partition) != self.model.num_layers:
                 raise ValueError(
                     f"partition {list(self.partition)} holds {sum(self.partition)} layers; "
@@ -94,7 +94,7 @@ class RunSpec(BaseModel):
     @property
     def stage_partition(self) -> StagePartition:
         assert self.partition is not None
-        return StagePartition(tuple(self.partition), self.layout.pp, self.layout.vpp)
+        return StagePartition.explicit(self.partition, self.layout)
 
     @property
     def world_size(self) -> int:

@@ -168,9 +168,11 @@ class Trainer:
         from torch.distributed.pipelining import (
             PipelineStage,
             Schedule1F1B,
+            ScheduleDualPipeV,
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
             ScheduleInterleavedZeroBubble,
+            ScheduleZBVZeroBubble,
         )
 
         lay = self.run.layout
@@ -189,6 +191,12 @@ class Trainer:
         n_mb = lay.grad_accum_
         if lay.schedule_ == "zero_bubble":  # ZB1P: input and weight gradients as separate passes
             schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
+        elif lay.schedule_ in ("zbv", "dualpipev"):
+            # Two chunks per rank as a V (rank r: chunks r and 2pp - 1 - r, `build_parts`); torch
+            # maps stages to ranks the same way (`generate_stage_to_rank_mapping(style="v")`).
+            # DualPipeV needs n_mb >= 2pp (torch raises otherwise; `validate_layout` checks it).
+            cls_v = ScheduleZBVZeroBubble if lay.schedule_ == "zbv" else ScheduleDualPipeV
+            schedule = cls_v(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
         elif lay.schedule_ == "interleaved_1f1b":
             schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
         else:
@@ -208,7 +216,15 @@ class Trainer:
 
     def _static_stage_args(self, chunk: int) -> dict[str, Any]:
         """Example input/output of pipeline chunk `chunk` on the meta device (a fake process group
-        cannot exchange the shapes at run time)."""
+        cannot exchange the shapes at run time). Works for any placement: the first chunk takes
+        the tokens and the last returns the logits whichever rank holds them (rank 0 holds both in
+        a V). Floating-point activations carry `requires_grad=True`, as torch's dynamic shape
+        inference records them when training (`PipelineStage._create_act_recv_info`): a received
+        activation then requires grad, so the stage computes (and sends) its input gradient, and
+        the split-backward schedules (zero_bubble, zbv, dualpipev) keep the graph from the input
+        pass to the weight pass. Without it the input pass of a non-first chunk computed no
+        gradient and freed the chunk's graph, the weight pass found nothing to do, and the trace
+        missed the weight gradients and what is held between the two passes."""
         run, lay = self.run, self.run.layout
         mb, s = lay.micro_batch, run.training.seq_len // lay.cp
         s_hidden = s // lay.tp if lay.tp > 1 and lay.sp_ else s
@@ -216,18 +232,18 @@ class Trainer:
         act = self.dtype
         meta = torch.device("meta")
 
-        def hidden() -> torch.Tensor:
-            return torch.empty(mb, s_hidden, h, dtype=act, device=meta)
+        def hidden(grad: bool = True) -> torch.Tensor:
+            return torch.empty(mb, s_hidden, h, dtype=act, device=meta, requires_grad=grad)
 
         first, last = chunk == 0, chunk == self.parts.num_chunks - 1
         out: dict[str, Any] = {
             "input_args": torch.empty(mb, s, dtype=torch.long, device=meta) if first else hidden(),
-            "output_args": torch.empty(mb, s, v, dtype=act, device=meta) if last else hidden(),
+            "output_args": torch.empty(mb, s, v, dtype=act, device=meta, requires_grad=True) if last else hidden(),
         }
         if not last:
-            out["output_grads"] = hidden()
+            out["output_grads"] = hidden(grad=False)
         if not first:
-            out["input_grads"] = hidden()
+            out["input_grads"] = hidden(grad=False)
         return out
 
     def _loss_parallel(self) -> contextlib.AbstractContextManager:

@@ -82,7 +82,7 @@ class Job:
 
     @property
     def partition(self) -> StagePartition:
-        return StagePartition(self.chunk_layers, self.pp, self.vpp)
+        return StagePartition.explicit(self.chunk_layers, self.layout)
 
     @property
     def even(self) -> bool:

@@ -277,10 +277,14 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
             ("--overlap-cpu-optimizer-d2h-h2d",),
             ("--use-precision-aware-optimizer",),
         ]
+    if lay.moe_a2a_overlap:  # combined 1F1B (validated: ep > 1, vpp > 1 when pipelined, no full recompute)
+        args.append(("--overlap-moe-expert-parallel-comm",))
     if lay.pp > 1 and lay.schedule_ == "gpipe":
         lost.append("GPipe schedule: Megatron always runs 1F1B (same bubble, fewer micro-batches in flight)")
     if lay.pp > 1 and lay.schedule_ == "zero_bubble":
         lost.append("zero-bubble schedule (ZB1P): Megatron runs (interleaved) 1F1B, whose bubble is three times larger")
+    if lay.pp > 1 and lay.schedule_ in ("zbv", "dualpipev"):
+        lost.append(f"{lay.schedule_} (V-shape) schedule: Megatron runs interleaved 1F1B with chunks looped over the ranks")
     if lay.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
         lost.append(f"rank order {lay.order}: Megatron-Core orders ranks tp-cp-ep-dp-pp")
     elif lay.order == "tp-cp-ep-pp-dp":

@@ -36,6 +36,7 @@ from planner.exporters.common import (
 
 SCHEDULES = {
     "gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "zero_bubble": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV",
 }
 MODEL_NAMES = {
     "llama": "llama3",
@@ -102,6 +103,9 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
     p["pipeline_parallel_degree"] = lay.pp
     if lay.pp > 1:
         p["pipeline_parallel_schedule"] = SCHEDULES[lay.schedule_]
+        if lay.schedule_ == "dualpipev" and job.model.is_moe and lay.ep > 1:
+            # the F&B pairs priced (`cost_models.step_time`): EP all-to-alls beside the other micro-batch's compute
+            p["pipeline_parallel_expert_parallel_overlap"] = True
         p["pipeline_parallel_microbatch_size"] = lay.micro_batch
         p["module_fqns_per_model_part"] = _stage_modules(job)
     p["context_parallel_degree"] = lay.cp

@@ -35,12 +35,51 @@ def test_zero_bubble_keeps_a_third_of_the_idle_slots() -> None:
     assert bubble_fraction("zero_bubble", 1, 1, m) == 0.0
 
 
-def test_zero_bubble_holds_what_1f1b_holds() -> None:
-    assert [in_flight_micro_batches("zero_bubble", 4, 1, 16, r) for r in range(4)] == [4, 3, 2, 1]
+def test_torch_zero_bubble_warms_every_rank_up_with_p_forwards() -> None:
+    """torch's ZB1P is not the paper's ZB-H1 (1F1B's p - r): every rank runs p forwards first, and
+    rank r >= 1 keeps up to r + 1 micro-batches' weight-output gradients between its two passes
+    (fake-world traces of torch 2.13's schedule, docs/verification-notes.md)."""
+    from cost_models.pipeline import split_backward_peaks
+
+    assert [in_flight_micro_batches("zero_bubble", 4, 1, 16, r) for r in range(4)] == [4, 4, 4, 4]
+    assert [split_backward_peaks("zero_bubble", 4, 1, 16, r) for r in range(4)] == [[(4, 0)], [(4, 2)], [(4, 3)], [(4, 4)]]
     assert in_flight_micro_batches("zero_bubble", 8, 4, 64, 0) == in_flight_micro_batches("interleaved_1f1b", 8, 4, 64, 0)
+    assert split_backward_peaks("1f1b", 4, 1, 16, 2) == [(2, 0.0)]
+
+
+def test_zbv_cool_down_piles_up_pending_gradients_on_later_ranks() -> None:
+    """ZB-V's cool-down: rank r runs r input passes on each chunk before a weight pass: (p + r)
+    chunks of activations and 2r + 1 chunks pending (chunks are half a micro-batch of the rank)."""
+    from cost_models.pipeline import split_backward_peaks
+
+    p, m = 4, 8
+    assert split_backward_peaks("zbv", p, 2, m, 3) == [(4.0, 0.5), (3.5, 3.5)]
+    assert split_backward_peaks("zbv", p, 2, m, 0) == [(4.0, 0.5), (2.0, 0.5)]
+    assert split_backward_peaks("zbv", p, 2, 3, 0) == [(2.0, 0.5)]  # m < 2p - 1: no cool-down pile-up
 
 
 @pytest.mark.parametrize(("pp", "m", "ok"), [(4, 8, True), (4, 6, True), (4, 10, True), (4, 9, False), (4, 2, True)])
 def test_zero_bubble_rounds(pp: int, m: int, ok: bool) -> None:
     """torch's ScheduleInterleavedZeroBubble: m in max(1, m // pp) rounds, m a multiple of them."""
     assert zero_bubble_rounds_ok(pp, m) is ok
+
+
+def test_v_shape_places_two_chunks_per_rank_as_a_v() -> None:
+    from cost_models.pipeline import chunk_rank
+
+    assert [chunk_rank(c, 4, v_shape=True) for c in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert [chunk_rank(c, 4) for c in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_v_shape_schedules_bubble_and_memory() -> None:
+    """ZB-V: zero bubble and 1F1B's p micro-batches, on every rank (Qi et al. 2024, Sec. 6; the Sea AI Lab
+    table). DualPipeV: (PP/2 - 1)(F&B + B - 3W) over PP = 2p chunks, i.e. (p - 1)(F + 2B - 3W) at
+    chunk times, a third of a rank's micro-batch per idle slot at F = B_input = W; PP + 1 = 2p + 1
+    chunks of activations (DeepSeek's DualPipe README)."""
+    p, m = 8, 32
+    assert bubble_fraction("zbv", p, 2, m) == 0.0
+    idle = (p - 1) / 3
+    assert bubble_fraction("dualpipev", p, 2, m) == pytest.approx(idle / (m + idle))
+    assert [in_flight_micro_batches("zbv", p, 2, m, r) for r in range(p)] == [p] * p
+    assert [in_flight_micro_batches("dualpipev", p, 2, m, r) for r in range(p)] == [p + 0.5] * p
+    assert in_flight_micro_batches("zbv", p, 2, 3, 0) == 2  # min(2p, m + 1 + r, 2m) = 4 chunks alive

@@ -26,3 +26,17 @@ def test_bad_partition() -> None:
         StagePartition((4, 4), pp=4)
     with pytest.raises(ValueError):
         even_partition(3, 4)
+
+
+def test_v_shape_partition_puts_the_head_on_rank_zero() -> None:
+    from cost_models.layout import Layout
+
+    part = StagePartition.for_layout(16, Layout(pp=4, vpp=2, schedule="zbv", framework="fsdp"))
+    assert part.v_shape and part.head_rank == 0
+    assert part.chunk_ranks == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert part.rank_layers(0) == [0, 1, 14, 15]
+    assert part.rank_layers(3) == [6, 7, 8, 9]
+    looped = StagePartition.for_layout(16, Layout(pp=4, vpp=2))
+    assert not looped.v_shape and looped.head_rank == 3 and looped.rank_layers(0) == [0, 1, 8, 9]
+    with pytest.raises(ValueError, match="two chunks per rank"):
+        StagePartition((4, 4, 4, 4, 4, 4), 2, 3, v_shape=True)

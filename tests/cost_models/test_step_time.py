@@ -10,6 +10,7 @@ import pytest
 from cluster_specs.presets import get_cluster
 from cost_models import step_time
 from cost_models.calibration import default_calibration
+from cost_models.estimate import setting_of
 from cost_models.layout import Layout, validate_layout
 from cost_models.stage_table import KnobArrays, _dp_grid, _dp_table_key, build_table, price_memory, price_time
 from cost_models.stages import StagePartition
@@ -24,6 +25,7 @@ JOBS = [
     ("llama3-70b", "dgx-h100", 64, 8192, 64, "bf16", "megatron"),
     ("mixtral-8x7b", "dgx-h100", 32, 4096, 64, "bf16", "megatron"),
     ("llama3-8b", "dgx-h100", 16, 8192, 32, "bf16", "fsdp"),
+    ("mixtral-8x7b", "dgx-h100", 32, 4096, 64, "bf16", "fsdp"),  # V-shape schedules with EP
 ]
 
 COMM_PARTS = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "comm_wait_s")
@@ -62,7 +64,7 @@ def _priced_tables(model_name, cluster_name, gpus, seq, gbs, precision, framewor
     return out, cal
 
 
-@pytest.mark.parametrize("job", JOBS, ids=[j[0] for j in JOBS])
+@pytest.mark.parametrize("job", JOBS, ids=[f"{j[0]}-{j[-1]}" for j in JOBS])
 def test_step_is_bounded_by_compute_and_every_channel(job) -> None:
     tables, cal = _priced_tables(*job)
     checked = 0
@@ -136,3 +138,52 @@ def test_expert_tp_exchange_is_priced_on_its_own_groups_channel() -> None:
     table = build_table(model, training, cluster, 64, tp_experts, partition, cal)
     assert table.channels[2] == INTER and table.channels[4] == INTRA
     assert table.etp_per_moe_layer == pytest.approx(expected)
+
+
+def _mixtral_pipeline(schedule: str, **extra):
+    """Mixtral-8x7B on 64 H100, PP4 x EP8 across nodes (EP traffic on the NICs), priced step."""
+    model, cluster, cal = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), default_calibration()
+    training = TrainingSpec(seq_len=4096, global_batch=128)
+    fields = {"pp": 4, "vpp": 2, "ep": 8, "zero_stage": 1, "schedule": schedule, "framework": "fsdp", "order": "tp-cp-dp-ep-pp"}
+    lay = Layout(**{**fields, **extra})
+    assert validate_layout(model, training, 64, lay) == []
+    lay = lay.resolved(64, training)
+    table = build_table(model, training, cluster, 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
+    grid = [setting_of(lay)]
+    timed = price_time(table, grid, price_memory(table, grid, lay.schedule_, lay.vpp, cal), lay.vpp, cal)
+    return table, {k: float(v[0]) for k, v in timed.parts.items()}, float(timed.step_s[0])
+
+
+def test_dualpipev_hides_the_all_to_alls_behind_the_paired_compute_and_pays_the_sms() -> None:
+    """DualPipeV's F&B pairs: EP traffic hides behind the compute of both micro-batches (none exposed
+    while it fits), and the compute runs on 132 - 20 SMs (DeepSeek-V3 report, Sec. 3.2.2); ZB-V on the
+    same V exposes the all-to-alls."""
+    table, zbv, _ = _mixtral_pipeline("zbv")
+    _, dpv, _ = _mixtral_pipeline("dualpipev")
+    assert table.partition.head_rank == 0 and table.ep_per_moe_layer > 0
+    assert zbv["ep_comm_s"] > 0
+    assert dpv["ep_comm_s"] == 0.0
+    assert dpv["compute_s"] == pytest.approx(zbv["compute_s"] * 132 / 112, rel=1e-9)
+    # the head (LM head, loss) sits on rank 0 with the embedding: rank 0 computes more per micro-batch
+    assert table.compute[0] > table.compute[1]
+
+
+def test_zbv_bubble_is_below_interleaving_over_the_same_chunks() -> None:
+    """(p - 1)(F + B - 3W) of half-rank chunks against interleaved 1F1B's (p - 1)(F + B) / 2."""
+    _, zbv, _ = _mixtral_pipeline("zbv")
+    _, inter, _ = _mixtral_pipeline("interleaved_1f1b", framework="megatron")
+    assert 0 <= zbv["bubble_s"] < inter["bubble_s"]
+
+
+def test_megatron_combined_1f1b_hides_the_all_to_alls_like_dualpipev() -> None:
+    """--overlap-moe-expert-parallel-comm: the same F&B pairing under Megatron's interleaved 1F1B;
+    Megatron-Core refuses it without interleaving when pipelined, and it needs two micro-batches."""
+    _, plain, _ = _mixtral_pipeline("interleaved_1f1b", framework="megatron")
+    _, paired, _ = _mixtral_pipeline("interleaved_1f1b", framework="megatron", moe_a2a_overlap=True)
+    assert plain["ep_comm_s"] > 0 and paired["ep_comm_s"] == 0.0
+    assert paired["compute_s"] == pytest.approx(plain["compute_s"] * 132 / 112, rel=1e-9)
+    model, training = get_model("mixtral-8x7b"), TrainingSpec(seq_len=4096, global_batch=128)
+    refused = validate_layout(model, training, 64, Layout(pp=4, ep=8, moe_a2a_overlap=True))
+    assert any(v.field == "moe_a2a_overlap" and "vpp" in v.message for v in refused)
+    refused = validate_layout(model, training, 64, Layout(pp=4, vpp=2, ep=8, moe_a2a_overlap=True, framework="fsdp"))
+    assert any(v.field == "moe_a2a_overlap" and "Megatron" in v.message for v in refused)

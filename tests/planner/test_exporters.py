@@ -131,6 +131,12 @@ FIXTURES = {
         Layout(tp=2, pp=2, vpp=2, zero_stage=2, schedule="zero_bubble", recompute="selective", framework="fsdp"),
         training=TrainingSpec(seq_len=8192, global_batch=64),
     ),
+    # DualPipeV (two chunks per rank as a V) with expert parallelism: torchtitan's EP overlap
+    "mixtral-8x7b-dualpipev": lambda: make_plan(
+        "mixtral-8x7b", 64,
+        Layout(pp=4, vpp=2, ep=8, zero_stage=1, schedule="dualpipev", recompute="selective", framework="fsdp"),
+        training=TrainingSpec(seq_len=4096, global_batch=128),
+    ),
     # DeepSpeed's pipeline engine with AutoTP (Accelerate's plugin cannot use its ds_config.json)
     "llama3-8b-deepspeed-pipe": lambda: make_plan(
         "llama3-8b", 16, Layout(tp=2, pp=2, zero_stage=1, micro_batch=2, recompute="full", framework="deepspeed"),
@@ -344,6 +350,7 @@ def test_torchtitan_config(plan_name: str) -> None:
     assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(model.num_layers)), "norm", "output"]
     assert par["pipeline_parallel_schedule"] == {
         "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "gpipe": "GPipe", "zero_bubble": "InterleavedZeroBubble",
+        "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV",
     }[lay.schedule_]
 
 
@@ -845,3 +852,15 @@ def test_zero_infinity_and_zeropp_reach_the_deepspeed_config() -> None:
     accelerate = export(plan, "accelerate")
     assert yaml.safe_load(accelerate.text)["deepspeed_config"]["deepspeed_config_file"] == "ds_config.json"
     assert not _has(accelerate.lost, "ZeRO++") and not _has(accelerate.lost, "ZeRO-Infinity")
+
+
+def test_v_shape_schedules_reach_torchtitan() -> None:
+    """ZB-V and DualPipeV are torchtitan schedule names; DualPipeV with EP asks for the EP overlap
+    the step-time model prices; Megatron and DeepSpeed say they cannot run them."""
+    plan = FIXTURES["mixtral-8x7b-dualpipev"]()
+    cfg = tomllib.loads(export(plan, "torchtitan").text)
+    assert cfg["parallelism"]["pipeline_parallel_schedule"] == "DualPipeV"
+    assert cfg["parallelism"]["pipeline_parallel_expert_parallel_overlap"] is True
+    assert len(cfg["parallelism"]["module_fqns_per_model_part"]) == 8  # pp x 2 chunks, in model order
+    assert _has(export(plan, "megatron").lost, "V-shape")
+    assert _has(export(plan, "deepspeed").lost, "DualPipeV")

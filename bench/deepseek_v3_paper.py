@@ -1,0 +1,102 @@
+"""DeepSeek-V3's own training layout, priced, against the technical report's cost.
+
+    python -m bench.deepseek_v3_paper [--json]
+
+The report (DeepSeek-AI 2024, arXiv 2412.19437, Sec. 3.2 and Table 1) trains on 2,048 H800 with
+16-way pipeline parallelism (DualPipe), 64-way expert parallelism over 8 nodes, no tensor
+parallelism, ZeRO-1 data parallelism, FP8 mixed precision, sequence 4,096 and a global batch of
+15,360 sequences, recomputing the RMSNorms and the MLA up-projections; a token reaches at most 4
+nodes and IB traffic is deduplicated per node (DeepEP, our `flex` dispatcher). It reports 180K
+H800 GPU hours per trillion tokens: 6.48e-4 GPU-seconds per token, 19.9 s per step at this batch.
+
+We price the layout three ways, because no framework we export to runs it exactly:
+- `fsdp-dualpipev`: torch's DualPipeV (DualPipe cut in half: the same bubble and activations per
+  rank, half the parameter copies) with torchtitan's EP overlap, the closest schedule to the
+  report's; 61 layers cut into 32 chunks (the embedding and LM-head chunks, and one more, with one
+  layer). Its memory is torchtitan's MoE activations (three routed copies per token, eager SwiGLU)
+  and torch pipelining's receive buffers (one per micro-batch and chunk).
+- `fsdp-zbv`: the same V without the F&B pairs (all-to-alls exposed).
+- `megatron-1f1b`: Megatron-Core's 1F1B with the same degrees (no EP overlap: combined 1F1B needs
+  interleaving, which needs the micro-batches to be a multiple of pp: 120 is not).
+MTP (one extra module in the report) is not priced: it adds about 4% of the FLOPs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from cost_models.jobs import run_job
+
+GPU_HOURS_PER_TRILLION_TOKENS = 180_000
+"""DeepSeek-V3 technical report, Table 1 note and Sec. 1: 180K H800 GPU hours per trillion tokens."""
+GPUS, SEQ, GLOBAL_BATCH = 2048, 4096, 15360
+PARTITION_32_CHUNKS = [1] + [2] * 29 + [1, 1]
+"""61 layers over pp 16 x 2 chunks: the embedding's and the LM head's chunks hold one layer each."""
+
+BASE: dict[str, Any] = {
+    "model": "deepseek-v3", "cluster": "dgx-h800", "gpus": GPUS,
+    "training": {"seq_len": SEQ, "global_batch": GLOBAL_BATCH, "precision": "fp8"},
+    "layout": {
+        "tp": 1, "pp": 16, "ep": 64, "micro_batch": 1, "zero_stage": 1, "recompute": "selective",
+        "recompute_modules": ["layernorm", "mla_up_proj"], "moe_token_dispatcher": "flex",
+    },
+}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "fsdp-dualpipev": {"framework": "fsdp", "vpp": 2, "schedule": "dualpipev"},
+    "fsdp-zbv": {"framework": "fsdp", "vpp": 2, "schedule": "zbv"},
+    "megatron-1f1b": {},
+}
+
+
+def paper_step_s() -> float:
+    """Seconds per step the report's GPU hours imply at its batch."""
+    tokens = GLOBAL_BATCH * SEQ
+    return tokens * GPU_HOURS_PER_TRILLION_TOKENS * 3600 / 1e12 / GPUS
+
+
+def price(variant: str) -> dict[str, Any]:
+    job = json.loads(json.dumps(BASE))
+    job["layout"].update(VARIANTS[variant])
+    if job["layout"].get("vpp") == 2:
+        job["partition"] = PARTITION_32_CHUNKS
+    out = run_job(job)
+    if not out.get("ok"):
+        raise ValueError(f"{variant}: {out.get('error')}")
+    return out
+
+
+def rows() -> list[dict[str, Any]]:
+    target = paper_step_s()
+    out = []
+    for name in VARIANTS:
+        r = price(name)
+        out.append({
+            "variant": name, "step_s": r["step_s"], "paper_step_s": target, "error": r["step_s"] / target - 1,
+            "mfu": r["mfu"], "peak_gib": r["memory"]["peak_bytes"] / 2**30,
+            "usable_gib": r["memory"]["capacity_bytes"] / 2**30, "fits": r["fits"],
+            "parts_s": {k.removesuffix("_s"): v for k, v in r["time"]["breakdown"].items() if v},
+        })
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    table = rows()
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return
+    print(f"DeepSeek-V3, 2048 x H800, paper step {table[0]['paper_step_s']:.2f} s (180K GPU-h per 1T tokens)")
+    for r in table:
+        print(
+            f"{r['variant']:16s} step {r['step_s']:6.2f} s ({r['error']:+.1%})  MFU {r['mfu']:.3f}  "
+            f"peak {r['peak_gib']:.1f} / {r['usable_gib']:.1f} GiB  {'fits' if r['fits'] else 'does not fit'}"
+        )
+        print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["parts_s"].items()))
+
+
+if __name__ == "__main__":
+    main()
