@@ -123,7 +123,7 @@ def evaluate(
     recompute_layers: int | None = typer.Option(None, help="full recompute: layers per stage"),
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
     schedule: str | None = typer.Option(
-        None, help="gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev (fsdp; zbv and dualpipev: vpp 2) | auto"
+        None, help="gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev, looped_bfs (fsdp; zbv, dualpipev: vpp 2) | auto"
     ),
     offload_optimizer: bool = False,
     offload_params: bool = typer.Option(False, help="ZeRO-3: weight shards in host memory (or NVMe)"),
@@ -270,7 +270,7 @@ def plan(
     ep: int | None = typer.Option(None, help="pin the expert-parallel degree"),
     zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
     schedule: str | None = typer.Option(
-        None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev (fsdp)"
+        None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev, looped_bfs (fsdp)"
     ),
     offload: bool = typer.Option(
         True, "--offload/--no-offload", help="allow offloading the optimizer (and ZeRO-3 weights) to host memory or NVMe (--no-offload: never)"

@@ -75,7 +75,7 @@ def _values(knob: str, base: Layout, model: ModelSpec, training: TrainingSpec, g
     if knob == "schedule":
         if base.pp == 1:
             return [None]
-        torch_only = ["zero_bubble", "zbv", "dualpipev"] if base.framework == "fsdp" else []  # zbv, dualpipev: vpp 2
+        torch_only = ["zero_bubble", "zbv", "dualpipev", "looped_bfs"] if base.framework == "fsdp" else []  # zbv, dualpipev: vpp 2
         return [None, "gpipe", "1f1b", "interleaved_1f1b", *torch_only]
     if knob == "offload_optimizer":
         return [False, True]

@@ -21,11 +21,12 @@ from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 Recompute = Literal["none", "selective", "full", "op_sac"]
 """none; selective (Megatron: attention core + MLP activation recomputed); full (whole layers, all or
 `recompute_layers` per stage); op_sac (torchtitan op-level selective checkpointing, `cost_models.op_sac`)."""
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev", "looped_bfs"]
 """gpipe; 1f1b; interleaved_1f1b (vpp > 1); zero_bubble: ZB1P (Qi et al. 2024), interleaved when
 vpp > 1, torch.distributed.pipelining's ScheduleInterleavedZeroBubble; zbv (ZB-V) and dualpipev
 (DeepSeek's DualPipeV): two chunks per rank placed as a V (vpp = 2), torch's ScheduleZBVZeroBubble
-and ScheduleDualPipeV (`cost_models.pipeline`)."""
+and ScheduleDualPipeV; looped_bfs: breadth-first (Lamy-Poirier 2022), every forward of a rank's
+chunks then every backward, torch's ScheduleLoopedBFS (`cost_models.pipeline`)."""
 Framework = Literal["megatron", "fsdp", "deepspeed"]
 MoeDispatcher = Literal["alltoall", "flex"]
 RecomputeModule = Literal["core_attn", "act", "layernorm", "mla_up_proj"]
@@ -377,8 +378,9 @@ def validate_layout(
     if sched == "dualpipev" and pp > 1 and lay.grad_accum_ < 2 * pp:
         v.append(Violation("grad_accum", f"dualpipev needs at least 2 x pp = {2 * pp} micro-batches (torch's "
                            f"ScheduleDualPipeV: one per stage), not {lay.grad_accum_}"))
-    if sched not in ("interleaved_1f1b", "zero_bubble", "zbv", "dualpipev") and lay.vpp > 1:
-        v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b, zero_bubble, zbv or dualpipev schedule, not {sched}"))
+    if sched not in ("interleaved_1f1b", "zero_bubble", "zbv", "dualpipev", "looped_bfs") and lay.vpp > 1:
+        v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b, zero_bubble, zbv, dualpipev or "
+                           f"looped_bfs schedule, not {sched}"))
     if sched == "zero_bubble" and pp > 1 and not zero_bubble_rounds_ok(pp, lay.grad_accum_):
         rounds = max(1, lay.grad_accum_ // pp)
         v.append(Violation("grad_accum", f"zero bubble runs the {lay.grad_accum_} micro-batches in {rounds} rounds "
@@ -483,6 +485,8 @@ def framework_violations(lay: Layout) -> list[Violation]:
     if lay.recompute == "op_sac" and fw != "fsdp":
         v.append(Violation("recompute", "op_sac (torchtitan's op-level selective checkpointing) needs framework fsdp"))
     split_backward = lay.schedule_ in ("zero_bubble", "zbv", "dualpipev")
+    if lay.pp > 1 and lay.schedule_ == "looped_bfs" and fw != "fsdp":
+        v.append(Violation("schedule", f"the looped_bfs schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
     if lay.pp > 1 and split_backward and fw != "fsdp":
         v.append(Violation("schedule", f"the {lay.schedule_} schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
     if lay.pp > 1 and split_backward and lay.zero_stage == 3:

@@ -32,6 +32,11 @@ layers): F forward, B the full backward, W its weight-gradient part.
   overlapped (compute of both; their communication hides behind it, `step_time`); activations
   PP + 1 = 2p + 1 chunks, p + 1/2 micro-batches of the rank's layers, on every rank. torch needs at
   least 2p micro-batches.
+
+Looped BFS (Lamy-Poirier 2022, "Breadth-First Pipeline Parallelism"; torch's ScheduleLoopedBFS):
+chunks looped over the ranks as in interleaved 1F1B, but a rank runs every micro-batch's forward
+of each of its chunks, then every backward: interleaving's (p - 1)/v bubble with GPipe's memory
+(all m micro-batches of the rank's layers).
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int
     interleaving, where a rank holds chunks of different micro-batches)."""
     if pp == 1:
         return 1.0
-    if schedule == "gpipe":
+    if schedule in ("gpipe", "looped_bfs"):  # every forward (of every local chunk) before any backward
         return float(micro_batches)
     if schedule == "1f1b":
         return float(min(micro_batches, pp - rank))
@@ -99,7 +104,7 @@ def bubble_slots(schedule: str, pp: int, vpp: int) -> float:
         return 0.0
     if schedule == "dualpipev":  # (p - 1)(F&B + B - 3W) per chunk, F&B = F + B: 2 of a micro-batch's 6 chunk units
         return (pp - 1) / 3
-    if schedule == "interleaved_1f1b":
+    if schedule in ("interleaved_1f1b", "looped_bfs"):
         return (pp - 1) / vpp
     return float(pp - 1)
 

@@ -868,7 +868,7 @@ def price_memory(
         acts = acts - on_host + np.minimum(staging, t.offloaded_acts * inflight[None, :])[mode]
     logits = np.zeros((len(settings), pp))
     logits[:, t.partition.head_rank] = t.logits
-    if m.framework == "fsdp" and pp > 1 and schedule == "gpipe" and m.grad_accum_ > 1:
+    if m.framework == "fsdp" and pp > 1 and schedule in ("gpipe", "looped_bfs") and m.grad_accum_ > 1:
         # torch.distributed.pipelining's GPipe runs every forward, then every backward. Gradients
         # do not exist before the first backward (zero_grad sets them to None; FSDP2 allocates the
         # accumulated ones lazily) and that backward frees its micro-batch's activations while

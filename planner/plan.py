@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.layout import Layout
+from cost_models.layout import Layout, Schedule
 from model_specs.spec import ModelSpec, TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
@@ -34,7 +34,9 @@ class SearchConstraints(BaseModel):
     zero_stage: int | None = Field(None, ge=0, le=3)
     micro_batch: int | None = Field(None, ge=1)
     recompute: str | None = Field(None, pattern="^(none|selective|full|op_sac)$")
-    schedule: str | None = Field(None, pattern="^(gpipe|1f1b|interleaved_1f1b)$")
+    schedule: Schedule | None = Field(
+        None, description="pin the pipeline schedule (zero_bubble, zbv, dualpipev, looped_bfs: framework fsdp)"
+    )
     framework: str = Field("megatron", pattern="^(megatron|fsdp|deepspeed)$")
     cross_entropy: str | None = Field(
         None, pattern="^(eager|loss_parallel|vocab_parallel|fused)$", description="loss kernel; default by framework"

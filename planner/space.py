@@ -227,7 +227,8 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
     chunks split the layers, when the micro-batches are a multiple of pp; for framework fsdp, the
     zero-bubble schedule (ZB1P) on one chunk per rank and on every even interleaving, and the V-shape
     schedules (ZB-V; DualPipeV when there are at least 2 x pp micro-batches) where every rank keeps
-    two chunks of at least one layer. Where the layers do not
+    two chunks of at least one layer; looped BFS (interleaving's bubble, GPipe's memory) only when
+    the constraints pin it. Where the layers do not
     divide, Megatron-Core's slots make them: the loss takes one slot (it is the heavier end: LM
     head and cross-entropy), or the embedding and the loss one each (126 + 2 = 128 = 8 x 8 x 2 for
     Llama-3.1-405B). A vpp is offered while every chunk keeps at least one layer."""
@@ -245,6 +246,9 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
             out += [PipeOption(o.vpp, "zero_bubble") for o in interleaved if not (o.embedding_slot or o.loss_slot)]
         if c.framework == "fsdp" and model.num_layers >= 2 * mesh.pp:
             out += [PipeOption(2, "zbv")] + ([PipeOption(2, "dualpipev")] if m >= 2 * mesh.pp else [])
+        if c.framework == "fsdp" and c.schedule == "looped_bfs":  # dominated by interleaving: only when pinned
+            out += [PipeOption(1, "looped_bfs")]
+            out += [PipeOption(o.vpp, "looped_bfs") for o in interleaved if not (o.embedding_slot or o.loss_slot)]
     if c.schedule:
         out = [o for o in out if o.schedule == c.schedule]
     return out

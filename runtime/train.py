@@ -172,6 +172,7 @@ class Trainer:
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
             ScheduleInterleavedZeroBubble,
+            ScheduleLoopedBFS,
             ScheduleZBVZeroBubble,
         )
 
@@ -199,6 +200,8 @@ class Trainer:
             schedule = cls_v(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
         elif lay.schedule_ == "interleaved_1f1b":
             schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
+        elif lay.schedule_ == "looped_bfs":  # every forward of each local chunk, then every backward
+            schedule = ScheduleLoopedBFS(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
         else:
             cls = ScheduleGPipe if lay.schedule_ == "gpipe" else Schedule1F1B
             schedule = cls(stages[0], n_microbatches=n_mb, loss_fn=_loss_fn)

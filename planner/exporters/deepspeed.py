@@ -113,8 +113,9 @@ def _pipeline_section(job: Job, lost: list[str]) -> dict[str, Any] | None:
         )
     if lay.vpp > 1:
         lost.append(f"interleaved pipeline (vpp={lay.vpp}): DeepSpeed's pipeline engine has one stage per rank")
-    if lay.schedule_ in ("gpipe", "zero_bubble", "zbv", "dualpipev"):
-        name = {"gpipe": "GPipe", "zero_bubble": "zero-bubble (ZB1P)", "zbv": "ZB-V", "dualpipev": "DualPipeV"}[lay.schedule_]
+    if lay.schedule_ in ("gpipe", "zero_bubble", "zbv", "dualpipev", "looped_bfs"):
+        name = {"gpipe": "GPipe", "zero_bubble": "zero-bubble (ZB1P)", "zbv": "ZB-V", "dualpipev": "DualPipeV",
+                "looped_bfs": "looped BFS"}[lay.schedule_]
         lost.append(f"{name} schedule: DeepSpeed's pipeline engine runs its 1F1B-style TrainSchedule")
     return section
 

@@ -36,7 +36,7 @@ from planner.exporters.common import (
 
 SCHEDULES = {
     "gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "zero_bubble": "InterleavedZeroBubble",
-    "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV",
+    "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV", "looped_bfs": "LoopedBFS",
 }
 MODEL_NAMES = {
     "llama": "llama3",

@@ -157,7 +157,7 @@ def test_pinned_constraints_are_honoured(user: httpx.Client) -> None:
         ({**PLAN_BODY, "training": {"seq_len": 128}}, ["body", "training"], "global_batch"),
         ({**PLAN_BODY, "training": {"seq_len": "long", "global_batch": 8}}, ["body", "training", "seq_len"], "integer"),
         ({**PLAN_BODY, "constraints": {"tp": 0}}, ["body", "constraints", "tp"], "greater than or equal to 1"),
-        ({**PLAN_BODY, "constraints": {"schedule": "zigzag"}}, ["body", "constraints", "schedule"], "pattern"),
+        ({**PLAN_BODY, "constraints": {"schedule": "zigzag"}}, ["body", "constraints", "schedule"], "dualpipev"),
         ({**PLAN_BODY, "surprise": 1}, ["body", "surprise"], "Extra inputs"),
         ({**PLAN_BODY, "model": {"hidden_size": 64}}, ["body", "model", "vocab_size"], "Field required"),
         ({**PLAN_BODY, "model": {"hf_config": []}}, ["body", "model", "hf_config"], "JSON object"),

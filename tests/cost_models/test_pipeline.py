@@ -64,6 +64,14 @@ def test_zero_bubble_rounds(pp: int, m: int, ok: bool) -> None:
     assert zero_bubble_rounds_ok(pp, m) is ok
 
 
+def test_looped_bfs_has_interleavings_bubble_and_gpipes_memory() -> None:
+    """Breadth-first (Lamy-Poirier 2022; torch's ScheduleLoopedBFS): every forward of a rank's
+    chunks, then every backward."""
+    p, m, v = 4, 16, 2
+    assert bubble_fraction("looped_bfs", p, v, m) == bubble_fraction("interleaved_1f1b", p, v, m)
+    assert [in_flight_micro_batches("looped_bfs", p, v, m, r) for r in range(p)] == [m] * p
+
+
 def test_v_shape_places_two_chunks_per_rank_as_a_v() -> None:
     from cost_models.pipeline import chunk_rank
 

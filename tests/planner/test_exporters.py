@@ -350,7 +350,7 @@ def test_torchtitan_config(plan_name: str) -> None:
     assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(model.num_layers)), "norm", "output"]
     assert par["pipeline_parallel_schedule"] == {
         "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "gpipe": "GPipe", "zero_bubble": "InterleavedZeroBubble",
-        "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV",
+        "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV", "looped_bfs": "LoopedBFS",
     }[lay.schedule_]
 
 

@@ -104,6 +104,8 @@ CASES: list[dict[str, Any]] = [
     _case("pp2_dp2_dualpipev_zero2", {"pp": 2, "vpp": 2, "schedule": "dualpipev", "framework": "fsdp",
                                       "zero_stage": 2}, track_memory=True),
     # middle ranks hold neither end; 8 micro-batches = 2pp, DualPipeV's minimum
+    # looped BFS (torch's ScheduleLoopedBFS): every forward of each local chunk, then every backward
+    _case("pp2_dp2_looped_bfs", {"pp": 2, "vpp": 2, "schedule": "looped_bfs", "framework": "fsdp"}, track_memory=True),
     _case("pp4_dualpipev", {"pp": 4, "vpp": 2, "schedule": "dualpipev", "framework": "fsdp"}, model=EIGHT_LAYERS),
     _case("tp2_pp2_1f1b", {"tp": 2, "pp": 2, "micro_batch": 2, "recompute": "selective"}),
     _case("pp2_dp2_mla_moe_selective", {"pp": 2, "recompute": "selective"}, model="tiny-mla"),
@@ -239,7 +241,8 @@ GLOO_STAGING_BYTES = 2.3 * 2**20
 
 
 @pytest.mark.parametrize(
-    "name", ["fsdp_dp4_zero1_adamw", "pp2_dp2_gpipe", "tp2_dp2_sp_selective", "pp2_dp2_zbv", "pp2_dp2_dualpipev_zero2"]
+    "name", ["fsdp_dp4_zero1_adamw", "pp2_dp2_gpipe", "tp2_dp2_sp_selective", "pp2_dp2_zbv", "pp2_dp2_dualpipev_zero2",
+             "pp2_dp2_looped_bfs"]
 )
 def test_fake_world_memory_matches_real_gloo_run(job: tuple[Path, float], name: str) -> None:
     """runtime.fake_world (fake process group + FakeTensorMode) measures what the real 4-rank
