@@ -14,9 +14,12 @@ through `GET /v1/plans/{id}/profiles`); the fit comes only from the project's pu
 (`POST /v1/clusters`, a name that is not a preset's) and runs on that name.
 
 Which profiles speak for (non-preset) cluster C: those of runs queued on C (`profiles.cluster`, the
-name the agents serve) whose plan was priced for C (`plans.cluster_name`). A team that runs a plan
-priced for a shared preset on its own machines therefore recalibrates neither the preset nor its
-own cluster (whose plans were priced with another spec). At most the newest `MAX_PROFILES` count.
+name the agents serve) whose plan was priced for C (`plans.cluster_name`) and, when C is a
+registered team cluster, with C's registered spec: an inline cluster spec may carry any name, so a
+plan priced for another machine under C's name (the spec stored in the plan differs) does not move
+C's fit. A team that runs a plan priced for a shared preset on its own machines therefore
+recalibrates neither the preset nor its own cluster (whose plans were priced with another spec).
+At most the newest `MAX_PROFILES` count.
 
 Fits are cached per (database, cluster, number of profiles, newest profile id): a new profile
 refits on the next request, otherwise the same `Calibration` object is returned (it keys the
@@ -30,8 +33,9 @@ import threading
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.models import PlanRow, ProfileRow
+from api.models import PlanRow, ProfileRow, TeamCluster
 from api.resolve import preset_cluster
+from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, default_calibration
 from cost_models.profile_calibration import CalibrationFit, ProfilePair, fit_cluster_calibration
 
@@ -90,13 +94,25 @@ def profile_pairs(session: Session, cluster_name: str) -> list[ProfilePair]:
     feasible plan, no measured step time) are skipped. Never asked for a preset: `cluster_fit`
     answers a preset without reading its profiles (module docstring)."""
     rows = session.execute(_scope(cluster_name).order_by(ProfileRow.id.desc()).limit(MAX_PROFILES)).all()
+    registered = session.scalar(select(TeamCluster.spec).where(TeamCluster.name == cluster_name))
+    spec = ClusterSpec(**registered) if registered is not None else None
     pairs: list[ProfilePair] = []
     for _pid, run_id, profile, plan in reversed(rows):
+        if spec is not None and not _priced_with(plan, spec):
+            continue  # a plan priced for another spec under this name (module docstring)
         try:
             pairs.append(ProfilePair.from_plan_and_profile(plan, profile, label=f"run {run_id}"))
         except (ValueError, TypeError, KeyError):
             continue
     return pairs
+
+
+def _priced_with(plan: dict, spec: ClusterSpec) -> bool:
+    """Whether a stored plan was priced for exactly `spec` (its `inputs.cluster`)."""
+    try:
+        return ClusterSpec(**plan["inputs"]["cluster"]) == spec
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def cluster_fit(session: Session, cluster_name: str, *, errors: bool = False) -> CalibrationFit:

@@ -125,6 +125,23 @@ def test_a_team_clusters_profiles_refit_it(server: Any, user: httpx.Client) -> N
     assert _pricing(user, _body("local-cpu", 512, 128), layout) == preset_before  # the preset is untouched
 
 
+def test_a_plan_priced_for_another_spec_under_a_team_clusters_name_does_not_move_its_fit(
+    server: Any, user: httpx.Client
+) -> None:
+    """An inline cluster spec may take any name: profiles of plans priced for a different machine
+    under a registered cluster's name stay stored but do not calibrate that cluster."""
+    name = f"lab-{uuid.uuid4().hex[:8]}"
+    r = user.post("/v1/clusters", json={"name": name, "spec": {"preset": "local-cpu"}})
+    assert r.status_code == 201, r.text
+    impostor = {"preset": "local-cpu", "name": name, "host_memory": "8 GiB"}
+    plans = [_plan(user, _body(impostor, s, b)) for s, b in SHAPES]
+    assert all(p["plan"]["inputs"]["cluster"]["name"] == name for p in plans)
+    _profile_runs(server, user, name, plans)
+    cal = user.get(f"/v1/clusters/{name}/calibration").json()
+    assert cal["profiles_stored"] == 3 and cal["n_profiles"] == 0
+    assert cal["time_multipliers"] == {"compute": 1.0, "intra": 1.0, "inter": 1.0}
+
+
 @pytest.mark.parametrize("name", ["dgx-h100", "DGX_H100", "Local-CPU"])
 def test_a_team_cluster_may_not_take_a_presets_name(user: httpx.Client, name: str) -> None:
     r = user.post("/v1/clusters", json={"name": name, "spec": {"preset": "local-cpu"}})
