@@ -23,7 +23,8 @@ layers): F forward, B the full backward, W its weight-gradient part.
 - zbv (Qi et al. 2024, Sec. 6, "ZB-V"; torch's ScheduleZBVZeroBubble): zero bubble and 1F1B's
   activation memory when F = B_input = W, with every rank holding p micro-batches of its layers
   (the schedule balances the ranks; the Sea AI Lab comparison table: bubble 0, activations 1x,
-  pipeline traffic 2x of 1F1B). For unequal times we take (p - 1)(F + B - 3W), clipped at zero:
+  pipeline traffic 2x of 1F1B), plus the pending weight-output gradients of its split backward
+  (`split_backward_peaks`). For unequal times we take (p - 1)(F + B - 3W), clipped at zero:
   0 at the paper's F = B_input = W, and interleaved 1F1B's (p - 1)(F + B) at v = 2 when W is 0 (a V
   of chunks without the weight-gradient trick is interleaving with two chunks).
 - dualpipev (DeepSeek's DualPipe repository, "DualPipeV": the cut-in-half DualPipe of Sea AI Lab;
@@ -57,11 +58,6 @@ def chunk_rank(chunk: int, pp: int, v_shape: bool = False) -> int:
     if v_shape:
         return chunk if chunk < pp else 2 * pp - 1 - chunk
     return chunk % pp
-
-
-def v_shape_local_boundaries(pp: int) -> int:
-    """Chunk boundaries of a V-shape pipeline that stay on one rank (chunks pp - 1 and pp)."""
-    return 1 if pp > 1 else 0
 
 
 def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int, rank: int) -> float:
@@ -119,16 +115,17 @@ def bubble_fraction(schedule: str, pp: int, vpp: int, micro_batches: int) -> flo
 def split_backward_peaks(schedule: str, pp: int, vpp: int, micro_batches: int, rank: int) -> list[tuple[float, float]]:
     """Candidate peaks of a rank as (a, g) pairs: a micro-batches of the rank's saved activations and
     g micro-batches of its *pending weight-output gradients* alive together; the rank's peak is the
-    largest a x acts + g x pending (`stage_table.price_memory`; pending = `activations.
-    pending_weight_gradient_bytes`, the gradients of the weight GEMMs' outputs, which a split
-    backward keeps from a chunk's input-gradient pass until its weight-gradient pass).
+    largest a x acts + g x pending (`stage_table.price_memory`; pending = `StageTable.pending_wgrad`,
+    the gradients of the weight GEMMs' outputs (`compute.layer_gemms`), which a split backward keeps
+    from a chunk's input-gradient pass until its weight-gradient pass).
 
     Measured with torch 2.13's schedules on fake-world traces and replays of their action lists
     (Llama-3-8B TP4 x PP4, 8 micro-batches; docs/verification-notes.md):
     - zero_bubble, one chunk per rank (ScheduleInterleavedZeroBubble): every rank runs p forwards
       first, and rank r >= 1 holds up to r + 1 micro-batches between their two passes: (min(m, p),
-      min(m, r + 1)); rank 0 none at its peak (traced within 3% with none, +8.5% with one). Interleaved (v > 1): the interleaved count and r + 1 chunks pending, 1/v of a
-      micro-batch each (not measured).
+      min(m, r + 1)); rank 0 none at its peak (traced within 3% with none, +8.5% with one).
+      Interleaved (v > 1): the interleaved count and r + 1 chunks pending, 1/v of a micro-batch
+      each (not measured).
     - zbv: the steady state holds min(2p, m + 1 + r, 2m) chunks and one chunk pending; in the
       cool-down (m >= 2p - 1) rank r runs r input passes on each chunk before any weight pass:
       (p + r) chunks and 2r + 1 chunks pending. Chunks are half a micro-batch of the rank's layers.
