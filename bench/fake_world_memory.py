@@ -44,6 +44,14 @@ CASES: list[dict[str, Any]] = [
     # (-3% / -38% / -58% / -67%); with the split-backward peaks -2.7% / -2.7% / -2.5% / -7.8%.
     {"name": "8b-tp4-pp4-dp8-zero-bubble-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "zero_stage": 1, "recompute": "selective", "schedule": "zero_bubble", "framework": "fsdp"}},
+    # interleaved zero bubble (two chunks per rank): torch warms rank r up with (v - 1) x p + (p - 1 - r)
+    # forwards and defers its first r weight passes (`pipeline._zero_bubble_states` replays the order).
+    # Measured (torch 2.13 CPU trace, 2 steps): 19.7 / 18.9 / 19.9 / 24.9 GiB; Megatron's interleaved
+    # count with r + 1 pending chunks priced +15.1% / +2.5% / -13.0% / -25.1%, the replay -3.0% / -5.6%
+    # / -5.3% / -6.6%.
+    {"name": "8b-tp4-pp4-dp8-zero-bubble-v2-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
+     "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zero_bubble",
+                "framework": "fsdp"}},
     # V-shape schedules: two chunks of 4 layers per rank placed as a V (rank 0: chunks 0 and 7, the
     # embedding and the LM head), 8 micro-batches (DualPipeV needs >= 2 x pp). Measured (torch 2.13
     # CPU trace, 2 steps): zbv 22.9 / 17.9 / 18.5 / 21.9 GiB. Priced with p micro-batches only:

@@ -69,13 +69,13 @@ def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int
         return float(micro_batches)
     if schedule == "1f1b":
         return float(min(micro_batches, pp - rank))
-    if schedule == "zero_bubble" and vpp == 1:  # torch's ZB1P warms every rank up with p forwards
-        return float(min(micro_batches, pp))
+    if schedule == "zero_bubble":  # torch's order, replayed (ZB1P: p forwards on every rank)
+        return max(a for a, _ in _zero_bubble_states(pp, vpp, micro_batches, rank))
     if schedule == "zbv":  # chunks alive: min(2p, m + 1 + r, 2m), p micro-batches once m >= 2p - 1
         return min(2 * pp, micro_batches + 1 + rank, 2 * micro_batches) / 2
     if schedule == "dualpipev":  # 2p + 1 chunks of half the rank's layers
         return min(2 * pp + 1, 2 * micro_batches) / 2
-    if schedule in ("interleaved_1f1b", "zero_bubble"):
+    if schedule == "interleaved_1f1b":
         # Megatron's warm-up for rank r: 2*(p - r - 1) + (v - 1)*p chunk forwards, plus the one in
         # steady state; each chunk is 1/v of the rank's layers.
         chunks = 2 * (pp - rank - 1) + (vpp - 1) * pp + 1
@@ -121,25 +121,74 @@ def split_backward_peaks(schedule: str, pp: int, vpp: int, micro_batches: int, r
 
     Measured with torch 2.13's schedules on fake-world traces and replays of their action lists
     (Llama-3-8B TP4 x PP4, 8 micro-batches; docs/verification-notes.md):
-    - zero_bubble, one chunk per rank (ScheduleInterleavedZeroBubble): every rank runs p forwards
-      first, and rank r >= 1 holds up to r + 1 micro-batches between their two passes: (min(m, p),
-      min(m, r + 1)); rank 0 none at its peak (traced within 3% with none, +8.5% with one).
-      Interleaved (v > 1): the interleaved count and r + 1 chunks pending, 1/v of a micro-batch
-      each (not measured).
+    - zero_bubble (ScheduleInterleavedZeroBubble, one chunk per rank or interleaved): replayed from
+      torch's action order (`_zero_bubble_states`). One chunk per rank: every rank holds p
+      micro-batches, and rank r >= 1 up to r + 1 of them between their two passes; rank 0's input
+      pass is the whole backward (the model's first chunk has no input gradient).
     - zbv: the steady state holds min(2p, m + 1 + r, 2m) chunks and one chunk pending; in the
       cool-down (m >= 2p - 1) rank r runs r input passes on each chunk before any weight pass:
       (p + r) chunks and 2r + 1 chunks pending. Chunks are half a micro-batch of the rank's layers.
     - every other schedule: (`in_flight_micro_batches`, 0)."""
     m, r = micro_batches, rank
+    if pp > 1 and schedule == "zero_bubble":
+        return _zero_bubble_states(pp, vpp, m, r)
     base = in_flight_micro_batches(schedule, pp, vpp, m, r)
-    if pp == 1 or schedule not in ("zero_bubble", "zbv"):
+    if pp == 1 or schedule != "zbv":
         return [(base, 0.0)]
-    if schedule == "zero_bubble":  # rank 0 ends the backward chain: its weight pass follows at once
-        return [(base, (min(m, r + 1) if r else 0) / vpp)]
     out = [(base, 0.5)]
     if m >= 2 * pp - 1:
         out.append(((pp + r) / 2, (2 * r + 1) / 2))
     return out
+
+
+def _zero_bubble_states(pp: int, vpp: int, micro_batches: int, rank: int) -> list[tuple[float, float]]:
+    """The (activations, pending) states of rank `rank` under torch's ScheduleInterleavedZeroBubble,
+    replayed from its action order (torch 2.13 `_get_1f1b_rank_ops` with `enable_zero_bubble`):
+    m / rounds micro-batches per round (rounds = max(1, m // p)); (v - 1) x per-round + (p - 1 - r)
+    warm-up forwards; then each step a forward (while any is left), an input-gradient pass, and,
+    from step r on, the weight pass of the oldest pending chunk; the rest of the weight passes at
+    the end. A chunk holds its activations from its forward to its weight pass, and its pending
+    weight-output gradients from its input pass to its weight pass; the model's first chunk has no
+    input gradient, so its input pass is the whole backward (no pending, no weight pass). Returns
+    the states no other state exceeds in both, in micro-batches of the rank's layers (chunks / v)."""
+    rounds = max(1, micro_batches // pp)
+    per_round = micro_batches // rounds
+    total = micro_batches * vpp
+    warmup = min((vpp - 1) * per_round + (pp - 1 - rank), total)
+
+    def stage_backward(step: int) -> int:  # local chunk of the step's backward (`backward_stage_index`)
+        return vpp - 1 - ((step - warmup) // per_round) % vpp
+
+    acts = pending = 0
+    states: set[tuple[int, int]] = set()
+    first = rank == 0  # local chunk 0 of rank 0 is the model's first chunk
+    queue: list[int] = []  # local chunks with an input pass done and a weight pass due
+    weights_done = 0
+
+    def weight() -> None:
+        nonlocal acts, pending, weights_done
+        chunk = queue[weights_done]
+        weights_done += 1
+        if not (first and chunk == 0):
+            acts -= 1
+            pending -= 1
+
+    for op in range(2 * total - warmup):
+        if op < total:  # a forward (warm-up or steady state)
+            acts += 1
+            states.add((acts, pending))
+        if op >= warmup:  # an input-gradient pass
+            chunk = stage_backward(op)
+            queue.append(chunk)
+            if first and chunk == 0:
+                acts -= 1  # the whole backward
+            else:
+                pending += 1
+            states.add((acts, pending))
+            if op - warmup >= rank:
+                weight()
+    frontier = [s for s in states if not any(o != s and o[0] >= s[0] and o[1] >= s[1] for o in states)]
+    return [(a / vpp, g / vpp) for a, g in sorted(frontier)]
 
 
 def zero_bubble_rounds_ok(pp: int, micro_batches: int) -> bool:

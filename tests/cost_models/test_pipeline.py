@@ -43,8 +43,13 @@ def test_torch_zero_bubble_warms_every_rank_up_with_p_forwards() -> None:
 
     assert [in_flight_micro_batches("zero_bubble", 4, 1, 16, r) for r in range(4)] == [4, 4, 4, 4]
     assert [split_backward_peaks("zero_bubble", 4, 1, 16, r) for r in range(4)] == [[(4, 0)], [(4, 2)], [(4, 3)], [(4, 4)]]
-    assert in_flight_micro_batches("zero_bubble", 8, 4, 64, 0) == in_flight_micro_batches("interleaved_1f1b", 8, 4, 64, 0)
     assert split_backward_peaks("1f1b", 4, 1, 16, 2) == [(2, 0.0)]
+    # interleaved (v = 2, m = 8): warm-up (v - 1) x p + (p - 1 - r) forwards, the first r weight passes
+    # deferred: 4 micro-batches of activations on every rank, r + 1 chunks pending (rank 0: its first
+    # chunk has no input gradient, so only its second chunk's are)
+    assert [split_backward_peaks("zero_bubble", 4, 2, 8, r) for r in range(4)] == [
+        [(4.0, 0.5)], [(4.0, 1.0)], [(4.0, 1.5)], [(4.0, 2.0)]
+    ]
 
 
 def test_zbv_cool_down_piles_up_pending_gradients_on_later_ranks() -> None:
