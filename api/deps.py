@@ -71,7 +71,21 @@ Agent = Annotated[Principal, Depends(agent)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 Pool = Annotated[PlannerPool, Depends(get_pool)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-BODY_CHECKS = [Depends(strict_numbers)]
+async def authenticated_strict_numbers(
+    request: Request,
+    db: Annotated[Database, Depends(get_db)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """Router dependency of the routes that take a body (all of them authenticated): the token
+    first, so an anonymous caller learns nothing of the body's schema (401, not 422), then
+    `strict_numbers`. Routes without a body (the public reads) skip both here."""
+    if getattr(request.scope.get("route"), "body_field", None) is None:
+        return
+    authenticated(db, creds)
+    await strict_numbers(request)
+
+
+BODY_CHECKS = [Depends(authenticated_strict_numbers)]
 """Router dependencies every body-taking router lists: JSON booleans are never numbers (api.numbers)."""
 IdempotencyKey = Annotated[
     str | None,

@@ -291,6 +291,14 @@ def test_booleans_are_never_numbers(user: httpx.Client, path: str, body: dict[st
     assert err["loc"] == loc and err["type"] == "bool_is_not_a_number" and "boolean" in err["msg"], err
 
 
+def test_an_anonymous_body_is_refused_before_its_numbers_are_checked(anon: httpx.Client) -> None:
+    """401 for a request without a token, whatever its body holds: the schema check would tell an
+    anonymous caller what the body should look like."""
+    for path, body in (("/v1/plans", {**PLAN_BODY, "gpus": True}), ("/v1/clusters", {"name": "x", "spec": {"gpus_per_node": True}})):
+        r = anon.post(path, json=body)
+        assert r.status_code == 401, r.text
+
+
 def test_booleans_are_never_numbers_in_inline_and_team_models(user: httpx.Client) -> None:
     spec = user.get("/v1/models/tiny").json()["spec"]
     r = user.post("/v1/plans", json={**PLAN_BODY, "model": {**spec, "num_layers": True}})
