@@ -41,7 +41,6 @@ from agent.launcher import (
     read_progress,
     reap_leftovers,
     runtime_argv,
-    safe_id,
 )
 from agent.lease import Lease, LeaseRefused
 
@@ -220,7 +219,7 @@ class Agent:
 
     def _run_attempt(self, lease: Lease) -> str:
         run, plan, attempt = lease.run.model_dump(), lease.plan, lease.attempt
-        run_id = safe_id(lease.run_id)
+        run_id = lease.run_id  # `Lease.parse` refused any id that is not a safe directory name
         adir = self._attempt_dir(run_id, attempt)
         plan_file = adir / "plan.json"
         plan_file.write_text(json.dumps(plan))

@@ -14,7 +14,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -24,7 +24,7 @@ from api.models import ApiToken, utcnow
 TOKEN_PREFIX = "apt_"
 CLUSTER_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 Role = Literal["user", "admin", "agent"]
-ROLES = ("user", "admin", "agent")
+ROLES: tuple[Role, ...] = get_args(Role)
 
 
 def hash_token(secret: str) -> str:

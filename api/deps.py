@@ -51,14 +51,21 @@ def authenticated(
     return principal
 
 
-def user(principal: Annotated[Principal, Depends(authenticated)]) -> Principal:
-    """A user or admin token (admins are users that may also cancel others' runs)."""
+def user(
+    principal: Annotated[Principal, Depends(authenticated)], _: Annotated[None, Depends(strict_numbers)]
+) -> Principal:
+    """A user or admin token (admins are users that may also cancel others' runs). Resolved in
+    order: the token (401), the body's numbers (422, `api.numbers.strict_numbers`: an anonymous
+    caller learns nothing of the schema), the role (403)."""
     if principal.role not in ("user", "admin"):
         raise forbidden(f"this needs a user token; agent tokens (cluster {principal.cluster!r}) may only run jobs")
     return principal
 
 
-def agent(principal: Annotated[Principal, Depends(authenticated)]) -> Principal:
+def agent(
+    principal: Annotated[Principal, Depends(authenticated)], _: Annotated[None, Depends(strict_numbers)]
+) -> Principal:
+    """An agent token; the token, the body's numbers and the role are checked as in `user`."""
     if principal.role != "agent":
         raise forbidden("this needs an agent token (autopar tokens create --role agent --cluster NAME)")
     return principal
@@ -71,22 +78,6 @@ Agent = Annotated[Principal, Depends(agent)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 Pool = Annotated[PlannerPool, Depends(get_pool)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-async def authenticated_strict_numbers(
-    request: Request,
-    db: Annotated[Database, Depends(get_db)],
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> None:
-    """Router dependency of the routes that take a body (all of them authenticated): the token
-    first, so an anonymous caller learns nothing of the body's schema (401, not 422), then
-    `strict_numbers`. Routes without a body (the public reads) skip both here."""
-    if getattr(request.scope.get("route"), "body_field", None) is None:
-        return
-    authenticated(db, creds)
-    await strict_numbers(request)
-
-
-BODY_CHECKS = [Depends(authenticated_strict_numbers)]
-"""Router dependencies every body-taking router lists: JSON booleans are never numbers (api.numbers)."""
 IdempotencyKey = Annotated[
     str | None,
     Header(

@@ -3,8 +3,8 @@
 pydantic's lax mode turns `true` into 1 (and 1.0), so `{"gpus": true}` would plan for one GPU. The
 request bodies are built from many packages' models (`TrainingSpec`, `SearchConstraints`, the
 evaluation `Job`, the API's own), so the rule is enforced once, for every body, by `strict_numbers`:
-a router dependency that walks the JSON body against the JSON schema of the route's body model
-before pydantic sees it. Inline model and cluster specs (`dict` fields, validated later in
+a dependency of the token checks (`api.deps.user` / `agent`, after the token) that walks the JSON
+body against the JSON schema of the route's body model before pydantic sees it. Inline model and cluster specs (`dict` fields, validated later in
 `api.resolve`) are walked against the `ModelSpec` / `ClusterSpec` schema by `check_no_bool_numbers`.
 
 A boolean is refused where no alternative of the schema (`anyOf`, `oneOf`, nullable types) admits
@@ -160,14 +160,15 @@ def schema_of(annotation: Any) -> Schema:
 
 
 async def strict_numbers(request: Request) -> None:
-    """Router dependency: refuse a JSON body holding a boolean where the route's body model wants a
-    number (runs before the body is validated; a body that is not JSON is left to FastAPI)."""
+    """Dependency of every authenticated route (`api.deps.user` / `agent`, after the token is
+    checked): refuse a JSON body holding a boolean where the route's body model wants a number (runs
+    before the body is validated; a route without a body, or a body that is not JSON, is left alone).
+    `request.json()` is the parse FastAPI already made of the body."""
     body_field = getattr(request.scope.get("route"), "body_field", None)
-    if body_field is None:
+    if body_field is None or not await request.body():
         return
-    raw = await request.body()
     try:
-        data = json.loads(raw) if raw else None
+        data = await request.json()
     except ValueError:
         return
     check_no_bool_numbers(data, schema_of(body_field.field_info.annotation), ["body"])

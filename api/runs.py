@@ -259,9 +259,7 @@ def check_profile_replay(run: RunRow, stored: ProfileRow, agent: AgentRow, attem
     """The stored profile goes back (as the answer to a retried upload) to the agent and attempt
     that uploaded it, or to the current lease holder (one profile per run: a re-leased attempt
     finds its predecessor's); anyone else gets a 409, not the impression that theirs was stored."""
-    author = stored.agent_id
-    if author is None:  # stored before profiles recorded their author: the holder of its attempt
-        author = next((a.agent_id for a in run.attempts if a.attempt == stored.attempt), None)
+    author = stored.agent_id  # migration 0002 filled it in for profiles stored before it existed
     if (author, stored.attempt) != (agent.id, attempt) and not _holds(run, agent.id, attempt):
         raise conflict(
             f"run {run.id} already has its profile, uploaded by agent {author} for attempt {stored.attempt}",

@@ -241,7 +241,7 @@ def mamba_backward_transient_bytes(model: ModelSpec, ctx: ActivationContext) -> 
       over TP. Coefficients fitted by least squares to the live-storage tracker's peak over 45
       shapes (s 512-2048, H 8-48, P 32-128, N 32-128, G 1-8, Q 64-256, h 512-2048; largest
       error 6% of the transient), not derived term by term."""
-    if "M" not in (model.hybrid_pattern or ""):
+    if not model.has_mamba:
         return 0.0
     heads, p, n = model.mamba_num_heads, model.mamba_head_dim, model.mamba_state_size
     assert heads and p and n

@@ -27,6 +27,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration
 from cost_models.estimate import Estimate, estimate
 from cost_models.layout import Layout, LayoutError
+from cost_models.pipeline import TORCH_ONLY_SCHEDULES
 from model_specs.spec import ModelSpec, TrainingSpec
 
 AUTO_KNOBS = ("micro_batch", "recompute", "zero_stage", "vpp", "schedule", "offload_optimizer")
@@ -75,8 +76,7 @@ def _values(knob: str, base: Layout, model: ModelSpec, training: TrainingSpec, g
     if knob == "schedule":
         if base.pp == 1:
             return [None]
-        torch_only = ["zero_bubble", "zbv", "dualpipev", "looped_bfs"] if base.framework == "fsdp" else []  # zbv, dualpipev: vpp 2
-        return [None, "gpipe", "1f1b", "interleaved_1f1b", *torch_only]
+        return [None, "gpipe", "1f1b", "interleaved_1f1b", *(TORCH_ONLY_SCHEDULES if base.framework == "fsdp" else ())]
     if knob == "offload_optimizer":
         return [False, True]
     raise AutoError(f"layout.{knob}: not an auto knob")

@@ -13,7 +13,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_models.pipeline import ZERO_BUBBLE_ZERO3, is_v_shape, zero_bubble_rounds_ok
+from cost_models.pipeline import (
+    SPLIT_BACKWARD_SCHEDULES,
+    TORCH_ONLY_SCHEDULES,
+    ZERO_BUBBLE_ZERO3,
+    is_v_shape,
+    zero_bubble_rounds_ok,
+)
 from cost_models.stages import StagePartition, megatron_split
 from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
@@ -373,12 +379,12 @@ def validate_layout(
     sched = lay.schedule_
     if sched == "interleaved_1f1b" and lay.vpp == 1:
         v.append(Violation("schedule", "interleaved_1f1b needs vpp > 1"))
-    if is_v_shape(sched) and pp > 1 and lay.vpp != 2:
+    if is_v_shape(sched, pp) and lay.vpp != 2:
         v.append(Violation("vpp", f"the {sched} schedule places exactly two chunks per rank as a V: vpp=2, not {lay.vpp}"))
     if sched == "dualpipev" and pp > 1 and lay.grad_accum_ < 2 * pp:
         v.append(Violation("grad_accum", f"dualpipev needs at least 2 x pp = {2 * pp} micro-batches (torch's "
                            f"ScheduleDualPipeV: one per stage), not {lay.grad_accum_}"))
-    if sched not in ("interleaved_1f1b", "zero_bubble", "zbv", "dualpipev", "looped_bfs") and lay.vpp > 1:
+    if sched in ("gpipe", "1f1b") and lay.vpp > 1:
         v.append(Violation("schedule", f"vpp={lay.vpp} needs the interleaved_1f1b, zero_bubble, zbv, dualpipev or "
                            f"looped_bfs schedule, not {sched}"))
     if sched == "zero_bubble" and pp > 1 and not zero_bubble_rounds_ok(pp, lay.grad_accum_):
@@ -476,20 +482,19 @@ def framework_violations(lay: Layout) -> list[Violation]:
       --overlap-moe-expert-parallel-comm) is Megatron-Core's: it needs ep > 1, vpp > 1 when pp > 1,
       and no full recompute (Megatron-Core user guide, "Combined 1F1B: Expert-Parallel All-to-All
       Overlap"; Megatron-Bridge's overlap validation).
-    - zero_bubble, zbv and dualpipev are torch.distributed.pipelining's (torchtitan's
-      InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): Megatron-LM (core_v0.16) and DeepSpeed's
-      pipeline engine have no schedule that splits the weight gradient; not with ZeRO-3, whose per-layer reshard drops the deferred weight gradients
+    - zero_bubble, zbv, dualpipev and looped_bfs are torch.distributed.pipelining's (torchtitan's
+      InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, LoopedBFS): Megatron-LM (core_v0.16) and
+      DeepSpeed's pipeline engine have neither a breadth-first schedule nor one that splits the
+      weight gradient; the split ones not with ZeRO-3, whose per-layer reshard drops the deferred
+      weight gradients
       (tests/runtime/test_parallel_layouts.py measured it)."""
     v: list[Violation] = []
     fw = lay.framework
     if lay.recompute == "op_sac" and fw != "fsdp":
         v.append(Violation("recompute", "op_sac (torchtitan's op-level selective checkpointing) needs framework fsdp"))
-    split_backward = lay.schedule_ in ("zero_bubble", "zbv", "dualpipev")
-    if lay.pp > 1 and lay.schedule_ == "looped_bfs" and fw != "fsdp":
-        v.append(Violation("schedule", f"the looped_bfs schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
-    if lay.pp > 1 and split_backward and fw != "fsdp":
+    if lay.pp > 1 and lay.schedule_ in TORCH_ONLY_SCHEDULES and fw != "fsdp":
         v.append(Violation("schedule", f"the {lay.schedule_} schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
-    if lay.pp > 1 and split_backward and lay.zero_stage == 3:
+    if lay.pp > 1 and lay.schedule_ in SPLIT_BACKWARD_SCHEDULES and lay.zero_stage == 3:
         v.append(Violation("zero_stage", ZERO_BUBBLE_ZERO3))
     if lay.moe_a2a_overlap:
         if fw != "megatron":
@@ -538,7 +543,7 @@ def hybrid_violations(model: ModelSpec, lay: Layout) -> list[Violation]:
     if not model.is_hybrid:
         return []
     v: list[Violation] = []
-    mamba = "M" in (model.hybrid_pattern or "")
+    mamba = model.has_mamba
     if mamba and (model.mamba_num_heads or 0) % lay.tp:
         v.append(Violation("tp", f"tp={lay.tp} does not divide the {model.mamba_num_heads} Mamba heads"))
     if mamba and model.mamba_groups % lay.tp:
@@ -600,7 +605,7 @@ def _split_violations(model: ModelSpec, lay: Layout, partition: StagePartition |
     if partition is not None:
         if (partition.pp, partition.vpp) != (pp, vpp):
             return [Violation("partition", f"cut for pp={partition.pp} x vpp={partition.vpp}, the layout has pp={pp} x vpp={vpp}")]
-        if partition.v_shape != (is_v_shape(lay.schedule_) and pp > 1):
+        if partition.v_shape != is_v_shape(lay.schedule_, pp):
             placed = "as a V" if partition.v_shape else "looped (chunk c on rank c % pp)"
             return [Violation("partition", f"chunks placed {placed}, which the {lay.schedule_} schedule does not do")]
         return [Violation("partition", p) for p in partition.problems(model.num_layers)]

@@ -42,14 +42,25 @@ of each of its chunks, then every backward: interleaving's (p - 1)/v bubble with
 
 from __future__ import annotations
 
+import numpy as np
+
 V_SCHEDULES = ("zbv", "dualpipev")
 """Schedules that place two chunks per rank as a V (module doc)."""
-BUBBLE_FILLING_SCHEDULES = ("zero_bubble", "zbv", "dualpipev")
-"""Schedules whose split weight-gradient passes fill idle slots: their bubble may reach zero."""
+SPLIT_BACKWARD_SCHEDULES = ("zero_bubble", "zbv", "dualpipev")
+"""Schedules that split the backward into input- and weight-gradient passes: the weight passes may
+fill the bubble (bounded by zero), and ZeRO-3's per-layer reshard drops them (`ZERO_BUBBLE_ZERO3`)."""
+TORCH_ONLY_SCHEDULES = (*SPLIT_BACKWARD_SCHEDULES, "looped_bfs")
+"""Schedules only torch.distributed.pipelining runs (framework fsdp: torchtitan's)."""
+FORWARDS_FIRST_SCHEDULES = ("gpipe", "looped_bfs")
+"""Schedules that run every forward of a rank's chunks before any backward."""
+FB_PAIRED_SCHEDULES = ("dualpipev",)
+"""Schedules that run one micro-batch's forward chunk beside another's backward chunk (F&B), so
+the MoE all-to-alls of both hide behind their compute (`cost_models.step_time`)."""
 
 
-def is_v_shape(schedule: str) -> bool:
-    return schedule in V_SCHEDULES
+def is_v_shape(schedule: str, pp: int) -> bool:
+    """Whether a pipeline of `pp` ranks under `schedule` places its chunks as a V."""
+    return pp > 1 and schedule in V_SCHEDULES
 
 
 def chunk_rank(chunk: int, pp: int, v_shape: bool = False) -> int:
@@ -65,7 +76,7 @@ def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int
     interleaving, where a rank holds chunks of different micro-batches)."""
     if pp == 1:
         return 1.0
-    if schedule in ("gpipe", "looped_bfs"):  # every forward (of every local chunk) before any backward
+    if schedule in FORWARDS_FIRST_SCHEDULES:
         return float(micro_batches)
     if schedule == "1f1b":
         return float(min(micro_batches, pp - rank))
@@ -103,6 +114,24 @@ def bubble_slots(schedule: str, pp: int, vpp: int) -> float:
     if schedule in ("interleaved_1f1b", "looped_bfs"):
         return (pp - 1) / vpp
     return float(pp - 1)
+
+
+def rank_idle(schedule: str, per_mb: np.ndarray, backward: np.ndarray, weight: np.ndarray, vpp: int) -> np.ndarray:
+    """Seconds a rank idles per step for each other rank in the pipeline, from its micro-batch time
+    `per_mb` (forward + backward), backward `backward` and weight-gradient share `weight` (arrays
+    of one shape; `step_time.compose` sums it over every rank but the slowest). The chunk formulas
+    of the module doc, chunks of 1/v of the rank (1/2 in a V):
+    - 1F1B, GPipe, interleaved, looped BFS: t_r / v (Narayanan et al. 2021);
+    - zero_bubble: (t_r - 2 W_r) / v, never below zero (ZB1P: (p - 1)(F + B - W));
+    - zbv: (t_r - 3 W_r) / 2 ((p - 1)(F + B - 3W) per chunk);
+    - dualpipev: (t_r + B_r - 3 W_r) / 2 ((p - 1)(F&B + B - 3W) per chunk, F&B = F + B)."""
+    if schedule == "zero_bubble":
+        return np.maximum(0.0, per_mb - 2 * weight) / vpp
+    if schedule == "zbv":
+        return np.maximum(0.0, per_mb - 3 * weight) / 2
+    if schedule == "dualpipev":
+        return np.maximum(0.0, per_mb + backward - 3 * weight) / 2
+    return per_mb / vpp
 
 
 def bubble_fraction(schedule: str, pp: int, vpp: int, micro_batches: int) -> float:

@@ -37,7 +37,7 @@ from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh import MeshLike, mesh_strides
-from cost_models.pipeline import in_flight_micro_batches, split_backward_peaks
+from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, in_flight_micro_batches, split_backward_peaks
 from cost_models.stages import StagePartition
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
@@ -152,7 +152,8 @@ def _layer_arrays(
         dense, expert = out["dense"][-1], out["expert"][-1]
         transient = scan_transient if model.is_mamba_layer(i) else 0.0
         # the gradient of every weight GEMM's output waits for the weight pass (frozen weights have none)
-        out["pend"].append(actx.act_bytes * sum(float(gm.m * gm.n * gm.count) for gm in layer_gemms(model, i, g)) if ft is None else 0.0)
+        outputs = sum(float(gm.m * gm.n * gm.count) for gm in layer_gemms(model, i, g))
+        out["pend"].append(actx.act_bytes * outputs if ft is None else 0.0)
         if ft is None:
             out["dense_w"].append(pb * dense)
             out["expert_w"].append(pb * expert)
@@ -855,12 +856,11 @@ def price_memory(
     else:
         params, grads, opt, host, nvme, embedding_transient = _state_bytes(t, knobs)
     inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
-    a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_)  # (C, pp) candidate peaks
-    if g_units.any():  # a split backward: saved activations and pending weight-output gradients
-        peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
-        acts = peaks.max(axis=0)[mode]  # (C, modes, pp) -> per recompute mode, then per setting
-    else:
-        acts = (t.acts * inflight[None, :])[mode]  # per recompute mode, then per setting
+    # the rank's largest candidate peak of saved activations and (under a split backward) pending
+    # weight-output gradients, (C, modes, pp) -> per recompute mode, then per setting
+    a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_)
+    peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
+    acts = peaks.max(axis=0)[mode]
     if m.activation_offload_layers:
         # offloaded layers stay on the GPU only as the two layers being copied out / prefetched back
         staging = 2 * np.divide(t.offloaded_acts, np.maximum(t.offloaded_layers, 1.0)[None, :])
@@ -868,7 +868,7 @@ def price_memory(
         acts = acts - on_host + np.minimum(staging, t.offloaded_acts * inflight[None, :])[mode]
     logits = np.zeros((len(settings), pp))
     logits[:, t.partition.head_rank] = t.logits
-    if m.framework == "fsdp" and pp > 1 and schedule in ("gpipe", "looped_bfs") and m.grad_accum_ > 1:
+    if m.framework == "fsdp" and pp > 1 and schedule in FORWARDS_FIRST_SCHEDULES and m.grad_accum_ > 1:
         # torch.distributed.pipelining's GPipe runs every forward, then every backward. Gradients
         # do not exist before the first backward (zero_grad sets them to None; FSDP2 allocates the
         # accumulated ones lazily) and that backward frees its micro-batch's activations while
@@ -957,7 +957,7 @@ def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: 
     J = len(settings)
     knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
     dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
-    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal, t.mesh.schedule_)
+    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal)
     prices.stage_time = per_mb
     prices.parts = parts
     prices.step_s = step

@@ -134,7 +134,7 @@ class StagePartition:
     @property
     def head_rank(self) -> int:
         """The rank of the last chunk (final norm, LM head, loss): pp - 1, or 0 in a V."""
-        return 0 if self.v_shape else self.pp - 1
+        return chunk_rank(self.pp * self.vpp - 1, self.pp, self.v_shape)
 
 
     @classmethod
@@ -145,13 +145,13 @@ class StagePartition:
     def explicit(cls, chunk_layers: tuple[int, ...] | list[int], layout: SplitLike) -> StagePartition:
         """A partition given chunk by chunk (a job's `partition`), placed as the layout's schedule
         places chunks. Raises `ValueError` when the chunk count is not pp x vpp."""
-        return cls(tuple(chunk_layers), layout.pp, layout.vpp, is_v_shape(layout.schedule_) and layout.pp > 1)
+        return cls(tuple(chunk_layers), layout.pp, layout.vpp, is_v_shape(layout.schedule_, layout.pp))
 
     @classmethod
     def for_layout(cls, num_layers: int, layout: SplitLike) -> StagePartition:
         """The partition a layout asks for: Megatron-Core's split (`megatron_split`) when it sets
         an uneven-split option, else `even` (which Megatron also cuts when the layers divide)."""
-        v_shape = is_v_shape(layout.schedule_) and layout.pp > 1
+        v_shape = is_v_shape(layout.schedule_, layout.pp)
         if layout.uneven_split:
             return cls(
                 megatron_split(

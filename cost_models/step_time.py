@@ -55,7 +55,7 @@ The step (`compose`):
                zero bubble: each other rank's t_r less twice its weight-gradient share W_r, which
                fills the idle slots: (p - 1)(F + B - W) / v (Qi et al. 2024; `cost_models.pipeline`)
                zbv: max(0, t_r - 3 W_r) / 2 per other rank; dualpipev: max(0, t_r + B_r - 3 W_r) / 2
-               (the chunk formulas of `cost_models.pipeline` with chunks of half the rank's layers)
+               (`pipeline.rank_idle`: the chunk formulas with chunks of half the rank's layers)
     + gradient reduction once per step (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter, the all-reduce
       across replicas of hybrid sharding) in the window Megatron's `--overlap-grad-reduce` gives it:
       the last micro-batch's backward, bucket by bucket, and the pipeline drain after this rank's
@@ -81,10 +81,11 @@ from cost_models.calibration import Calibration
 from cost_models.comm import CHANNELS, HOST, Group, collective_cost
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
-from cost_models.pipeline import BUBBLE_FILLING_SCHEDULES, ZB_WEIGHT_SHARE
+from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec
+    from cost_models.layout import Layout
     from cost_models.stage_table import KnobArrays, Sharding, StageTable
     from model_specs.spec import TrainingSpec
 
@@ -139,13 +140,11 @@ sufficient to fully utilize the bandwidths of IB and NVLink" (DeepSeek-V3 techni
 Sec. 3.2.2, H800 with 132 SMs). Compute beside them runs on the other SMs."""
 
 
-def fb_paired(mesh: object) -> bool:
+def fb_paired(mesh: Layout) -> bool:
     """Whether a micro-batch's forward runs beside another's backward with the all-to-alls of both
     hidden behind their compute: DualPipeV (pp > 1), or Megatron's combined 1F1B
     (`Layout.moe_a2a_overlap`)."""
-    return (getattr(mesh, "pp", 1) > 1 and getattr(mesh, "schedule_", "") == "dualpipev") or bool(
-        getattr(mesh, "moe_a2a_overlap", False)
-    )
+    return (mesh.pp > 1 and mesh.schedule_ in FB_PAIRED_SCHEDULES) or mesh.moe_a2a_overlap
 
 
 def comm_sm_slowdown(sm_count: int | None) -> float:
@@ -425,12 +424,10 @@ def compose(
     phases: PhaseArrays,
     vpp: int,
     cal: Calibration,
-    schedule: str = "1f1b",
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Step seconds of every setting of `knobs` (module doc): (step (J,), per-micro-batch time of
-    every rank (J, pp), the parts (J,) named in `STEP_PARTS`, which sum to the step).
-    `schedule`: the pipeline schedule (`Layout.schedule_`), which sets the bubble (and, for
-    dualpipev, pairs a forward with a backward)."""
+    every rank (J, pp), the parts (J,) named in `STEP_PARTS`, which sum to the step). The mesh's
+    schedule sets the bubble (`pipeline.rank_idle`) and whether a forward runs beside a backward."""
     m = t.mesh
     ov = cal.overlap(m.framework)
     pp, mb_count = m.pp, m.grad_accum_
@@ -448,20 +445,11 @@ def compose(
     else:
         per_mb = t_f + t_b + phases.pp_exposed
     slow = per_mb.argmax(axis=1)
-    t_max = per_mb[rows, slow]
-    w = phases.weight_grad[None, :]
     if pp == 1:
         bubble = np.zeros(J)
-    elif schedule in ("zero_bubble", "zbv", "dualpipev"):  # every rank but the slowest idles, never below zero
-        if schedule == "zero_bubble":  # (t_r - 2 W_r) per slot / v
-            idle = np.maximum(0.0, per_mb - 2 * w) / vpp
-        elif schedule == "zbv":  # (p - 1)(F + B - 3W) of chunks of half the rank
-            idle = np.maximum(0.0, per_mb - 3 * w) / 2
-        else:  # dualpipev: (p - 1)(F&B + B - 3W) of such chunks
-            idle = np.maximum(0.0, per_mb + t_b - 3 * w) / 2
+    else:  # every rank but the slowest idles
+        idle = rank_idle(m.schedule_, per_mb, t_b, phases.weight_grad[None, :], vpp)
         bubble = idle.sum(axis=1) - idle[rows, slow]
-    else:
-        bubble = (per_mb.sum(axis=1) - t_max) / vpp
 
     # once per step: windows of the last backward (+ drain) and the first forward (+ warm-up)
     ranks = np.arange(pp, dtype=float)[None, :]
@@ -552,7 +540,7 @@ def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """`lower_bound` of a built table."""
     ph = phase_arrays(t, vpp, cal)
     exposed = ph.sum_f + ph.sum_b[0] - t.compute
-    bubble_free = t.mesh.schedule_ in BUBBLE_FILLING_SCHEDULES
+    bubble_free = t.mesh.schedule_ in SPLIT_BACKWARD_SCHEDULES
     return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_, bubble_free)
 
 

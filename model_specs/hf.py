@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from model_specs.hf_fields import ConfigFields, ModelConfigError
-from model_specs.spec import MlpKind, ModelSpec
+from model_specs.spec import HYBRID_SYMBOLS, MlpKind, ModelSpec
 
 __all__ = [
     "FAMILIES", "UNMODELLED_FIELDS", "ModelConfigError", "from_hf_config", "load_hf_config", "load_hf_spec",
@@ -164,7 +164,7 @@ FAMILIES: dict[str, Family] = {
     "nemotron_h": Family(gated=False, act="relu2", hybrid=True),
 }
 
-HYBRID_FIELDS = frozenset({
+HYBRID_CONFIG_FIELDS = frozenset({
     "hybrid_override_pattern", "layers_block_type", "layer_block_types", "ssm_state_size", "mamba_num_heads",
 })
 """`UNMODELLED_FIELDS` a hybrid family (`Family.hybrid`) reads instead of refusing."""
@@ -406,7 +406,7 @@ def _hybrid_pattern(c: ConfigFields) -> str:
     or `layers_block_type` / `layer_types` (transformers' names, mapped by `_BLOCK_TYPES`)."""
     if c.has("hybrid_override_pattern"):
         pattern = c.text("hybrid_override_pattern")
-        unknown = sorted(set(pattern) - set(_BLOCK_TYPES.values()))
+        unknown = sorted(set(pattern) - set(HYBRID_SYMBOLS))
         if unknown:
             raise c.error(f"hybrid_override_pattern has symbols {unknown} autopar does not price (M * - E)")
         return pattern
@@ -417,10 +417,13 @@ def _hybrid_pattern(c: ConfigFields) -> str:
             if unknown:
                 raise c.error(f"{key} names block kinds {unknown} that autopar does not price ({sorted(_BLOCK_TYPES)})")
             return "".join(_BLOCK_TYPES[k] for k in kinds)
-    raise c.error("missing required field 'hybrid_override_pattern' (also looked for: layers_block_type)")
+    raise c.error(
+        "missing required field 'hybrid_override_pattern' (also looked for: layers_block_type, layer_block_types, "
+        "layer_types)"
+    )
 
 
-def _hybrid(c: ConfigFields, spec: dict[str, Any]) -> dict[str, Any]:
+def _hybrid(c: ConfigFields) -> dict[str, Any]:
     """Nemotron-H's hybrid fields (transformers `NemotronHConfig`; its `__post_init__` aliases
     mamba_n_groups, mamba_d_conv, mamba_chunk_size, mamba_conv_bias; defaults are the class's)."""
     pattern = _hybrid_pattern(c)
@@ -509,7 +512,7 @@ def _read(c: ConfigFields, family: str) -> dict[str, Any]:
     spec |= _llama4_moe(c) if family == "llama4_text" else _moe(c, fam, ffn)
     spec |= _rope(c)
     if fam.hybrid:
-        spec |= _hybrid(c, spec)
+        spec |= _hybrid(c)
     return spec
 
 
@@ -528,7 +531,7 @@ def _family_of(model_type: str | None) -> str:
 
 
 def _refuse_unmodelled(config: Mapping[str, Any], model_type: str) -> None:
-    read = HYBRID_FIELDS if model_type in FAMILIES and FAMILIES[model_type].hybrid else frozenset()
+    read = HYBRID_CONFIG_FIELDS if model_type in FAMILIES and FAMILIES[model_type].hybrid else frozenset()
     found = [
         f"{key} ({why})" for key, why in UNMODELLED_FIELDS.items()
         if key not in read and config.get(key) not in (None, [], "", 0)

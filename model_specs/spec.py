@@ -312,6 +312,11 @@ class ModelSpec(BaseModel):
     def is_hybrid(self) -> bool:
         return self.hybrid_pattern is not None
 
+    @property
+    def has_mamba(self) -> bool:
+        """A hybrid model with at least one Mamba-2 layer (M)."""
+        return "M" in (self.hybrid_pattern or "")
+
     def layer_mixer(self, index: int) -> str:
         """What layer `index` holds: "transformer" (attention + MLP / MoE) in a plain model, else the
         single mixer its hybrid symbol names: "mamba", "attention", "mlp" or "moe"."""

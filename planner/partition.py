@@ -152,7 +152,7 @@ class PartitionData:
 
     @property
     def head_rank(self) -> int:
-        return 0 if self.v_shape else self.pp - 1
+        return self.chunk_rank(self.chunks - 1)
 
     def chunk_rank(self, c: int) -> int:
         return chunk_rank(c, self.pp, self.v_shape)
@@ -664,7 +664,7 @@ class _Probe:
     def __call__(self, layout: Layout, n: int) -> Estimate:
         key = (layout.model_dump_json(), n)
         if key not in self.cache:
-            part = _probe_partition(layout.pp, layout.vpp, n, is_v_shape(layout.schedule_) and layout.pp > 1)
+            part = _probe_partition(layout.pp, layout.vpp, n, is_v_shape(layout.schedule_, layout.pp))
             self.cache[key] = price(PricingContext(*self.args, layout, part), self.cal)
         return self.cache[key]
 
@@ -739,9 +739,9 @@ def build_partition_data(
 
     # Fixed seconds per rank: anchored on the even cut, so the linear model reproduces the cost
     # model exactly there (and wherever the stage time is linear in the layers: ZeRO-0/1, no CP).
-    v_shape = is_v_shape(lay.schedule_) and P > 1
-    head_rank = 0 if v_shape else P - 1
+    v_shape = is_v_shape(lay.schedule_, P)
     even = StagePartition.even(L, P, lay.vpp, v_shape)
+    head_rank = even.head_rank
     even_t = price(PricingContext(model, training, cluster, gpus, base, even), cal).stage_times_s
     fixed_t = [even_t[r] - sum(rows[i][0] for i in even.rank_layers(r)) for r in range(P)]
 
@@ -829,4 +829,4 @@ def optimize_partition(
         return None
     data = build_partition_data(model, training, cluster, gpus, lay, calibration, capacity_bytes=capacity_bytes)
     result = partition_layers(data, time_limit_s=time_limit_s, work_limit=work_limit)
-    return result.stage_partition(lay.pp, lay.vpp, is_v_shape(lay.schedule_) and lay.pp > 1) if result.ok else None
+    return result.stage_partition(lay.pp, lay.vpp, is_v_shape(lay.schedule_, lay.pp)) if result.ok else None

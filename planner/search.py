@@ -47,7 +47,7 @@ from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
 from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
-from cost_models.pipeline import BUBBLE_FILLING_SCHEDULES, ZERO_BUBBLE_ZERO3
+from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
     KnobArrays,
@@ -490,9 +490,9 @@ class _PairTimes:
             sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
         compute, counts = sums
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
-        bubble_free = option.schedule in BUBBLE_FILLING_SCHEDULES
+        bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
         # DualPipeV's F&B pairs may hide the all-to-alls (`step_time`): bound its exposure by zero
-        exposed = np.zeros(pp) if option.schedule == "dualpipev" else counts @ self.kind_exposed
+        exposed = np.zeros(pp) if option.schedule in FB_PAIRED_SCHEDULES else counts @ self.kind_exposed
         return lower_bound(compute, exposed, pp_exposed, vpp, grad_accum, bubble_free)
 
 
@@ -748,7 +748,7 @@ def search(
             if ranked.full:  # bound the layout before building its table: cheap bound first
                 threshold = max(ranked.threshold_s, reference_step_s or 0.0)
                 ga = training.global_batch // (mb * mesh.dp)
-                if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in BUBBLE_FILLING_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
+                if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in SPLIT_BACKWARD_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
                 pair_times = pair_times or bounds.pair_times(mesh_index, mb)
@@ -792,7 +792,7 @@ def search(
                     )
             host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
             fits = np.flatnonzero(~over_mask & ~host_over)
-            if schedule in BUBBLE_FILLING_SCHEDULES and mesh.pp > 1:
+            if schedule in SPLIT_BACKWARD_SCHEDULES and mesh.pp > 1:
                 zero3 = knobs_of(grid_key, grid).zero[fits] >= 3
                 if zero3.any():
                     log.add(ZERO_BUBBLE_ZERO3, f"pipelined meshes with the {schedule} schedule", int(zero3.sum()))

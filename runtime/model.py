@@ -78,6 +78,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from model_specs.spec import ModelSpec
 
@@ -98,6 +99,7 @@ __all__ = [
 
 DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_NORM_EPS = 1e-5
+"""Epsilon of every norm (`ModelSpec` carries none; PyTorch's `nn.LayerNorm` default)."""
 INIT_STD = 0.02
 
 
@@ -110,15 +112,14 @@ class NotSupportedError(NotImplementedError):
 
 def _norm(spec: ModelSpec, width: int) -> nn.Module:
     """RMSNorm (scale only) or LayerNorm (scale and shift) over `width`, as `spec.norm` says."""
-    eps = float(getattr(spec, "norm_eps", None) or DEFAULT_NORM_EPS)
     if spec.norm == "rmsnorm":
-        return nn.RMSNorm(width, eps=eps)
-    return nn.LayerNorm(width, eps=eps)
+        return nn.RMSNorm(width, eps=DEFAULT_NORM_EPS)
+    return nn.LayerNorm(width, eps=DEFAULT_NORM_EPS)
 
 
-def _rms(width: int, spec: ModelSpec) -> nn.RMSNorm:
+def _rms(width: int) -> nn.RMSNorm:
     """RMSNorm regardless of `spec.norm` (qk-norm, MLA latent norms: scale only in every family)."""
-    return nn.RMSNorm(width, eps=float(getattr(spec, "norm_eps", None) or DEFAULT_NORM_EPS))
+    return nn.RMSNorm(width, eps=DEFAULT_NORM_EPS)
 
 
 def _is_symbolic(t: torch.Tensor) -> bool:
@@ -263,8 +264,8 @@ class Attention(nn.Module):
         # q/k norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo-2)
         whole = spec.qk_norm_scope == "projection"
         self.qk_norm_whole = whole
-        self.q_norm = _rms(self.n_heads * d if whole else d, spec) if spec.qk_norm else None
-        self.k_norm = _rms(self.n_kv_heads * d if whole else d, spec) if spec.qk_norm else None
+        self.q_norm = _rms(self.n_heads * d if whole else d) if spec.qk_norm else None
+        self.k_norm = _rms(self.n_kv_heads * d if whole else d) if spec.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if spec.attention_sinks else None
         self.window = spec.sliding_window if spec.uses_sliding_window(layer_id) else None
         self.chunked = spec.window_kind == "chunked"
@@ -345,13 +346,13 @@ class MLAttention(nn.Module):
         self.qk_dim = self.nope + self.rope_dim
         if self.q_lora_rank:
             self.wq_a: nn.Linear | None = nn.Linear(h, self.q_lora_rank, bias=False)
-            self.q_norm: nn.RMSNorm | None = _rms(self.q_lora_rank, spec)
+            self.q_norm: nn.RMSNorm | None = _rms(self.q_lora_rank)
             self.wq: nn.Linear = nn.Linear(self.q_lora_rank, nh * self.qk_dim, bias=False)  # wq_b
         else:
             self.wq_a = self.q_norm = None
             self.wq = nn.Linear(h, nh * self.qk_dim, bias=False)
         self.wkv_a = nn.Linear(h, self.kv_lora_rank + self.rope_dim, bias=False)
-        self.kv_norm = _rms(self.kv_lora_rank, spec)
+        self.kv_norm = _rms(self.kv_lora_rank)
         self.wkv_b = nn.Linear(self.kv_lora_rank, nh * (self.nope + self.v_dim), bias=False)
         self.wo = nn.Linear(nh * self.v_dim, h, bias=spec.attn_out_bias)
         self.window = spec.sliding_window if spec.uses_sliding_window(layer_id) else None
@@ -668,7 +669,7 @@ class Mamba2Mixer(nn.Module):
         self.heads, self.head_dim = spec.mamba_num_heads, spec.mamba_head_dim
         self.groups, self.state = spec.mamba_groups, spec.mamba_state_size
         self.inner, self.conv_dim, self.chunk = spec.mamba_inner, spec.mamba_conv_dim, spec.mamba_chunk_size
-        self.eps = float(getattr(spec, "norm_eps", None) or DEFAULT_NORM_EPS)
+        self.eps = DEFAULT_NORM_EPS
         self.in_proj = nn.Linear(h, spec.mamba_in_proj_width, bias=spec.mamba_proj_bias)
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, spec.mamba_conv_kernel, groups=self.conv_dim, bias=spec.mamba_conv_bias
@@ -712,9 +713,7 @@ class Mamba2Mixer(nn.Module):
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.norm_weight.to(x.dtype) * g.view(bsz, s, self.inner).to(x.dtype)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint
-
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         zxbcdt = self.in_proj(x)
         if torch.is_grad_enabled() and zxbcdt.requires_grad:
             y = checkpoint(self.core, zxbcdt, use_reentrant=False, preserve_rng_state=False)
@@ -731,9 +730,7 @@ class HybridBlock(nn.Module):
 
     def __init__(self, spec: ModelSpec, layer_id: int) -> None:
         super().__init__()
-        self.layer_id = layer_id
         self.kind = spec.layer_mixer(layer_id)
-        self.moe = self.kind == "moe"
         self.norm = _norm(spec, spec.hidden_size)
         if self.kind == "mamba":
             self.mixer: nn.Module = Mamba2Mixer(spec)
@@ -749,7 +746,7 @@ class HybridBlock(nn.Module):
         self.mixer.init_weights(std, out_std)  # type: ignore[operator]
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        if self.kind in ("mamba", "attention"):
+        if self.kind == "attention":
             return x + self.mixer(self.norm(x), rope)
         return x + self.mixer(self.norm(x))
 

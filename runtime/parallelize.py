@@ -328,8 +328,8 @@ def build_parts(
 
     with fake_mode or contextlib.nullcontext():
         full = full_model()
-        for c in mine:
-            if len(mine) == 1:
+        for i, c in enumerate(mine):
+            if i == len(mine) - 1:  # the last of the rank's chunks takes the model itself
                 m = full
             elif fake_mode is not None:
                 # A deep copy of a fake parameter does not share its storage with its own views
@@ -337,7 +337,7 @@ def build_parts(
                 # so FSDP2's flat view of each shard (`FSDPParam.reset_sharded_param`) was counted
                 # a second time by the live-storage tracker: +1.0 MB (+14%) on a 7.2 MB zbv rank of
                 # tests/runtime/test_parallel_layouts.py. Fake weights have no values to copy:
-                # build the model again.
+                # build the model again (the earlier chunks are copied before `full` is cut).
                 m = full_model()
             else:
                 m = copy.deepcopy(full)

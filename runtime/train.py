@@ -189,22 +189,18 @@ class Trainer:
             )
             for m, c in zip(self.parts.chunks, self.parts.chunk_ids, strict=True)
         ]
-        n_mb = lay.grad_accum_
-        if lay.schedule_ == "zero_bubble":  # ZB1P: input and weight gradients as separate passes
-            schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
-        elif lay.schedule_ in ("zbv", "dualpipev"):
-            # Two chunks per rank as a V (rank r: chunks r and 2pp - 1 - r, `build_parts`); torch
-            # maps stages to ranks the same way (`generate_stage_to_rank_mapping(style="v")`).
-            # DualPipeV needs n_mb >= 2pp (torch raises otherwise; `validate_layout` checks it).
-            cls_v = ScheduleZBVZeroBubble if lay.schedule_ == "zbv" else ScheduleDualPipeV
-            schedule = cls_v(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
-        elif lay.schedule_ == "interleaved_1f1b":
-            schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
-        elif lay.schedule_ == "looped_bfs":  # every forward of each local chunk, then every backward
-            schedule = ScheduleLoopedBFS(stages, n_microbatches=n_mb, loss_fn=_loss_fn)
+        # Schedules over a list of the rank's stages (zbv, dualpipev: two chunks as a V, placed by
+        # `build_parts` as torch's `generate_stage_to_rank_mapping(style="v")` maps them; DualPipeV
+        # needs >= 2pp micro-batches, `validate_layout` checks it) or over its one stage.
+        multi = {
+            "interleaved_1f1b": ScheduleInterleaved1F1B, "zero_bubble": ScheduleInterleavedZeroBubble,
+            "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV, "looped_bfs": ScheduleLoopedBFS,
+        }
+        single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+        if lay.schedule_ in multi:
+            schedule = multi[lay.schedule_](stages, n_microbatches=lay.grad_accum_, loss_fn=_loss_fn)
         else:
-            cls = ScheduleGPipe if lay.schedule_ == "gpipe" else Schedule1F1B
-            schedule = cls(stages[0], n_microbatches=n_mb, loss_fn=_loss_fn)
+            schedule = single[lay.schedule_](stages[0], n_microbatches=lay.grad_accum_, loss_fn=_loss_fn)
         if self.fake:
             # The warm-up vote on static vs dynamic shapes reads a tensor's value, which fake
             # tensors do not have: every stage here has static shapes.

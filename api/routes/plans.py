@@ -12,8 +12,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from api.calibration import calibration_for
-from api.deps import BODY_CHECKS, DB, IdempotencyKey, MetricsDep, Pool, SettingsDep, User
+from api.deps import DB, IdempotencyKey, MetricsDep, Pool, SettingsDep, User
 from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, conflict, not_found
+from api.idempotency import stored_under_key
 from api.models import EvaluationRow, PlanRow, ProfileRow
 from api.planning import request_sha256, run_evaluation, run_search
 from api.resolve import resolve_cluster_ref, resolve_model_ref
@@ -33,7 +34,7 @@ from planner.exporters import ExportError, export, formats
 from planner.plan import Plan
 
 router = APIRouter(
-    prefix="/v1", tags=["plans"], responses=ERROR_RESPONSES, dependencies=BODY_CHECKS,  # type: ignore[arg-type]
+    prefix="/v1", tags=["plans"], responses=ERROR_RESPONSES,  # type: ignore[arg-type]
 )
 
 ExportFormat = Enum("ExportFormat", {f: f for f in formats()}, type=str)  # type: ignore[misc]
@@ -61,20 +62,9 @@ async def create_plan(
     digest = request_sha256(body.model_dump(mode="json"))
 
     def replay(session: Any) -> PlanRecord | None:
-        """The plan this token stored under the key (keys are per token: another's is never found)."""
-        if idempotency_key is None:
-            return None
-        row = session.scalar(
-            select(PlanRow).where(PlanRow.created_by == principal.token_id, PlanRow.idempotency_key == idempotency_key)
-        )
-        if row is None:
-            return None
-        if row.request_sha256 != digest:
-            raise conflict(
-                f"Idempotency-Key {idempotency_key!r} was used for a different request (plan {row.id})",
-                ["header", "idempotency-key"],
-            )
-        return plan_record(row)
+        """The plan this token stored under the key (`api.idempotency`)."""
+        row = stored_under_key(session, PlanRow, principal.token_id, idempotency_key, digest, "plan")
+        return plan_record(row) if row is not None else None
 
     def prepare() -> tuple[PlanRecord | None, Any]:
         with db.read_session() as session:

@@ -12,8 +12,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import selectinload
 
 from api import runs as lifecycle
-from api.deps import BODY_CHECKS, DB, Agent, Authenticated, IdempotencyKey, MetricsDep, User
+from api.deps import DB, Agent, Authenticated, IdempotencyKey, MetricsDep, User
 from api.errors import ERROR_RESPONSES, conflict, forbidden, not_found
+from api.idempotency import stored_under_key
 from api.models import AgentRow, PlanRow, ProfileRow, RunRow, utcnow
 from api.planning import request_sha256
 from api.schemas import (
@@ -36,7 +37,7 @@ from api.views import profile_out, run_out
 from planner.plan import Plan
 
 router = APIRouter(
-    prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES, dependencies=BODY_CHECKS,  # type: ignore[arg-type]
+    prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES,  # type: ignore[arg-type]
 )
 Id = Annotated[int, Path(ge=1, le=MAX_ID)]
 
@@ -49,16 +50,9 @@ def _agent_out(a: AgentRow) -> AgentOut:
 
 
 def _earlier_run(session: Any, principal: Any, key: str | None, digest: str) -> RunOut | None:
-    """The run this token queued under `key` (another token's is never found); 409 when the key
-    was used for a different request."""
-    if key is None:
-        return None
-    row = session.scalar(select(RunRow).where(RunRow.created_by == principal.token_id, RunRow.idempotency_key == key))
-    if row is None:
-        return None
-    if row.request_sha256 != digest:
-        raise conflict(f"Idempotency-Key {key!r} was used for a different request (run {row.id})", ["header", "idempotency-key"])
-    return run_out(row)
+    """The run this token queued under `key` (`api.idempotency`)."""
+    row = stored_under_key(session, RunRow, principal.token_id, key, digest, "run")
+    return run_out(row) if row is not None else None
 
 
 @router.post(

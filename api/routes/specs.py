@@ -10,7 +10,8 @@ from fastapi import APIRouter, Path, Query
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from api.deps import BODY_CHECKS, DB, User
+from api.calibration import is_preset
+from api.deps import DB, User
 from api.errors import ERROR_RESPONSES, conflict, not_found
 from api.models import TeamCluster, TeamModel
 from api.resolve import cluster_from_fields, model_from_fields, preset_cluster, preset_model
@@ -23,7 +24,7 @@ from model_specs.presets import get_model, list_models
 from model_specs.spec import ModelSpec
 
 router = APIRouter(
-    prefix="/v1", tags=["specs"], responses=ERROR_RESPONSES, dependencies=BODY_CHECKS,  # type: ignore[arg-type]
+    prefix="/v1", tags=["specs"], responses=ERROR_RESPONSES,  # type: ignore[arg-type]
 )
 T = TypeVar("T")
 Limit = Annotated[int, Query(ge=1, le=200)]
@@ -130,7 +131,7 @@ def create_cluster_spec(body: ClusterCreate, principal: User, db: DB) -> Cluster
     runs queued on that name (`api.calibration`). Names are unique; a name that resolves to a
     cluster preset (any case, `_` for `-`) is a 409: a preset is shared and never calibrated from
     profiles, and its name always means the preset."""
-    if preset_cluster(body.name) is not None:
+    if is_preset(body.name):
         raise conflict(
             f"{body.name!r} is a cluster preset's name: a preset is shared by every team and is never "
             f"calibrated from profiles, so a team cluster may not take its name; pick a name of your own "

@@ -25,6 +25,13 @@ LAUNCH_MODULE = "runtime.launch"
 PLAN_FILE = "plan.json"
 
 
+SCHEDULE_NAMES = {
+    "gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B", "zero_bubble": "zero-bubble (ZB1P)",
+    "zbv": "ZB-V", "dualpipev": "DualPipeV", "looped_bfs": "looped BFS",
+}
+"""`Layout.schedule` as the lost notes name it."""
+
+
 @dataclass(frozen=True)
 class ExportResult:
     """One exported file: its text, a suggested file name, and what the target cannot express

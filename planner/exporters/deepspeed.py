@@ -30,7 +30,14 @@ from cost_models.memory import (
     NVME_PARAM_BUFFER_ELEMENTS,
     NVME_SUB_GROUP_ELEMENTS,
 )
-from planner.exporters.common import ExportResult, Job, framework_note, peft_config, summary_lines
+from planner.exporters.common import (
+    SCHEDULE_NAMES,
+    ExportResult,
+    Job,
+    framework_note,
+    peft_config,
+    summary_lines,
+)
 
 
 def _zero_section(job: Job, lost: list[str]) -> dict[str, Any]:
@@ -113,10 +120,8 @@ def _pipeline_section(job: Job, lost: list[str]) -> dict[str, Any] | None:
         )
     if lay.vpp > 1:
         lost.append(f"interleaved pipeline (vpp={lay.vpp}): DeepSpeed's pipeline engine has one stage per rank")
-    if lay.schedule_ in ("gpipe", "zero_bubble", "zbv", "dualpipev", "looped_bfs"):
-        name = {"gpipe": "GPipe", "zero_bubble": "zero-bubble (ZB1P)", "zbv": "ZB-V", "dualpipev": "DualPipeV",
-                "looped_bfs": "looped BFS"}[lay.schedule_]
-        lost.append(f"{name} schedule: DeepSpeed's pipeline engine runs its 1F1B-style TrainSchedule")
+    if lay.schedule_ not in ("1f1b", "interleaved_1f1b"):  # interleaving: the vpp note above
+        lost.append(f"{SCHEDULE_NAMES[lay.schedule_]} schedule: DeepSpeed's pipeline engine runs its 1F1B-style TrainSchedule")
     return section
 
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 import itertools
 import shlex
 
+from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES
 from cost_models.stages import megatron_split
 from model_specs.spec import ModelSpec
 from planner.exporters.common import (
+    SCHEDULE_NAMES,
     ExportResult,
     Job,
     comment_block,
@@ -279,9 +281,11 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
         ]
     if lay.moe_a2a_overlap:  # combined 1F1B (validated: ep > 1, vpp > 1 when pipelined, no full recompute)
         args.append(("--overlap-moe-expert-parallel-comm",))
-    if lay.pp > 1 and lay.schedule_ in ("gpipe", "looped_bfs"):
-        what = "GPipe" if lay.schedule_ == "gpipe" else "looped BFS"
-        lost.append(f"{what} schedule: Megatron always runs (interleaved) 1F1B (same bubble, fewer micro-batches in flight)")
+    if lay.pp > 1 and lay.schedule_ in FORWARDS_FIRST_SCHEDULES:
+        lost.append(
+            f"{SCHEDULE_NAMES[lay.schedule_]} schedule: Megatron always runs (interleaved) 1F1B (same bubble, "
+            "fewer micro-batches in flight)"
+        )
     if lay.pp > 1 and lay.schedule_ == "zero_bubble":
         lost.append("zero-bubble schedule (ZB1P): Megatron runs (interleaved) 1F1B, whose bubble is three times larger")
     if lay.pp > 1 and lay.schedule_ in ("zbv", "dualpipev"):

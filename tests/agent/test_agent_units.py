@@ -323,11 +323,19 @@ def test_the_agent_token_never_reaches_the_training_processes(
         "json.dump({'argv': open('/proc/self/cmdline', 'rb').read().decode(errors='replace'), "
         "'env': dict(os.environ)}, open('seen.json', 'w'))\n"
     )
-    monkeypatch.setattr(runner_mod, "runtime_argv", lambda *a: [sys.executable, str(script)])
+    real_argv = runner_mod.runtime_argv
+    planned: list[list[str]] = []
+
+    def spy(*args: Any) -> list[str]:  # the argv the agent would launch, then a script that dumps its view
+        planned.append(real_argv(*args))
+        return [sys.executable, str(script)]
+
+    monkeypatch.setattr(runner_mod, "runtime_argv", spy)
     fake_server.queue.append(lease_answer(steps=1))
     agent = make_agent(fake_server, tmp_path / "w")
     agent.cfg.token = token
     agent.run_forever()
+    assert planned and not any(token in arg for arg in planned[0])
     seen = (tmp_path / "w" / "run-11" / "attempt-1" / "seen.json").read_text()
     assert "AUTOPAR_AGENT_TOKEN" not in json.loads(seen)["env"] and token not in seen
 

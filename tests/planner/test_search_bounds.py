@@ -9,7 +9,7 @@ from cluster_specs.presets import get_cluster
 from cost_models.calibration import default_calibration
 from cost_models.compute import ShardGeometry, layer_time, lm_head_times
 from cost_models.layout import validate_layout
-from cost_models.pipeline import BUBBLE_FILLING_SCHEDULES
+from cost_models.pipeline import SPLIT_BACKWARD_SCHEDULES
 from cost_models.stage_table import build_table, price_memory, price_time, time_lower_bound
 from cost_models.stages import StagePartition
 from model_specs.presets import get_model
@@ -71,7 +71,7 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                 else:
                     assert pair_bound == pytest.approx(exact, rel=1e-12)
                 pair = np.flatnonzero((bounds.mesh_of == index) & (bounds.mb_of == mb))[0]
-                bubble_free = option.schedule in BUBBLE_FILLING_SCHEDULES
+                bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
                 cheap = _bubble_bound(float(bounds.per_mb_s[pair]), mesh.pp, vpp, layout.grad_accum_, bubble_free)
                 assert bounds.bound_s[pair] <= cheap * (1 + 1e-12)
                 assert cheap <= exact * (1 + 1e-12)

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES
+
 torch = pytest.importorskip("torch")
 
 from runtime.spec import load_run_spec  # noqa: E402
@@ -103,9 +105,9 @@ CASES: list[dict[str, Any]] = [
                                     "micro_batch": 2}, opt="adamw"),
     _case("pp2_dp2_dualpipev_zero2", {"pp": 2, "vpp": 2, "schedule": "dualpipev", "framework": "fsdp",
                                       "zero_stage": 2}, track_memory=True),
-    # middle ranks hold neither end; 8 micro-batches = 2pp, DualPipeV's minimum
     # looped BFS (torch's ScheduleLoopedBFS): every forward of each local chunk, then every backward
     _case("pp2_dp2_looped_bfs", {"pp": 2, "vpp": 2, "schedule": "looped_bfs", "framework": "fsdp"}, track_memory=True),
+    # middle ranks hold neither end; 8 micro-batches = 2pp, DualPipeV's minimum
     _case("pp4_dualpipev", {"pp": 4, "vpp": 2, "schedule": "dualpipev", "framework": "fsdp"}, model=EIGHT_LAYERS),
     _case("tp2_pp2_1f1b", {"tp": 2, "pp": 2, "micro_batch": 2, "recompute": "selective"}),
     _case("pp2_dp2_mla_moe_selective", {"pp": 2, "recompute": "selective"}, model="tiny-mla"),
@@ -265,13 +267,15 @@ def test_fake_world_memory_matches_real_gloo_run(job: tuple[Path, float], name: 
 
     ranks = _results(job[0], name)
     run = load_run_spec(BY_NAME[name]["run"])
+    # A sender that runs every forward ahead (GPipe, looped BFS) may leave gloo's staging buffers of
+    # sends still in flight in the real run, more when the machine is loaded (772 KiB seen on GPipe's
+    # stage 1 under the suite's two workers); never the other way round. Elsewhere no slack: it
+    # would hide a trace that misses part of the real peak (ZB-V traced -21% before a fix).
+    slack = GLOO_STAGING_BYTES if run.layout.schedule_ in FORWARDS_FIRST_SCHEDULES and run.layout.pp > 1 else 0.0
     for m in measure_stages(run, steps=2):
         real = ranks[m.rank]["peak_memory_bytes"]
         tolerance = max(0.01 * real, 128 * 1024)
-        # the real run may also hold gloo's staging buffers of sends still in flight, more when the
-        # machine is loaded and a GPipe sender runs ahead (772 KiB seen on stage 1 under the suite's
-        # two workers); never the other way round
-        assert -tolerance <= real - m.peak_bytes <= tolerance + GLOO_STAGING_BYTES, (m, real)
+        assert -tolerance <= real - m.peak_bytes <= tolerance + slack, (m, real)
 
 
 def test_job_wall_time(job: tuple[Path, float]) -> None:
