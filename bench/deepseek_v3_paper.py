@@ -5,19 +5,30 @@
 The report (DeepSeek-AI 2024, arXiv 2412.19437, Sec. 3.2 and Table 1) trains on 2,048 H800 with
 16-way pipeline parallelism (DualPipe), 64-way expert parallelism over 8 nodes, no tensor
 parallelism, ZeRO-1 data parallelism, FP8 mixed precision, sequence 4,096 and a global batch of
-15,360 sequences, recomputing the RMSNorms and the MLA up-projections; a token reaches at most 4
+15,360 sequences, recomputing the RMSNorms, the MLA up-projections and the SwiGLU output (from
+its input, cached in FP8: the report's Sec. 3.3.4); a token reaches at most 4
 nodes and IB traffic is deduplicated per node (DeepEP, our `flex` dispatcher). It reports 180K
 H800 GPU hours per trillion tokens: 6.48e-4 GPU-seconds per token, 19.9 s per step at this batch.
 
-We price the layout three ways, because no framework we export to runs it exactly:
+We price the layout four ways, because no framework we export to runs it exactly:
+- `megatron-combined-1f1b`: Megatron-Core's combined 1F1B (`--overlap-moe-expert-parallel-comm`),
+  the closest Megatron-Core comes to DualPipe: a micro-batch's forward beside another's backward,
+  the all-to-alls of both hidden behind the compute of both. It needs interleaving, so the 61
+  layers are cut into 32 chunks (the embedding's chunk and the last two with one layer; the CP-SAT
+  partitioner finds the same cut), and Megatron runs the 120 micro-batches per pipeline in groups
+  of 20 (`--microbatch-group-size-per-virtual-pipeline-stage`: 120 % 16 leaves a group smaller
+  than pp). Interleaving warms up with 2(p - r - 1) + 20 + 1 chunk forwards, about 1.6 p
+  micro-batches on rank 0 where DualPipe holds p + 1: to fit, it recomputes the attention core on
+  top of the report's RMSNorm, MLA up-projection and SwiGLU recompute (the report caches the
+  SwiGLU inputs and recomputes its output).
+- `megatron-1f1b`: Megatron-Core's 1F1B with the report's recompute, no F&B pairs (all-to-alls
+  exposed).
 - `fsdp-dualpipev`: torch's DualPipeV (DualPipe cut in half: the same bubble and activations per
-  rank, half the parameter copies) with torchtitan's EP overlap, the closest schedule to the
-  report's; 61 layers cut into 32 chunks (the embedding and LM-head chunks, and one more, with one
-  layer). Its memory is torchtitan's MoE activations (three routed copies per token, eager SwiGLU)
-  and torch pipelining's receive buffers (one per micro-batch and chunk).
+  rank, half the parameter copies) with torchtitan's EP overlap, the report's schedule; 61 layers
+  cut into the same 32 chunks, placed as a V. Its memory is torchtitan's MoE activations (three
+  routed 16-bit copies per token, eager SwiGLU) and torch pipelining's receive buffers (one per
+  micro-batch and chunk): it does not fit.
 - `fsdp-zbv`: the same V without the F&B pairs (all-to-alls exposed).
-- `megatron-1f1b`: Megatron-Core's 1F1B with the same degrees (no EP overlap: combined 1F1B needs
-  interleaving, which needs the micro-batches to be a multiple of pp: 120 is not).
 MTP (one extra module in the report) is not priced: it adds about 4% of the FLOPs.
 """
 
@@ -40,13 +51,17 @@ BASE: dict[str, Any] = {
     "training": {"seq_len": SEQ, "global_batch": GLOBAL_BATCH, "precision": "fp8"},
     "layout": {
         "tp": 1, "pp": 16, "ep": 64, "micro_batch": 1, "zero_stage": 1, "recompute": "selective",
-        "recompute_modules": ["layernorm", "mla_up_proj"], "moe_token_dispatcher": "flex",
+        "recompute_modules": ["layernorm", "mla_up_proj", "act"], "moe_token_dispatcher": "flex",
     },
 }
 VARIANTS: dict[str, dict[str, Any]] = {
+    "megatron-combined-1f1b": {
+        "vpp": 2, "schedule": "interleaved_1f1b", "moe_a2a_overlap": True,
+        "recompute_modules": ["layernorm", "mla_up_proj", "act", "core_attn"],
+    },
+    "megatron-1f1b": {},
     "fsdp-dualpipev": {"framework": "fsdp", "vpp": 2, "schedule": "dualpipev"},
     "fsdp-zbv": {"framework": "fsdp", "vpp": 2, "schedule": "zbv"},
-    "megatron-1f1b": {},
 }
 
 
@@ -92,7 +107,7 @@ def main() -> None:
     print(f"DeepSeek-V3, 2048 x H800, paper step {table[0]['paper_step_s']:.2f} s (180K GPU-h per 1T tokens)")
     for r in table:
         print(
-            f"{r['variant']:16s} step {r['step_s']:6.2f} s ({r['error']:+.1%})  MFU {r['mfu']:.3f}  "
+            f"{r['variant']:24s} step {r['step_s']:6.2f} s ({r['error']:+.1%})  MFU {r['mfu']:.3f}  "
             f"peak {r['peak_gib']:.1f} / {r['usable_gib']:.1f} GiB  {'fits' if r['fits'] else 'does not fit'}"
         )
         print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["parts_s"].items()))

@@ -17,6 +17,7 @@ from cost_models.pipeline import (
     SPLIT_BACKWARD_SCHEDULES,
     TORCH_ONLY_SCHEDULES,
     ZERO_BUBBLE_ZERO3,
+    interleaving_group,
     is_v_shape,
     zero_bubble_rounds_ok,
 )
@@ -391,13 +392,17 @@ def validate_layout(
         rounds = max(1, lay.grad_accum_ // pp)
         v.append(Violation("grad_accum", f"zero bubble runs the {lay.grad_accum_} micro-batches in {rounds} rounds "
                            "(max(1, m // pp), torch's ScheduleInterleavedZeroBubble): m must be a multiple of them"))
-    if sched == "interleaved_1f1b" and lay.grad_accum_ % pp:
-        v.append(
-            Violation(
-                "grad_accum",
-                f"interleaved 1F1B needs the {lay.grad_accum_} micro-batches to be a multiple of pp={pp}",
-            )
+    interleaves = sched == "interleaved_1f1b" and pp > 1 and lay.framework != "deepspeed"  # deepspeed: no vpp
+    if interleaves and interleaving_group(lay.framework, pp, lay.grad_accum_) is None:
+        m = lay.grad_accum_
+        why = (
+            f"Megatron-Core runs interleaved 1F1B in groups of N micro-batches per virtual stage, pp={pp} <= N <= m, "
+            f"with the last group (m % N) empty or at least pp: no N fits m={m}"
+            if lay.framework == "megatron"
+            else f"torch's ScheduleInterleaved1F1B runs the {m} micro-batches in m // pp rounds: m must be at least "
+            f"pp={pp} and a multiple of the rounds"
         )
+        v.append(Violation("grad_accum", why))
     if dp * lay.micro_batch * lay.grad_accum_ != training.global_batch:
         v.append(
             Violation(

@@ -5,7 +5,12 @@ Sources: GPipe (Huang et al. 2019); 1F1B / PipeDream-Flush and interleaved 1F1B 
 (p - 1) / v micro-batch slots of one stage's forward+backward, i.e. a fraction (p-1)/(m+p-1) of
 the step for v = 1. Activation memory (Korthikanti et al. 2022, Sec. 4.2.3): under 1F1B the first
 stage holds p micro-batches; under interleaving it holds p * (1 + (p-1)/(p*v)) micro-batches' worth
-of its layers.
+of its layers when a rank runs p micro-batches on one chunk before moving to the next. Both
+frameworks that interleave let that group N differ from p (`interleaving_group`): rank r then
+warms up with 2(p - r - 1) + (v - 1)N chunk forwards (Megatron-Core's `get_pp_rank_microbatches`,
+torch's `_get_warmup_ops`), and Megatron's combined 1F1B (`--overlap-moe-expert-parallel-comm`)
+runs one more so that every 1F1B step pairs independent micro-batches. The bubble stays
+(p - 1)/v: with N >= p a chunk's next input is ready before the rank needs it.
 
 Zero bubble (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR; the ZB1P / ZB-H1 schedule
 that `torch.distributed.pipelining.ScheduleInterleavedZeroBubble` implements, interleaved when a
@@ -71,9 +76,36 @@ def chunk_rank(chunk: int, pp: int, v_shape: bool = False) -> int:
     return chunk % pp
 
 
-def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int, rank: int) -> float:
+def interleaving_group(framework: str, pp: int, micro_batches: int) -> int | None:
+    """Micro-batches a rank runs on one chunk before the next under interleaved 1F1B (module doc),
+    or None when the framework refuses this count of micro-batches.
+    - megatron: Megatron-Core's `microbatch_group_size_per_vp_stage`
+      (`--microbatch-group-size-per-virtual-pipeline-stage`, default p). It must lie in [p, m], and
+      the last group, m % N, must be empty or at least p (`forward_backward_pipelining_with_
+      interleaving` raises otherwise). We take the smallest such N (the least warm-up memory): p
+      when p divides m; 120 micro-batches over p = 16 take N = 20.
+    - fsdp (torch's `ScheduleInterleaved1F1B`): m // p rounds of m / rounds micro-batches; m must
+      be a multiple of the rounds. torch also runs m < p in one round, but then every chunk's
+      round waits on the last stage: a bubble the (p - 1)/v formula does not hold, so not priced.
+    - deepspeed: no interleaving."""
+    p, m = pp, micro_batches
+    if m < p:
+        return None
+    if framework == "megatron":
+        return next((n for n in range(p, m + 1) if m % n == 0 or m % n >= p), None)
+    if framework == "fsdp":
+        rounds = m // p
+        return m // rounds if m % rounds == 0 else None
+    return None
+
+
+def in_flight_micro_batches(
+    schedule: str, pp: int, vpp: int, micro_batches: int, rank: int, group: int | None = None, paired: bool = False
+) -> float:
     """Micro-batches' worth of this rank's activations alive at its peak (may be fractional under
-    interleaving, where a rank holds chunks of different micro-batches)."""
+    interleaving, where a rank holds chunks of different micro-batches). Interleaved 1F1B reads
+    `group`, the micro-batches per chunk round (`interleaving_group`, default pp), and `paired`,
+    Megatron's combined 1F1B (one more warm-up forward)."""
     if pp == 1:
         return 1.0
     if schedule in FORWARDS_FIRST_SCHEDULES:
@@ -87,9 +119,9 @@ def in_flight_micro_batches(schedule: str, pp: int, vpp: int, micro_batches: int
     if schedule == "dualpipev":  # 2p + 1 chunks of half the rank's layers
         return min(2 * pp + 1, 2 * micro_batches) / 2
     if schedule == "interleaved_1f1b":
-        # Megatron's warm-up for rank r: 2*(p - r - 1) + (v - 1)*p chunk forwards, plus the one in
+        # warm-up for rank r: 2*(p - r - 1) + (v - 1)*N chunk forwards (+1 paired), plus the one in
         # steady state; each chunk is 1/v of the rank's layers.
-        chunks = 2 * (pp - rank - 1) + (vpp - 1) * pp + 1
+        chunks = 2 * (pp - rank - 1) + (vpp - 1) * (group or pp) + 1 + int(paired)
         return min(chunks, micro_batches * vpp) / vpp
     raise ValueError(f"unknown schedule {schedule!r}")
 
@@ -141,7 +173,9 @@ def bubble_fraction(schedule: str, pp: int, vpp: int, micro_batches: int) -> flo
     return idle / (micro_batches + idle)
 
 
-def split_backward_peaks(schedule: str, pp: int, vpp: int, micro_batches: int, rank: int) -> list[tuple[float, float]]:
+def split_backward_peaks(
+    schedule: str, pp: int, vpp: int, micro_batches: int, rank: int, group: int | None = None, paired: bool = False
+) -> list[tuple[float, float]]:
     """Candidate peaks of a rank as (a, g) pairs: a micro-batches of the rank's saved activations and
     g micro-batches of its *pending weight-output gradients* alive together; the rank's peak is the
     largest a x acts + g x pending (`stage_table.price_memory`; pending = `StageTable.pending_wgrad`,
@@ -161,7 +195,7 @@ def split_backward_peaks(schedule: str, pp: int, vpp: int, micro_batches: int, r
     m, r = micro_batches, rank
     if pp > 1 and schedule == "zero_bubble":
         return _zero_bubble_states(pp, vpp, m, r)
-    base = in_flight_micro_batches(schedule, pp, vpp, m, r)
+    base = in_flight_micro_batches(schedule, pp, vpp, m, r, group, paired)
     if pp == 1 or schedule != "zbv":
         return [(base, 0.0)]
     out = [(base, 0.5)]

@@ -37,7 +37,12 @@ from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh import MeshLike, mesh_strides
-from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, in_flight_micro_batches, split_backward_peaks
+from cost_models.pipeline import (
+    FORWARDS_FIRST_SCHEDULES,
+    in_flight_micro_batches,
+    interleaving_group,
+    split_backward_peaks,
+)
 from cost_models.stages import StagePartition
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
@@ -677,10 +682,12 @@ class KnobArrays:
 
 
 @lru_cache(maxsize=4096)
-def _split_peaks(schedule: str, pp: int, vpp: int, grad_accum: int) -> tuple[np.ndarray, np.ndarray]:
+def _split_peaks(
+    schedule: str, pp: int, vpp: int, grad_accum: int, group: int | None, paired: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """`pipeline.split_backward_peaks` of every rank as (C, pp) arrays of activation and pending
     micro-batches (ranks with fewer candidates repeat their first; read-only)."""
-    cands = [split_backward_peaks(schedule, pp, vpp, grad_accum, r) for r in range(pp)]
+    cands = [split_backward_peaks(schedule, pp, vpp, grad_accum, r, group, paired) for r in range(pp)]
     c = max(len(x) for x in cands)
     a = np.array([[x[min(i, len(x) - 1)][0] for x in cands] for i in range(c)])
     g = np.array([[x[min(i, len(x) - 1)][1] for x in cands] for i in range(c)])
@@ -690,9 +697,9 @@ def _split_peaks(schedule: str, pp: int, vpp: int, grad_accum: int) -> tuple[np.
 
 
 @lru_cache(maxsize=4096)
-def _in_flight(schedule: str, pp: int, vpp: int, grad_accum: int) -> np.ndarray:
+def _in_flight(schedule: str, pp: int, vpp: int, grad_accum: int, group: int | None, paired: bool) -> np.ndarray:
     """Micro-batches whose activations each pipeline rank holds at its peak (read-only array)."""
-    out = np.array([in_flight_micro_batches(schedule, pp, vpp, grad_accum, r) for r in range(pp)])
+    out = np.array([in_flight_micro_batches(schedule, pp, vpp, grad_accum, r, group, paired) for r in range(pp)])
     out.flags.writeable = False
     return out
 
@@ -855,10 +862,11 @@ def price_memory(
         params, grads, opt, host, nvme, embedding_transient = _state_bytes_cached(t, knobs)
     else:
         params, grads, opt, host, nvme, embedding_transient = _state_bytes(t, knobs)
-    inflight = _in_flight(schedule, pp, vpp, m.grad_accum_)
+    group = interleaving_group(m.framework, pp, m.grad_accum_) if schedule == "interleaved_1f1b" else None
+    inflight = _in_flight(schedule, pp, vpp, m.grad_accum_, group, m.moe_a2a_overlap)
     # the rank's largest candidate peak of saved activations and (under a split backward) pending
     # weight-output gradients, (C, modes, pp) -> per recompute mode, then per setting
-    a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_)
+    a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_, group, m.moe_a2a_overlap)
     peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
     acts = peaks.max(axis=0)[mode]
     if m.activation_offload_layers:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import Layout
-from cost_models.pipeline import zero_bubble_rounds_ok
+from cost_models.pipeline import interleaving_group, zero_bubble_rounds_ok
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import SearchConstraints
@@ -224,7 +224,8 @@ class PipeOption(NamedTuple):
 
 def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: int, c: SearchConstraints) -> list[PipeOption]:
     """1F1B and GPipe without virtual stages; interleaved 1F1B for every vpp >= 2 whose pp x vpp
-    chunks split the layers, when the micro-batches are a multiple of pp; for framework fsdp, the
+    chunks split the layers, when the framework runs this many micro-batches interleaved
+    (`pipeline.interleaving_group`); for framework fsdp, the
     zero-bubble schedule (ZB1P) on one chunk per rank and on every even interleaving, and the V-shape
     schedules (ZB-V; DualPipeV when there are at least 2 x pp micro-batches) where every rank keeps
     two chunks of at least one layer; looped BFS (interleaving's bubble, GPipe's memory) only when
@@ -238,7 +239,7 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
         m = training.global_batch // (mb * mesh.dp)
         out = [PipeOption(1, "1f1b"), PipeOption(1, "gpipe")]
         interleaved = interleaved_options(model.num_layers, mesh.pp)
-        if m % mesh.pp == 0:
+        if interleaving_group(c.framework, mesh.pp, m) is not None:
             out += interleaved
         if c.framework == "fsdp" and zero_bubble_rounds_ok(mesh.pp, m):
             # torch's ZB1P, on one chunk per rank or interleaved over the chunks that split evenly

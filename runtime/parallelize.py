@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from cost_models.pipeline import interleaving_group
 from runtime.context_parallel import apply_context_parallel, cp_positions
 from runtime.expert_parallel import apply_expert_parallel, expert_params
 from runtime.lora import apply_lora
@@ -127,6 +128,11 @@ def check_supported(run: RunSpec) -> None:
         raise NotSupportedError("tied embeddings across pipeline stages are not implemented")
     if spec.is_moe and lay.ep > 1 and lay.etp_ != 1:
         raise NotSupportedError("expert tensor parallel (etp > 1) is not implemented")
+    if lay.pp > 1 and lay.schedule_ == "interleaved_1f1b" and interleaving_group("fsdp", lay.pp, lay.grad_accum_) is None:
+        raise NotSupportedError(
+            f"torch's ScheduleInterleaved1F1B runs the {lay.grad_accum_} micro-batches in m // pp rounds, which must "
+            f"divide them (pp={lay.pp}); Megatron-Core's micro-batch groups are not torch's"
+        )
 
 
 # ---- pipeline chunks ----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES
+from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, interleaving_group
 from cost_models.stages import megatron_split
 from model_specs.spec import ModelSpec
 from planner.exporters.common import (
@@ -212,10 +212,18 @@ def _split_option_args(job: Job) -> list[Arg] | None:
 
 
 def _pipeline_args(job: Job) -> list[Arg]:
-    pp, vpp, chunks = job.pp, job.vpp, job.chunk_layers
-    if pp == 1:
+    if job.pp == 1:
         return []
-    args: list[Arg] = [("--pipeline-model-parallel-size", str(pp))]
+    args = [("--pipeline-model-parallel-size", str(job.pp)), *_stage_cut_args(job)]
+    group = interleaving_group("megatron", job.pp, job.lay.grad_accum_) if job.vpp > 1 else None
+    if group is not None and group != job.pp:  # Megatron's default group is pp (`pipeline.interleaving_group`)
+        args.append(("--microbatch-group-size-per-virtual-pipeline-stage", str(group)))
+    return args
+
+
+def _stage_cut_args(job: Job) -> list[Arg]:
+    pp, vpp, chunks = job.pp, job.vpp, job.chunk_layers
+    args: list[Arg] = []
     split = _split_option_args(job)
     if split is not None:
         return args + split
@@ -364,6 +372,10 @@ def _precision_args(job: Job) -> list[Arg]:
         args.append(("--fp16",))
     if tr.precision == "fp8":
         args += [("--fp8-format", "hybrid")]
+        if job.lay.recompute == "selective" and {"act", "layernorm"} & set(job.lay.recompute_modules_):
+            # Megatron-Core refuses moe_act / layernorm recompute under its default delayed scaling
+            # (TransformerConfig.__post_init__); blockwise is DeepSeek-V3's fine-grained scaling
+            args += [("--fp8-recipe", "blockwise")]
     if tr.precision != "fp32" and tr.grad_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))  # bf16 gradient buffers, as the plan priced them
     return args

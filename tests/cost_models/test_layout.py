@@ -78,3 +78,21 @@ def test_framework_rules_name_what_the_framework_cannot_run() -> None:
     titan = Layout(pp=2, account_for_loss_in_pipeline_split=True, framework="fsdp", recompute="op_sac")
     assert [v.field for v in framework_violations(titan)] == ["account_for_embedding_in_pipeline_split"]
     assert [v.field for v in framework_violations(Layout(recompute="op_sac"))] == ["recompute"]
+
+
+def test_interleaving_takes_the_micro_batch_counts_each_framework_runs() -> None:
+    # 64 GPUs, tp 4, pp 4 -> dp 4; global batch 40 -> 10 micro-batches per pipeline
+    train = TrainingSpec(seq_len=4096, global_batch=40)
+
+    def errs(**kw: object) -> list:
+        return validate_layout(DENSE, train, 64, Layout(tp=4, pp=4, vpp=2, **kw))
+
+    assert errs() == []  # Megatron-Core: groups of 5 (10 % 4 = 2 < 4 would stall)
+    assert errs(framework="fsdp") == []  # torch: 2 rounds of 5
+    short = validate_layout(DENSE, TrainingSpec(seq_len=4096, global_batch=12), 64, Layout(tp=4, pp=4, vpp=2))
+    assert [e.field for e in short] == ["grad_accum"] and "no N fits m=3" in short[0].message
+    odd = validate_layout(
+        DENSE, TrainingSpec(seq_len=4096, global_batch=36), 64, Layout(tp=4, pp=4, vpp=2, framework="fsdp")
+    )  # 9 micro-batches: 2 rounds do not divide them; Megatron runs 9 in one group
+    assert [e.field for e in odd] == ["grad_accum"] and "multiple of the rounds" in odd[0].message
+    assert validate_layout(DENSE, TrainingSpec(seq_len=4096, global_batch=36), 64, Layout(tp=4, pp=4, vpp=2)) == []

@@ -1,6 +1,11 @@
 import pytest
 
-from cost_models.pipeline import bubble_fraction, in_flight_micro_batches, zero_bubble_rounds_ok
+from cost_models.pipeline import (
+    bubble_fraction,
+    in_flight_micro_batches,
+    interleaving_group,
+    zero_bubble_rounds_ok,
+)
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 8), (4, 16), (8, 64), (16, 16)])
@@ -96,3 +101,33 @@ def test_v_shape_schedules_bubble_and_memory() -> None:
     assert [in_flight_micro_batches("zbv", p, 2, m, r) for r in range(p)] == [p] * p
     assert [in_flight_micro_batches("dualpipev", p, 2, m, r) for r in range(p)] == [p + 0.5] * p
     assert in_flight_micro_batches("zbv", p, 2, 3, 0) == 2  # min(2p, m + 1 + r, 2m) = 4 chunks alive
+
+
+def test_megatron_interleaving_group_is_the_smallest_it_accepts() -> None:
+    # forward_backward_pipelining_with_interleaving: pp <= N <= m, and m % N is 0 or >= pp
+    assert interleaving_group("megatron", 16, 128) == 16
+    assert interleaving_group("megatron", 16, 120) == 20  # 120 % 16 = 8 < 16; 17..19 leave 1, 12, 6
+    assert interleaving_group("megatron", 4, 6) == 6
+    assert interleaving_group("megatron", 4, 3) is None  # fewer micro-batches than stages
+    for p, m in [(4, 10), (8, 60), (16, 120), (3, 7)]:
+        n = interleaving_group("megatron", p, m)
+        assert n is not None and p <= n <= m and (m % n == 0 or m % n >= p)
+        assert all(m % k and m % k < p for k in range(p, n))
+
+
+def test_torch_interleaving_group_is_a_round() -> None:
+    # ScheduleInterleaved1F1B: max(1, m // pp) rounds of m / rounds micro-batches
+    assert interleaving_group("fsdp", 4, 10) == 5
+    assert interleaving_group("fsdp", 4, 3) is None  # one round that waits on the last stage: not priced
+    assert interleaving_group("fsdp", 16, 120) is None  # 7 rounds do not divide 120
+    assert interleaving_group("deepspeed", 4, 8) is None
+
+
+def test_a_larger_group_and_combined_1f1b_warm_up_more_chunks() -> None:
+    p, v, m = 16, 2, 120
+    default = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0)
+    grouped = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0, group=20)
+    paired = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0, group=20, paired=True)
+    # rank 0: 2(p - 1) + (v - 1) N + 1 chunk forwards, one more when paired; a chunk is 1/v of the rank
+    assert (default, grouped, paired) == ((30 + 16 + 1) / 2, (30 + 20 + 1) / 2, (30 + 20 + 2) / 2)
+    assert in_flight_micro_batches("interleaved_1f1b", p, v, m, p - 1, group=20) == (20 + 1) / 2

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from cluster_specs.presets import get_cluster
 from cost_models.layout import Layout, validate_layout
-from cost_models.stages import even_partition, megatron_split
+from cost_models.stages import StagePartition, even_partition, megatron_split
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.exporters import EXPORTERS, ExportError, export
@@ -48,9 +48,10 @@ def make_plan(
     """A Plan built by hand (no search): the layout resolved, a partition, a fixed estimate."""
     m = get_model(model)
     tr = training or TrainingSpec(seq_len=8192, global_batch=512)
-    problems = validate_layout(m, tr, gpus, layout)
-    assert not problems, problems
     lay = layout.resolved(gpus, tr)
+    given = StagePartition.explicit(partition, lay) if partition is not None else None
+    problems = validate_layout(m, tr, gpus, layout, given)
+    assert not problems, problems
     if partition is None and lay.uneven_split:
         partition = list(
             megatron_split(
@@ -176,6 +177,18 @@ FIXTURES = {
     "deepseek-v3-h800-fp8": lambda: make_plan(
         "deepseek-v3", 2048,
         Layout(pp=16, ep=64, decoder_first_pipeline_num_layers=3, decoder_last_pipeline_num_layers=2, recompute="full"),
+        cluster="dgx-h800",
+        training=TrainingSpec(seq_len=4096, global_batch=15360, precision="fp8"),
+    ),
+    # DeepSeek-V3's paper degrees under Megatron's combined 1F1B (bench.deepseek_v3_paper): 32 chunks,
+    # 120 micro-batches per pipeline in groups of 20
+    "deepseek-v3-paper": lambda: make_plan(
+        "deepseek-v3", 2048,
+        Layout(
+            pp=16, ep=64, vpp=2, moe_a2a_overlap=True, moe_token_dispatcher="flex", recompute="selective",
+            recompute_modules=["layernorm", "mla_up_proj", "act", "core_attn"],
+        ),
+        [1] + [2] * 29 + [1, 1],
         cluster="dgx-h800",
         training=TrainingSpec(seq_len=4096, global_batch=15360, precision="fp8"),
     ),
@@ -545,7 +558,8 @@ def _consumer_results(fmt: str, tmp_path: Path) -> dict[str, tuple[Plan, dict]]:
 @pytest.mark.slow
 def test_megatron_accepts_the_exports(tmp_path: Path) -> None:
     """Megatron-LM core_v0.16.1's parse_args + validate_args + core_transformer_config_from_args."""
-    for name, (plan, got) in _consumer_results("megatron", tmp_path).items():
+    results = _consumer_results("megatron", tmp_path)
+    for name, (plan, got) in results.items():
         lay, model = plan.best.layout, plan.inputs.model
         assert (got["tp"], got["pp"], got["vpp"], got["cp"]) == (lay.tp, lay.pp, lay.vpp, lay.cp), name
         assert got["dp"] == lay.dp and got["micro_batch"] == lay.micro_batch, name
@@ -558,6 +572,10 @@ def test_megatron_accepts_the_exports(tmp_path: Path) -> None:
         fsdp = lay.zero_stage >= 2
         assert got["cuda_device_max_connections"] == (None if fsdp or (lay.tp == 1 and lay.cp == 1) else "1"), name
         assert got["config"] == ("MLATransformerConfig" if model.attention == "mla" else "TransformerConfig")
+        if lay.vpp > 1:  # the rule forward_backward_pipelining_with_interleaving enforces, on the parsed group
+            m, group = lay.grad_accum_, got["microbatch_group"]
+            assert lay.pp <= group <= m and (m % group == 0 or m % group >= lay.pp), name
+    assert any(got["microbatch_group"] != plan.best.layout.pp for plan, got in results.values())  # the 120-micro-batch case
 
 
 @pytest.mark.slow

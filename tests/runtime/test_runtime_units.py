@@ -44,6 +44,19 @@ def test_run_spec_rejects_invalid_layout_and_partition() -> None:
         load_run_spec({"model": "tiny", "training": TRAIN, "layout": {"pp": 2}, "gpus": 2, "partition": [1, 2]})
 
 
+def test_megatron_micro_batch_groups_that_torch_cannot_run_are_refused() -> None:
+    from runtime.model import NotSupportedError
+    from runtime.parallelize import check_supported
+
+    def run(global_batch: int) -> RunSpec:
+        layout = {"pp": 2, "vpp": 2}  # framework megatron: 5 micro-batches run in groups of 3
+        return load_run_spec({"model": "tiny", "training": {"seq_len": 32, "global_batch": global_batch}, "layout": layout, "gpus": 2})
+
+    with pytest.raises(NotSupportedError, match="m // pp rounds"):
+        check_supported(run(5))  # torch: 2 rounds do not divide 5
+    check_supported(run(6))
+
+
 def test_load_plan_json(tmp_path: Path) -> None:
     model = get_model("tiny").model_dump(mode="json")
     plan = {

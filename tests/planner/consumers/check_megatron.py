@@ -78,6 +78,7 @@ def check(arguments: object, entry: dict) -> dict:
         "use_rope_scaling": args.use_rope_scaling,
         "rope_scaling_factor": args.rope_scaling_factor,
         "config": type(config).__name__,
+        "microbatch_group": config.microbatch_group_size_per_vp_stage,
     }
 
 

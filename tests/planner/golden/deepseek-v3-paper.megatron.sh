@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Megatron-LM arguments written by autopar
+# deepseek-v3 on 2048 x H800-80GB (dgx-h800): 256 node(s) x 8 GPUs
+# layout: dp=128 tp=1 pp=16 vpp=2 ep=64 etp=1
+# knobs: ZeRO-1, micro-batch 1 x 120 accumulation, recompute selective, interleaved_1f1b schedule
+# training: seq_len 4096, global batch 15360 sequences, fp8
+# layers per stage: 1 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 1 | 1
+# estimate: step 12.500 s, 5,033,165 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
+# Add data, tokenizer (vocabulary size 129280), optimizer and checkpoint arguments, then on every node:
+#   source megatron_args.sh
+#   torchrun --nnodes 256 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
+# - flex token dispatcher: priced with DeepEP's deduplicated dispatch; enable DeepEP as your Megatron-Core version spells it (--moe-enable-deepep, or --moe-flex-dispatcher-backend deepep)
+# - group-limited routing (8 groups, a token reaches 4): set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them
+# - selective recompute of the dense MLP activation: Megatron-Core recomputes expert activations (moe_act) or whole MLPs (mlp), not a dense MLP's activation alone
+MEGATRON_ARGS=(
+    # model
+    --num-layers 61
+    --hidden-size 7168
+    --ffn-hidden-size 18432
+    --num-attention-heads 128
+    --multi-latent-attention
+    --q-lora-rank 1536
+    --kv-lora-rank 512
+    --qk-head-dim 128
+    --qk-pos-emb-head-dim 64
+    --v-head-dim 128
+    --seq-length 4096
+    --max-position-embeddings 163840
+    --position-embedding-type rope
+    --rotary-base 10000
+    --rope-type yarn
+    --rotary-scaling-factor 40.0
+    --mscale 1.0
+    --mscale-all-dim 1.0
+    --swiglu
+    --normalization RMSNorm
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+    --num-experts 256
+    --moe-router-topk 8
+    --moe-ffn-hidden-size 2048
+    --moe-shared-expert-intermediate-size 2048
+    --moe-layer-freq '([0]*3+[1]*58)'
+    --moe-grouped-gemm
+    --moe-token-dispatcher-type flex
+    # parallelism
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 16
+    --pipeline-model-parallel-layout 'E,t*1|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*1|t*1,L'
+    --microbatch-group-size-per-virtual-pipeline-stage 20
+    --expert-model-parallel-size 64
+    --expert-tensor-parallel-size 1
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    --overlap-moe-expert-parallel-comm
+    # batch
+    --micro-batch-size 1
+    --global-batch-size 15360
+    # recompute
+    --recompute-granularity selective
+    --recompute-modules core_attn layernorm mla_up_proj moe_act
+    # precision
+    --bf16
+    --fp8-format hybrid
+    --fp8-recipe blockwise
+    --grad-reduce-in-bf16
+)

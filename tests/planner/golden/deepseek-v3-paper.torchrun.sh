@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# autopar launch script (torchrun)
+# deepseek-v3 on 2048 x H800-80GB (dgx-h800): 256 node(s) x 8 GPUs
+# layout: dp=128 tp=1 pp=16 vpp=2 ep=64 etp=1
+# knobs: ZeRO-1, micro-batch 1 x 120 accumulation, recompute selective, interleaved_1f1b schedule
+# training: seq_len 4096, global batch 15360 sequences, fp8
+# layers per stage: 1 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 1 | 1
+# estimate: step 12.500 s, 5,033,165 tokens/s, MFU 42.0%, peak 70.0 GiB per GPU
+# Run on each of the 256 node(s), with MASTER_ADDR the first node's address:
+#   bash launch.sh TRAIN_SCRIPT [ARGS...]   your training script; the plan's degrees are in AUTOPAR_* below
+#   bash launch.sh --autopar-runtime [ARGS...]   autopar's runtime: python -m runtime.launch plan.json
+# The plan is written to $AUTOPAR_PLAN (default plan.json) before the launch.
+# Everything the plan priced is expressed in this torchrun file.
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+    echo 'usage: launch.sh TRAIN_SCRIPT [ARGS...] | launch.sh --autopar-runtime [ARGS...]' >&2
+    exit 2
+fi
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+RDZV_ID="${RDZV_ID:-autopar-3aba6c8503}"
+export AUTOPAR_PLAN="${AUTOPAR_PLAN:-plan.json}"
+export AUTOPAR_WORLD_SIZE=2048
+export AUTOPAR_DP=128
+export AUTOPAR_DP_SHARD=128
+export AUTOPAR_DP_REPLICATE=1
+export AUTOPAR_TP=1
+export AUTOPAR_SP=0
+export AUTOPAR_PP=16
+export AUTOPAR_VPP=2
+export AUTOPAR_CP=1
+export AUTOPAR_CP_ATTENTION=ring
+export AUTOPAR_EP=64
+export AUTOPAR_ETP=1
+export AUTOPAR_ZERO_STAGE=1
+export AUTOPAR_OFFLOAD_OPTIMIZER=0
+export AUTOPAR_MICRO_BATCH=1
+export AUTOPAR_GRAD_ACCUM=120
+export AUTOPAR_GLOBAL_BATCH=15360
+export AUTOPAR_SEQ_LEN=4096
+export AUTOPAR_PRECISION=fp8
+export AUTOPAR_GRAD_DTYPE=bf16
+export AUTOPAR_RECOMPUTE=selective
+export AUTOPAR_RECOMPUTE_LAYERS=all
+export AUTOPAR_SCHEDULE=interleaved_1f1b
+export AUTOPAR_STAGE_LAYERS=1,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1,1
+export AUTOPAR_RANK_ORDER=tp-cp-ep-dp-pp
+export AUTOPAR_CROSS_ENTROPY=vocab_parallel
+export AUTOPAR_NORM_KERNEL=fused
+export AUTOPAR_TP_COMM_OVERLAP=0
+export AUTOPAR_FRAMEWORK=megatron
+cat > "$AUTOPAR_PLAN" <<'AUTOPAR_PLAN_JSON'
+{"schema_version":1,"created_at":"2025-01-01T00:00:00+00:00","inputs":{"model":{"name":"deepseek-v3","family":"deepseek_v3","vocab_size":129280,"hidden_size":7168,"num_layers":61,"num_heads":128,"num_kv_heads":null,"head_dim":null,"ffn_hidden_size":18432,"mlp":"swiglu","norm":"rmsnorm","qkv_bias":false,"attn_out_bias":false,"mlp_bias":false,"qk_norm":false,"qk_norm_scope":"head","norm_placement":"pre","tie_embeddings":false,"position_embedding":"rope","max_position_embeddings":163840,"rope_theta":10000.0,"rope_scaling":{"rope_type":"yarn","factor":40.0,"low_freq_factor":null,"high_freq_factor":null,"original_max_position_embeddings":4096,"beta_fast":32.0,"beta_slow":1.0,"mscale":1.0,"mscale_all_dim":1.0},"parallel_residual":false,"sliding_window":null,"sliding_window_every":1,"sliding_window_layers":null,"window_kind":"sliding","attention_sinks":false,"embedding_norm":false,"attention":"mla","q_lora_rank":1536,"kv_lora_rank":512,"qk_rope_head_dim":64,"qk_nope_head_dim":128,"v_head_dim":128,"num_experts":256,"moe_top_k":8,"moe_ffn_hidden_size":2048,"num_shared_experts":1,"shared_expert_ffn_hidden_size":null,"shared_expert_gate":false,"first_k_dense_layers":3,"moe_layer_freq":1,"moe_layer_offset":0,"dense_layers":[],"router_bias":false,"router_score_correction_bias":true,"moe_router_groups":8,"moe_router_group_topk":4,"mtp_layers":1,"notes":[]},"cluster":{"name":"dgx-h800","gpu":{"name":"H800-80GB","vendor":"nvidia","peak_flops_per_s":{"bf16":989400000000000.0,"fp16":989400000000000.0,"fp8":1978900000000000.0,"fp32":494700000000000.0},"memory_bytes":85520809984,"memory_bandwidth_bytes_per_s":3350000000000.0,"link_bandwidth_bytes_per_s":200000000000.0,"tdp_w":700.0,"sm_count":132,"source":"Compute as H100 SXM5 (H100 whitepaper, https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper); NVLink 400 GB/s: DeepSeek, 'Insights into DeepSeek-V3: Scaling Challenges and Reflections on Hardware for AI Architectures', https://arxiv.org/abs/2505.09343"},"gpus_per_node":8,"intra_node":{"kind":"nvswitch","bus_bandwidth_bytes_per_s":160000000000.0,"latency_s":1.8999999999999998e-06,"source":"DeepSeek-V3 Technical Report, section 3.2.2, https://arxiv.org/abs/2412.19437"},"nvlink_domain_size":null,"placement_segment_nodes":null,"inter_node":{"kind":"infiniband","nics_per_node":8,"nic_bandwidth_bytes_per_s":50000000000.0,"rail_optimized":true,"oversubscription":1.0,"nodes_per_leaf":32,"latency_s":4e-06,"source":"DeepSeek, 'Insights into DeepSeek-V3' (H800 nodes: 8x 400 Gb/s ConnectX-7 InfiniBand), https://arxiv.org/abs/2505.09343"},"host_memory_bytes":2199023255552,"host_to_device_bytes_per_s":50000000000.0,"host_memory_bandwidth_bytes_per_s":614400000000.0,"cpu_cores":112,"nvme_bytes":30720000000000,"nvme_read_bytes_per_s":52000000000.0,"nvme_write_bytes_per_s":24000000000.0,"description":"DGX/HGX H800 (8x H800, NVLink 400 GB/s, 8x NDR 400 Gb/s)","source":"as DGX H100 (the H800 system is its export variant); host CPUs and NVMe assumed as DGX H100"},"gpus":2048,"training":{"seq_len":4096,"global_batch":15360,"global_batch_tokens":null,"precision":"fp8","optimizer":"adamw","grad_dtype":"bf16","method":"full","lora_rank":null,"lora_alpha":null,"lora_targets":null,"quant_format":null},"constraints":{"memory_headroom":0.05,"tp":null,"pp":null,"cp":null,"ep":null,"dp":null,"zero_stage":null,"micro_batch":null,"recompute":null,"schedule":null,"framework":"megatron","cross_entropy":null,"allow_offload":true,"allow_quantized_comm":false,"max_tp":null,"top_k":5}},"best":{"layout":{"tp":1,"pp":16,"dp":128,"cp":1,"ep":64,"etp":1,"vpp":2,"dp_shard":128,"zero_stage":1,"micro_batch":1,"grad_accum":120,"recompute":"selective","recompute_modules":["layernorm","mla_up_proj","act","core_attn"],"recompute_layers":null,"sp":false,"schedule":"interleaved_1f1b","account_for_embedding_in_pipeline_split":false,"account_for_loss_in_pipeline_split":false,"decoder_first_pipeline_num_layers":null,"decoder_last_pipeline_num_layers":null,"offload_optimizer":false,"offload_params":false,"offload_device":"cpu","zero_hpz_partition_size":1,"zero_quantized_weights":false,"zero_quantized_gradients":false,"zero_init":true,"activation_offload_layers":0,"tp_comm_overlap":false,"order":"tp-cp-ep-dp-pp","framework":"megatron","cross_entropy":null,"norm_kernel":"fused","moe_token_dispatcher":"flex","moe_a2a_overlap":true,"cp_attention":"ring"},"partition":[1,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1,1],"estimate":{"ok":true,"fits":true,"gpus":2048,"step_s":12.5,"tokens_per_s":5033164.8,"mfu":0.42,"memory":{"peak_bytes":75161927680,"capacity_bytes":85899345920},"partition":{"chunk_layers":[1,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1,1],"pp":16,"vpp":2}},"placement":null,"equivalent_count":0,"equivalents":[]},"alternatives":[],"pareto":[],"rejections":[],"closest_miss":null,"why":[],"calibration":"","stats":{"generated":1,"invalid":0,"pruned":0,"priced":1,"feasible":1,"seconds":0.0,"faster_than_reference":null}}
+AUTOPAR_PLAN_JSON
+if [[ "$1" == --autopar-runtime ]]; then
+    shift
+    exec torchrun \
+    --nnodes 256 \
+    --nproc-per-node 8 \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+    --rdzv-id "$RDZV_ID" \
+    -m runtime.launch "$AUTOPAR_PLAN" "$@"
+fi
+exec torchrun \
+    --nnodes 256 \
+    --nproc-per-node 8 \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+    --rdzv-id "$RDZV_ID" \
+    "$@"
