@@ -27,6 +27,7 @@ from cost_models.jobs import Job, JobError, price_job
 from cost_models.layout import LayoutError
 from cost_models.stages import StagePartition
 from model_specs.spec import ModelSpec, TrainingSpec
+from planner.partitioner import cp_sat_partitioner
 from planner.plan import Plan, SearchConstraints
 from planner.search import search
 
@@ -91,13 +92,13 @@ def run_evaluation(
 ) -> dict[str, Any]:
     """Price the job's layout (as `cost_models.jobs.run_job` does, with the cluster's calibration)."""
     try:
-        if job.partition and not job.auto:
+        if isinstance(job.partition, list) and not job.auto:
             lay = job.layout.resolved(job.gpus, job.training)
             try:
                 StagePartition.explicit(job.partition, lay)
             except ValueError as exc:
                 raise ApiError(422, str(exc), ["body", "partition"], "value_error") from exc
-        return price_job(job, model, cluster, calibration)
+        return price_job(job, model, cluster, calibration, partitioner=cp_sat_partitioner)
     except (AutoError, JobError) as exc:
         raise ApiError(422, str(exc), ["body", "layout"], "value_error") from exc
     except LayoutError as exc:

@@ -121,6 +121,12 @@ def evaluate(
     micro_batch: str = typer.Option("1", help="sequences per micro-batch, or auto"),
     recompute: str = typer.Option("none", help="none | selective | full | op_sac (fsdp) | auto"),
     recompute_layers: int | None = typer.Option(None, help="full recompute: layers per stage"),
+    recompute_modules: str | None = typer.Option(
+        None, help="selective recompute: comma-separated core_attn, act, layernorm, mla_up_proj (Megatron's --recompute-modules)"
+    ),
+    partition: str | None = typer.Option(
+        None, help="layers per pipeline chunk, comma-separated (pp x vpp of them), or auto (the planner's CP-SAT cut)"
+    ),
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on when tp > 1)"),
     schedule: str | None = typer.Option(
         None, help="gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev, looped_bfs (fsdp; zbv, dualpipev: vpp 2) | auto"
@@ -177,6 +183,7 @@ def evaluate(
         "zero_stage": _int_or_auto("--zero", zero), "dp_shard": dp_shard,
         "micro_batch": _int_or_auto("--micro-batch", micro_batch), "recompute": recompute,
         "recompute_layers": recompute_layers, "sp": sp, "schedule": schedule,
+        "recompute_modules": _comma_list(recompute_modules),
         "offload_optimizer": offload_optimizer, "framework": framework,
         "offload_params": offload_params, "offload_device": offload_device,
         "zero_hpz_partition_size": hpz if hpz > 1 else None,
@@ -192,7 +199,11 @@ def evaluate(
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
         "training": training, "layout": {k: v for k, v in layout.items() if v is not None},
     }
-    result = run_job(job)
+    if partition is not None:
+        job["partition"] = _partition(partition)
+    from planner.partitioner import cp_sat_partitioner
+
+    result = run_job(job, cp_sat_partitioner)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
@@ -203,9 +214,23 @@ def evaluate(
         raise typer.Exit(2)
 
 
+def _comma_list(text: str | None) -> list[str] | None:
+    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _partition(text: str) -> str | list[int]:
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"--partition: {text!r} is neither auto nor comma-separated layer counts") from None
+
+
 def _job_line(numbered: tuple[int, str]) -> str | None:
     """One `--jobs` line -> its JSON result line (None for a blank line). Never raises."""
     from cost_models.jobs import run_job
+    from planner.partitioner import cp_sat_partitioner
 
     lineno, line = numbered
     if not line.strip():
@@ -215,7 +240,10 @@ def _job_line(numbered: tuple[int, str]) -> str | None:
     except json.JSONDecodeError as exc:
         result: dict[str, Any] = {"ok": False, "error": f"line {lineno}: invalid JSON: {exc.msg}"}
     else:
-        result = run_job(raw) if isinstance(raw, dict) else {"ok": False, "error": f"line {lineno}: a job is a JSON object"}
+        result = (
+            run_job(raw, cp_sat_partitioner) if isinstance(raw, dict)
+            else {"ok": False, "error": f"line {lineno}: a job is a JSON object"}
+        )
     return json.dumps(result, separators=(",", ":"))
 
 

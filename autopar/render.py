@@ -48,14 +48,17 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
                                       "micro_batch", "grad_accum", "recompute", "sp", "schedule", "framework")
         )
     )
-    auto = result.get("auto")
-    if auto:
+    auto = result.get("auto") or {}
+    if "knobs" in auto:
         chosen = ", ".join(f"{k}={v}" for k, v in auto["chosen"].items())
         line = f"auto: chose {chosen}: {auto['why']}"
         if "runner_up" in auto:
             runner = ", ".join(f"{k}={v}" for k, v in auto["runner_up"].items())
             line += f"; runner-up {runner} is {auto['runner_up_slower_pct']:.1f}% slower"
         console.print(line)
+    if "partition" in auto:
+        cut = auto["partition"]
+        console.print(f"auto: partition {','.join(map(str, cut['chosen']))} ({cut['from']}): {cut['why']}")
     sentence, verdict = memory_verdict(mem["peak_bytes"], mem["capacity_bytes"], headroom)
     console.print(f"{sentence}, worst on stage {mem['worst_stage']}: {verdict}")
     host = result.get("host_memory")

@@ -28,6 +28,7 @@ from cost_models.calibration import Calibration
 from cost_models.estimate import Estimate, estimate
 from cost_models.layout import Layout, LayoutError
 from cost_models.pipeline import TORCH_ONLY_SCHEDULES
+from cost_models.stages import StagePartition, even_partition
 from model_specs.spec import ModelSpec, TrainingSpec
 
 AUTO_KNOBS = ("micro_batch", "recompute", "zero_stage", "vpp", "schedule", "offload_optimizer")
@@ -82,6 +83,14 @@ def _values(knob: str, base: Layout, model: ModelSpec, training: TrainingSpec, g
     raise AutoError(f"layout.{knob}: not an auto knob")
 
 
+def _near_even(model: ModelSpec, training: TrainingSpec, gpus: int, layout: Layout) -> StagePartition | None:
+    lay = layout.resolved(gpus, training)
+    chunks = lay.pp * lay.vpp
+    if lay.pp == 1 or lay.uneven_split or model.num_layers % chunks == 0 or chunks > model.num_layers:
+        return None
+    return StagePartition.explicit(even_partition(model.num_layers, chunks), lay)
+
+
 def choose(
     model: ModelSpec,
     training: TrainingSpec,
@@ -90,8 +99,12 @@ def choose(
     layout: dict[str, Any],
     auto: list[str],
     calibration: Calibration | None = None,
+    near_even_cut: bool = False,
 ) -> AutoChoice:
-    """The fastest fitting layout over the auto knobs' values with the rest of `layout` pinned."""
+    """The fastest fitting layout over the auto knobs' values with the rest of `layout` pinned.
+    `near_even_cut` (a job whose partition is "auto", re-cut afterwards): where pp x vpp chunks do
+    not divide the layers and no Megatron split option is set, price the near-even cut
+    (`stages.even_partition`: the remainder on the middle chunks) instead of refusing the layout."""
     base = Layout(**layout)
     values = [_values(k, base, model, training, gpus) for k in auto]
     combos = 1
@@ -108,7 +121,8 @@ def choose(
         update = dict(zip(auto, combo, strict=True))
         try:
             lay = Layout(**{**layout, **update})
-            est = estimate(model, training, cluster, gpus, lay, calibration=calibration)
+            cut = _near_even(model, training, gpus, lay) if near_even_cut else None
+            est = estimate(model, training, cluster, gpus, lay, cut, calibration=calibration)
         except (LayoutError, ValueError) as exc:
             invalid += 1
             first_invalid = first_invalid or str(exc)

@@ -226,6 +226,17 @@ def test_evaluate_auto_knobs_say_what_they_chose(user: httpx.Client) -> None:
     assert r.status_code == 422 and "'auto' is supported for" in r.text
 
 
+def test_evaluate_partition_auto_says_which_cut(user: httpx.Client) -> None:
+    job = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 16, "training": {"seq_len": 8192, "global_batch": 32},
+           "layout": {"tp": 2, "pp": 2, "vpp": 3}, "partition": "auto"}  # 32 layers over 6 chunks: no default cut
+    r = user.post("/v1/evaluate", json=job)
+    assert r.status_code == 200, r.text
+    cut = r.json()["result"]["auto"]["partition"]
+    assert cut["from"] == "cp-sat" and sum(cut["chosen"]) == 32 and len(cut["chosen"]) == 6
+    r = user.post("/v1/evaluate", json={**job, "partition": "even"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", "partition"]
+
+
 def test_evaluate_bad_layout_names_the_field(user: httpx.Client) -> None:
     job = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 16},
            "layout": {"tp": 3}}

@@ -23,6 +23,19 @@ def test_evaluate_readable_breakdown() -> None:
     assert "GiB" in r.stdout and "tokens/s/GPU" in r.stdout
 
 
+def test_evaluate_partition_auto_and_recompute_modules() -> None:
+    args = ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "8192",
+            "--global-batch", "32", "--tp", "2", "--pp", "2", "--vpp", "3", "--recompute", "selective",
+            "--recompute-modules", "core_attn,layernorm"]
+    r = runner.invoke(app, [*args, "--partition", "auto"])
+    assert r.exit_code == 0, r.output
+    assert "auto: partition" in r.stdout and "(cp-sat)" in r.stdout  # 32 layers do not divide 6 chunks
+    out = json.loads(runner.invoke(app, [*args, "--partition", "6,6,5,5,5,5", "--json"]).stdout)
+    assert out["ok"] and out["layout"]["recompute_modules"] == ["core_attn", "layernorm"]
+    bad = runner.invoke(app, [*args, "--partition", "6,6,x"])
+    assert bad.exit_code == 2 and "neither auto nor comma-separated" in bad.output
+
+
 def test_evaluate_invalid_exits_nonzero_with_reason() -> None:
     r = runner.invoke(app, ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                             "--global-batch", "16", "--tp", "3", "--json"])

@@ -74,3 +74,34 @@ def test_booleans_are_not_numbers() -> None:
     assert run_job({**base, "layout": {"tp": True}})["error"] == "layout.tp: true is not a number"
     assert run_job({**base, "training": {"seq_len": 64, "global_batch": False}})["error"].startswith("training.global_batch")
     assert run_job({**base, "layout": {"offload_optimizer": True, "zero_stage": 1}})["ok"]  # a real boolean field
+
+
+def test_partition_auto_keeps_the_faster_fitting_cut() -> None:
+    from planner.partitioner import cp_sat_partitioner
+
+    out = run_job(job(partition="auto"), cp_sat_partitioner)
+    assert out["ok"], out
+    cut = out["auto"]["partition"]
+    assert sum(cut["chosen"]) == 32 and cut["default"] == [16, 16]
+    assert out["step_s"] <= cut["default_step_s"]
+    again = run_job(job(partition=cut["chosen"]))  # the chosen cut, priced as an explicit partition
+    assert again["step_s"] == pytest.approx(out["step_s"])
+
+
+def test_partition_auto_cuts_layers_that_do_not_divide_the_stages() -> None:
+    from planner.partitioner import cp_sat_partitioner
+
+    uneven = job(layout={"tp": 2, "pp": 2, "vpp": 3}, partition="auto")  # 32 layers over 6 chunks
+    assert "do not divide the 32 layers" in run_job({**uneven, "partition": None})["error"]
+    out = run_job(uneven, cp_sat_partitioner)
+    assert out["ok"], out
+    assert out["auto"]["partition"]["from"] == "cp-sat" and "not valid" in out["auto"]["partition"]["why"]
+    assert sum(out["auto"]["partition"]["chosen"]) == 32 and len(out["auto"]["partition"]["chosen"]) == 6
+    # with auto knobs, the knobs are chosen on the near-even cut, then the cut is refined
+    knobs = run_job({**uneven, "layout": {"tp": 2, "pp": 2, "vpp": 3, "micro_batch": "auto"}}, cp_sat_partitioner)
+    assert knobs["ok"] and knobs["auto"]["knobs"] == ["micro_batch"] and "partition" in knobs["auto"]
+
+
+def test_partition_auto_needs_a_partitioner() -> None:
+    out = run_job(job(partition="auto"))
+    assert not out["ok"] and out["error"].startswith("partition:")
