@@ -41,14 +41,15 @@ CASES: list[dict[str, Any]] = [
     # their input- and weight-gradient passes, holding the gradients of every weight op's output
     # (`pipeline.split_backward_peaks`, `activations` pending bytes). Measured (torch 2.13 CPU trace,
     # 2 steps): 18.3 / 20.2 / 22.3 / 29.4 GiB per stage; 1F1B's count priced 17.8 / 12.5 / 9.4 / 9.7
-    # (-3% / -38% / -58% / -67%); with the split-backward peaks -2.7% / -2.7% / -2.5% / -7.8%.
+    # (-3% / -38% / -58% / -67%); with the split-backward peaks -2.7% / -2.7% / -2.5% / -7.8%, and the LM head's pending
+    # logit gradient on the last stage (`stage_table._pending_wgrad`) -2.7% / -2.7% / -2.5% / -1.1%.
     {"name": "8b-tp4-pp4-dp8-zero-bubble-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "zero_stage": 1, "recompute": "selective", "schedule": "zero_bubble", "framework": "fsdp"}},
     # interleaved zero bubble (two chunks per rank): torch warms rank r up with (v - 1) x p + (p - 1 - r)
     # forwards and defers its first r weight passes (`pipeline._zero_bubble_states` replays the order).
     # Measured (torch 2.13 CPU trace, 2 steps): 19.7 / 18.9 / 19.9 / 24.9 GiB; Megatron's interleaved
     # count with r + 1 pending chunks priced +15.1% / +2.5% / -13.0% / -25.1%, the replay -3.0% / -5.6%
-    # / -5.3% / -6.6%.
+    # / -5.3% / -6.6%, with the LM head's pending logit gradient -3.0% / -5.6% / -5.3% / -2.7%.
     {"name": "8b-tp4-pp4-dp8-zero-bubble-v2-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zero_bubble",
                 "framework": "fsdp"}},
@@ -58,7 +59,7 @@ CASES: list[dict[str, Any]] = [
     # -6.5% / -11.5% / -14.5% / -27.9% (each input pass keeps the weight ops' output gradients until
     # its weight pass, and in the cool-down rank r runs r input passes on each chunk first: rank 3
     # holds 7 chunks, all between their passes); with the split-backward peaks -2.0% / -5.7% / -3.1%
-    # / -2.0%. dualpipev 21.7 / 18.0 / 17.9 / 17.8 GiB against (2pp + 1) / 2 micro-batches: +5.5% /
+    # / -2.0%, with the LM head's pending logit gradient on rank 0 -0.9% / -5.7% / -3.1% / -2.0%. dualpipev 21.7 / 18.0 / 17.9 / 17.8 GiB against (2pp + 1) / 2 micro-batches: +5.5% /
     # -3.5% / -3.4% / -2.9% (rank 0 peaks in chunk 0's backward, when no logits are alive).
     {"name": "8b-tp4-pp4-dp8-zbv-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zbv",

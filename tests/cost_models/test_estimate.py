@@ -114,6 +114,21 @@ def test_zero_bubble_fills_the_bubble_with_weight_gradients() -> None:
     assert plain.time.bubble - zb.time.bubble == pytest.approx(saved, rel=0.15)
 
 
+def test_the_lm_heads_logit_gradient_waits_for_its_weight_pass() -> None:
+    """Under a split backward the head rank keeps each pending micro-batch's logit gradient (the LM
+    head GEMM's output gradient: tokens x vocab / tp in bf16) until the weight pass; 1F1B does not."""
+    from cost_models.calibration import default_calibration
+    from cost_models.estimate import pricing_context
+    from cost_models.stage_table import build_table
+
+    kw = dict(tp=8, pp=4, zero_stage=1, framework="fsdp", schedule="zero_bubble")
+    ctx = pricing_context(MODEL, TRAIN, CLUSTER, 256, Layout(**kw))
+    t = build_table(MODEL, TRAIN, CLUSTER, 256, ctx.layout, ctx.partition, default_calibration())
+    layer_only = t.pending_wgrad[1] / ctx.partition.chunk_layers[1] * ctx.partition.chunk_layers[-1]
+    logits_grad = TRAIN.seq_len * MODEL.vocab_size / 8 * 2
+    assert t.pending_wgrad[-1] - layer_only == pytest.approx(logits_grad, rel=1e-6)
+
+
 def test_zero_bubble_is_torch_pipelinings_and_not_with_zero3() -> None:
     with pytest.raises(LayoutError, match="framework fsdp"):
         est(tp=8, pp=4, schedule="zero_bubble")  # megatron
