@@ -165,7 +165,8 @@ FAMILIES: dict[str, Family] = {
 }
 
 HYBRID_CONFIG_FIELDS = frozenset({
-    "hybrid_override_pattern", "layers_block_type", "layer_block_types", "ssm_state_size", "mamba_num_heads",
+    "hybrid_override_pattern", "layers_block_type", "layer_block_types", "ssm_state_size", "mamba_d_state",
+    "mamba_num_heads",
 })
 """`UNMODELLED_FIELDS` a hybrid family (`Family.hybrid`) reads instead of refusing."""
 

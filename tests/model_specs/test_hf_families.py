@@ -138,6 +138,13 @@ def test_nemotron_h_56b_hybrid_layers():
     assert layer_params(spec, pattern.index("*")).total == 8192 * 8192 * 2 + 2 * 8192 * 1024 + 8192
 
 
+def test_nemotron_h_reads_the_older_state_size_name():
+    """`mamba_d_state` (older Nemotron-H configs) is read as `ssm_state_size`, not refused."""
+    renamed = {k: v for k, v in NEMOTRON_H_56B.items() if k != "ssm_state_size"} | {"mamba_d_state": 64}
+    assert from_hf_config(renamed).mamba_state_size == 64
+    assert from_hf_config(NEMOTRON_H_56B | {"ssm_state_size": 64}).mamba_state_size == 64
+
+
 def test_nemotron_3_nano_moe_hybrid():
     spec = from_hf_config(load_hf_config(DATA / "nemotron-3-nano-30b-a3b.json"))
     assert spec.moe_layer_count == 23 and spec.num_experts == 128 and spec.moe_top_k == 6
