@@ -468,11 +468,26 @@ def narayanan_eq3_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return 96.0 * n * h * h * (1 + seq_len / (6 * h) + v / (16 * n * h))
 
 
+CONSISTENCY_TOLERANCE = 0.10
+"""A row that prints both tokens/s/GPU and a step time must agree with itself: tokens per step /
+step time / GPUs within this fraction. Where it does not, we cannot tell which figure is wrong,
+so the row is kept for the fit check only (no throughput is scored). Rows 472 and 475 (Grok-1 on
+512 GB200, DGX Cloud) are the only ones, and the dataset marks them "INCONSISTENT in source":
+their aggregate throughput is half of what their batch, step time and MFU give."""
+
+
 def _throughput(c: _Ctx, model: ModelSpec, training: TrainingSpec, gpus: int) -> tuple[float | None, str]:
     tok = c.f("tokens_per_s_per_gpu")
+    step = c.f("step_time_s")
+    if tok and step:
+        from_step = training.tokens_per_step / step / gpus
+        if abs(tok / from_step - 1) > CONSISTENCY_TOLERANCE:
+            return None, (
+                f"inconsistent source: {tok:.1f} tokens/s/GPU printed, {from_step:.1f} from the batch and step time "
+                "(fit check only)"
+            )
     if tok:
         return tok, "tokens_per_s_per_gpu"
-    step = c.f("step_time_s")
     if step:
         return training.tokens_per_step / step / gpus, "step_time_s"
     tflops = c.f("tflops_per_gpu")

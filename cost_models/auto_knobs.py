@@ -13,6 +13,9 @@ Values tried per knob:
 - schedule: gpipe or 1f1b at vpp 1, interleaved_1f1b above, zero_bubble at any vpp, zbv and
   dualpipev at vpp 2 (framework fsdp; the others are refused by validation and not counted as fits);
 - offload_optimizer: off, on (with ZeRO >= 1).
+A job's `"partition": "auto"` is not a knob here: `cost_models.jobs` re-cuts the chosen layout
+with the planner's CP-SAT partitioner afterwards (`choose(near_even_cut=True)` prices the
+combinations on the near-even cut where the layers do not divide the chunks).
 At most `MAX_COMBINATIONS` combinations are priced: more is refused with the count, so that a
 request never holds a worker for long (pin some knobs instead).
 """

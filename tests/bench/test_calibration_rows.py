@@ -140,6 +140,22 @@ def _not_fitting() -> list[int]:
     return sorted(r.row.row_id for r in not_fitting(evaluate(rows, default_calibration())))
 
 
+def test_rows_whose_throughput_contradicts_their_step_time_are_not_scored(parsed):
+    """Rows whose printed tokens/s/GPU contradicts their batch / step time / GPUs lose their
+    throughput (kept for the fit check): the two the dataset itself marks as reporting a throughput
+    inconsistent with the source's GBS. Rows whose notes flag another inconsistency (gradient
+    accumulation as printed, 382/383/391/392) keep theirs: throughput and step time agree there."""
+    import csv
+
+    rows, _ = parsed
+    notes = {int(r["row_id"]): r["notes"] for r in csv.DictReader(DEFAULT_CSV.open())}
+    dropped = {i for i, r in rows.items() if r.measured_from.startswith("inconsistent source")}
+    assert dropped == {i for i, n in notes.items() if "INCONSISTENT in source: reported" in n} == {472, 475}
+    assert all(rows[i].has_throughput for i in (382, 383, 391, 392))
+    assert all(rows[i].measured_tokens_per_s_per_gpu is None and not rows[i].has_throughput for i in dropped)
+    assert rows[470].measured_tokens_per_s_per_gpu == pytest.approx(2236.7)  # the consistent neighbour keeps its figure
+
+
 def test_every_published_layout_fits():
     """A layout that ran in public may never be predicted not to fit (issue requirement)."""
     assert _not_fitting() == []
