@@ -64,6 +64,13 @@ def solve(data: PartitionData, **kw):
 # ---- each constraint -----------------------------------------------------------------------
 
 
+def test_an_uneven_optimum_is_proved_quickly() -> None:
+    """126 identical layers over 8 ranks x 8 chunks: a rank must hold 16; the pigeonhole bound in
+    `_slowest_rank` proves it (the fractional mean, 15.75 layers, never closes the gap)."""
+    res = solve(tiny(126, 8, 8), work_limit=0.05)
+    assert res.status == "optimal" and res.max_stage_time_s == pytest.approx(16 * 10 * MS)
+
+
 @pytest.mark.parametrize(("layers", "pp", "vpp"), [(8, 2, 1), (7, 3, 1), (12, 2, 3), (5, 5, 1), (6, 3, 2)])
 def test_contiguous_cut_with_at_least_one_layer_per_chunk(layers: int, pp: int, vpp: int) -> None:
     res = solve(tiny(layers, pp, vpp))
