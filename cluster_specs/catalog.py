@@ -22,7 +22,7 @@ from cluster_specs.spec import GPUSpec, Precision
 
 _KEYS = {
     "vendor", "aliases", "peak_dense", "memory", "memory_reported", "memory_reported_source",
-    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "source", "notes",
+    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "sustained_clock_fraction", "source", "notes",
 }  # fmt: skip
 _REQUIRED = {"peak_dense", "memory", "memory_bandwidth", "gpu_link", "source"}
 
@@ -51,6 +51,7 @@ def gpu_from_entry(key: str, entry: dict[str, Any]) -> GPUSpec:
         link_bandwidth_bytes_per_s=units.bytes_per_s(entry["gpu_link"], require_direction=True),
         tdp_w=units.watts(entry["tdp"]) if "tdp" in entry else None,
         sm_count=int(entry["sm_count"]) if "sm_count" in entry else None,
+        sustained_clock_fraction=float(entry.get("sustained_clock_fraction", 1.0)),
         source=entry["source"],
     )
 

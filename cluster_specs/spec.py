@@ -35,6 +35,13 @@ class GPUSpec(BaseModel):
         description="streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles a GEMM can run "
         "at once (wave quantization, cost_models.compute); None for devices without them (cpu)",
     )
+    sustained_clock_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="tensor-core clock the board sustains under its power limit, as a fraction of the clock the "
+        "peaks assume: GEMM and attention time use peak x this (`compute_peak`); MFU keeps the nominal peak",
+    )
     source: str = Field(default="", description="datasheet the figures come from")
 
     def __hash__(self) -> int:  # the dict field keeps pydantic's generated hash from working
@@ -45,8 +52,14 @@ class GPUSpec(BaseModel):
                 self.memory_bytes,
                 self.memory_bandwidth_bytes_per_s,
                 self.link_bandwidth_bytes_per_s,
+                self.sustained_clock_fraction,
             )
         )
+
+    def compute_peak(self, precision: str) -> float:
+        """FLOP/s the tensor cores sustain for `precision`: `peak` x `sustained_clock_fraction`
+        (what kernel times are priced against; MFU divides by `peak`, as published figures do)."""
+        return self.peak(precision) * self.sustained_clock_fraction
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for `precision`.

@@ -322,7 +322,7 @@ def ssd_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: 
     if not model.is_mamba_layer(index):
         return 0.0
     seqs = g.tokens / (g.seq_len / g.cp)
-    return ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.peak("bf16") * cal.attention_efficiency)
+    return ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.compute_peak("bf16") * cal.attention_efficiency)
 
 
 @dataclass(frozen=True)
@@ -456,7 +456,7 @@ def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec,
         tiles = attention_tile_efficiency(chunk, chunk, causal=False)
     else:
         tiles = attention_tile_efficiency(float(g.seq_len), float(g.seq_len), causal=True)
-    return attn_flops / (gpu.peak("bf16") * cal.attention_efficiency * tiles)
+    return attn_flops / (gpu.compute_peak("bf16") * cal.attention_efficiency * tiles)
 
 
 def layer_time(
@@ -466,7 +466,7 @@ def layer_time(
     """Seconds of layer `index` on one rank for one micro-batch. `ft`: a frozen base with LoRA /
     QLoRA adapters (`cost_models.finetune`): no weight-gradient GEMMs, adapter kernels, and under
     QLoRA the weights dequantized before each use."""
-    peak = gpu.peak(precision)
+    peak = gpu.compute_peak(precision)
     eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
     gemm = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in layer_gemms(model, index, g))
     attn = attention_time(model, index, g, gpu, cal)
@@ -520,7 +520,7 @@ def lm_head_times(
     """(forward, backward) seconds of the LM head GEMM and the cross-entropy (memory-bound:
     forward reads the logits and writes float32 probabilities, backward reads them and writes
     the logits' gradient). A `frozen` head (LoRA, QLoRA) computes only its input gradient."""
-    peak = gpu.peak(precision)
+    peak = gpu.compute_peak(precision)
     eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
     gemm = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
     per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)

@@ -22,6 +22,27 @@ def test_h100_units():
     assert h100.tdp_w == 700
 
 
+def test_a_power_capped_board_prices_kernels_at_its_sustained_clock():
+    """Grand Teton's 500 W H100: MFU keeps the SXM peak (torchtitan reports against it); GEMMs and
+    attention run at the sustained clock, the middle of the torchtitan paper's 835-989 TFLOPS."""
+    from cluster_specs.presets import get_cluster
+    from cost_models.estimate import estimate
+    from cost_models.layout import Layout
+    from model_specs.presets import get_model
+    from model_specs.spec import TrainingSpec
+
+    capped = get_gpu("H100-96GB-HBM2e-500W")
+    assert capped.peak("bf16") == pytest.approx(989.4e12)
+    assert capped.compute_peak("bf16") == pytest.approx(0.922 * 989.4e12)
+    assert get_gpu("H100-80GB").compute_peak("bf16") == get_gpu("H100-80GB").peak("bf16")
+    cluster = get_cluster("grand-teton-h100")
+    uncapped = cluster.model_copy(update={"gpu": capped.model_copy(update={"sustained_clock_fraction": 1.0})})
+    args = (get_model("llama3-8b"), TrainingSpec(seq_len=8192, global_batch=8))
+    slow, fast = (estimate(*args, c, 8, Layout(zero_stage=3, framework="fsdp")) for c in (cluster, uncapped))
+    assert slow.peak_flops_per_s == fast.peak_flops_per_s == pytest.approx(989.4e12)
+    assert 1.0 < slow.time.compute / fast.time.compute <= 1 / 0.922 + 1e-9
+
+
 def test_memory_is_driver_reported():
     assert get_gpu("A100-80GB").memory_bytes == 80 * 2**30
     assert get_gpu("A100-40GB").memory_bytes == 40 * 2**30
