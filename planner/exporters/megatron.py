@@ -372,7 +372,8 @@ def _precision_args(job: Job) -> list[Arg]:
         args.append(("--fp16",))
     if tr.precision == "fp8":
         args += [("--fp8-format", "hybrid")]
-        if job.lay.recompute == "selective" and {"act", "layernorm"} & set(job.lay.recompute_modules_):
+        modules = set(job.lay.recompute_modules_) if job.lay.recompute == "selective" else set()
+        if "layernorm" in modules or ("act" in modules and job.model.is_moe):  # written as layernorm / moe_act
             # Megatron-Core refuses moe_act / layernorm recompute under its default delayed scaling
             # (TransformerConfig.__post_init__); blockwise is DeepSeek-V3's fine-grained scaling
             args += [("--fp8-recipe", "blockwise")]
