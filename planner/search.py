@@ -50,6 +50,7 @@ from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_by
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict
 from cost_models.stage_table import (
+    RECOMPUTE_MODES,
     KnobArrays,
     Setting,
     build_table,
@@ -106,6 +107,8 @@ def describe(layout: Layout) -> str:
     parts += [f"mb={layout.micro_batch}", f"recompute={layout.recompute}"]
     if layout.pp > 1:
         parts.append(f"schedule={layout.schedule}")
+    if layout.moe_a2a_overlap:
+        parts.append("combined-1f1b")
     if layout.offload_optimizer or layout.offload_params:
         what = "+".join(x for x, on in (("optimizer", layout.offload_optimizer), ("params", layout.offload_params)) if on)
         parts.append(f"offload={what}:{layout.offload_device}")
@@ -119,6 +122,9 @@ def describe(layout: Layout) -> str:
         parts.append(f"order={layout.order}")
     return " ".join(parts)
 
+
+FULL_RECOMPUTE = RECOMPUTE_MODES.index("full")
+"""`KnobArrays.mode` of full recompute."""
 
 GPIPE_DOMINATED = "dominated: GPipe has 1F1B's step time and more activation memory"
 
@@ -440,7 +446,11 @@ def _pair_bounds(
     tp = np.array([m.tp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     cp = np.array([m.cp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     pp = np.array([m.pp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
-    ep_hideable = (pp > 1) & (framework == "fsdp")  # dualpipev is among the pair's options
+    ep = np.array([m.ep for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
+    # a schedule among the pair's options may hide the all-to-alls: DualPipeV (fsdp, pp > 1), or
+    # Megatron's combined 1F1B (`space.combined_1f1b_options`; its two-micro-batch floor is not
+    # checked here, which only loosens the bound)
+    ep_hideable = ((pp > 1) & (framework == "fsdp")) | ((ep > 1) & (framework == "megatron") & model.is_moe)
     per_kind = exposure.per_kind(tp, cp, comm, times.kind_attention_f[row, at], ep_hideable)  # (pairs, kinds)
     per_mb = compute + per_kind @ times.kind_counts
     dp = np.array([m.dp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
@@ -491,8 +501,9 @@ class _PairTimes:
         compute, counts = sums
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
         bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
-        # DualPipeV's F&B pairs may hide the all-to-alls (`step_time`): bound its exposure by zero
-        exposed = np.zeros(pp) if option.schedule in FB_PAIRED_SCHEDULES else counts @ self.kind_exposed
+        # F&B pairs (DualPipeV, combined 1F1B) may hide the all-to-alls (`step_time`): bound their exposure by zero
+        paired = option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap
+        exposed = np.zeros(pp) if paired else counts @ self.kind_exposed
         return lower_bound(compute, exposed, pp_exposed, vpp, grad_accum, bubble_free)
 
 
@@ -665,8 +676,8 @@ def search(
     faster = 0
     grids: dict[tuple[int, int, int], list[Setting]] = {}
     grid_reasons: dict[tuple[int, int, int], _GridRejections] = {}
-    option_counts: dict[tuple[int, int, int], int] = {}
-    option_totals: dict[tuple[int, int], int] = {}
+    option_counts: dict[tuple[int, int, int, bool], int] = {}
+    option_totals: dict[tuple[int, int, bool], int] = {}
 
     def grid_of(mesh: Mesh) -> list[Setting]:
         """Knob settings of a mesh (memoized: they depend only on (dp, tp, cp))."""
@@ -685,37 +696,37 @@ def search(
 
     def option_count(mesh: Mesh, mb: int) -> int:
         """Pipeline options of one (mesh, micro-batch) pair (memoized: they depend only on (pp,
-        dp, micro-batch))."""
-        option_key = (mesh.pp, mesh.dp, mb)
+        dp, micro-batch) and whether ep > 1, which combined 1F1B needs)."""
+        option_key = (mesh.pp, mesh.dp, mb, mesh.ep > 1)
         if option_key not in option_counts:
             option_counts[option_key] = len(pipeline_options(model, training, mesh, mb, c))
         return option_counts[option_key]
 
     def mesh_knob_count(mesh: Mesh, mbs: list[int]) -> int:
-        """Layouts of every pair of one mesh (memoized per (pp, dp): its micro-batches are dp's)."""
-        key = (mesh.pp, mesh.dp)
+        """Layouts of every pair of one mesh (memoized per (pp, dp, ep > 1): its micro-batches are dp's)."""
+        key = (mesh.pp, mesh.dp, mesh.ep > 1)
         if key not in option_totals:
             option_totals[key] = sum(option_count(mesh, mb) for mb in mbs)
         return option_totals[key] * len(grid_of(mesh))
 
     overlap = cal.overlap(c.framework)
-    # layouts of all pairs: meshes of one (pp, dp, tp, cp) have the same count (grid and options)
-    shapes: dict[tuple[int, int, int, int], tuple[Mesh, list[int], int]] = {}
+    # layouts of all pairs: meshes of one (pp, dp, tp, cp, ep > 1) have the same count (grid and options)
+    shapes: dict[tuple[int, int, int, int, bool], tuple[Mesh, list[int], int]] = {}
     for mesh, mbs in valid:
-        shape = (mesh.pp, mesh.dp, mesh.tp, mesh.cp)
+        shape = (mesh.pp, mesh.dp, mesh.tp, mesh.cp, mesh.ep > 1)
         first = shapes.get(shape)
         shapes[shape] = (mesh, mbs, 1) if first is None else (first[0], first[1], first[2] + 1)
     total_knobs = sum(n * mesh_knob_count(mesh, mbs) for mesh, mbs, n in shapes.values())
     visited_knobs = 0
     gpipe_dominated = 0  # layouts skipped as dominated GPipe (counted into the log at the end)
-    # per (pp, dp, tp, cp, micro-batch): pipeline options, grid key, knob grid, its memory
+    # per (pp, dp, tp, cp, micro-batch, ep > 1): pipeline options, grid key, knob grid, its memory
     # rejections and the pair's layout count
-    pair_shapes: dict[tuple[int, int, int, int, int], tuple[list[tuple[int, str]], tuple[int, int, int], list[Setting], _GridRejections, int]] = {}
+    pair_shapes: dict[tuple[int, int, int, int, int, bool], tuple[list[tuple[int, str]], tuple[int, int, int], list[Setting], _GridRejections, int]] = {}
     for done, (lb, mesh_index, mb, per_mb_s) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
             progress(done, pair_count)
-        pair_key = (mesh.pp, mesh.dp, mesh.tp, mesh.cp, mb)
+        pair_key = (mesh.pp, mesh.dp, mesh.tp, mesh.cp, mb, mesh.ep > 1)
         pair_shape = pair_shapes.get(pair_key)
         if pair_shape is None:
             grid_key = (mesh.dp, mesh.tp, mesh.cp)
@@ -792,6 +803,8 @@ def search(
                     )
             host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
             fits = np.flatnonzero(~over_mask & ~host_over)
+            if option.a2a_overlap:  # combined 1F1B does not run with full recompute (Megatron-Core)
+                fits = fits[knobs_of(grid_key, grid).mode[fits] != FULL_RECOMPUTE]
             if schedule in SPLIT_BACKWARD_SCHEDULES and mesh.pp > 1:
                 zero3 = knobs_of(grid_key, grid).zero[fits] >= 3
                 if zero3.any():

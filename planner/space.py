@@ -213,13 +213,15 @@ def hpz_groups(mesh: Mesh, cluster: ClusterSpec, framework: str) -> list[int]:
 
 
 class PipeOption(NamedTuple):
-    """How one mesh pipelines: virtual stages, schedule, and Megatron-Core's uneven-split slots
-    (`Layout.account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split`)."""
+    """How one mesh pipelines: virtual stages, schedule, Megatron-Core's uneven-split slots
+    (`Layout.account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split`), and
+    Megatron-Core's combined 1F1B (`Layout.moe_a2a_overlap`)."""
 
     vpp: int
     schedule: str
     embedding_slot: bool = False
     loss_slot: bool = False
+    a2a_overlap: bool = False
 
 
 def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: int, c: SearchConstraints) -> list[PipeOption]:
@@ -250,9 +252,24 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
         if c.framework == "fsdp" and c.schedule == "looped_bfs":  # dominated by interleaving: only when pinned
             out += [PipeOption(1, "looped_bfs")]
             out += [PipeOption(o.vpp, "looped_bfs") for o in interleaved if not (o.embedding_slot or o.loss_slot)]
+    out += combined_1f1b_options(model, mesh, training.global_batch // (mb * mesh.dp), c.framework, out)
     if c.schedule:
         out = [o for o in out if o.schedule == c.schedule]
     return out
+
+
+def combined_1f1b_options(
+    model: ModelSpec, mesh: Mesh, micro_batches: int, framework: str, options: list[PipeOption]
+) -> list[PipeOption]:
+    """Megatron-Core's combined 1F1B (`--overlap-moe-expert-parallel-comm`: one micro-batch's
+    all-to-alls beside another's compute) of the options that may run it, by Megatron-Core's
+    rules (`layout.framework_violations`): an MoE model with ep > 1, at least two micro-batches, and
+    with pp > 1 only on interleaved schedules. Full recompute is refused with it (the search drops
+    those settings)."""
+    if framework != "megatron" or not model.is_moe or mesh.ep == 1 or micro_batches < 2:
+        return []
+    runs = ("1f1b",) if mesh.pp == 1 else ("interleaved_1f1b",)
+    return [o._replace(a2a_overlap=True) for o in options if o.schedule in runs and not o.a2a_overlap]
 
 
 @lru_cache(maxsize=4096)
@@ -365,4 +382,6 @@ def to_layout(
         values["account_for_embedding_in_pipeline_split"] = True
     if option.loss_slot:
         values["account_for_loss_in_pipeline_split"] = True
+    if option.a2a_overlap:
+        values["moe_a2a_overlap"] = True
     return Layout(**values) if validate else _construct(values)  # type: ignore[arg-type]

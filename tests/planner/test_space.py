@@ -32,3 +32,38 @@ def test_global_batch_is_bounded_with_its_field_path() -> None:
         TrainingSpec(seq_len=4096, global_batch=2**56)
     assert exc.value.errors()[0]["loc"] == ("global_batch",)
     assert TrainingSpec(seq_len=4096, global_batch=MAX_GLOBAL_BATCH).global_batch == MAX_GLOBAL_BATCH
+
+
+def test_combined_1f1b_is_offered_where_megatron_runs_it() -> None:
+    """Megatron-Core's combined 1F1B: MoE, ep > 1, at least two micro-batches, interleaved when
+    pipelined; every offered option validates as a Layout, and the search never keeps one with full
+    recompute (Megatron refuses it)."""
+    from cluster_specs.presets import get_cluster
+    from cost_models.layout import validate_layout
+    from model_specs.presets import get_model
+    from planner.plan import SearchConstraints
+    from planner.search import search
+    from planner.space import Mesh, PipeOption, Setting, pipeline_options, to_layout
+
+    model, training = get_model("mixtral-8x7b"), TrainingSpec(seq_len=4096, global_batch=128)
+    c = SearchConstraints(framework="megatron")
+    pipelined = Mesh(tp=1, pp=4, cp=1, dp=16, ep=8, etp=1, order="tp-cp-ep-dp-pp")
+    paired = [o for o in pipeline_options(model, training, pipelined, 1, c) if o.a2a_overlap]
+    assert paired and all(o.schedule == "interleaved_1f1b" for o in paired)
+    for o in paired:
+        lay = to_layout(pipelined, 1, o, Setting(1, 16, "selective", False), "megatron")
+        assert lay.moe_a2a_overlap and validate_layout(model, training, 64, lay) == []
+    flat = Mesh(tp=1, pp=1, cp=1, dp=64, ep=8, etp=1, order="tp-cp-ep-dp-pp")
+    assert PipeOption(1, "1f1b", a2a_overlap=True) in pipeline_options(model, training, flat, 1, c)
+    assert not any(o.a2a_overlap for o in pipeline_options(model, training, flat, 1, SearchConstraints(framework="fsdp")))
+    no_ep = Mesh(tp=1, pp=1, cp=1, dp=64, ep=1, etp=1, order="tp-cp-ep-dp-pp")
+    assert not any(o.a2a_overlap for o in pipeline_options(model, training, no_ep, 1, c))
+    one_mb = TrainingSpec(seq_len=4096, global_batch=64)  # dp 64 x mb 1: one micro-batch
+    assert not any(o.a2a_overlap for o in pipeline_options(model, one_mb, flat, 1, c))
+
+    big = TrainingSpec(seq_len=4096, global_batch=512)
+    plan = search(model, big, get_cluster("dgx-h100"), 64, c.model_copy(update={"top_k": 20}))
+    kept = [x.layout for x in [plan.best, *plan.alternatives] if x is not None]
+    for lay in kept:  # meshes with and without ep share their shape: the options must not leak across
+        assert validate_layout(model, big, 64, lay) == [], lay
+        assert not (lay.moe_a2a_overlap and lay.recompute == "full")
