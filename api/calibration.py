@@ -28,7 +28,9 @@ cost models' pricing caches by identity)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -42,7 +44,7 @@ from cost_models.profile_calibration import CalibrationFit, ProfilePair, fit_clu
 MAX_PROFILES = 200
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, str, bool], tuple[tuple[int, int], CalibrationFit]] = {}
+_cache: dict[tuple[str, str, bool], tuple[tuple[int, int, str], CalibrationFit]] = {}
 
 
 PRESET_REASON = (
@@ -89,12 +91,12 @@ def _scope(cluster_name: str):  # type: ignore[no-untyped-def]
     )
 
 
-def profile_pairs(session: Session, cluster_name: str) -> list[ProfilePair]:
+def profile_pairs(session: Session, cluster_name: str, registered: dict[str, Any] | None) -> list[ProfilePair]:
     """(prediction, measurement) pairs of `cluster_name`, oldest first; unusable rows (no
-    feasible plan, no measured step time) are skipped. Never asked for a preset: `cluster_fit`
-    answers a preset without reading its profiles (module docstring)."""
+    feasible plan, no measured step time) and, when the name is a registered team cluster
+    (`registered`: its stored spec), plans priced for another spec are skipped. Never asked for a
+    preset: `cluster_fit` answers a preset without reading its profiles (module docstring)."""
     rows = session.execute(_scope(cluster_name).order_by(ProfileRow.id.desc()).limit(MAX_PROFILES)).all()
-    registered = session.scalar(select(TeamCluster.spec).where(TeamCluster.name == cluster_name))
     spec = ClusterSpec(**registered) if registered is not None else None
     pairs: list[ProfilePair] = []
     for _pid, run_id, profile, plan in reversed(rows):
@@ -122,13 +124,15 @@ def cluster_fit(session: Session, cluster_name: str, *, errors: bool = False) ->
         return _preset_fit(cluster_name)
     sub = _scope(cluster_name).subquery()
     n, newest = session.execute(select(func.count(), func.max(sub.c.id)).select_from(sub)).one()
-    version = (int(n or 0), int(newest or 0))
+    registered = session.scalar(select(TeamCluster.spec).where(TeamCluster.name == cluster_name))
+    # registering the name later changes which profiles count: the spec is part of the version
+    version = (int(n or 0), int(newest or 0), json.dumps(registered, sort_keys=True))
     key = (str(session.get_bind().url), cluster_name, errors)
     with _lock:
         hit = _cache.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
-    fit = fit_cluster_calibration(cluster_name, profile_pairs(session, cluster_name), errors=errors)
+    fit = fit_cluster_calibration(cluster_name, profile_pairs(session, cluster_name, registered), errors=errors)
     with _lock:
         _cache[key] = (version, fit)
     return fit

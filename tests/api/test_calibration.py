@@ -142,6 +142,19 @@ def test_a_plan_priced_for_another_spec_under_a_team_clusters_name_does_not_move
     assert cal["time_multipliers"] == {"compute": 1.0, "intra": 1.0, "inter": 1.0}
 
 
+def test_registering_a_name_later_refits_without_the_other_specs_profiles(server: Any, user: httpx.Client) -> None:
+    """A fit served before the name is registered is not reused after it: which profiles count
+    depends on the registered spec (`api.calibration.cluster_fit` versions its cache with it)."""
+    name = f"lab-{uuid.uuid4().hex[:8]}"
+    inline = {"preset": "local-cpu", "name": name, "host_memory": "8 GiB"}
+    _profile_runs(server, user, name, [_plan(user, _body(inline, s, b)) for s, b in SHAPES])
+    assert user.get(f"/v1/clusters/{name}/calibration").json()["n_profiles"] == 3  # unregistered: all count
+    r = user.post("/v1/clusters", json={"name": name, "spec": {"preset": "local-cpu"}})
+    assert r.status_code == 201, r.text
+    cal = user.get(f"/v1/clusters/{name}/calibration").json()
+    assert cal["profiles_stored"] == 3 and cal["n_profiles"] == 0
+
+
 @pytest.mark.parametrize("name", ["dgx-h100", "DGX_H100", "Local-CPU"])
 def test_a_team_cluster_may_not_take_a_presets_name(user: httpx.Client, name: str) -> None:
     r = user.post("/v1/clusters", json={"name": name, "spec": {"preset": "local-cpu"}})
