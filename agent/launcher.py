@@ -40,14 +40,6 @@ class LaunchError(ValueError):
     """The leased run asks for something the agent will not launch."""
 
 
-def safe_id(value: Any) -> str:
-    """A run id usable as a directory name (ints, uuids); anything else is refused."""
-    s = str(value)
-    if not SAFE_ID.match(s):
-        raise LaunchError(f"run id {s!r} is not [A-Za-z0-9_-]{{1,64}}")
-    return s
-
-
 def _int_in(value: Any, name: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise LaunchError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")

@@ -84,7 +84,7 @@ def _method_fields(
     if lora_alpha is not None:
         out["lora_alpha"] = lora_alpha
     if lora_targets is not None:
-        names = [t.strip() for t in lora_targets.split(",") if t.strip()]
+        names = _comma_list(lora_targets) or []
         out["lora_targets"] = names[0] if len(names) == 1 and names[0] in ("all-linear", "attention") else names
     if quant_format is not None:
         out["quant_format"] = quant_format

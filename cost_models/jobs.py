@@ -185,11 +185,11 @@ def _auto_partition(
     chosen = optimized if pick_optimized else default
     assert chosen is not None
     report: dict[str, Any] = {"chosen": list(chosen.partition.chunk_layers), "from": "cp-sat" if pick_optimized else "default"}
-    if default is not None:
-        report["default"] = list(default.partition.chunk_layers)
     if default is None:
         report["why"] = f"the default cut is not valid ({default_error})"
-    elif optimized is None:
+        return chosen, report
+    report["default"] = list(default.partition.chunk_layers)
+    if optimized is None:
         report["why"] = "the partitioner found no cut that fits; the default cut is kept"
     else:
         report["default_step_s"], report["default_peak_bytes"] = default.step_s, default.peak_bytes

@@ -17,6 +17,7 @@ from cost_models.pipeline import (
     SPLIT_BACKWARD_SCHEDULES,
     TORCH_ONLY_SCHEDULES,
     ZERO_BUBBLE_ZERO3,
+    dualpipev_micro_batches_ok,
     interleaving_group,
     is_v_shape,
     zero_bubble_rounds_ok,
@@ -382,7 +383,7 @@ def validate_layout(
         v.append(Violation("schedule", "interleaved_1f1b needs vpp > 1"))
     if is_v_shape(sched, pp) and lay.vpp != 2:
         v.append(Violation("vpp", f"the {sched} schedule places exactly two chunks per rank as a V: vpp=2, not {lay.vpp}"))
-    if sched == "dualpipev" and pp > 1 and lay.grad_accum_ < 2 * pp:
+    if sched == "dualpipev" and pp > 1 and not dualpipev_micro_batches_ok(pp, lay.grad_accum_):
         v.append(Violation("grad_accum", f"dualpipev needs at least 2 x pp = {2 * pp} micro-batches (torch's "
                            f"ScheduleDualPipeV: one per stage), not {lay.grad_accum_}"))
     if sched in ("gpipe", "1f1b") and lay.vpp > 1:

@@ -94,18 +94,17 @@ def interleaving_group(framework: str, pp: int, micro_batches: int) -> int | Non
     if framework == "megatron":
         return next((n for n in range(p, m + 1) if m % n == 0 or m % n >= p), None)
     if framework == "fsdp":
-        rounds = m // p
-        return m // rounds if m % rounds == 0 else None
+        return m // (m // p) if zero_bubble_rounds_ok(p, m) else None  # torch's rounds rule, shared
     return None
 
 
 def in_flight_micro_batches(
-    schedule: str, pp: int, vpp: int, micro_batches: int, rank: int, group: int | None = None, paired: bool = False
+    schedule: str, pp: int, vpp: int, micro_batches: int, rank: int, framework: str = "megatron", paired: bool = False
 ) -> float:
     """Micro-batches' worth of this rank's activations alive at its peak (may be fractional under
-    interleaving, where a rank holds chunks of different micro-batches). Interleaved 1F1B reads
-    `group`, the micro-batches per chunk round (`interleaving_group`, default pp), and `paired`,
-    Megatron's combined 1F1B (one more warm-up forward)."""
+    interleaving, where a rank holds chunks of different micro-batches). Interleaved 1F1B warms up
+    with the `framework`'s micro-batch group (`interleaving_group`; pp where none is valid), plus
+    one forward when `paired` (Megatron's combined 1F1B)."""
     if pp == 1:
         return 1.0
     if schedule in FORWARDS_FIRST_SCHEDULES:
@@ -121,7 +120,8 @@ def in_flight_micro_batches(
     if schedule == "interleaved_1f1b":
         # warm-up for rank r: 2*(p - r - 1) + (v - 1)*N chunk forwards (+1 paired), plus the one in
         # steady state; each chunk is 1/v of the rank's layers.
-        chunks = 2 * (pp - rank - 1) + (vpp - 1) * (group or pp) + 1 + int(paired)
+        group = interleaving_group(framework, pp, micro_batches) or pp
+        chunks = 2 * (pp - rank - 1) + (vpp - 1) * group + 1 + int(paired)
         return min(chunks, micro_batches * vpp) / vpp
     raise ValueError(f"unknown schedule {schedule!r}")
 
@@ -174,7 +174,7 @@ def bubble_fraction(schedule: str, pp: int, vpp: int, micro_batches: int) -> flo
 
 
 def split_backward_peaks(
-    schedule: str, pp: int, vpp: int, micro_batches: int, rank: int, group: int | None = None, paired: bool = False
+    schedule: str, pp: int, vpp: int, micro_batches: int, rank: int, framework: str = "megatron", paired: bool = False
 ) -> list[tuple[float, float]]:
     """Candidate peaks of a rank as (a, g) pairs: a micro-batches of the rank's saved activations and
     g micro-batches of its *pending weight-output gradients* alive together; the rank's peak is the
@@ -195,7 +195,7 @@ def split_backward_peaks(
     m, r = micro_batches, rank
     if pp > 1 and schedule == "zero_bubble":
         return _zero_bubble_states(pp, vpp, m, r)
-    base = in_flight_micro_batches(schedule, pp, vpp, m, r, group, paired)
+    base = in_flight_micro_batches(schedule, pp, vpp, m, r, framework, paired)
     if pp == 1 or schedule != "zbv":
         return [(base, 0.0)]
     out = [(base, 0.5)]
@@ -254,9 +254,15 @@ def _zero_bubble_states(pp: int, vpp: int, micro_batches: int, rank: int) -> lis
     return [(a / vpp, g / vpp) for a, g in sorted(frontier)]
 
 
+def dualpipev_micro_batches_ok(pp: int, micro_batches: int) -> bool:
+    """torch's ScheduleDualPipeV needs at least 2 x pp micro-batches (one per stage of the V)."""
+    return micro_batches >= 2 * pp
+
+
 def zero_bubble_rounds_ok(pp: int, micro_batches: int) -> bool:
-    """torch's ScheduleInterleavedZeroBubble runs the micro-batches in max(1, m // pp) rounds and
-    refuses a count that is not a multiple of the rounds."""
+    """torch's interleaved schedules (ScheduleInterleavedZeroBubble, ScheduleInterleaved1F1B) run
+    the micro-batches in max(1, m // pp) rounds and refuse a count that is not a multiple of the
+    rounds."""
     rounds = max(1, micro_batches // pp)
     return micro_batches % rounds == 0
 

@@ -37,12 +37,7 @@ from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh import MeshLike, mesh_strides
-from cost_models.pipeline import (
-    FORWARDS_FIRST_SCHEDULES,
-    in_flight_micro_batches,
-    interleaving_group,
-    split_backward_peaks,
-)
+from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, split_backward_peaks
 from cost_models.stages import StagePartition
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
@@ -589,11 +584,11 @@ def build_table(
         mesh.communicator_groups, channels, weight_bytes, trainable,
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
         peaks[0], peaks[1], peaks[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
-        pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, tp, ft is None),
+        pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
     )
 
 
-def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, tp: int, trained: bool) -> np.ndarray:
+def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, trained: bool) -> np.ndarray:
     """(pp,) bytes per micro-batch a split backward keeps pending: the layers' weight-GEMM output
     gradients (`layers`), and on the head rank the LM head's, the logits' gradient (tokens x
     vocab / tp in the activation dtype; `bench.fake_world_memory`, Llama-3-8B TP4 PP4: the head
@@ -602,7 +597,7 @@ def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext
     if not trained:  # a frozen head has no weight pass
         return layers
     out = layers.copy()
-    out[head_rank] += actx.tokens * model.vocab_size / tp * actx.act_bytes
+    out[head_rank] += actx.tokens * model.vocab_size / actx.tp * actx.act_bytes
     return out
 
 
@@ -696,25 +691,18 @@ class KnobArrays:
 
 @lru_cache(maxsize=4096)
 def _split_peaks(
-    schedule: str, pp: int, vpp: int, grad_accum: int, group: int | None, paired: bool
+    schedule: str, pp: int, vpp: int, grad_accum: int, framework: str, paired: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """`pipeline.split_backward_peaks` of every rank as (C, pp) arrays of activation and pending
-    micro-batches (ranks with fewer candidates repeat their first; read-only)."""
-    cands = [split_backward_peaks(schedule, pp, vpp, grad_accum, r, group, paired) for r in range(pp)]
+    micro-batches (ranks with fewer candidates repeat their last; read-only). The largest
+    activation count of a rank is its in-flight micro-batches (`in_flight_micro_batches`)."""
+    cands = [split_backward_peaks(schedule, pp, vpp, grad_accum, r, framework, paired) for r in range(pp)]
     c = max(len(x) for x in cands)
     a = np.array([[x[min(i, len(x) - 1)][0] for x in cands] for i in range(c)])
     g = np.array([[x[min(i, len(x) - 1)][1] for x in cands] for i in range(c)])
     for arr in (a, g):
         arr.flags.writeable = False
     return a, g
-
-
-@lru_cache(maxsize=4096)
-def _in_flight(schedule: str, pp: int, vpp: int, grad_accum: int, group: int | None, paired: bool) -> np.ndarray:
-    """Micro-batches whose activations each pipeline rank holds at its peak (read-only array)."""
-    out = np.array([in_flight_micro_batches(schedule, pp, vpp, grad_accum, r, group, paired) for r in range(pp)])
-    out.flags.writeable = False
-    return out
 
 
 @dataclass
@@ -875,16 +863,15 @@ def price_memory(
         params, grads, opt, host, nvme, embedding_transient = _state_bytes_cached(t, knobs)
     else:
         params, grads, opt, host, nvme, embedding_transient = _state_bytes(t, knobs)
-    group = interleaving_group(m.framework, pp, m.grad_accum_) if schedule == "interleaved_1f1b" else None
-    inflight = _in_flight(schedule, pp, vpp, m.grad_accum_, group, m.moe_a2a_overlap)
     # the rank's largest candidate peak of saved activations and (under a split backward) pending
     # weight-output gradients, (C, modes, pp) -> per recompute mode, then per setting
-    a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_, group, m.moe_a2a_overlap)
+    a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_, m.framework, m.moe_a2a_overlap)
     peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
     acts = peaks.max(axis=0)[mode]
     if m.activation_offload_layers:
         # offloaded layers stay on the GPU only as the two layers being copied out / prefetched back
         staging = 2 * np.divide(t.offloaded_acts, np.maximum(t.offloaded_layers, 1.0)[None, :])
+        inflight = a_units.max(axis=0)  # micro-batches in flight per rank
         on_host = (t.offloaded_acts * inflight[None, :])[mode]
         acts = acts - on_host + np.minimum(staging, t.offloaded_acts * inflight[None, :])[mode]
     logits = np.zeros((len(settings), pp))

@@ -137,7 +137,10 @@ all-to-all, dequantize and reduce (read 4 bits, write 16)."""
 DUALPIPE_COMM_SMS = 20
 """SMs the communication kernels take while DualPipe overlaps them with compute: "only 20 SMs are
 sufficient to fully utilize the bandwidths of IB and NVLink" (DeepSeek-V3 technical report,
-Sec. 3.2.2, H800 with 132 SMs). Compute beside them runs on the other SMs."""
+Sec. 3.2.2, H800 with 132 SMs). Compute beside them runs on the other SMs. Megatron's combined
+1F1B is charged the same 20 SMs: an assumption (Megatron-Core gives no figure for its EP overlap)."""
+FALLBACK_SM_COUNT = 132
+"""SMs assumed when the catalog gives none (the H100 / H800 count, where the 20 SMs were measured)."""
 
 
 def fb_paired(mesh: Layout) -> bool:
@@ -149,8 +152,8 @@ def fb_paired(mesh: Layout) -> bool:
 
 def comm_sm_slowdown(sm_count: int | None) -> float:
     """Factor on compute seconds while `DUALPIPE_COMM_SMS` SMs carry communication: sm / (sm - 20)
-    (132 SMs, the H100/H800 count, when the catalog gives none)."""
-    sms = sm_count or 132
+    (`FALLBACK_SM_COUNT` when the catalog gives none)."""
+    sms = sm_count or FALLBACK_SM_COUNT
     return sms / max(sms - DUALPIPE_COMM_SMS, 1)
 
 

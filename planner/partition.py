@@ -72,7 +72,7 @@ from cost_models.context import PricingContext
 from cost_models.estimate import Estimate, price
 from cost_models.layout import Layout
 from cost_models.memory import MemoryBreakdown
-from cost_models.pipeline import chunk_rank, in_flight_micro_batches, interleaving_group, is_v_shape
+from cost_models.pipeline import chunk_rank, in_flight_micro_batches, is_v_shape
 from cost_models.stage_table import LayerKind, layer_kinds
 from cost_models.stages import StagePartition
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -719,9 +719,9 @@ def build_partition_data(
 
     # --- fixed per rank: every rank empty (rank 0 keeps the embedding, the last the LM head) ----
     fixed_mem = probe(base, 0).memory
-    group = interleaving_group(lay.framework, P, lay.grad_accum_) if lay.schedule_ == "interleaved_1f1b" else None
     in_flight = tuple(
-        in_flight_micro_batches(lay.schedule_, P, lay.vpp, lay.grad_accum_, r, group, lay.moe_a2a_overlap) for r in range(P)
+        in_flight_micro_batches(lay.schedule_, P, lay.vpp, lay.grad_accum_, r, lay.framework, lay.moe_a2a_overlap)
+        for r in range(P)
     )
 
     # --- per layer kind: what adding one layer to rank 0 adds ----------------------------------
@@ -839,4 +839,4 @@ def optimize_partition(
         return None
     data = build_partition_data(model, training, cluster, gpus, lay, calibration, capacity_bytes=capacity_bytes)
     result = partition_layers(data, time_limit_s=time_limit_s, work_limit=work_limit)
-    return result.stage_partition(lay.pp, lay.vpp, is_v_shape(lay.schedule_, lay.pp)) if result.ok else None
+    return data.stage_partition(result.chunk_layers) if result.ok else None

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import Layout
-from cost_models.pipeline import interleaving_group, zero_bubble_rounds_ok
+from cost_models.pipeline import dualpipev_micro_batches_ok, interleaving_group, zero_bubble_rounds_ok
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import SearchConstraints
@@ -248,7 +248,7 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
             out += [PipeOption(1, "zero_bubble")]
             out += [PipeOption(o.vpp, "zero_bubble") for o in interleaved if not (o.embedding_slot or o.loss_slot)]
         if c.framework == "fsdp" and model.num_layers >= 2 * mesh.pp:
-            out += [PipeOption(2, "zbv")] + ([PipeOption(2, "dualpipev")] if m >= 2 * mesh.pp else [])
+            out += [PipeOption(2, "zbv")] + ([PipeOption(2, "dualpipev")] if dualpipev_micro_batches_ok(mesh.pp, m) else [])
         if c.framework == "fsdp" and c.schedule == "looped_bfs":  # dominated by interleaving: only when pinned
             out += [PipeOption(1, "looped_bfs")]
             out += [PipeOption(o.vpp, "looped_bfs") for o in interleaved if not (o.embedding_slot or o.loss_slot)]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, interleaving_group
+from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, interleaving_group, is_v_shape
 from cost_models.stages import megatron_split
 from model_specs.spec import ModelSpec
 from planner.exporters.common import (
@@ -296,7 +296,7 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
         )
     if lay.pp > 1 and lay.schedule_ == "zero_bubble":
         lost.append("zero-bubble schedule (ZB1P): Megatron runs (interleaved) 1F1B, whose bubble is three times larger")
-    if lay.pp > 1 and lay.schedule_ in ("zbv", "dualpipev"):
+    if is_v_shape(lay.schedule_, lay.pp):
         lost.append(f"{lay.schedule_} (V-shape) schedule: Megatron runs interleaved 1F1B with chunks looped over the ranks")
     if lay.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
         lost.append(f"rank order {lay.order}: Megatron-Core orders ranks tp-cp-ep-dp-pp")
@@ -317,20 +317,31 @@ def _recompute_args(job: Job, lost: list[str]) -> list[Arg]:
     return offload + _recompute_only(job, lost)
 
 
+def _recompute_modules(job: Job) -> list[str]:
+    """The plan's selective recompute modules as Megatron-Core's --recompute-modules spells them
+    (empty unless selective)."""
+    lay = job.lay
+    if lay.recompute != "selective":
+        return []
+    modules = lay.recompute_modules_
+    names = {MEGATRON_RECOMPUTE_MODULE[m] for m in modules if m in MEGATRON_RECOMPUTE_MODULE}
+    if "act" in modules and job.model.is_moe:
+        names.add("moe_act")
+    return sorted(names)
+
+
 def _recompute_only(job: Job, lost: list[str]) -> list[Arg]:
     lay = job.lay
     if lay.recompute == "selective":
-        modules = lay.recompute_modules_
-        names = [MEGATRON_RECOMPUTE_MODULE[m] for m in modules if m in MEGATRON_RECOMPUTE_MODULE]
-        if "act" in modules:
-            if job.model.is_moe:
-                names.append("moe_act")
-            if not job.model.is_moe or job.model.moe_layer_count < job.model.num_layers or job.model.num_shared_experts:
-                lost.append(
-                    "selective recompute of the dense MLP activation: Megatron-Core recomputes expert "
-                    "activations (moe_act) or whole MLPs (mlp), not a dense MLP's activation alone"
-                )
-        return [("--recompute-granularity", "selective"), ("--recompute-modules", *sorted(set(names)))]
+        model = job.model
+        if "act" in lay.recompute_modules_ and (
+            not model.is_moe or model.moe_layer_count < model.num_layers or model.num_shared_experts
+        ):
+            lost.append(
+                "selective recompute of the dense MLP activation: Megatron-Core recomputes expert "
+                "activations (moe_act) or whole MLPs (mlp), not a dense MLP's activation alone"
+            )
+        return [("--recompute-granularity", "selective"), ("--recompute-modules", *_recompute_modules(job))]
     if lay.recompute != "full":
         return []
     if lay.recompute_layers is None:
@@ -372,8 +383,7 @@ def _precision_args(job: Job) -> list[Arg]:
         args.append(("--fp16",))
     if tr.precision == "fp8":
         args += [("--fp8-format", "hybrid")]
-        modules = set(job.lay.recompute_modules_) if job.lay.recompute == "selective" else set()
-        if "layernorm" in modules or ("act" in modules and job.model.is_moe):  # written as layernorm / moe_act
+        if {"layernorm", "moe_act"} & set(_recompute_modules(job)):
             # Megatron-Core refuses moe_act / layernorm recompute under its default delayed scaling
             # (TransformerConfig.__post_init__); blockwise is DeepSeek-V3's fine-grained scaling
             args += [("--fp8-recipe", "blockwise")]

@@ -22,6 +22,7 @@ from typing import Any
 
 import tomli_w
 
+from cost_models.pipeline import FB_PAIRED_SCHEDULES
 from model_specs.spec import ModelSpec
 from planner.exporters.common import (
     ExportResult,
@@ -103,7 +104,7 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
     p["pipeline_parallel_degree"] = lay.pp
     if lay.pp > 1:
         p["pipeline_parallel_schedule"] = SCHEDULES[lay.schedule_]
-        if lay.schedule_ == "dualpipev" and job.model.is_moe and lay.ep > 1:
+        if lay.schedule_ in FB_PAIRED_SCHEDULES and job.model.is_moe and lay.ep > 1:
             # the F&B pairs priced (`cost_models.step_time`): EP all-to-alls beside the other micro-batch's compute
             p["pipeline_parallel_expert_parallel_overlap"] = True
         p["pipeline_parallel_microbatch_size"] = lay.micro_batch

@@ -19,7 +19,7 @@ import pytest
 
 from agent import runner as runner_mod
 from agent.client import ApiClient, RetryPolicy, ServerUnavailable
-from agent.launcher import Child, LaunchError, LaunchSpec, log_tail, read_progress, runtime_argv, safe_id
+from agent.launcher import Child, LaunchError, LaunchSpec, log_tail, read_progress, runtime_argv
 from agent.runner import Agent, AgentConfig
 
 from .conftest import FakeServer, free_port
@@ -148,8 +148,6 @@ def test_launch_argv_is_the_autopar_run_line() -> None:
         "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "runtime.launch", "/w/plan.json",
         "--steps", "4", "--out", "/w/profile.json", "--backend", "gloo", "--progress-file", "/w/progress.json",
     ]
-    with pytest.raises(LaunchError):
-        safe_id("../../etc")
 
 
 def test_stop_kills_the_whole_process_tree(tmp_path: Path) -> None:

@@ -20,13 +20,15 @@ def test_combined_1f1b_fits_and_prices_the_report_within_15_percent() -> None:
     assert r["time"]["breakdown"]["ep_comm_s"] == 0.0  # hidden behind the paired compute
 
 
-def test_dualpipev_prices_the_report_within_15_percent() -> None:
+def test_dualpipev_prices_the_report_within_15_percent_but_not_in_torchtitans_memory() -> None:
     r = price("fsdp-dualpipev")
     assert r["step_s"] == pytest.approx(paper_step_s(), rel=0.15)
     assert r["time"]["breakdown"]["ep_comm_s"] == 0.0
+    assert not r["fits"]  # three 16-bit routed copies per token and a receive buffer per micro-batch
 
 
-def test_exposed_all_to_alls_cost_a_quarter_more() -> None:
-    # the same degrees without F&B pairs: the all-to-alls of 58 MoE layers come back
-    assert price("megatron-1f1b")["fits"]
-    assert price("megatron-1f1b")["step_s"] > 1.2 * price("megatron-combined-1f1b")["step_s"]
+def test_exposed_all_to_alls_cost_a_fifth_more() -> None:
+    # the same degrees without F&B pairs: the all-to-alls of 58 MoE layers come back (1.27x today)
+    plain = price("megatron-1f1b")
+    assert plain["fits"]
+    assert plain["step_s"] > 1.2 * price("megatron-combined-1f1b")["step_s"]

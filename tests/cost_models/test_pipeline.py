@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from cost_models.pipeline import (
@@ -125,9 +126,26 @@ def test_torch_interleaving_group_is_a_round() -> None:
 
 def test_a_larger_group_and_combined_1f1b_warm_up_more_chunks() -> None:
     p, v, m = 16, 2, 120
-    default = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0)
-    grouped = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0, group=20)
-    paired = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0, group=20, paired=True)
+    divisible = in_flight_micro_batches("interleaved_1f1b", p, v, 128, 0)
+    grouped = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0)  # Megatron's N = 20
+    paired = in_flight_micro_batches("interleaved_1f1b", p, v, m, 0, paired=True)
     # rank 0: 2(p - 1) + (v - 1) N + 1 chunk forwards, one more when paired; a chunk is 1/v of the rank
-    assert (default, grouped, paired) == ((30 + 16 + 1) / 2, (30 + 20 + 1) / 2, (30 + 20 + 2) / 2)
-    assert in_flight_micro_batches("interleaved_1f1b", p, v, m, p - 1, group=20) == (20 + 1) / 2
+    assert (divisible, grouped, paired) == ((30 + 16 + 1) / 2, (30 + 20 + 1) / 2, (30 + 20 + 2) / 2)
+    assert in_flight_micro_batches("interleaved_1f1b", p, v, m, p - 1) == (20 + 1) / 2
+    assert in_flight_micro_batches("interleaved_1f1b", 4, v, 10, 0, framework="fsdp") == (6 + 5 + 1) / 2  # torch: 2 rounds of 5
+
+
+@pytest.mark.parametrize(
+    ("schedule", "vpp"),
+    [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 5), ("looped_bfs", 3),
+     ("zero_bubble", 1), ("zero_bubble", 2), ("zbv", 2), ("dualpipev", 2)],
+)
+def test_the_bubble_and_the_ranks_idle_time_agree(schedule: str, vpp: int) -> None:
+    """Two hand-kept copies of each schedule's bubble: `bubble_slots` (reported) and `rank_idle`
+    (the step time). With F = 1, B = 2 (W = 1 of it) a micro-batch is 3 units on every rank."""
+    from cost_models.pipeline import bubble_slots, rank_idle
+
+    per_mb, backward, weight = (np.array([x]) for x in (3.0, 2.0, 1.0))
+    for pp in (2, 4, 8):
+        idle = float(rank_idle(schedule, per_mb, backward, weight, vpp)[0])
+        assert bubble_slots(schedule, pp, vpp) == pytest.approx((pp - 1) * idle / 3, rel=1e-12)
