@@ -421,10 +421,15 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         # bf16 logits), not PyTorch's eager upcast
         cross_entropy = "fused"
         c.notes.append("loss: fused cross-entropy (llm-foundry default)")
+    elementwise = "fused"
+    if "torchtitan" in c.s("framework").lower() and "torch.compile" not in c.s("source_detail") + c.s("notes"):
+        # torchtitan's Llama without torch.compile runs its norms, rotary and SwiGLU op by op
+        elementwise = "eager"
+        c.notes.append("torchtitan without torch.compile: eager elementwise kernels")
     return Layout(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero, micro_batch=mb, grad_accum=ga,
         dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,  # type: ignore[arg-type]
-        **split,
+        elementwise_kernels=elementwise, **split,  # type: ignore[arg-type]
     )
 
 

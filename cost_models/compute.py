@@ -75,6 +75,7 @@ class ShardGeometry:
     sp: bool | np.ndarray
     ep: int | np.ndarray
     etp: int | np.ndarray
+    eager: bool = False  # one kernel per PyTorch op for the memory-bound ops (`Layout.elementwise_kernels`)
     # Arrays (broadcasting against each other) price many geometries at once: every time below is
     # then an array of the same shape, each entry exactly what the scalar geometry gives.
 
@@ -82,7 +83,8 @@ class ShardGeometry:
     def of(cls, mesh: MeshLike, micro_batch: int | np.ndarray, seq_len: int) -> ShardGeometry:
         """The geometry of a layout (or the planner's mesh) at `micro_batch` sequences of `seq_len`
         (an integer array of micro-batch sizes gives an array of token counts)."""
-        return cls(micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_)
+        eager = getattr(mesh, "elementwise_kernels", "fused") == "eager"
+        return cls(micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager)
 
 
 def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
@@ -251,6 +253,8 @@ def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes:
     and residuals are sequence-sharded under SP; the rest is head- or column-sharded under TP. A
     hybrid layer has one norm and one residual; a Mamba-2 layer adds its conv, scan and gated-norm
     traffic (`mamba_kernel_widths`)."""
+    if g.eager:
+        return eager_elementwise_bytes(model, index, g, act_bytes)
     h, tp = model.hidden_size, g.tp
     rep = _where(g.sp, tp, 1)
     blocks = model.tp_blocks_per_layer  # one norm + residual per block (hybrid layers: one)
@@ -263,6 +267,76 @@ def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes:
     if model.is_moe_layer(index):
         total = total + moe_kernel_bytes(model, g, act_bytes)
     return total
+
+
+FP32_BYTES = 4
+
+
+def eager_norm_bytes(act_bytes: int) -> int:
+    """HBM bytes per element of one eager RMSNorm, forward (torchtitan's `RMSNorm`, HF
+    `LlamaRMSNorm`: `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * weight`), one
+    kernel per op: the upcast (read a, write 4), pow (read 4, write 4), mean (read 4), the multiply
+    by rsqrt (read 4, write 4), the downcast (read 4, write a) and the weight (read a, write a). A
+    fused kernel reads a and writes a."""
+    a, f = act_bytes, FP32_BYTES
+    return (a + f) + 2 * f + f + 2 * f + (f + a) + 2 * a
+
+
+def eager_rotary_bytes(act_bytes: int) -> int:
+    """HBM bytes per query / key element of eager rotary embeddings, forward (torchtitan's
+    `apply_rotary_emb`: upcast, complex multiply by the frequencies, downcast; HF's
+    `q * cos + rotate_half(q) * sin` moves about as much): (a + 4) + (4 + 4) + (4 + a). Fused: 2a."""
+    a, f = act_bytes, FP32_BYTES
+    return (a + f) + 2 * f + (f + a)
+
+
+def eager_elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
+    """`elementwise_bytes` when every PyTorch op is its own kernel (`Layout.elementwise_kernels =
+    "eager"`: torchtitan without torch.compile, HF Transformers). Per token, forward: the norms at
+    `eager_norm_bytes` per element; the residual adds as fused (one kernel each either way); rotary
+    on q and k at `eager_rotary_bytes`; the attention output transposed back to (tokens, heads x
+    dim) by a copy (read + write); with grouped-query attention, K and V repeated to every query
+    head (`repeat_kv`: read kv heads, write query heads); a gated MLP's activation as two kernels
+    (silu: read f, write f; the product: read 2f, write f) where a fused one reads 2f and writes
+    f. Mamba and MoE kernels are custom kernels in every framework: as `elementwise_bytes`. A
+    LayerNorm is one kernel in eager PyTorch (`F.layer_norm`), and positions other than RoPE add no
+    rotary ops: those parts cost as fused."""
+    h, tp, a = model.hidden_size, g.tp, act_bytes
+    rep = _where(g.sp, tp, 1)
+    blocks = model.tp_blocks_per_layer
+    norm = eager_norm_bytes(a) if model.norm == "rmsnorm" else 2 * a  # F.layer_norm is one kernel in eager
+    total_per_token = blocks * (norm * h + 3 * a * h) / rep
+    if model.has_attention(index):
+        d = model.qk_head_dim
+        q, kv = model.num_heads / tp, _larger(model.kv_heads / tp, 1.0)
+        rotary = eager_rotary_bytes(a) if model.position_embedding == "rope" else 2 * a
+        total_per_token += rotary * (q + kv) * d
+        total_per_token += 2 * a * q * model.v_dim
+        if model.kv_heads and model.kv_heads < model.num_heads:
+            total_per_token += 2 * a * (kv * d + q * d)  # K and V: read kv heads, write query heads
+    if model.is_mamba_layer(index):
+        total_per_token += mamba_kernel_widths(model) / tp * a
+    total = total_per_token * g.tokens + activation_kernel_bytes(model, index, g, a)
+    if model.is_moe_layer(index):
+        total = total + moe_kernel_bytes(model, g, a)
+    return total
+
+
+def activation_kernel_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
+    """HBM bytes of the MLP activation as it runs (what selective recompute re-runs): fused as
+    `activation_function_bytes`; eager, a dense gated MLP's silu (read f, write f) and product
+    (read 2f, write f) are two kernels, 5f for the fused kernel's 3f."""
+    fused = activation_function_bytes(model, index, g, act_bytes)
+    if g.eager and model.has_ffn(index) and not model.is_moe_layer(index) and model.gated_mlp:
+        return fused * 5 / 3
+    return fused
+
+
+EAGER_EXTRA_KERNELS_PER_NORM = 6
+"""Kernels an eager RMSNorm launches beyond the fused one (upcast, pow, mean, add + rsqrt,
+multiply, downcast, weight: 7; `eager_norm_bytes`)."""
+EAGER_EXTRA_KERNELS_ROTARY = 4
+"""Beyond the fused rotary kernel: q and k each upcast, multiply and downcast (6 for 2)."""
 
 
 def mamba_kernel_widths(model: ModelSpec) -> float:
@@ -418,20 +492,37 @@ def layer_kernels(model: ModelSpec, index: int, g: ShardGeometry) -> Scalars:
     Hybrid layers (one block): norm and residual (2) plus the mixer's kernels: attention 4 (QKV,
     rotary, attention, output), MLP 3, MoE 1 (its first GEMM, above which the MoE kernels count as
     usual), Mamba-2 10 (in_proj, conv, the five chunked-scan kernels of mamba_ssm, gate + norm,
-    out_proj), with 2 sequence-parallel collectives under TP."""
+    out_proj), with 2 sequence-parallel collectives under TP. Eager elementwise kernels add their
+    op-by-op launches (`_eager_extra_kernels`)."""
     if model.is_hybrid:
         mixer = model.layer_mixer(index)
         k: Scalars = 2.0 + {"attention": 4.0, "mlp": 3.0, "moe": 1.0, "mamba": 10.0}[mixer] + _where(g.tp > 1, 2.0, 0.0)
         if mixer == "moe":
             k = k + 5.0 + 3.0 * model.num_shared_experts + _where(g.ep > 1, 2.0, 0.0)
-        return k + 3.0 * (g.cp - 1)
+        return k + 3.0 * (g.cp - 1) + (_eager_extra_kernels(model, index) if g.eager else 0.0)
     n: Scalars = 11.0 + _where(g.tp > 1, 4.0, 0.0)
+    if g.eager:
+        n = n + _eager_extra_kernels(model, index)
     if model.attention == "mla":
         n = n + 5.0
     if model.is_moe_layer(index):
         n = n + 5.0 + 3.0 * model.num_shared_experts
         n = n + _where(g.ep > 1, 2.0, 0.0)
     return n + 3.0 * (g.cp - 1)
+
+
+def _eager_extra_kernels(model: ModelSpec, index: int) -> float:
+    """Kernels an eager layer launches beyond the fused count (`eager_elementwise_bytes`): the
+    norms' and rotary's ops, the attention output copy, `repeat_kv`'s two copies, the gated
+    activation's second kernel."""
+    n = float(EAGER_EXTRA_KERNELS_PER_NORM * model.tp_blocks_per_layer if model.norm == "rmsnorm" else 0)
+    if model.has_attention(index):
+        n += EAGER_EXTRA_KERNELS_ROTARY if model.position_embedding == "rope" else 0
+        n += 1  # the attention output copy
+        n += 2 if model.kv_heads and model.kv_heads < model.num_heads else 0  # repeat_kv of K and V
+    if model.has_ffn(index) and not model.is_moe_layer(index) and model.gated_mlp:
+        n += 1
+    return n
 
 
 def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
@@ -472,7 +563,7 @@ def layer_time(
     attn = attention_time(model, index, g, gpu, cal)
     bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
     elem = elementwise_bytes(model, index, g, act_bytes) / bandwidth
-    act = activation_function_bytes(model, index, g, act_bytes) / bandwidth
+    act = activation_kernel_bytes(model, index, g, act_bytes) / bandwidth
     host = layer_kernels(model, index, g) * cal.kernel_launch_s
     share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, g)
     # the input norms: read + write h each (two per layer, one in a hybrid layer)

@@ -46,6 +46,7 @@ MEGATRON_DEFAULT_RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn",)
 and Korthikanti et al. 2022's selective recompute: the attention core only)."""
 CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
 NormKernel = Literal["fused", "eager_fp32"]
+ElementwiseKernels = Literal["fused", "eager"]
 CpAttention = Literal["ring", "allgather_mask"]
 OffloadDevice = Literal["cpu", "nvme"]
 
@@ -151,6 +152,14 @@ class Layout(BaseModel):
         description="RMSNorm kernel: fused (saves its 16-bit input and a float32 rstd per token: Transformer "
         "Engine, Apex, PyTorch's CUDA RMSNorm) or eager_fp32 (upcasts and saves the float32 input and "
         "normalized output: PyTorch's CPU decomposition, HF LlamaRMSNorm-style modules)",
+    )
+
+    elementwise_kernels: ElementwiseKernels = Field(
+        "fused",
+        description="memory-bound ops of a layer: fused (Transformer Engine / Apex kernels in Megatron-Core, "
+        "torch.compile in torchtitan: one kernel per norm, rotary and activation) or eager (one kernel per "
+        "PyTorch op, float32 upcasts in the norms and rotary: torchtitan without compile, HF Transformers); "
+        "cost_models.compute.eager_elementwise_bytes",
     )
 
     moe_token_dispatcher: MoeDispatcher = Field(

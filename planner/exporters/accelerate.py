@@ -67,6 +67,12 @@ DECODER_LAYERS = {
 }
 MIXED = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "no"}
 
+FUSED_KERNELS_NOTE = (
+    "fused elementwise kernels: a Transformers model runs its norms, rotary and activation op by op "
+    "unless it is compiled (torch.compile); priced fused"
+)
+"""What an Accelerate export cannot promise about `Layout.elementwise_kernels = "fused"`."""
+
 
 def _losses(job: Job, lost: list[str]) -> None:
     lay = job.lay
@@ -102,6 +108,8 @@ def _losses(job: Job, lost: list[str]) -> None:
         lost.append(f"{lay.cross_entropy_} cross entropy: the loss is the model's (Transformers: eager)")
     if lay.norm_kernel != "eager_fp32":
         lost.append(f"{lay.norm_kernel} RMSNorm: the norm is the model's (Transformers: eager, fp32 upcast)")
+    if lay.elementwise_kernels == "fused":
+        lost.append(FUSED_KERNELS_NOTE)
     if job.training.precision != "fp32" and job.training.grad_dtype == "bf16":
         lost.append("bf16 gradient reduction: Accelerate's FSDP2 mixed precision reduces gradients in float32")
     if job.model.family not in DECODER_LAYERS:
@@ -211,6 +219,8 @@ def _folded_losses(job: Job, lost: list[str]) -> None:
         lost.append(f"{lay.cross_entropy_} cross entropy: the loss is the model's (Transformers: eager)")
     if lay.norm_kernel != "eager_fp32":
         lost.append(f"{lay.norm_kernel} RMSNorm: the norm is the model's (Transformers: eager, fp32 upcast)")
+    if lay.elementwise_kernels == "fused":
+        lost.append(FUSED_KERNELS_NOTE)
 
 
 def _for_transformers(note: str) -> str:

@@ -148,6 +148,8 @@ def _other_losses(job: Job, lost: list[str]) -> None:
         lost.append(f"{lay.cross_entropy_} cross entropy: the loss is model code under DeepSpeed")
     if lay.norm_kernel != "fused":
         lost.append(f"{lay.norm_kernel} RMSNorm: the norm kernel is model code under DeepSpeed")
+    if lay.elementwise_kernels == "eager":
+        lost.append("eager elementwise kernels: the kernels are model code under DeepSpeed")
 
 
 def deepspeed_dp(job: Job) -> int:

@@ -371,6 +371,8 @@ def _kernel_args(job: Job, lost: list[str]) -> list[Arg]:
         )
     if lay.norm_kernel != "fused":
         lost.append(f"{lay.norm_kernel} RMSNorm: Megatron's norms are fused kernels (Transformer Engine or Apex)")
+    if lay.elementwise_kernels == "eager":
+        lost.append("eager elementwise kernels: Megatron's norms, rotary and activations are fused kernels")
     return args
 
 

@@ -190,14 +190,18 @@ def export_torchtitan(job: Job) -> ExportResult:
     if lay.norm_kernel != "fused":
         lost.append(f"{lay.norm_kernel} RMSNorm: torchtitan's models use torch's fused RMSNorm")
     async_tp = lay.tp > 1 and lay.tp_comm_overlap_
+    # the plan prices fused norms, rotary and activations (`Layout.elementwise_kernels`): torch.compile
+    # fuses them; async TP (torch's symmetric-memory collective matmuls) runs only on a compiled model
+    compiled = lay.elementwise_kernels == "fused" or async_tp
+    if async_tp and lay.elementwise_kernels == "eager":
+        lost.append("eager elementwise kernels: async tensor parallelism needs torch.compile, which fuses them")
     tables = [
         ("job", {"description": f"autopar: {model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name})"}),
         ("model", model_table),
         ("training", training),
         ("parallelism", _parallelism(job, lost)),
         ("activation_checkpoint", _activation_checkpoint(job, lost)),
-        # async TP (torch's symmetric-memory collective matmuls) runs only on a compiled model
-        ("compile", {"enable": True, "components": ["model", "loss"]} if async_tp else {"enable": False}),
+        ("compile", {"enable": True, "components": ["model", "loss"]} if compiled else {"enable": False}),
     ]
     lost += framework_note(job, "fsdp", "torchtitan")
     lost += deepspeed_only_notes(job, "torchtitan")

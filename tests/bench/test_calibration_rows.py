@@ -128,6 +128,9 @@ def test_torchtitan_and_maxtext_rows(parsed):
     assert tt.layout.framework == "fsdp" and tt.layout.zero_stage == 3 and tt.layout.recompute == "op_sac"
     assert tt.cluster_name == "grand-teton-h100" and tt.reported_memory_gib == 82.4
     assert rows[66].training.precision == "fp8"  # "BF16 + Float8 linears"
+    # torchtitan without torch.compile runs its norms, rotary and SwiGLU op by op
+    assert {i for i, r in rows.items() if r.layout.elementwise_kernels == "eager"} == {64, 67}
+    assert rows[65].layout.elementwise_kernels == "fused"  # "FSDP + torch.compile"
     mt = rows[403]  # MaxText FSDP=128 x DP=4 on 512 GPUs
     assert mt.layout.framework == "fsdp" and mt.layout.dp_shard == 128 and mt.layout.recompute == "full"
 

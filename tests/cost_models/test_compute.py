@@ -1,5 +1,5 @@
 """Kernel-level costs (cost_models.compute): GEMM shape efficiency, attention tiles, MoE imbalance,
-launch floor, and torchtitan's op-level SAC recompute share."""
+launch floor, torchtitan's op-level SAC recompute share, and eager vs fused elementwise kernels."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from cost_models.compute import (
     ShardGeometry,
     activation_function_bytes,
     attention_tile_efficiency,
+    eager_norm_bytes,
+    eager_rotary_bytes,
+    elementwise_bytes,
     gemm_time,
+    layer_kernels,
     layer_time,
     moe_imbalance,
     moe_kernel_bytes,
@@ -118,3 +122,36 @@ def test_sorting_by_local_expert_costs_only_with_several_local_experts() -> None
     assert moe_kernel_bytes(model, two, 2) - moe_kernel_bytes(model, one, 2) == pytest.approx(
         2 * 2 * rows * model.hidden_size * 2
     )
+
+
+def test_eager_kernels_move_the_upcasts_of_norms_and_rotary_and_the_unfused_swiglu() -> None:
+    """Llama (RMSNorm, RoPE, SwiGLU, GQA) run op by op: the eager bytes exceed the fused ones by
+    exactly the norms' float32 chain, rotary's upcast, the attention output copy, repeat_kv and the
+    second activation kernel (`eager_elementwise_bytes`)."""
+    model = get_model("llama3-8b")
+    tokens, a = 8192.0, 2
+    fused = ShardGeometry(tokens=tokens, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1)
+    eager = ShardGeometry(tokens=tokens, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1, eager=True)
+    h, d, q, kv, f = model.hidden_size, model.qk_head_dim, model.num_heads, model.kv_heads, model.ffn_hidden_size
+    assert eager_norm_bytes(2) == 36 and eager_rotary_bytes(2) == 20  # fused: 4 each (read + write bf16)
+    extra_per_token = (
+        2 * (eager_norm_bytes(a) - 2 * a) * h  # two norms
+        + (eager_rotary_bytes(a) - 2 * a) * (q + kv) * d  # rotary on q and k
+        + 2 * a * q * d  # attention output transposed back
+        + 2 * a * (kv * d + q * d)  # repeat_kv of K and V
+        + 2 * a * f  # silu and the product as two kernels: read 3f write 2f vs read 2f write f
+    )
+    diff = elementwise_bytes(model, 0, eager, a) - elementwise_bytes(model, 0, fused, a)
+    assert diff == pytest.approx(extra_per_token * tokens)
+    assert elementwise_bytes(model, 0, eager, a) > 2.5 * elementwise_bytes(model, 0, fused, a)
+    assert layer_kernels(model, 0, eager) == layer_kernels(model, 0, fused) + 2 * 6 + 4 + 1 + 2 + 1
+
+
+def test_eager_kernels_cost_nothing_more_for_layernorm_learned_positions_and_gelu() -> None:
+    """GPT-3 (LayerNorm, learned positions, GELU, MHA): F.layer_norm and the GELU are one kernel each
+    in eager PyTorch and there is no rotary, so only the attention output copy is added."""
+    model = get_model("gpt3-175b")
+    fused = ShardGeometry(tokens=2048.0, seq_len=2048, cp=1, tp=8, sp=True, ep=1, etp=1)
+    eager = ShardGeometry(tokens=2048.0, seq_len=2048, cp=1, tp=8, sp=True, ep=1, etp=1, eager=True)
+    diff = elementwise_bytes(model, 0, eager, 2) - elementwise_bytes(model, 0, fused, 2)
+    assert diff == pytest.approx(2 * 2 * model.num_heads / 8 * model.v_dim * 2048)

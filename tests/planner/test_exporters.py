@@ -882,3 +882,17 @@ def test_v_shape_schedules_reach_torchtitan() -> None:
     assert len(cfg["parallelism"]["module_fqns_per_model_part"]) == 8  # pp x 2 chunks, in model order
     assert _has(export(plan, "megatron").lost, "V-shape")
     assert _has(export(plan, "deepspeed").lost, "DualPipeV")
+
+
+def test_torchtitan_compiles_what_was_priced_fused_and_not_what_was_priced_eager() -> None:
+    """A plan priced with fused norms, rotary and activations (`Layout.elementwise_kernels`) is
+    exported compiled; one priced eager runs eagerly, unless async TP needs the compiler (said)."""
+    plan = FIXTURES["llama3-8b-fsdp"]()
+    assert tomllib.loads(export(plan, "torchtitan").text)["compile"]["enable"] is True
+    plan.best.layout = plan.best.layout.model_copy(update={"elementwise_kernels": "eager"})
+    result = export(plan, "torchtitan")
+    assert tomllib.loads(result.text)["compile"] == {"enable": False} and result.lost == []
+    assert _has(export(plan, "megatron").lost, "eager elementwise kernels")
+    assert not _has(export(plan, "accelerate").lost, "fused elementwise kernels")
+    plan.best.layout = plan.best.layout.model_copy(update={"elementwise_kernels": "fused"})
+    assert _has(export(plan, "accelerate").lost, "fused elementwise kernels")
