@@ -245,30 +245,6 @@ def _where(cond: bool | np.ndarray, a: float | np.ndarray, b: float | np.ndarray
     return a if cond else b
 
 
-def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
-    """HBM bytes moved by the memory-bound ops of one layer, forward (backward ~ 2x).
-
-    Per token: two norms (read + write h each), two residual adds (read 2h, write h), rotary on q
-    and k (read + write), the MLP activation (gated: read 2f, write f; else read f, write f). Norms
-    and residuals are sequence-sharded under SP; the rest is head- or column-sharded under TP. A
-    hybrid layer has one norm and one residual; a Mamba-2 layer adds its conv, scan and gated-norm
-    traffic (`mamba_kernel_widths`)."""
-    if g.eager:
-        return eager_elementwise_bytes(model, index, g, act_bytes)
-    h, tp = model.hidden_size, g.tp
-    rep = _where(g.sp, tp, 1)
-    blocks = model.tp_blocks_per_layer  # one norm + residual per block (hybrid layers: one)
-    per_token = blocks * (2 * h + 3 * h) / rep
-    if model.has_attention(index):
-        per_token += 2 * (model.num_heads + max(model.kv_heads, 1)) * model.qk_head_dim / tp
-    if model.is_mamba_layer(index):
-        per_token += mamba_kernel_widths(model) / tp
-    total = per_token * g.tokens * act_bytes + activation_function_bytes(model, index, g, act_bytes)
-    if model.is_moe_layer(index):
-        total = total + moe_kernel_bytes(model, g, act_bytes)
-    return total
-
-
 FP32_BYTES = 4
 
 
@@ -290,33 +266,41 @@ def eager_rotary_bytes(act_bytes: int) -> int:
     return (a + f) + 2 * f + (f + a)
 
 
-def eager_elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
-    """`elementwise_bytes` when every PyTorch op is its own kernel (`Layout.elementwise_kernels =
-    "eager"`: torchtitan without torch.compile, HF Transformers). Per token, forward: the norms at
-    `eager_norm_bytes` per element; the residual adds as fused (one kernel each either way); rotary
-    on q and k at `eager_rotary_bytes`; the attention output transposed back to (tokens, heads x
-    dim) by a copy (read + write); with grouped-query attention, K and V repeated to every query
-    head (`repeat_kv`: read kv heads, write query heads); a gated MLP's activation as two kernels
-    (silu: read f, write f; the product: read 2f, write f) where a fused one reads 2f and writes
-    f. Mamba and MoE kernels are custom kernels in every framework: as `elementwise_bytes`. A
-    LayerNorm is one kernel in eager PyTorch (`F.layer_norm`), and positions other than RoPE add no
-    rotary ops: those parts cost as fused."""
+def elementwise_bytes(model: ModelSpec, index: int, g: ShardGeometry, act_bytes: int) -> Scalars:
+    """HBM bytes moved by the memory-bound ops of one layer, forward (backward ~ 2x).
+
+    Fused kernels (`Layout.elementwise_kernels = "fused"`: Megatron's, or torch.compile), per token:
+    two norms (read + write h each), two residual adds (read 2h, write h), rotary on the q and k
+    heads a rank holds (read + write; K/V heads are replicated when TP exceeds their count), the
+    MLP activation (`activation_kernel_bytes`). Norms and residuals are sequence-sharded under SP;
+    the rest is head- or column-sharded under TP. A hybrid layer has one norm and one residual; a
+    Mamba-2 layer adds its conv, scan and gated-norm traffic (`mamba_kernel_widths`); a MoE layer
+    its router and permutation traffic (`moe_kernel_bytes`).
+
+    Eager (`"eager"`: torchtitan without torch.compile, HF Transformers), every PyTorch op is its
+    own kernel: an RMSNorm moves `eager_norm_bytes` per element and RoPE `eager_rotary_bytes`; the
+    attention output is transposed back to (tokens, heads x dim) by a copy (read + write); with
+    grouped-query attention K and V are repeated to every query head (`repeat_kv`: read kv heads,
+    write query heads); a gated MLP's activation is two kernels (`activation_kernel_bytes`). The
+    residual adds are one kernel either way; a LayerNorm is one kernel in eager PyTorch
+    (`F.layer_norm`); Mamba and MoE kernels are custom kernels in every framework."""
     h, tp, a = model.hidden_size, g.tp, act_bytes
     rep = _where(g.sp, tp, 1)
-    blocks = model.tp_blocks_per_layer
-    norm = eager_norm_bytes(a) if model.norm == "rmsnorm" else 2 * a  # F.layer_norm is one kernel in eager
-    total_per_token = blocks * (norm * h + 3 * a * h) / rep
+    eager_rms = g.eager and model.norm == "rmsnorm"
+    norm = eager_norm_bytes(a) if eager_rms else 2 * a
+    per_token = model.tp_blocks_per_layer * (norm * h + 3 * a * h) / rep
     if model.has_attention(index):
         d = model.qk_head_dim
         q, kv = model.num_heads / tp, _larger(model.kv_heads / tp, 1.0)
-        rotary = eager_rotary_bytes(a) if model.position_embedding == "rope" else 2 * a
-        total_per_token += rotary * (q + kv) * d
-        total_per_token += 2 * a * q * model.v_dim
-        if model.kv_heads and model.kv_heads < model.num_heads:
-            total_per_token += 2 * a * (kv * d + q * d)  # K and V: read kv heads, write query heads
+        eager_rope = g.eager and model.position_embedding == "rope"
+        per_token += (eager_rotary_bytes(a) if eager_rope else 2 * a) * (q + kv) * d
+        if g.eager:
+            per_token += 2 * a * q * model.v_dim  # the output copy back to (tokens, heads x dim)
+            if model.kv_heads and model.kv_heads < model.num_heads:
+                per_token += 2 * a * (kv * d + q * d)  # repeat_kv: read kv heads, write query heads
     if model.is_mamba_layer(index):
-        total_per_token += mamba_kernel_widths(model) / tp * a
-    total = total_per_token * g.tokens + activation_kernel_bytes(model, index, g, a)
+        per_token += mamba_kernel_widths(model) / tp * a
+    total = per_token * g.tokens + activation_kernel_bytes(model, index, g, a)
     if model.is_moe_layer(index):
         total = total + moe_kernel_bytes(model, g, a)
     return total
@@ -512,7 +496,7 @@ def layer_kernels(model: ModelSpec, index: int, g: ShardGeometry) -> Scalars:
 
 
 def _eager_extra_kernels(model: ModelSpec, index: int) -> float:
-    """Kernels an eager layer launches beyond the fused count (`eager_elementwise_bytes`): the
+    """Kernels an eager layer launches beyond the fused count (`elementwise_bytes`): the
     norms' and rotary's ops, the attention output copy, `repeat_kv`'s two copies, the gated
     activation's second kernel."""
     n = float(EAGER_EXTRA_KERNELS_PER_NORM * model.tp_blocks_per_layer if model.norm == "rmsnorm" else 0)

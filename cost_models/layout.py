@@ -159,7 +159,7 @@ class Layout(BaseModel):
         description="memory-bound ops of a layer: fused (Transformer Engine / Apex kernels in Megatron-Core, "
         "torch.compile in torchtitan: one kernel per norm, rotary and activation) or eager (one kernel per "
         "PyTorch op, float32 upcasts in the norms and rotary: torchtitan without compile, HF Transformers); "
-        "cost_models.compute.eager_elementwise_bytes",
+        "cost_models.compute.elementwise_bytes",
     )
 
     moe_token_dispatcher: MoeDispatcher = Field(

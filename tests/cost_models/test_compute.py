@@ -127,7 +127,7 @@ def test_sorting_by_local_expert_costs_only_with_several_local_experts() -> None
 def test_eager_kernels_move_the_upcasts_of_norms_and_rotary_and_the_unfused_swiglu() -> None:
     """Llama (RMSNorm, RoPE, SwiGLU, GQA) run op by op: the eager bytes exceed the fused ones by
     exactly the norms' float32 chain, rotary's upcast, the attention output copy, repeat_kv and the
-    second activation kernel (`eager_elementwise_bytes`)."""
+    second activation kernel (`elementwise_bytes`)."""
     model = get_model("llama3-8b")
     tokens, a = 8192.0, 2
     fused = ShardGeometry(tokens=tokens, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1)
