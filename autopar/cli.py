@@ -306,6 +306,10 @@ def plan(
     quantized_comm: bool = typer.Option(
         False, "--allow-quantized-comm", help="also search ZeRO++'s lossy qwZ / qgZ collectives (DeepSpeed ZeRO-3)"
     ),
+    elementwise_kernels: str = typer.Option(
+        "fused", help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
+        "the norm / rotary / activation kernels every layout is priced with"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
     export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
 ) -> None:
@@ -330,6 +334,7 @@ def plan(
         constraints = SearchConstraints(
             memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
+            elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)

@@ -34,10 +34,14 @@ FSDP_ONLY_SOURCES = {"llmfoundry_mpt": "llm-foundry runs PyTorch FSDP only (no t
 
 
 def constraints_for(row) -> SearchConstraints:
-    """The search space of the row's own software stack (`FSDP_ONLY_SOURCES`)."""
+    """The search space of the row's own software stack: its framework, its loss and kernel
+    implementations (a run without torch.compile is compared with plans priced without it, as a
+    BF16 run is with BF16 plans), and its parallelisms (`FSDP_ONLY_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
+    lay = row.layout
     return SearchConstraints(
-        framework=row.layout.framework, cross_entropy=row.layout.cross_entropy, memory_headroom=0.0, top_k=3, **fixed
+        framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,
+        norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3, **fixed,
     )
 
 

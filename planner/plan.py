@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.layout import Layout, Schedule
+from cost_models.layout import ElementwiseKernels, Layout, NormKernel, Schedule
 from model_specs.spec import ModelSpec, TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
@@ -40,6 +40,15 @@ class SearchConstraints(BaseModel):
     framework: str = Field("megatron", pattern="^(megatron|fsdp|deepspeed)$")
     cross_entropy: str | None = Field(
         None, pattern="^(eager|loss_parallel|vocab_parallel|fused)$", description="loss kernel; default by framework"
+    )
+    elementwise_kernels: ElementwiseKernels = Field(
+        "fused",
+        description="the memory-bound kernels the user's stack runs (Layout.elementwise_kernels): fused "
+        "(Megatron-Core, torchtitan with torch.compile) or eager (torchtitan without compile, HF Transformers); "
+        "every layout is priced with them",
+    )
+    norm_kernel: NormKernel = Field(
+        "fused", description="the RMSNorm kernel of the user's stack (Layout.norm_kernel), for every layout priced"
     )
     allow_offload: bool = True
     allow_quantized_comm: bool = Field(

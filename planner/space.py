@@ -341,6 +341,21 @@ def _construct(values: dict[str, object]) -> Layout:
     return layout
 
 
+class Kernels(NamedTuple):
+    """The kernel implementations of the user's stack (`SearchConstraints.elementwise_kernels`,
+    `.norm_kernel`): the same for every layout of a search."""
+
+    elementwise: str = "fused"
+    norm: str = "fused"
+
+    @classmethod
+    def of(cls, c: SearchConstraints) -> Kernels:
+        return cls(c.elementwise_kernels, c.norm_kernel)
+
+
+FUSED_KERNELS = Kernels()
+
+
 def to_layout(
     mesh: Mesh,
     mb: int,
@@ -349,11 +364,13 @@ def to_layout(
     framework: str,
     cross_entropy: str | None = None,
     *,
+    kernels: Kernels = FUSED_KERNELS,
     validate: bool = True,
 ) -> Layout:
-    """The Layout of one point of the space. `validate=False` skips pydantic's field checks
-    (`_construct`: `Layout.model_construct`'s result, same field values) for the search's internal probes and table
-    meshes, whose values come from the space's own enumeration and are never reported."""
+    """The Layout of one point of the space, priced with the stack's `kernels`. `validate=False` skips
+    pydantic's field checks (`_construct`: `Layout.model_construct`'s result, same field values) for the
+    search's internal probes and table meshes, whose values come from the space's own enumeration and
+    are never reported."""
     values = dict(
         tp=mesh.tp,
         pp=mesh.pp,
@@ -378,6 +395,10 @@ def to_layout(
         framework=framework,
         cross_entropy=cross_entropy,
     )
+    if kernels.elementwise != "fused":
+        values["elementwise_kernels"] = kernels.elementwise
+    if kernels.norm != "fused":
+        values["norm_kernel"] = kernels.norm
     if option.embedding_slot:
         values["account_for_embedding_in_pipeline_split"] = True
     if option.loss_slot:

@@ -11,7 +11,7 @@ from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import Plan, SearchConstraints
 from planner.search import search
-from planner.space import meshes, micro_batches, pipeline_options, settings, to_layout
+from planner.space import Kernels, meshes, micro_batches, pipeline_options, settings, to_layout
 
 
 def test_best_matches_evaluate() -> None:
@@ -39,7 +39,7 @@ def brute_force_best(model, training, cluster, gpus, c: SearchConstraints) -> fl
         for mb in micro_batches(training, mesh.dp, c):
             for option in pipeline_options(model, training, mesh, mb, c):
                 for s in settings(mesh, cluster, c):
-                    layout = to_layout(mesh, mb, option, s, c.framework)
+                    layout = to_layout(mesh, mb, option, s, c.framework, kernels=Kernels.of(c))
                     if validate_layout(model, training, gpus, layout):
                         continue
                     est = estimate(model, training, cluster, gpus, layout)
@@ -61,6 +61,29 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model_name, cluster_name
     assert plan.best.estimate["step_s"] == pytest.approx(brute_force_best(model, training, cluster, gpus, c), rel=1e-9)
     s = plan.stats
     assert s.generated == s.invalid + s.pruned + s.priced
+
+
+def test_the_stacks_kernels_price_every_layout() -> None:
+    """A user whose stack runs PyTorch ops one by one (torchtitan without torch.compile) gets plans
+    priced that way: every reported layout carries the eager kernels, evaluates to the same price,
+    is slower than the fused plan, and the branch and bound still finds the brute-force optimum."""
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=8192, global_batch=64)
+    fused = search(model, training, cluster, 16, SearchConstraints(framework="fsdp"), refine=False)
+    c = SearchConstraints(framework="fsdp", elementwise_kernels="eager", norm_kernel="eager_fp32")
+    eager = search(model, training, cluster, 16, c, refine=False)
+    assert fused.best is not None and eager.best is not None
+    for cand in [eager.best, *eager.alternatives]:
+        assert (cand.layout.elementwise_kernels, cand.layout.norm_kernel) == ("eager", "eager_fp32")
+    est = estimate(model, training, cluster, 16, eager.best.layout)
+    assert est.step_s == pytest.approx(eager.best.estimate["step_s"], rel=1e-12)
+    assert eager.best.estimate["step_s"] > fused.best.estimate["step_s"]
+    tiny, local = get_model("tiny"), get_cluster("local-cpu")
+    small = TrainingSpec(seq_len=256, global_batch=16)
+    c = SearchConstraints(top_k=3, elementwise_kernels="eager")
+    plan = search(tiny, small, local, 8, c, refine=False)
+    assert plan.best is not None
+    assert plan.best.estimate["step_s"] == pytest.approx(brute_force_best(tiny, small, local, 8, c), rel=1e-9)
 
 
 def test_impossible_job_explains_the_closest_miss() -> None:
