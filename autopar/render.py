@@ -172,9 +172,10 @@ def print_plan(plan: object, console: Console | None = None, rows: int | None = 
     assert isinstance(plan, Plan)
     console = console or Console()
     inp = plan.inputs
+    kernels = "" if inp.constraints.elementwise_kernels == "fused" else ", eager kernels (one per PyTorch op)"
     console.print(
         f"[bold]{inp.model.name}[/] on {inp.gpus} GPUs of {inp.cluster.name}, seq {inp.training.seq_len}, "
-        f"global batch {inp.training.global_batch} sequences, {inp.training.precision}"
+        f"global batch {inp.training.global_batch} sequences, {inp.training.precision}{kernels}"
     )
     if plan.best is not None:
         table = Table(title="best layouts (ranked by predicted step time)")

@@ -86,6 +86,23 @@ def test_plan_json_and_impossible_job() -> None:
     assert "No layout fits" in r.stdout and "bytes" in r.stdout
 
 
+def test_plan_with_eager_kernels_says_so_and_exports_without_compile() -> None:
+    """--elementwise-kernels eager: the header names the kernels priced, every layout carries them,
+    an unknown value is refused with the field, and the torchtitan export leaves compile off."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "16", "--framework", "fsdp", "--elementwise-kernels", "eager"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "eager kernels" in r.stdout
+    r = runner.invoke(app, [*args, "--json"])
+    assert json.loads(r.stdout)["best"]["layout"]["elementwise_kernels"] == "eager"
+    r = runner.invoke(app, [*args, "--export", "torchtitan"])
+    assert r.exit_code == 0, r.output
+    assert "[compile]" in r.stdout and "enable = false" in r.stdout.split("[compile]")[1].split("[")[0]
+    r = runner.invoke(app, [*args[:-1], "compiled"])
+    assert r.exit_code == 2 and "elementwise_kernels" in r.output
+
+
 def test_plan_export_megatron() -> None:
     r = runner.invoke(app, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
                             "--seq-len", "4096", "--global-batch", "64", "--export", "megatron"])
