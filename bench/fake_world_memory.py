@@ -60,11 +60,21 @@ CASES: list[dict[str, Any]] = [
     # its weight pass, and in the cool-down rank r runs r input passes on each chunk first: rank 3
     # holds 7 chunks, all between their passes); with the split-backward peaks -2.0% / -5.7% / -3.1%
     # / -2.0%, with the LM head's pending logit gradient on rank 0 -0.9% / -5.7% / -3.1% / -2.0%. dualpipev 21.7 / 18.0 / 17.9 / 17.8 GiB against (2pp + 1) / 2 micro-batches: +5.5% /
-    # -3.5% / -3.4% / -2.9% (rank 0 peaks in chunk 0's backward, when no logits are alive).
+    # -3.5% / -3.4% / -2.9%. Rank 0's timeline (stage actions, live bytes; 2026-11-26): at the
+    # minimum 2p micro-batches torch's DualPipeV runs the only loss backward that meets 2p + 1 chunks
+    # (step 4, overlapped F0 + B1) before chunk 0's first backward, so chunk 0's gradients do not
+    # exist yet (FSDP2 creates them lazily); the peak is chunk 0's first backward instead (19.5 GiB
+    # live: 9 chunks and one micro-batch's retained logits, + 2.2 GiB of its gradients and backward), 1.2
+    # GiB under the priced 9 chunks + loss transient + every gradient. With 2 x 2p micro-batches the
+    # step-4 loop pairs them every iteration, as priced: 23.5 / 18.5 / 18.4 / 18.3 GiB traced,
+    # -1.5% / -3.4% / -3.3% / -2.8% (the `-m16` case).
     {"name": "8b-tp4-pp4-dp8-zbv-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zbv",
                 "framework": "fsdp"}},
     {"name": "8b-tp4-pp4-dp8-dualpipev-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
+     "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "dualpipev",
+                "framework": "fsdp"}},
+    {"name": "8b-tp4-pp4-dp8-dualpipev-selective-m16", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 128,
      "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "dualpipev",
                 "framework": "fsdp"}},
     # looped BFS (torch's ScheduleLoopedBFS): every forward of each local chunk, then every backward,
