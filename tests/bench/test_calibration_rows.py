@@ -164,6 +164,23 @@ def test_every_published_layout_fits():
     assert _not_fitting() == []
 
 
+def test_a_source_the_split_does_not_name_is_held_out():
+    """Rows of a source added to the CSV later (the published runs kept from us) are judged as runs
+    the fit never saw: held out, never fitted on; the named families keep their sides."""
+    import dataclasses
+
+    from bench.fit_calibration import FIT_FAMILIES, HOLDOUT_FAMILIES, family, split_rows
+
+    rows, _ = load_rows()
+    fitted = next(r for r in rows if family(r) in FIT_FAMILIES)
+    held = next(r for r in rows if family(r) in HOLDOUT_FAMILIES)
+    unseen = dataclasses.replace(fitted, source_id="a_source_added_later")
+    fit, hold = split_rows([fitted, held, unseen])
+    assert fit == [fitted]
+    assert {id(r) for r in hold} == {id(held), id(unseen)}
+    assert not set(FIT_FAMILIES) & set(HOLDOUT_FAMILIES)
+
+
 def test_holdout_error_under_target():
     """Median absolute error of tokens/s/GPU on the hold-out rows, with the fitted calibration."""
     import statistics
