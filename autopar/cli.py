@@ -149,6 +149,9 @@ def evaluate(
     first_stage_layers: int | None = typer.Option(None, help="Megatron decoder_first_pipeline_num_layers"),
     last_stage_layers: int | None = typer.Option(None, help="Megatron decoder_last_pipeline_num_layers"),
     moe_dispatcher: str = typer.Option("alltoall", help="MoE token dispatcher: alltoall | flex (DeepEP)"),
+    elementwise_kernels: str = typer.Option(
+        "fused", help="fused (Megatron-Core, torch.compile) | eager (one kernel per PyTorch op: no compile, HF)"
+    ),
     moe_a2a_overlap: bool = typer.Option(
         False, "--moe-a2a-overlap", help="Megatron combined 1F1B (--overlap-moe-expert-parallel-comm): EP all-to-alls beside compute"
     ),
@@ -194,6 +197,7 @@ def evaluate(
         "decoder_first_pipeline_num_layers": first_stage_layers,
         "decoder_last_pipeline_num_layers": last_stage_layers,
         "moe_token_dispatcher": moe_dispatcher, "moe_a2a_overlap": moe_a2a_overlap or None,
+        "elementwise_kernels": elementwise_kernels,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),

@@ -16,6 +16,17 @@ def test_evaluate_json() -> None:
     assert json.loads(r.stdout)["ok"] is True
 
 
+def test_evaluate_prices_eager_kernels_slower_and_refuses_an_unknown_one() -> None:
+    args = ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "16", "--framework", "fsdp", "--zero", "3", "--json"]
+    fused = json.loads(runner.invoke(app, args).stdout)
+    eager = json.loads(runner.invoke(app, [*args, "--elementwise-kernels", "eager"]).stdout)
+    assert eager["layout"]["elementwise_kernels"] == "eager"
+    assert eager["step_s"] > fused["step_s"]
+    r = runner.invoke(app, [*args, "--elementwise-kernels", "compiled"])
+    assert r.exit_code != 0 and "elementwise_kernels" in r.stdout + r.output
+
+
 def test_evaluate_readable_breakdown() -> None:
     r = runner.invoke(app, ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                             "--seq-len", "4096", "--global-batch", "16", "--tp", "2"])
