@@ -60,7 +60,8 @@ if __package__ in (None, ""):
 from bench.calibration_report import Result, error_stats, evaluate, not_fitting  # noqa: E402
 from bench.calibration_rows import CalibrationRow, load_rows, reason_counts, stratum  # noqa: E402
 from cost_models.calibration import FITTED_PATH, Calibration, Overlap, default_calibration  # noqa: E402
-from cost_models.error_band import bands_from_ratios, regime_keys  # noqa: E402
+from cost_models.error_band import bands_from_ratios, ceiling_keys, ceilings_from_runs, regime_keys  # noqa: E402
+from model_specs.params import count_params  # noqa: E402
 
 FAMILIES: dict[str, str] = {
     "megatron_readme_h100": "NVIDIA Megatron-LM README",
@@ -304,17 +305,38 @@ def holdout_bands(results: list[Result]) -> dict[str, dict[str, float | int]]:
     return bands_from_ratios(samples)
 
 
+def mfu_ceilings(results: list[Result]) -> dict[str, dict[str, float | int | str]]:
+    """The highest MFU published runs measured, per regime (`cost_models.error_band.ceiling_keys`),
+    from priced rows of every split: a run's measured MFU is our predicted MFU scaled by measured /
+    predicted tokens/s (our model FLOPs per token, the catalog's dense peak)."""
+    samples = []
+    for r in results:
+        m, p = r.row.measured_tokens_per_s_per_gpu, r.predicted
+        if m and p and p > 0 and r.estimate is not None:
+            keys = ceiling_keys(r.row.model, r.row.cluster.gpu.name, count_params(r.row.model).total)
+            label = f"{r.row.label} on {r.row.gpus} {r.row.cluster.gpu.name}, {r.row.source_id} row {r.row.row_id}"
+            samples.append((keys, r.estimate.mfu * m / p, label))
+    return ceilings_from_runs(samples)
+
+
 def write_bands_only(path: Path) -> int:
-    """Recompute `error_bands` of the stored calibration file without refitting."""
+    """Recompute `error_bands` and `published_mfu_ceilings` of the stored calibration file without
+    refitting."""
     rows, _ = load_rows()
-    _, hold = split_rows([r for r in rows if r.has_throughput])
-    bands = holdout_bands(evaluate(hold, default_calibration()))
+    usable = [r for r in rows if r.has_throughput]
+    _, hold = split_rows(usable)
+    cal = default_calibration()
+    bands = holdout_bands(evaluate(hold, cal))
+    ceilings = mfu_ceilings(evaluate(usable, cal))
     doc = json.loads(path.read_text())
     doc["error_bands"] = bands
+    doc["published_mfu_ceilings"] = ceilings
     path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
     for k, b in bands.items():
         print(f"  {k:<24} n={b['rows']:>4}  measured/predicted q10 {b['q10']:.2f}  q50 {b['q50']:.2f}  q90 {b['q90']:.2f}")
-    print(f"wrote error_bands into {path}")
+    for k, c in ceilings.items():
+        print(f"  {k:<24} n={c['runs']:>4}  highest measured MFU {100 * float(c['mfu']):5.1f}%  {c['run']}")
+    print(f"wrote error_bands and published_mfu_ceilings into {path}")
     return 0
 
 
@@ -323,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=",".join(DEFAULT_PARAMS), help="comma-separated constants to fit")
     ap.add_argument("--max-nfev", type=int, default=80, help="objective evaluations (x ~1 s each)")
     ap.add_argument("--random-starts", type=int, default=2, help="seeded random starts beside the priors and midpoints")
-    ap.add_argument("--bands-only", action="store_true", help="recompute the error bands of the stored fit, no refit")
+    ap.add_argument("--bands-only", action="store_true",
+                    help="recompute the error bands and published MFU ceilings of the stored fit, no refit")
     ap.add_argument("--dry-run", action="store_true", help="do not write cost_models/data/calibration.json")
     ap.add_argument("--out", default=str(FITTED_PATH), help="where to write the fitted calibration")
     args = ap.parse_args(argv)
@@ -402,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             "by_stratum": hold_stats,
         },
         "error_bands": holdout_bands(cal_hold),
+        "published_mfu_ceilings": mfu_ceilings(cal_fit + cal_hold),
         "split": SPLIT_DOC,
         "fit_row_ids": [r.row_id for r in fit_rows],
         "holdout_row_ids": [r.row_id for r in hold_rows],

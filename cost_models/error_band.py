@@ -10,6 +10,12 @@ specific regime with at least `MIN_ROWS` hold-out rows, falling back to coarser 
 The band of a predicted figure x (tokens/s, MFU; inversely a step time) is [x * q10, x * q90]: the
 10th and 90th percentile of measured / predicted over that regime's hold-out rows, so 80% of the
 published runs the fit never saw fell inside it. Bands say how far the model has been off, not why.
+
+A band is relative to the prediction; a *ceiling* is absolute: the highest MFU any published run
+(fitted or held out) of the same kind, GPU generation and size class measured, stored under
+`published_mfu_ceilings`. A plan predicted above it promises what no published run of its kind
+has shown: the search found a layout the data never tested, or a place where the model is
+optimistic; `planner.explain` says so.
 """
 
 from __future__ import annotations
@@ -116,6 +122,74 @@ def _stored_bands(path: Path = FITTED_PATH) -> dict[str, dict[str, float | int]]
     if not path.exists():
         return {}
     return dict(json.loads(path.read_text()).get("error_bands", {}))
+
+
+# --------------------------------------------------------------------------------------------------
+# the highest MFU published runs reached
+# --------------------------------------------------------------------------------------------------
+
+SIZE_CLASSES = ((3e9, "<3B"), (30e9, "3-30B"), (150e9, "30-150B"))
+"""Total-parameter classes of `ceiling_keys`; larger models are ">150B"."""
+
+
+def size_class(total_params: float) -> str:
+    for limit, label in SIZE_CLASSES:
+        if total_params < limit:
+            return label
+    return f">{SIZE_CLASSES[-1][1].split('-')[-1]}"
+
+
+def ceiling_keys(model: ModelSpec, gpu_name: str, total_params: float) -> list[str]:
+    """(dense | moe, GPU generation, size class), then without the size class: most specific first."""
+    kind = "moe" if model.num_experts else "dense"
+    gen = gpu_generation(gpu_name)
+    return [f"{kind}|{gen}|{size_class(total_params)}", f"{kind}|{gen}"]
+
+
+@dataclass(frozen=True)
+class PublishedCeiling:
+    """The highest MFU any published run of a regime measured (MFU with our model FLOPs: the run's
+    measured tokens/s x FLOPs per token / the dense peak), and that run."""
+
+    regime: str
+    mfu: float
+    run: str  # the run's label: model, GPUs, source
+    runs: int  # published runs in the regime
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {"regime": self.regime, "mfu": self.mfu, "run": self.run, "runs": self.runs}
+
+
+def ceilings_from_runs(samples: Iterable[tuple[list[str], float, str]]) -> dict[str, dict[str, float | int | str]]:
+    """The highest measured MFU per key, from (ceiling keys of a run, its measured MFU, its label)."""
+    out: dict[str, dict[str, float | int | str]] = {}
+    for keys, mfu, label in samples:
+        for k in keys:
+            cell = out.setdefault(k, {"mfu": 0.0, "run": "", "runs": 0})
+            cell["runs"] = int(cell["runs"]) + 1
+            if mfu > float(cell["mfu"]):
+                cell["mfu"], cell["run"] = mfu, label
+    return dict(sorted(out.items()))
+
+
+@lru_cache(maxsize=4)
+def _stored_ceilings(path: Path = FITTED_PATH) -> dict[str, dict[str, float | int | str]]:
+    if not path.exists():
+        return {}
+    return dict(json.loads(path.read_text()).get("published_mfu_ceilings", {}))
+
+
+def published_ceiling(
+    model: ModelSpec, gpu_name: str, total_params: float, ceilings: dict[str, dict] | None = None
+) -> PublishedCeiling | None:
+    """The ceiling of the most specific regime any published run falls in (`ceiling_keys`); None
+    when the calibration file holds none for this GPU generation."""
+    table = _stored_ceilings() if ceilings is None else ceilings
+    for key in ceiling_keys(model, gpu_name, total_params):
+        cell = table.get(key)
+        if cell:
+            return PublishedCeiling(key, float(cell["mfu"]), str(cell["run"]), int(cell["runs"]))
+    return None
 
 
 def error_band(model: ModelSpec, gpu_name: str, gpus: int, bands: dict[str, dict] | None = None) -> ErrorBand | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cost_models.error_band import error_band
+from cost_models.error_band import error_band, published_ceiling
 from cost_models.estimate import Estimate
 from model_specs.params import adapted_names, count_params, trainable_counts
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -44,10 +44,12 @@ def estimate_dict(
     model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: str | None = None, training: TrainingSpec | None = None
 ) -> dict[str, Any]:
     """The JSON form of an estimate. With `gpu_name`, it carries the error band of its regime
-    (`cost_models.error_band`: measured / predicted quantiles of the calibration's hold-out rows);
+    (`cost_models.error_band`: measured / predicted quantiles of the calibration's hold-out rows)
+    and the highest MFU a published run of its regime measured (`published_mfu_ceiling`);
     with `training`, the method and its trainable / frozen parameter counts."""
     pc = count_params(model)
     band = error_band(model, gpu_name, est.gpus) if gpu_name else None
+    ceiling = published_ceiling(model, gpu_name, pc.total) if gpu_name else None
     worst = est.peak_memory
     return {
         "ok": True,
@@ -97,4 +99,5 @@ def estimate_dict(
         "bubble_fraction": est.bubble_fraction,
         "peak_flops_per_s": est.peak_flops_per_s,
         "error_band": band.as_dict(est.tokens_per_s_per_gpu, est.mfu, est.step_s) if band else None,
+        "published_mfu_ceiling": ceiling.as_dict() if ceiling else None,
     }

@@ -93,6 +93,14 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
             f"{100 * band['mfu_high']:.1f}%, {band['tokens_per_s_per_gpu_low']:,.0f}-"
             f"{band['tokens_per_s_per_gpu_high']:,.0f} tokens/s/GPU."
         )
+    ceiling = est.get("published_mfu_ceiling")
+    if ceiling and est["mfu"] > ceiling["mfu"]:
+        out.append(
+            f"Above every published run: the predicted MFU {100 * est['mfu']:.1f}% exceeds the highest any of the "
+            f"{ceiling['runs']} published runs in regime {ceiling['regime']} measured ({100 * ceiling['mfu']:.1f}%, "
+            f"{ceiling['run']}). No run has shown this layout's gain; read the prediction as what it would reach if "
+            "every overlap it counts on happens."
+        )
     if plan.best.placement is not None:
         for g in plan.best.placement.groups:
             if g.dim == "tp" and g.size > 1:

@@ -33,3 +33,50 @@ def test_too_few_rows_are_not_a_band() -> None:
 def test_stored_bands_cover_the_reference_jobs() -> None:
     b = error_band(get_model("llama3-405b"), "H100-80GB", 16384)
     assert b is not None and b.rows >= MIN_ROWS and b.q10 < 1.0 < b.q90
+
+
+def test_the_published_ceiling_is_the_highest_measured_mfu_of_the_regime() -> None:
+    """Each run counts in its size class and its GPU generation; the ceiling of a job is that of the
+    most specific key any run fell in, with the run that set it."""
+    from cost_models.error_band import ceiling_keys, ceilings_from_runs, published_ceiling, size_class
+
+    gpt3, mixtral = get_model("gpt3-175b"), get_model("mixtral-8x7b")
+    assert size_class(2e9) == "<3B" and size_class(8e9) == "3-30B" and size_class(175e9) == ">150B"
+    assert ceiling_keys(gpt3, "A100-80GB", 175e9) == ["dense|ampere|>150B", "dense|ampere"]
+    runs = [
+        (ceiling_keys(gpt3, "A100-80GB", 175e9), 0.51, "GPT 175B on 64 A100"),
+        (ceiling_keys(gpt3, "A100-80GB", 1e12), 0.56, "GPT 1T on 512 A100"),
+        (ceiling_keys(gpt3, "A100-80GB", 7e9), 0.64, "MPT-7B on 8 A100"),
+    ]
+    table = ceilings_from_runs(runs)
+    assert table["dense|ampere|>150B"] == {"mfu": 0.56, "run": "GPT 1T on 512 A100", "runs": 2}
+    assert table["dense|ampere"]["mfu"] == 0.64 and table["dense|ampere"]["runs"] == 3
+    c = published_ceiling(gpt3, "A100-80GB", 175e9, table)
+    assert c is not None and c.regime == "dense|ampere|>150B" and c.mfu == 0.56
+    # a size class no run fell in falls back to the generation; no run of the kind: no ceiling
+    assert published_ceiling(gpt3, "A100-80GB", 50e9, table).regime == "dense|ampere"  # type: ignore[union-attr]
+    assert published_ceiling(mixtral, "A100-80GB", 47e9, table) is None
+
+
+def test_a_plan_above_every_published_run_says_so() -> None:
+    """A plan carries its regime's ceiling, and its explanation says "Above every published run" (and
+    names the run) exactly when its predicted MFU is above it. GPT-3 175B on 1024 A100 (the issue's
+    example of a claim beyond every published run) against >150B dense runs on Ampere; Llama-3-8B on
+    8 H100 against 3-30B dense runs on Hopper."""
+    from cluster_specs.presets import get_cluster
+    from model_specs.spec import TrainingSpec
+    from planner.search import search
+
+    jobs = [
+        ("gpt3-175b", "dgx-a100-80g", 1024, 2048, 1536, "dense|ampere|>150B"),
+        ("llama3-8b", "dgx-h100", 8, 8192, 32, "dense|hopper|3-30B"),
+    ]
+    for name, cluster, gpus, seq, gbs, regime in jobs:
+        plan = search(get_model(name), TrainingSpec(seq_len=seq, global_batch=gbs), get_cluster(cluster), gpus, refine=False)
+        assert plan.best is not None
+        est = plan.best.estimate
+        ceiling = est["published_mfu_ceiling"]
+        assert ceiling["regime"] == regime and 0.3 < ceiling["mfu"] < 0.7 and ceiling["runs"] >= 10
+        said = [w for w in plan.why if w.startswith("Above every published run")]
+        assert bool(said) == (est["mfu"] > ceiling["mfu"]), name
+        assert all(ceiling["run"] in w for w in said)
