@@ -23,7 +23,9 @@ source measured, converted to tokens/s/GPU where the source gives FLOP/s or GPU 
 - Mixtral-8x7B on 256 H100, seq 4096, global batch 1024: the nearest published run is Megatron-Core's
   MoE README, 64 H100 at global batch 256 (468 TFLOP/s per GPU, 5,643 tokens/s/GPU, row 61).
 The ratio column is predicted / published tokens/s/GPU; where the published job differs (batch,
-scale), the row says so and the ratio is only indicative.
+scale), the row says so and the ratio is only indicative. "ceiling" is the highest MFU any published
+run of the job's regime measured (`cost_models.error_band.published_ceiling`), marked "!" when the
+plan is predicted above it.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def plan_row(job: Job) -> dict:
         f"zero{lay.zero_stage} mb{lay.micro_batch} {lay.recompute}" + (" a2a-overlap" if lay.moe_a2a_overlap else ""),
         step_s=e["step_s"], tokens_per_s_per_gpu=e["tokens_per_s_per_gpu"], mfu=e["mfu"],
         mfu_low=band.get("mfu_low"), mfu_high=band.get("mfu_high"), peak_gib=e["memory"]["peak_bytes"] / 2**30,
+        ceiling_mfu=(e.get("published_mfu_ceiling") or {}).get("mfu"),
     )
     if job.published_tokens_per_s_per_gpu:
         row["predicted_over_published"] = e["tokens_per_s_per_gpu"] / job.published_tokens_per_s_per_gpu
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"jobs": [asdict(j) for j in JOBS], "rows": rows}, indent=2))
         return 0
-    print(f"{'job':28s} {'plan':44s} {'tok/s/GPU':>9s} {'MFU (band)':>16s} {'published':>10s} {'pred/pub':>8s}")
+    print(f"{'job':28s} {'plan':44s} {'tok/s/GPU':>9s} {'MFU (band)':>16s} {'ceiling':>7s} {'published':>10s} {'pred/pub':>8s}")
     for r in rows:
         if r["plan"] is None:
             print(f"{r['job']:28s} no layout fits")
@@ -130,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         band = f"{100 * r['mfu']:.1f}% ({100 * (r['mfu_low'] or 0):.0f}-{100 * (r['mfu_high'] or 0):.0f})"
         pub = (f"{r['published_tokens_per_s_per_gpu']:,.0f}" if r["published_tokens_per_s_per_gpu"]
                else f"{100 * r['published_mfu']:.0f}% MFU")
-        print(f"{r['job']:28s} {r['plan']:44s} {r['tokens_per_s_per_gpu']:9,.0f} {band:>16s} {pub:>10s} "
+        ceiling = f"{100 * r['ceiling_mfu']:.0f}%" if r["ceiling_mfu"] else "-"
+        if r["ceiling_mfu"] and r["mfu"] > r["ceiling_mfu"]:
+            ceiling += "!"  # predicted above every published run of its regime
+        print(f"{r['job']:28s} {r['plan']:44s} {r['tokens_per_s_per_gpu']:9,.0f} {band:>16s} {ceiling:>7s} {pub:>10s} "
               f"{r.get('predicted_over_published', float('nan')):8.2f}")
         print(f"{'':28s} published: {r['published']}")
     return 0
