@@ -114,6 +114,19 @@ def test_plan_with_eager_kernels_says_so_and_exports_without_compile() -> None:
     assert r.exit_code == 2 and "elementwise_kernels" in r.output
 
 
+def test_plan_marks_an_mfu_above_every_published_run() -> None:
+    """The MFU cell carries "!" and a line under the table names the ceiling exactly when the JSON's
+    predicted MFU is above the highest any published run of its regime measured."""
+    args = ["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--seq-len", "2048",
+            "--global-batch", "1536", "--top", "1"]
+    best = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["best"]["estimate"]
+    above = best["mfu"] > best["published_mfu_ceiling"]["mfu"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert (f"{100 * best['mfu']:.1f}%" in r.stdout) and ("! above" in r.stdout) == above
+    assert ("most any published run in regime dense|ampere|>150B" in " ".join(r.stdout.split())) == above
+
+
 def test_plan_export_megatron() -> None:
     r = runner.invoke(app, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
                             "--seq-len", "4096", "--global-batch", "64", "--export", "megatron"])
