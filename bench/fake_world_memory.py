@@ -65,9 +65,10 @@ CASES: list[dict[str, Any]] = [
     # (step 4, overlapped F0 + B1) before chunk 0's first backward, so chunk 0's gradients do not
     # exist yet (FSDP2 creates them lazily); the peak is chunk 0's first backward instead (19.5 GiB
     # live: 9 chunks and one micro-batch's retained logits, + 2.2 GiB of its gradients and backward), 1.2
-    # GiB under the priced 9 chunks + loss transient + every gradient. With 2 x 2p micro-batches the
-    # step-4 loop pairs them every iteration, as priced: 23.5 / 18.5 / 18.4 / 18.3 GiB traced,
-    # -1.5% / -3.4% / -3.3% / -2.8% (the `-m16` case).
+    # GiB under the priced 9 chunks + loss transient + every gradient. Priced with that order
+    # (`pipeline.dualpipev_loss_meets_first_chunk`, `stage_table.price_memory`): +1.0% / -3.5% / -3.4%
+    # / -2.9%. With 2 x 2p micro-batches the step-4 loop pairs them every iteration, as priced: 23.5 /
+    # 18.5 / 18.4 / 18.3 GiB traced, -1.5% / -3.4% / -3.3% / -2.8% (the `-m16` case).
     {"name": "8b-tp4-pp4-dp8-zbv-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zbv",
                 "framework": "fsdp"}},

@@ -254,9 +254,24 @@ def _zero_bubble_states(pp: int, vpp: int, micro_batches: int, rank: int) -> lis
     return [(a / vpp, g / vpp) for a, g in sorted(frontier)]
 
 
-def dualpipev_micro_batches_ok(pp: int, micro_batches: int) -> bool:
+def dualpipev_min_micro_batches(pp: int) -> int:
     """torch's ScheduleDualPipeV needs at least 2 x pp micro-batches (one per stage of the V)."""
-    return micro_batches >= 2 * pp
+    return 2 * pp
+
+
+def dualpipev_micro_batches_ok(pp: int, micro_batches: int) -> bool:
+    """At least `dualpipev_min_micro_batches`."""
+    return micro_batches >= dualpipev_min_micro_batches(pp)
+
+
+def dualpipev_loss_meets_first_chunk(pp: int, micro_batches: int) -> bool:
+    """Whether, on rank 0 of torch 2.13's ScheduleDualPipeV, a loss backward (chunk 2p - 1's, on the
+    same rank as chunk 0) runs while 2p + 1 chunks are alive *after* chunk 0's first backward.
+    Replaying `_calculate_single_rank_operations` (step 1: 2(p - 1) F0; step 2: F0 F1; step 3: p - 1
+    x I1 W F1; step 4: m - 2p + 1 x (F0 + B1, F1 + B0); ...): 2p + 1 chunks meet a loss backward in
+    each step-4 iteration's F0 + B1, and chunk 0's first backward ends iteration 0. So only with more
+    than the minimum 2p micro-batches (checked against the replay for p = 2, 4, 8)."""
+    return micro_batches > dualpipev_min_micro_batches(pp)
 
 
 def zero_bubble_rounds_ok(pp: int, micro_batches: int) -> bool:

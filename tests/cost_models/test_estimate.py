@@ -137,3 +137,18 @@ def test_zero_bubble_is_torch_pipelinings_and_not_with_zero3() -> None:
     with pytest.raises(LayoutError, match="rounds"):
         estimate(MODEL, TrainingSpec(seq_len=4096, global_batch=9 * 8), CLUSTER, 256,
                  Layout(tp=8, pp=4, schedule="zero_bubble", framework="fsdp"))
+
+
+def test_dualpipev_at_2p_micro_batches_does_not_price_the_loss_transient_with_the_first_chunks_gradients() -> None:
+    """At torch's minimum 2p micro-batches the head rank's loss transient never meets chunk 0's
+    gradients at 2p + 1 chunks (`pipeline.dualpipev_loss_meets_first_chunk`): its logits cost less
+    than with 2p + 1 micro-batches, by at most the transient's excess over the retained logits."""
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+    lay = dict(tp=4, pp=4, vpp=2, dp=8, zero_stage=1, recompute="selective", schedule="dualpipev", framework="fsdp")
+    at_2p = estimate(model, TrainingSpec(seq_len=8192, global_batch=64), cluster, 128, Layout(**lay))
+    above = estimate(model, TrainingSpec(seq_len=8192, global_batch=72), cluster, 128, Layout(**lay))
+    assert (at_2p.layout.grad_accum_, above.layout.grad_accum_) == (8, 9)
+    assert 0 < at_2p.memory[0].logits < above.memory[0].logits
+    assert above.memory[0].logits - at_2p.memory[0].logits < 0.5 * above.memory[0].logits
+    assert at_2p.memory[0].activations == above.memory[0].activations
+    assert all(m.logits == 0 for m in at_2p.memory[1:])
