@@ -49,7 +49,9 @@ CASES: list[dict[str, Any]] = [
     # forwards and defers its first r weight passes (`pipeline._zero_bubble_states` replays the order).
     # Measured (torch 2.13 CPU trace, 2 steps): 19.7 / 18.9 / 19.9 / 24.9 GiB; Megatron's interleaved
     # count with r + 1 pending chunks priced +15.1% / +2.5% / -13.0% / -25.1%, the replay -3.0% / -5.6%
-    # / -5.3% / -6.6%, with the LM head's pending logit gradient -3.0% / -5.6% / -5.3% / -2.7%.
+    # / -5.3% / -6.6%, with the LM head's pending logit gradient -3.0% / -5.6% / -5.3% / -2.7%, with one
+    # chunk's bf16 weight gradients left by its weight pass (`stage_table.WEIGHT_PASS_SCHEDULES`; live
+    # bytes at rank 1's peak grouped by the stage action that allocated them) -0.9% / -3.4% / -3.3% / -1.1%.
     {"name": "8b-tp4-pp4-dp8-zero-bubble-v2-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zero_bubble",
                 "framework": "fsdp"}},
@@ -59,7 +61,9 @@ CASES: list[dict[str, Any]] = [
     # -6.5% / -11.5% / -14.5% / -27.9% (each input pass keeps the weight ops' output gradients until
     # its weight pass, and in the cool-down rank r runs r input passes on each chunk first: rank 3
     # holds 7 chunks, all between their passes); with the split-backward peaks -2.0% / -5.7% / -3.1%
-    # / -2.0%, with the LM head's pending logit gradient on rank 0 -0.9% / -5.7% / -3.1% / -2.0%. dualpipev 21.7 / 18.0 / 17.9 / 17.8 GiB against (2pp + 1) / 2 micro-batches: +5.5% /
+    # / -2.0%, with the LM head's pending logit gradient on rank 0 -0.9% / -5.7% / -3.1% / -2.0%, with
+    # the bf16 weight gradients a weight pass leaves +0.9% / -3.5% / -0.9% / -0.1%.
+    # dualpipev 21.7 / 18.0 / 17.9 / 17.8 GiB against (2pp + 1) / 2 micro-batches: +5.5% /
     # -3.5% / -3.4% / -2.9%. Rank 0's timeline (stage actions, live bytes; 2026-11-26): at the
     # minimum 2p micro-batches torch's DualPipeV runs the only loss backward that meets 2p + 1 chunks
     # (step 4, overlapped F0 + B1) before chunk 0's first backward, so chunk 0's gradients do not

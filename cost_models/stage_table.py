@@ -48,6 +48,10 @@ from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
 
 RECOMPUTE_MODES = ("none", "selective", "full", "op_sac")
 
+WEIGHT_PASS_SCHEDULES = ("zero_bubble", "zbv")
+"""torch schedules whose backward is split into an input pass and a deferred weight pass in the
+steady state (DualPipeV runs full backwards there: its weight passes are in the cool-down only)."""
+
 LayerKind = tuple[bool, bool, str]
 """(is MoE, uses a sliding window, mixer): the mixer is `ModelSpec.layer_mixer` ("transformer", or
 a hybrid layer's "mamba", "attention", "mlp", "moe"). The first entry stays the MoE flag."""
@@ -867,6 +871,14 @@ def price_memory(
         params, grads, opt, host, nvme, embedding_transient = _state_bytes_cached(t, knobs)
     else:
         params, grads, opt, host, nvme, embedding_transient = _state_bytes(t, knobs)
+    if m.framework == "fsdp" and pp > 1 and vpp > 1 and schedule in WEIGHT_PASS_SCHEDULES and m.grad_accum_ > 1:
+        # torch.distributed.pipelining's weight pass writes each weight's gradient in the compute
+        # dtype; FSDP2 folds it into the float32 accumulated gradient only in that layer's next
+        # backward hook, so with two chunks per rank one chunk's compute-dtype weight gradients are
+        # alive while the other chunk's input pass runs (measured: ZB-V, Llama-3-8B TP4 x PP4, rank 1's
+        # peak in chunk 6's input pass holds chunk 1's 4 layers of bf16 weight gradients, 0.41 GiB,
+        # left by its weight pass; one chunk per rank leaves one layer's)
+        grads = grads + tr.param_bytes * (t.largest_trainable * t.layers / vpp)[None, :]
     # the rank's largest candidate peak of saved activations and (under a split backward) pending
     # weight-output gradients, (C, modes, pp) -> per recompute mode, then per setting
     a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_, m.framework, m.moe_a2a_overlap)

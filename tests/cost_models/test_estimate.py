@@ -152,3 +152,20 @@ def test_dualpipev_at_2p_micro_batches_does_not_price_the_loss_transient_with_th
     assert above.memory[0].logits - at_2p.memory[0].logits < 0.5 * above.memory[0].logits
     assert at_2p.memory[0].activations == above.memory[0].activations
     assert all(m.logits == 0 for m in at_2p.memory[1:])
+
+
+def test_a_weight_pass_leaves_one_chunks_compute_dtype_gradients_under_fsdp() -> None:
+    """torch's ZB-V (a weight pass per chunk) under FSDP2 keeps one chunk's bf16 weight gradients
+    beside the float32 accumulated ones; DualPipeV over the same chunks runs full backwards in its
+    steady state and does not: the gradients differ by exactly one chunk's bf16 copy on every rank."""
+    from cost_models.stage_table import WEIGHT_PASS_SCHEDULES
+
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=8192, global_batch=64)
+    lay = dict(tp=4, pp=4, vpp=2, dp=8, zero_stage=1, recompute="selective", framework="fsdp")
+    zbv = estimate(model, training, cluster, 128, Layout(**lay, schedule="zbv"))
+    dpv = estimate(model, training, cluster, 128, Layout(**lay, schedule="dualpipev"))
+    assert "zbv" in WEIGHT_PASS_SCHEDULES and "dualpipev" not in WEIGHT_PASS_SCHEDULES
+    layer_params = 4096 * (4096 + 2 * 1024 + 4096) / 4 + 3 * 4096 * 14336 / 4 + 2 * 4096  # TP4 shard, norms
+    for z, d in zip(zbv.memory, dpv.memory, strict=True):
+        assert z.gradients - d.gradients == pytest.approx(2 * layer_params * 4, rel=0.01)  # 4 layers, bf16
