@@ -101,19 +101,15 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
         )
 
 
-def _above_ceiling(e: dict) -> bool:
-    """Whether the estimate's MFU is above every published run of its regime (`published_mfu_ceiling`)."""
-    ceiling = e.get("published_mfu_ceiling")
-    return bool(ceiling) and e["mfu"] > ceiling["mfu"]
-
-
 def _mfu_with_band(e: dict) -> str:
     """MFU and, when the estimate has one, its error band (`cost_models.error_band`); "!" when it is
     above every published run of its regime."""
+    from cost_models.error_band import above_published_ceiling
+
     band = e.get("error_band")
     mfu = f"{100 * e['mfu']:.1f}%"
     text = f"{mfu} ({100 * band['mfu_low']:.0f}-{100 * band['mfu_high']:.0f})" if band else mfu
-    return text + ("!" if _above_ceiling(e) else "")
+    return text + ("!" if above_published_ceiling(e) else "")
 
 
 MEMORY_COLUMNS = [
@@ -198,9 +194,11 @@ def print_plan(plan: object, console: Console | None = None, rows: int | None = 
                 _mfu_with_band(e), f"{e['memory']['peak_bytes'] / GIB:.1f}",
             )
         console.print(table)
-        shown = [plan.best, *plan.alternatives][:rows]
-        if any(_above_ceiling(c.estimate) for c in shown):
-            ceiling = next(c.estimate["published_mfu_ceiling"] for c in shown if _above_ceiling(c.estimate))
+        from cost_models.error_band import above_published_ceiling
+
+        above = [c.estimate for c in [plan.best, *plan.alternatives][:rows] if above_published_ceiling(c.estimate)]
+        if above:
+            ceiling = above[0]["published_mfu_ceiling"]
             console.print(
                 f"! above {100 * ceiling['mfu']:.1f}% MFU, the most any published run in regime {ceiling['regime']} measured"
             )

@@ -50,7 +50,7 @@ CASES: list[dict[str, Any]] = [
     # Measured (torch 2.13 CPU trace, 2 steps): 19.7 / 18.9 / 19.9 / 24.9 GiB; Megatron's interleaved
     # count with r + 1 pending chunks priced +15.1% / +2.5% / -13.0% / -25.1%, the replay -3.0% / -5.6%
     # / -5.3% / -6.6%, with the LM head's pending logit gradient -3.0% / -5.6% / -5.3% / -2.7%, with one
-    # chunk's bf16 weight gradients left by its weight pass (`stage_table.WEIGHT_PASS_SCHEDULES`; live
+    # chunk's bf16 weight gradients left by its weight pass (`pipeline.WEIGHT_PASS_SCHEDULES`; live
     # bytes at rank 1's peak grouped by the stage action that allocated them) -0.9% / -3.4% / -3.3% / -1.1%.
     {"name": "8b-tp4-pp4-dp8-zero-bubble-v2-selective", "model": "llama3-8b", "gpus": 128, "seq": 8192, "gbs": 64,
      "layout": {"tp": 4, "pp": 4, "vpp": 2, "zero_stage": 1, "recompute": "selective", "schedule": "zero_bubble",

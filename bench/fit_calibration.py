@@ -61,7 +61,6 @@ from bench.calibration_report import Result, error_stats, evaluate, not_fitting 
 from bench.calibration_rows import CalibrationRow, load_rows, reason_counts, stratum  # noqa: E402
 from cost_models.calibration import FITTED_PATH, Calibration, Overlap, default_calibration  # noqa: E402
 from cost_models.error_band import bands_from_ratios, ceiling_keys, ceilings_from_runs, regime_keys  # noqa: E402
-from model_specs.params import count_params  # noqa: E402
 
 FAMILIES: dict[str, str] = {
     "megatron_readme_h100": "NVIDIA Megatron-LM README",
@@ -313,7 +312,7 @@ def mfu_ceilings(results: list[Result]) -> dict[str, dict[str, float | int | str
     for r in results:
         m, p = r.row.measured_tokens_per_s_per_gpu, r.predicted
         if m and p and p > 0 and r.estimate is not None:
-            keys = ceiling_keys(r.row.model, r.row.cluster.gpu.name, count_params(r.row.model).total)
+            keys = ceiling_keys(r.row.model, r.row.cluster.gpu.name)
             label = f"{r.row.label} on {r.row.gpus} {r.row.cluster.gpu.name}, {r.row.source_id} row {r.row.row_id}"
             samples.append((keys, r.estimate.mfu * m / p, label))
     return ceilings_from_runs(samples)

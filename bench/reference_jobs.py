@@ -35,10 +35,11 @@ import json
 from dataclasses import asdict, dataclass
 
 from cluster_specs.presets import get_cluster
+from cost_models.error_band import above_published_ceiling
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
-from planner.search import search
+from planner.search import describe, search
 
 
 def narayanan_step_s(batch: int, seq: int, layers: int, hidden: int, vocab: int, tflops_per_gpu: float, gpus: int) -> float:
@@ -104,11 +105,10 @@ def plan_row(job: Job) -> dict:
     lay, e = plan.best.layout, plan.best.estimate
     band = e.get("error_band") or {}
     row.update(
-        plan=f"tp{lay.tp} pp{lay.pp}" + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" cp{lay.cp} ep{lay.ep} dp{lay.dp} "
-        f"zero{lay.zero_stage} mb{lay.micro_batch} {lay.recompute}" + (" a2a-overlap" if lay.moe_a2a_overlap else ""),
+        plan=describe(lay),
         step_s=e["step_s"], tokens_per_s_per_gpu=e["tokens_per_s_per_gpu"], mfu=e["mfu"],
         mfu_low=band.get("mfu_low"), mfu_high=band.get("mfu_high"), peak_gib=e["memory"]["peak_bytes"] / 2**30,
-        ceiling_mfu=(e.get("published_mfu_ceiling") or {}).get("mfu"),
+        ceiling_mfu=(e.get("published_mfu_ceiling") or {}).get("mfu"), above_ceiling=above_published_ceiling(e),
     )
     if job.published_tokens_per_s_per_gpu:
         row["predicted_over_published"] = e["tokens_per_s_per_gpu"] / job.published_tokens_per_s_per_gpu
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"jobs": [asdict(j) for j in JOBS], "rows": rows}, indent=2))
         return 0
-    print(f"{'job':28s} {'plan':44s} {'tok/s/GPU':>9s} {'MFU (band)':>16s} {'ceiling':>7s} {'published':>10s} {'pred/pub':>8s}")
+    print(f"{'job':28s} {'tok/s/GPU':>9s} {'MFU (band)':>16s} {'ceiling':>7s} {'published':>10s} {'pred/pub':>8s}")
     for r in rows:
         if r["plan"] is None:
             print(f"{r['job']:28s} no layout fits")
@@ -133,12 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         band = f"{100 * r['mfu']:.1f}% ({100 * (r['mfu_low'] or 0):.0f}-{100 * (r['mfu_high'] or 0):.0f})"
         pub = (f"{r['published_tokens_per_s_per_gpu']:,.0f}" if r["published_tokens_per_s_per_gpu"]
                else f"{100 * r['published_mfu']:.0f}% MFU")
-        ceiling = f"{100 * r['ceiling_mfu']:.0f}%" if r["ceiling_mfu"] else "-"
-        if r["ceiling_mfu"] and r["mfu"] > r["ceiling_mfu"]:
-            ceiling += "!"  # predicted above every published run of its regime
-        print(f"{r['job']:28s} {r['plan']:44s} {r['tokens_per_s_per_gpu']:9,.0f} {band:>16s} {ceiling:>7s} {pub:>10s} "
+        ceiling = (f"{100 * r['ceiling_mfu']:.0f}%" if r["ceiling_mfu"] else "-") + ("!" if r["above_ceiling"] else "")
+        print(f"{r['job']:28s} {r['tokens_per_s_per_gpu']:9,.0f} {band:>16s} {ceiling:>7s} {pub:>10s} "
               f"{r.get('predicted_over_published', float('nan')):8.2f}")
-        print(f"{'':28s} published: {r['published']}")
+        print(f"{'':4s}plan: {r['plan']}")
+        print(f"{'':4s}published: {r['published']}")
     return 0
 
 

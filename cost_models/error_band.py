@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from cost_models.calibration import FITTED_PATH
+from model_specs.params import count_params
 from model_specs.spec import ModelSpec
 
 MIN_ROWS = 8
@@ -128,22 +129,20 @@ def _stored_bands(path: Path = FITTED_PATH) -> dict[str, dict[str, float | int]]
 # the highest MFU published runs reached
 # --------------------------------------------------------------------------------------------------
 
-SIZE_CLASSES = ((3e9, "<3B"), (30e9, "3-30B"), (150e9, "30-150B"))
-"""Total-parameter classes of `ceiling_keys`; larger models are ">150B"."""
+SIZE_CLASSES = ((3e9, "<3B"), (30e9, "3-30B"), (150e9, "30-150B"), (math.inf, ">150B"))
+"""Classes of total parameters in `ceiling_keys`: (upper bound, label)."""
 
 
 def size_class(total_params: float) -> str:
-    for limit, label in SIZE_CLASSES:
-        if total_params < limit:
-            return label
-    return f">{SIZE_CLASSES[-1][1].split('-')[-1]}"
+    return next(label for limit, label in SIZE_CLASSES if total_params < limit)
 
 
-def ceiling_keys(model: ModelSpec, gpu_name: str, total_params: float) -> list[str]:
-    """(dense | moe, GPU generation, size class), then without the size class: most specific first."""
+def ceiling_keys(model: ModelSpec, gpu_name: str) -> list[str]:
+    """(dense | moe, GPU generation, size class of the model's total parameters), then without the
+    size class: most specific first."""
     kind = "moe" if model.num_experts else "dense"
     gen = gpu_generation(gpu_name)
-    return [f"{kind}|{gen}|{size_class(total_params)}", f"{kind}|{gen}"]
+    return [f"{kind}|{gen}|{size_class(count_params(model).total)}", f"{kind}|{gen}"]
 
 
 @dataclass(frozen=True)
@@ -157,7 +156,7 @@ class PublishedCeiling:
     runs: int  # published runs in the regime
 
     def as_dict(self) -> dict[str, float | int | str]:
-        return {"regime": self.regime, "mfu": self.mfu, "run": self.run, "runs": self.runs}
+        return asdict(self)
 
 
 def ceilings_from_runs(samples: Iterable[tuple[list[str], float, str]]) -> dict[str, dict[str, float | int | str]]:
@@ -179,17 +178,22 @@ def _stored_ceilings(path: Path = FITTED_PATH) -> dict[str, dict[str, float | in
     return dict(json.loads(path.read_text()).get("published_mfu_ceilings", {}))
 
 
-def published_ceiling(
-    model: ModelSpec, gpu_name: str, total_params: float, ceilings: dict[str, dict] | None = None
-) -> PublishedCeiling | None:
+def published_ceiling(model: ModelSpec, gpu_name: str, ceilings: dict[str, dict] | None = None) -> PublishedCeiling | None:
     """The ceiling of the most specific regime any published run falls in (`ceiling_keys`); None
     when the calibration file holds none for this GPU generation."""
     table = _stored_ceilings() if ceilings is None else ceilings
-    for key in ceiling_keys(model, gpu_name, total_params):
+    for key in ceiling_keys(model, gpu_name):
         cell = table.get(key)
         if cell:
             return PublishedCeiling(key, float(cell["mfu"]), str(cell["run"]), int(cell["runs"]))
     return None
+
+
+def above_published_ceiling(estimate: dict) -> bool:
+    """Whether an estimate (`cost_models.report.estimate_dict`) predicts an MFU above every published
+    run of its regime (its `published_mfu_ceiling`)."""
+    ceiling = estimate.get("published_mfu_ceiling")
+    return bool(ceiling) and estimate["mfu"] > ceiling["mfu"]
 
 
 def error_band(model: ModelSpec, gpu_name: str, gpus: int, bands: dict[str, dict] | None = None) -> ErrorBand | None:

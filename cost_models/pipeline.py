@@ -61,6 +61,9 @@ FORWARDS_FIRST_SCHEDULES = ("gpipe", "looped_bfs")
 FB_PAIRED_SCHEDULES = ("dualpipev",)
 """Schedules that run one micro-batch's forward chunk beside another's backward chunk (F&B), so
 the MoE all-to-alls of both hide behind their compute (`cost_models.step_time`)."""
+WEIGHT_PASS_SCHEDULES = tuple(x for x in SPLIT_BACKWARD_SCHEDULES if x not in FB_PAIRED_SCHEDULES)
+"""Split-backward schedules that defer the weight pass in their steady state (DualPipeV pairs full
+backwards with forwards there: its weight passes are in the cool-down only)."""
 
 
 def is_v_shape(schedule: str, pp: int) -> bool:

@@ -49,7 +49,7 @@ def estimate_dict(
     with `training`, the method and its trainable / frozen parameter counts."""
     pc = count_params(model)
     band = error_band(model, gpu_name, est.gpus) if gpu_name else None
-    ceiling = published_ceiling(model, gpu_name, pc.total) if gpu_name else None
+    ceiling = published_ceiling(model, gpu_name) if gpu_name else None
     worst = est.peak_memory
     return {
         "ok": True,

@@ -39,6 +39,7 @@ from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh import MeshLike, mesh_strides
 from cost_models.pipeline import (
     FORWARDS_FIRST_SCHEDULES,
+    WEIGHT_PASS_SCHEDULES,
     dualpipev_loss_meets_first_chunk,
     split_backward_peaks,
 )
@@ -48,9 +49,9 @@ from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
 
 RECOMPUTE_MODES = ("none", "selective", "full", "op_sac")
 
-WEIGHT_PASS_SCHEDULES = ("zero_bubble", "zbv")
-"""torch schedules whose backward is split into an input pass and a deferred weight pass in the
-steady state (DualPipeV runs full backwards there: its weight passes are in the cool-down only)."""
+FSDP_ACCUMULATED_GRAD_BYTES = 4
+"""Bytes per element of a gradient FSDP2 accumulates over micro-batches without reducing: float32,
+its reduce dtype (`FSDPParam.to_accumulated_grad_if_needed`), whatever the compute dtype."""
 
 LayerKind = tuple[bool, bool, str]
 """(is MoE, uses a sliding window, mixer): the mixer is `ModelSpec.layer_mixer` ("transformer", or
@@ -808,7 +809,7 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
         # priced with bf16 gradients (+0.102 = one more bf16 copy of a layer's TP shard).
         if m.pp > 1:
             grads_sharded_from = 4  # never sharded during the step
-        grad_bytes = max(tr.grad_bytes, 4)
+        grad_bytes = max(tr.grad_bytes, FSDP_ACCUMULATED_GRAD_BYTES)
     grads = np.where(
         zero >= grads_sharded_from,
         tr.grad_bytes * (D / ds + E / es),
@@ -920,8 +921,8 @@ def price_memory(
         actx = activation_context(tr, m, t.model)
         retained = retained_logits_bytes(t.model, actx, m.cross_entropy_)
         emb = 0 if tr.frozen_base else count_params(t.model).embedding
-        first_chunk_grads = max(tr.grad_bytes, 4) * emb  # float32 accumulated (`_state_bytes`)
-        one_chunk = t.acts[mode][:, head] / 2
+        first_chunk_grads = max(tr.grad_bytes, FSDP_ACCUMULATED_GRAD_BYTES) * emb
+        one_chunk = t.acts[mode][:, head] / vpp  # the rank's layers come in vpp (= 2) chunks
         relief = np.minimum(np.minimum(first_chunk_grads, one_chunk), max(t.logits - retained, 0.0))
         logits[:, head] -= relief
     # stored bytes per gathered element of the largest layer (the compute dtype's, less under QLoRA)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cost_models.error_band import above_published_ceiling
 from planner.plan import Plan
 
 GIB = 2**30
@@ -93,8 +94,8 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
             f"{100 * band['mfu_high']:.1f}%, {band['tokens_per_s_per_gpu_low']:,.0f}-"
             f"{band['tokens_per_s_per_gpu_high']:,.0f} tokens/s/GPU."
         )
-    ceiling = est.get("published_mfu_ceiling")
-    if ceiling and est["mfu"] > ceiling["mfu"]:
+    if above_published_ceiling(est):
+        ceiling = est["published_mfu_ceiling"]
         out.append(
             f"Above every published run: the predicted MFU {100 * est['mfu']:.1f}% exceeds the highest any of the "
             f"{ceiling['runs']} published runs in regime {ceiling['regime']} measured ({100 * ceiling['mfu']:.1f}%, "

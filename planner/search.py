@@ -67,10 +67,9 @@ from cost_models.step_time import lower_bound
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Candidate, ClosestMiss, Plan, PlanInputs, Rejection, SearchConstraints, SearchStats
 from planner.space import (
-    FUSED_KERNELS,
-    Kernels,
     Mesh,
     PipeOption,
+    Stack,
     meshes,
     micro_batches,
     pipeline_options,
@@ -162,8 +161,7 @@ SORTED_DIMS = sorted(["tp", "cp", "ep", "dp", "pp"])
 def _mesh_probe(model: ModelSpec, training: TrainingSpec, gpus: int, mesh: Mesh, mb: int, c: SearchConstraints) -> str | None:
     """The first mesh-level violation of `mesh` at micro-batch `mb` (a default-knob probe layout
     through `validate_layout`), as a rejection reason; None when it is valid."""
-    probe = to_layout(mesh, mb, PipeOption(1, "1f1b"), Setting(1, mesh.dp, "none", False), c.framework, c.cross_entropy,
-                      kernels=Kernels.of(c), validate=False)
+    probe = to_layout(mesh, mb, PipeOption(1, "1f1b"), Setting(1, mesh.dp, "none", False), Stack.of(c), validate=False)
     problems = [v for v in validate_layout(model, training, gpus, probe) if v.field in MESH_FIELDS]
     if problems:
         return f"{problems[0].field}: {problems[0].message}"
@@ -178,14 +176,10 @@ class _LazyLayout(NamedTuple):
     micro_batch: int
     option: PipeOption
     setting: Setting
-    framework: str
-    cross_entropy: str | None = None
-    kernels: Kernels = FUSED_KERNELS
+    stack: Stack
 
     def build(self, gpus: int, training: TrainingSpec) -> Layout:
-        return to_layout(
-            self.mesh, self.micro_batch, self.option, self.setting, self.framework, self.cross_entropy, kernels=self.kernels
-        ).resolved(gpus, training)
+        return to_layout(self.mesh, self.micro_batch, self.option, self.setting, self.stack).resolved(gpus, training)
 
 
 class _Ranked(NamedTuple):
@@ -236,20 +230,16 @@ class _RankedBlocks:
         self.peaks.append(peak_bytes)
         self.blocks.append(block)
 
-    def ranked(self, framework: str, cross_entropy: str | None, kernels: Kernels) -> _RankedView:
+    def ranked(self, stack: Stack) -> _RankedView:
         if not self.steps:
-            return _RankedView(
-                np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], framework, cross_entropy, kernels
-            )
+            return _RankedView(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], stack)
         lengths = [len(a) for a in self.steps]
         return _RankedView(
             np.concatenate(self.steps),
             np.concatenate(self.peaks).astype(np.int64),
             np.repeat(np.arange(len(lengths)), lengths),
             self.blocks,
-            framework,
-            cross_entropy,
-            kernels,
+            stack,
         )
 
 
@@ -261,15 +251,13 @@ class _RankedView:
     peak_bytes: np.ndarray  # (L,) bytes, truncated to integers
     block_of: np.ndarray  # (L,) index into `blocks`
     blocks: list[Block]
-    framework: str
-    cross_entropy: str | None
-    kernels: Kernels
+    stack: Stack
 
     def _named(self, i: int) -> _Ranked:
         b = int(self.block_of[i])
         mesh, mb, option, grid, fits = self.blocks[b]
         first = int(np.searchsorted(self.block_of, b))  # blocks are contiguous, in order
-        layout = _LazyLayout(mesh, mb, option, grid[int(fits[i - first])], self.framework, self.cross_entropy, self.kernels)
+        layout = _LazyLayout(mesh, mb, option, grid[int(fits[i - first])], self.stack)
         return _Ranked(float(self.step_s[i]), layout, int(self.peak_bytes[i]))
 
     def first(self, n: int) -> list[_Ranked]:
@@ -636,7 +624,7 @@ def search(
 
     t0 = time.perf_counter()
     c = constraints or SearchConstraints()
-    kernels = Kernels.of(c)
+    stack = Stack.of(c)
     # equal job inputs share one object each, and with it the pricing memos (cost_models.interning)
     model, training, cluster = canonical(model), canonical(training), canonical(cluster)
     cal = canonical(calibration or default_calibration())
@@ -786,9 +774,7 @@ def search(
                     continue
                 # within the margin of the threshold only the table's own bound decides
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
-            base = to_layout(mesh, mb, option, grid[0], c.framework, c.cross_entropy, kernels=kernels, validate=False).resolved(
-                gpus, training
-            )
+            base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             partition = _partition(model.num_layers, mesh.pp, option)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s, reference_step_s or 0.0):
@@ -813,7 +799,7 @@ def search(
             ):
                 if mask.any():
                     j = int(np.flatnonzero(mask)[0])
-                    layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy, kernels=kernels).resolved(gpus, training)
+                    layout = to_layout(mesh, mb, option, grid[j], stack).resolved(gpus, training)
                     log.add(
                         reason,
                         f"{describe(layout)}: needs {node_bytes[j] / GIB:.1f} GiB of {resource}, "
@@ -835,13 +821,13 @@ def search(
                 jm = int(over_idx[np.argmin(peaks[over_idx])])
                 over = int(peaks[jm] - usable)
                 if closest is None or over < closest[0]:
-                    layout = to_layout(mesh, mb, option, grid[jm], c.framework, c.cross_entropy, kernels=kernels).resolved(gpus, training)
+                    layout = to_layout(mesh, mb, option, grid[jm], stack).resolved(gpus, training)
                     worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
                     closest = (over, layout, worst)
                 for j in new_reasons:  # a reason's example comes from its first setting
                     reason = rejections.reasons[j]
                     if reason not in log.examples:
-                        layout = to_layout(mesh, mb, option, grid[j], c.framework, c.cross_entropy, kernels=kernels).resolved(gpus, training)
+                        layout = to_layout(mesh, mb, option, grid[j], stack).resolved(gpus, training)
                         worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
                         log.examples[reason] = (
                             f"{describe(layout)}: needs {worst.total / GIB:.1f} GiB on stage {worst.stage}, "
@@ -865,7 +851,7 @@ def search(
     for rejections in grid_reasons.values():
         rejections.flush(log)
 
-    ranked_all = ranked.ranked(c.framework, c.cross_entropy, kernels)
+    ranked_all = ranked.ranked(stack)
     inputs = PlanInputs(model=model, cluster=cluster, gpus=gpus, training=training, constraints=c)
     groups = fold_equivalents(ranked_all, c.top_k + 1, ranked.tie_rel)
     groups, tie_note = choose_among_ties(groups, ranked.tie_rel, usable)

@@ -341,19 +341,18 @@ def _construct(values: dict[str, object]) -> Layout:
     return layout
 
 
-class Kernels(NamedTuple):
-    """The kernel implementations of the user's stack (`SearchConstraints.elementwise_kernels`,
-    `.norm_kernel`): the same for every layout of a search."""
+class Stack(NamedTuple):
+    """The user's software stack, the same for every layout of a search (`SearchConstraints`): the
+    framework, its loss kernel, and the kernels of the memory-bound ops and of RMSNorm."""
 
-    elementwise: str = "fused"
-    norm: str = "fused"
+    framework: str
+    cross_entropy: str | None = None
+    elementwise_kernels: str = "fused"
+    norm_kernel: str = "fused"
 
     @classmethod
-    def of(cls, c: SearchConstraints) -> Kernels:
-        return cls(c.elementwise_kernels, c.norm_kernel)
-
-
-FUSED_KERNELS = Kernels()
+    def of(cls, c: SearchConstraints) -> Stack:
+        return cls(c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel)
 
 
 def to_layout(
@@ -361,13 +360,11 @@ def to_layout(
     mb: int,
     option: PipeOption,
     s: Setting,
-    framework: str,
-    cross_entropy: str | None = None,
+    stack: Stack,
     *,
-    kernels: Kernels = FUSED_KERNELS,
     validate: bool = True,
 ) -> Layout:
-    """The Layout of one point of the space, priced with the stack's `kernels`. `validate=False` skips
+    """The Layout of one point of the space, run on `stack`. `validate=False` skips
     pydantic's field checks (`_construct`: `Layout.model_construct`'s result, same field values) for the
     search's internal probes and table meshes, whose values come from the space's own enumeration and
     are never reported."""
@@ -392,13 +389,13 @@ def to_layout(
         zero_quantized_weights=s.quantized_weights,
         zero_quantized_gradients=s.quantized_gradients,
         order=mesh.order,
-        framework=framework,
-        cross_entropy=cross_entropy,
+        framework=stack.framework,
+        cross_entropy=stack.cross_entropy,
     )
-    if kernels.elementwise != "fused":
-        values["elementwise_kernels"] = kernels.elementwise
-    if kernels.norm != "fused":
-        values["norm_kernel"] = kernels.norm
+    if stack.elementwise_kernels != "fused":
+        values["elementwise_kernels"] = stack.elementwise_kernels
+    if stack.norm_kernel != "fused":
+        values["norm_kernel"] = stack.norm_kernel
     if option.embedding_slot:
         values["account_for_embedding_in_pipeline_split"] = True
     if option.loss_slot:

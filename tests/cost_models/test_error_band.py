@@ -38,24 +38,34 @@ def test_stored_bands_cover_the_reference_jobs() -> None:
 def test_the_published_ceiling_is_the_highest_measured_mfu_of_the_regime() -> None:
     """Each run counts in its size class and its GPU generation; the ceiling of a job is that of the
     most specific key any run fell in, with the run that set it."""
-    from cost_models.error_band import ceiling_keys, ceilings_from_runs, published_ceiling, size_class
+    from cost_models.error_band import (
+        above_published_ceiling,
+        ceiling_keys,
+        ceilings_from_runs,
+        published_ceiling,
+        size_class,
+    )
 
-    gpt3, mixtral = get_model("gpt3-175b"), get_model("mixtral-8x7b")
+    gpt3, l405, l8, l70, mixtral = (get_model(n) for n in ("gpt3-175b", "llama3-405b", "llama3-8b", "llama3-70b", "mixtral-8x7b"))
     assert size_class(2e9) == "<3B" and size_class(8e9) == "3-30B" and size_class(175e9) == ">150B"
-    assert ceiling_keys(gpt3, "A100-80GB", 175e9) == ["dense|ampere|>150B", "dense|ampere"]
+    assert ceiling_keys(gpt3, "A100-80GB") == ["dense|ampere|>150B", "dense|ampere"]
     runs = [
-        (ceiling_keys(gpt3, "A100-80GB", 175e9), 0.51, "GPT 175B on 64 A100"),
-        (ceiling_keys(gpt3, "A100-80GB", 1e12), 0.56, "GPT 1T on 512 A100"),
-        (ceiling_keys(gpt3, "A100-80GB", 7e9), 0.64, "MPT-7B on 8 A100"),
+        (ceiling_keys(gpt3, "A100-80GB"), 0.51, "GPT-3 175B on 64 A100"),
+        (ceiling_keys(l405, "A100-80GB"), 0.56, "405B on 512 A100"),
+        (ceiling_keys(l8, "A100-80GB"), 0.64, "8B on 8 A100"),
     ]
     table = ceilings_from_runs(runs)
-    assert table["dense|ampere|>150B"] == {"mfu": 0.56, "run": "GPT 1T on 512 A100", "runs": 2}
+    assert table["dense|ampere|>150B"] == {"mfu": 0.56, "run": "405B on 512 A100", "runs": 2}
     assert table["dense|ampere"]["mfu"] == 0.64 and table["dense|ampere"]["runs"] == 3
-    c = published_ceiling(gpt3, "A100-80GB", 175e9, table)
+    c = published_ceiling(gpt3, "A100-80GB", table)
     assert c is not None and c.regime == "dense|ampere|>150B" and c.mfu == 0.56
     # a size class no run fell in falls back to the generation; no run of the kind: no ceiling
-    assert published_ceiling(gpt3, "A100-80GB", 50e9, table).regime == "dense|ampere"  # type: ignore[union-attr]
-    assert published_ceiling(mixtral, "A100-80GB", 47e9, table) is None
+    assert published_ceiling(l70, "A100-80GB", table).regime == "dense|ampere"  # type: ignore[union-attr]
+    assert published_ceiling(mixtral, "A100-80GB", table) is None
+    ceiling = c.as_dict()
+    assert above_published_ceiling({"mfu": 0.57, "published_mfu_ceiling": ceiling})
+    assert not above_published_ceiling({"mfu": 0.56, "published_mfu_ceiling": ceiling})
+    assert not above_published_ceiling({"mfu": 0.99, "published_mfu_ceiling": None})
 
 
 def test_a_plan_above_every_published_run_says_so() -> None:

@@ -17,7 +17,7 @@ from cost_models.stages import StagePartition
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
-from planner.space import meshes, micro_batches, pipeline_options, settings, to_layout
+from planner.space import Stack, meshes, micro_batches, pipeline_options, settings, to_layout
 
 JOBS = [
     # (model, cluster, gpus, seq_len, global batch, precision, framework): dense with TP/PP/CP,
@@ -51,7 +51,7 @@ def _priced_tables(model_name, cluster_name, gpus, seq, gbs, precision, framewor
             continue
         option = options[-1]  # the most interleaved: the most p2p and warm-up
         grid = settings(mesh, cluster, c)
-        layout = to_layout(mesh, mb, option, grid[0], framework, None, validate=False)
+        layout = to_layout(mesh, mb, option, grid[0], Stack(framework), validate=False)
         if validate_layout(model, training, gpus, layout):
             continue  # the search's validation rejects it: not priced
         lay = layout.resolved(gpus, training)

@@ -11,7 +11,7 @@ from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import Plan, SearchConstraints
 from planner.search import search
-from planner.space import Kernels, meshes, micro_batches, pipeline_options, settings, to_layout
+from planner.space import Stack, meshes, micro_batches, pipeline_options, settings, to_layout
 
 
 def test_best_matches_evaluate() -> None:
@@ -39,7 +39,7 @@ def brute_force_best(model, training, cluster, gpus, c: SearchConstraints) -> fl
         for mb in micro_batches(training, mesh.dp, c):
             for option in pipeline_options(model, training, mesh, mb, c):
                 for s in settings(mesh, cluster, c):
-                    layout = to_layout(mesh, mb, option, s, c.framework, kernels=Kernels.of(c))
+                    layout = to_layout(mesh, mb, option, s, Stack.of(c))
                     if validate_layout(model, training, gpus, layout):
                         continue
                     est = estimate(model, training, cluster, gpus, layout)

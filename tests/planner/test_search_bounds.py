@@ -16,7 +16,7 @@ from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
 from planner.search import _bubble_bound, _pair_bounds
-from planner.space import PipeOption, meshes, micro_batches, pipeline_options, settings, to_layout
+from planner.space import PipeOption, Stack, meshes, micro_batches, pipeline_options, settings, to_layout
 
 CASES = [
     # model, cluster, gpus, seq, global batch
@@ -36,7 +36,7 @@ def _valid_pairs(model, training, cluster, gpus, c, limit):
         mbs = micro_batches(training, mesh.dp, c)
         if mesh.tp > cluster.domain_size or not mbs:
             continue
-        probe = to_layout(mesh, mbs[0], PipeOption(1, "1f1b"), settings(mesh, cluster, c)[0], c.framework)
+        probe = to_layout(mesh, mbs[0], PipeOption(1, "1f1b"), settings(mesh, cluster, c)[0], Stack.of(c))
         if any(v.field in {"dp", "tp", "pp", "cp", "ep", "etp", "sp", "order"} for v in validate_layout(model, training, gpus, probe)):
             continue
         out.append((mesh, mbs))
@@ -61,7 +61,7 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
             times = bounds.pair_times(index, mb)
             for option in pipeline_options(model, training, mesh, mb, c):
                 vpp = option.vpp
-                layout = to_layout(mesh, mb, option, settings(mesh, cluster, c)[0], c.framework).resolved(gpus, training)
+                layout = to_layout(mesh, mb, option, settings(mesh, cluster, c)[0], Stack.of(c)).resolved(gpus, training)
                 table = build_table(model, training, cluster, gpus, layout, StagePartition.for_layout(model.num_layers, layout), cal)
                 exact = time_lower_bound(table, vpp, cal)
                 pair_bound = times.bound(mesh.pp, option, layout.grad_accum_, ov)

@@ -43,7 +43,7 @@ def test_combined_1f1b_is_offered_where_megatron_runs_it() -> None:
     from model_specs.presets import get_model
     from planner.plan import SearchConstraints
     from planner.search import search
-    from planner.space import Mesh, PipeOption, Setting, pipeline_options, to_layout
+    from planner.space import Mesh, PipeOption, Setting, Stack, pipeline_options, to_layout
 
     model, training = get_model("mixtral-8x7b"), TrainingSpec(seq_len=4096, global_batch=128)
     c = SearchConstraints(framework="megatron")
@@ -51,7 +51,7 @@ def test_combined_1f1b_is_offered_where_megatron_runs_it() -> None:
     paired = [o for o in pipeline_options(model, training, pipelined, 1, c) if o.a2a_overlap]
     assert paired and all(o.schedule == "interleaved_1f1b" for o in paired)
     for o in paired:
-        lay = to_layout(pipelined, 1, o, Setting(1, 16, "selective", False), "megatron")
+        lay = to_layout(pipelined, 1, o, Setting(1, 16, "selective", False), Stack("megatron"))
         assert lay.moe_a2a_overlap and validate_layout(model, training, 64, lay) == []
     flat = Mesh(tp=1, pp=1, cp=1, dp=64, ep=8, etp=1, order="tp-cp-ep-dp-pp")
     assert PipeOption(1, "1f1b", a2a_overlap=True) in pipeline_options(model, training, flat, 1, c)
