@@ -328,7 +328,7 @@ def mamba_kernel_widths(model: ModelSpec) -> float:
     (modelling choice, from the kernels' inputs and outputs): the conv reads x B C of the in_proj
     output and writes them (2 conv_dim); the chunked scan reads x B C and dt and writes y
     (conv_dim + H + d_inner); the gate and the grouped RMSNorm read y and z and write their output
-    (3 d_inner). The scan's matmuls are priced apart (`ssd_time`)."""
+    (3 d_inner). The scan's matmuls and chunk states are priced apart (`ssd_times`)."""
     return 3.0 * model.mamba_conv_dim + (model.mamba_num_heads or 0) + 4.0 * model.mamba_inner
 
 
@@ -367,20 +367,53 @@ def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, ac
 
 
 SSM_BACKWARD_FACTOR = 3.0
-"""Backward of the chunked SSD scan over its forward: the input gradients of its matmuls (2x) and
-the forward they recompute (1x; `cost_models.flops`, hardware FLOPs)."""
+"""Backward of the chunked SSD scan's matmuls over their forward: the input gradients (2x) and the
+forward they recompute (1x; `cost_models.flops`, hardware FLOPs)."""
+
+SSD_STATE_BYTES_FORWARD = 12
+SSD_STATE_BYTES_BACKWARD = 34
+"""HBM bytes per element of the chunk states (one H x P x N state per chunk of Q tokens) that
+mamba_ssm's chunked scan moves between its kernels (`ops/triton/ssd_combined.py`,
+`_mamba_chunk_scan_combined_fwd` / `_bwd`; Megatron-Core's `MambaMixer` trains through it).
+Forward: `_chunk_state_fwd(states_in_fp32=True)` writes them in float32 (4), `_state_passing_fwd`
+reads them and writes them in the activation dtype (4 + 2), `_chunk_scan_fwd` reads them (2): 12.
+Backward: the states are recomputed (`_chunk_state_fwd` writes 4; `_state_passing_fwd` with its
+default float32 output reads 4, writes 4), `_chunk_scan_bwd_dstates` writes dstates in float32 (4),
+`_state_passing_bwd` reads states and dstates (4 + 4) and writes both in the activation dtype
+(2 + 2), and `_chunk_scan_chunk_state_bwd_dx`, `_chunk_state_bwd_db` and `_chunk_scan_bwd_dC` read
+one of them each (2 + 2 + 2): 34. Counted for 16-bit activations; the C @ B^T products
+(`_bmm_chunk_fwd`, G Q values per token) are small beside the states (H P N / Q per token) and
+left out."""
 
 
-def ssd_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
-    """Seconds of one Mamba-2 layer's chunked SSD scan forward on one rank (0 elsewhere): its matmul
-    FLOPs (`flops.ssd_scan_flops_forward`, heads and groups split over TP) at
-    `attention_efficiency` of the bf16 peak. Modelling choice: mamba_ssm's Triton scan kernels are
-    tiled tensor-core matmuls over chunks, like a flash-attention kernel (they run in bf16 / fp32
-    whatever the GEMM precision)."""
+def ssd_state_elements(model: ModelSpec, g: ShardGeometry) -> Scalars:
+    """Chunk-state elements of one Mamba-2 layer's scan on one rank for one micro-batch: ceil(s / Q)
+    chunks per sequence, H P N each, heads split over TP."""
+    heads, p, n = model.mamba_num_heads, model.mamba_head_dim, model.mamba_state_size
+    assert heads and p and n
+    local_seq = g.seq_len / g.cp
+    seqs = g.tokens / local_seq
+    chunks = np.ceil(np.asarray(local_seq, dtype=float) / model.mamba_chunk_size)
+    return seqs * chunks * heads * p * n / g.tp
+
+
+def ssd_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> tuple[Scalars, Scalars]:
+    """(forward, backward) seconds of one Mamba-2 layer's chunked SSD scan on one rank ((0, 0)
+    elsewhere). Its matmul FLOPs (`flops.ssd_scan_flops_forward`, heads and groups split over TP;
+    backward `SSM_BACKWARD_FACTOR` x) run at `attention_efficiency` of the bf16 peak (modelling
+    choice: mamba_ssm's Triton scan kernels are tiled tensor-core matmuls over chunks, like a
+    flash-attention kernel, in bf16 / fp32 whatever the GEMM precision); the chunk states it passes
+    between its kernels (`SSD_STATE_BYTES_FORWARD` / `_BACKWARD` per element) move over HBM at
+    `hbm_efficiency` of its bandwidth."""
     if not model.is_mamba_layer(index):
-        return 0.0
+        return 0.0, 0.0
     seqs = g.tokens / (g.seq_len / g.cp)
-    return ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.compute_peak("bf16") * cal.attention_efficiency)
+    matmuls = ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.compute_peak("bf16") * cal.attention_efficiency)
+    states = ssd_state_elements(model, g) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    return (
+        matmuls + SSD_STATE_BYTES_FORWARD * states,
+        SSM_BACKWARD_FACTOR * matmuls + SSD_STATE_BYTES_BACKWARD * states,
+    )
 
 
 @dataclass(frozen=True)
@@ -400,7 +433,8 @@ class LayerTime:
     adapter_fwd: Scalars = 0.0  # LoRA adapters' forward (`cost_models.finetune`, memory-bound)
     adapter_bwd: Scalars = 0.0  # and their backward
     dequant_fwd: Scalars = 0.0  # QLoRA: dequantizing the layer's base weights once (per forward / backward)
-    ssm_fwd: Scalars = 0.0  # a Mamba-2 layer's chunked SSD scan (`ssd_time`); its backward SSM_BACKWARD_FACTOR x
+    ssm_fwd: Scalars = 0.0  # a Mamba-2 layer's chunked SSD scan forward (`ssd_times`)
+    ssm_bwd: Scalars = 0.0  # and its backward
 
     @property
     def attention(self) -> Scalars:
@@ -453,7 +487,7 @@ class LayerTime:
         their backward and, under QLoRA, the weights dequantized again for the input-gradient GEMMs."""
         return (
             self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
-            + self.adapter_bwd + self.dequant_fwd + SSM_BACKWARD_FACTOR * self.ssm_fwd
+            + self.adapter_bwd + self.dequant_fwd + self.ssm_bwd
         )
 
     @property
@@ -552,14 +586,16 @@ def layer_time(
     share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, g)
     # the input norms: read + write h each (two per layer, one in a hybrid layer)
     norms = model.tp_blocks_per_layer * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth
-    ssm = ssd_time(model, index, g, gpu, cal)
+    ssm, ssm_bwd = ssd_times(model, index, g, gpu, cal)
     mla_up: Scalars = 0.0
     if model.attention == "mla":
         gemms = layer_gemms(model, index, g)
         ups = (gemms[1], gemms[3]) if model.q_lora_rank else (gemms[2],)  # q_b and kv_b (see layer_gemms)
         mla_up = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in ups)
     if ft is None:
-        return LayerTime(gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, ssm_fwd=ssm)
+        return LayerTime(
+            gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, ssm_fwd=ssm, ssm_bwd=ssm_bwd,
+        )
     adapters, adapters_bwd = finetune.adapter_seconds(model, index, g.tokens, g.tp, g.ep, g.etp, act_bytes, bandwidth, ft)
     dequant: Scalars = 0.0
     if ft.quantized:
@@ -568,7 +604,7 @@ def layer_time(
     host = host + finetune.adapter_kernels(model, index, ft) * cal.kernel_launch_s
     return LayerTime(
         gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
-        dequant, ssm,
+        dequant, ssm, ssm_bwd,
     )
 
 

@@ -4,11 +4,14 @@ weigh each layer by its own mixer's cost."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cluster_specs.presets import get_cluster
 from cost_models.activations import ActivationContext, layer_activation_bytes, mamba_backward_transient_bytes
 from cost_models.calibration import default_calibration
+from cost_models.compute import SSD_STATE_BYTES_BACKWARD, SSD_STATE_BYTES_FORWARD, ShardGeometry, ssd_times
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, validate_layout
 from cost_models.stage_table import _tp_comm, layer_kinds, mesh_comm
@@ -86,3 +89,18 @@ def test_nemotron_h_56b_priced_on_its_published_layout():
     est = estimate(spec, training, get_cluster("dgx-h100"), 32,
                    Layout(tp=8, dp=4, sp=True, zero_stage=1, micro_batch=1, framework="megatron"))
     assert est.fits and est.memory[0].parameters == pytest.approx(2 * 56_324_350_464 / 8, rel=0.01)
+
+
+def test_ssd_scan_moves_its_chunk_states_through_hbm():
+    """The chunked scan's per-chunk states (H x P x N per Q tokens, heads split over TP) cost their
+    HBM traffic: 12 bytes per element forward, 34 backward (`compute.SSD_STATE_BYTES_*`, from
+    mamba_ssm's kernel sequence), on top of the scan's matmuls, which do not depend on HBM."""
+    gpu, cal = get_cluster("dgx-h100").gpu, default_calibration()
+    g = ShardGeometry(tokens=4096.0, seq_len=4096, cp=1, tp=2, sp=True, ep=1, etp=1)
+    fwd, bwd = ssd_times(SMALL, 0, g, gpu, cal)
+    fwd2, bwd2 = ssd_times(SMALL, 0, g, gpu, replace(cal, hbm_efficiency=2 * cal.hbm_efficiency))
+    states = 4096 / SMALL.mamba_chunk_size * 32 * 64 * 128 / 2  # chunks x H/tp x P x N
+    half_traffic = states / (2 * gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    assert fwd - fwd2 == pytest.approx(SSD_STATE_BYTES_FORWARD * half_traffic, rel=1e-9)
+    assert bwd - bwd2 == pytest.approx(SSD_STATE_BYTES_BACKWARD * half_traffic, rel=1e-9)
+    assert ssd_times(SMALL, 4, g, gpu, cal) == (0.0, 0.0)  # an MLP layer of the pattern
