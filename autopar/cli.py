@@ -310,6 +310,10 @@ def plan(
     quantized_comm: bool = typer.Option(
         False, "--allow-quantized-comm", help="also search ZeRO++'s lossy qwZ / qgZ collectives (DeepSpeed ZeRO-3)"
     ),
+    moe_a2a_overlap: bool = typer.Option(
+        True, "--moe-a2a-overlap/--no-moe-a2a-overlap",
+        help="search Megatron-Core's combined 1F1B for MoE models (--no-moe-a2a-overlap: a Megatron-Core that predates it)",
+    ),
     elementwise_kernels: str = typer.Option(
         "fused", help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
         "the norm / rotary / activation kernels every layout is priced with"
@@ -338,7 +342,7 @@ def plan(
         constraints = SearchConstraints(
             memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
-            elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
+            allow_moe_a2a_overlap=moe_a2a_overlap, elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)

@@ -6,7 +6,8 @@ is close to the best its stack reaches: a plan promising far more is a blind spo
 
     python -m bench.published_vs_plan [--source ID] [--holdout] [--limit N] [--json]
 
-Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`).
+Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
+and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`).
 
 "Fully specified" rows are those whose layout the source states (TP, PP, DP and the batch); the
 same model, cluster, GPU count, training spec and framework are searched. Rank = 1 + the number of
@@ -32,16 +33,26 @@ from planner.search import search
 FSDP_ONLY_SOURCES = {"llmfoundry_mpt": "llm-foundry runs PyTorch FSDP only (no tensor, pipeline or context parallelism)"}
 """Sources whose software stack runs a subset of the layouts: their plans are searched in it."""
 
+COMBINED_1F1B_SOURCES: frozenset[str] = frozenset()
+"""Sources measured on a Megatron-Core with combined 1F1B (`Layout.moe_a2a_overlap`,
+--overlap-moe-expert-parallel-comm): none yet. The feature was still being asked for in April 2025
+(Megatron-LM issue #1550), integrated against Megatron-Core's top of tree by Megatron-Bridge on
+27 August 2025 (PR #497), and its last merge requests landed by 2 September 2025 (Megatron-LM
+issue #1728); the newest rows of the CSV (DGX Cloud v25.05 recipes, May 2025) predate it. Every
+other source's rows are searched without it, as a user of that stack would be."""
+
 
 def constraints_for(row) -> SearchConstraints:
     """The search space of the row's own software stack: its framework, its loss and kernel
     implementations (a run without torch.compile is compared with plans priced without it, as a
-    BF16 run is with BF16 plans), and its parallelisms (`FSDP_ONLY_SOURCES`)."""
+    BF16 run is with BF16 plans), its parallelisms (`FSDP_ONLY_SOURCES`) and its schedules
+    (`COMBINED_1F1B_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
     lay = row.layout
     return SearchConstraints(
         framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,
-        norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3, **fixed,
+        norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3,
+        allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap, **fixed,
     )
 
 

@@ -56,6 +56,12 @@ class SearchConstraints(BaseModel):
         description="search ZeRO++'s lossy collectives too (qwZ int8 weight gathers, qgZ int4 gradient "
         "reduce-scatters; DeepSpeed ZeRO-3): they change the numerics, so only when asked",
     )
+    allow_moe_a2a_overlap: bool = Field(
+        True,
+        description="search Megatron-Core's combined 1F1B (Layout.moe_a2a_overlap, "
+        "--overlap-moe-expert-parallel-comm) for MoE models: off for a Megatron-Core that predates it "
+        "(merged in August-September 2025)",
+    )
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
 

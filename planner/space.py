@@ -252,7 +252,8 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
         if c.framework == "fsdp" and c.schedule == "looped_bfs":  # dominated by interleaving: only when pinned
             out += [PipeOption(1, "looped_bfs")]
             out += [PipeOption(o.vpp, "looped_bfs") for o in interleaved if not (o.embedding_slot or o.loss_slot)]
-    out += combined_1f1b_options(model, mesh, training.global_batch // (mb * mesh.dp), c.framework, out)
+    if c.allow_moe_a2a_overlap:
+        out += combined_1f1b_options(model, mesh, training.global_batch // (mb * mesh.dp), c.framework, out)
     if c.schedule:
         out = [o for o in out if o.schedule == c.schedule]
     return out

@@ -22,3 +22,13 @@ def test_best_plan_at_least_published(rows, row_id: int) -> None:
     result = compare(rows[row_id], default_calibration())
     assert result["published_fits"]
     assert result["best_at_least_published"], result
+
+
+def test_rows_are_searched_without_combined_1f1b_their_stack_lacked(rows) -> None:
+    """Every CSV row predates Megatron-Core's combined 1F1B (`COMBINED_1F1B_SOURCES` is empty): the
+    DGX Cloud DeepSeek-V3 row (v25.05 recipes, May 2025) is searched as a user of that stack would search it."""
+    from bench.published_vs_plan import COMBINED_1F1B_SOURCES, constraints_for
+
+    row = rows[478]
+    assert row.source_id not in COMBINED_1F1B_SOURCES
+    assert constraints_for(row).allow_moe_a2a_overlap is False

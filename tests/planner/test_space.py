@@ -60,6 +60,10 @@ def test_combined_1f1b_is_offered_where_megatron_runs_it() -> None:
     assert not any(o.a2a_overlap for o in pipeline_options(model, training, no_ep, 1, c))
     one_mb = TrainingSpec(seq_len=4096, global_batch=64)  # dp 64 x mb 1: one micro-batch
     assert not any(o.a2a_overlap for o in pipeline_options(model, one_mb, flat, 1, c))
+    older = c.model_copy(update={"allow_moe_a2a_overlap": False})  # a Megatron-Core that predates it
+    assert not any(o.a2a_overlap for o in pipeline_options(model, training, flat, 1, older))
+    assert [o for o in pipeline_options(model, training, pipelined, 1, c) if not o.a2a_overlap] == \
+        pipeline_options(model, training, pipelined, 1, older)
 
     big = TrainingSpec(seq_len=4096, global_batch=512)
     plan = search(model, big, get_cluster("dgx-h100"), 64, c.model_copy(update={"top_k": 20}))
