@@ -114,6 +114,19 @@ def test_plan_with_eager_kernels_says_so_and_exports_without_compile() -> None:
     assert r.exit_code == 2 and "elementwise_kernels" in r.output
 
 
+def test_plan_without_combined_1f1b_for_an_older_megatron_core() -> None:
+    """--no-moe-a2a-overlap: DeepSeek-V3's plan on 512 H100 uses combined 1F1B by default; without it
+    (a Megatron-Core from before August 2025) no candidate does, and the best is slower."""
+    args = ["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "512", "--seq-len", "4096",
+            "--global-batch", "4096", "--top", "3", "--json"]
+    default = json.loads(runner.invoke(app, args).stdout)
+    older = json.loads(runner.invoke(app, [*args, "--no-moe-a2a-overlap"]).stdout)
+    assert default["best"]["layout"]["moe_a2a_overlap"]
+    assert older["inputs"]["constraints"]["allow_moe_a2a_overlap"] is False
+    assert not any(c["layout"]["moe_a2a_overlap"] for c in [older["best"], *older["alternatives"]])
+    assert older["best"]["estimate"]["step_s"] > default["best"]["estimate"]["step_s"]
+
+
 def test_plan_marks_an_mfu_above_every_published_run() -> None:
     """The MFU cell carries "!" and a line under the table names the ceiling exactly when the JSON's
     predicted MFU is above the highest any published run of its regime measured."""
