@@ -5,6 +5,7 @@ best plan's *predicted* throughput compare with the *measured* published figure 
 is close to the best its stack reaches: a plan promising far more is a blind spot of the model)?
 
     python -m bench.published_vs_plan [--source ID] [--holdout] [--limit N] [--json]
+    python -m bench.published_vs_plan --summarize out.json   # the summary of an earlier --json run
 
 Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
 and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`).
@@ -105,13 +106,58 @@ def summary_over_measured(out: list[dict], title: str) -> str:
             f"p90 {quantile(ratios, 0.9):.3f}, max {max(ratios):.3f}; {over} rows above 1.25")
 
 
+def rows_above(out: list[dict], threshold: float = 1.25) -> list[dict]:
+    """The rows whose best plan promises more than `threshold` x the measured figure, grouped by
+    source and model, each ratio split into its two factors: best plan / published layout (what the
+    search adds over the recipe) x published layout / measured (the model's error on the recipe
+    itself, `bench.calibration_report`). A group whose second factor is already above the threshold
+    is a blind spot of the model on that recipe; one whose first factor is large is the search
+    finding (or believing) a better layout."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in out:
+        if r["best_over_measured"] and r["best_over_measured"] > threshold:
+            model = r["model"].split(" (proxy")[0]
+            groups.setdefault((r["source"], model), []).append(r)
+    summary = []
+    for (source, model), members in groups.items():
+        summary.append({
+            "source": source, "model": model, "rows": [m["row_id"] for m in members],
+            "best_over_measured": statistics.median(m["best_over_measured"] for m in members),
+            "published_over_measured": statistics.median(
+                m["published_tokens_per_s_per_gpu"] / m["measured_tokens_per_s_per_gpu"] for m in members),
+            "best_over_published": statistics.median(
+                m["best_tokens_per_s_per_gpu"] / m["published_tokens_per_s_per_gpu"] for m in members),
+        })
+    return sorted(summary, key=lambda g: -len(g["rows"]))
+
+
+def print_rows_above(out: list[dict], threshold: float = 1.25) -> None:
+    groups = rows_above(out, threshold)
+    if not groups:
+        return
+    print(f"\nrows above {threshold} by source and model (medians): best plan / measured, split into best plan / "
+          "published layout (the search) and published layout / measured (the model on the recipe)")
+    print(f"  {'rows':>4s} {'source':20s} {'model':34s} {'best/meas':>9s} {'best/pub':>9s} {'pub/meas':>9s}  ids")
+    for g in groups:
+        print(f"  {len(g['rows']):4d} {g['source'][:20]:20s} {g['model'][:34]:34s} {g['best_over_measured']:9.2f} "
+              f"{g['best_over_published']:9.2f} {g['published_over_measured']:9.2f}  {g['rows'][0]}-{g['rows'][-1]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--source", default=None)
     ap.add_argument("--holdout", action="store_true", help="only rows of the source families never fitted on")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--summarize", metavar="JSON", default=None,
+                    help="print the summary of an earlier --json run (no search)")
     args = ap.parse_args()
+    if args.summarize:
+        with open(args.summarize) as f:
+            earlier = json.load(f)
+        print(summary_over_measured(earlier, args.summarize))
+        print_rows_above(earlier)
+        return
     rows, _ = load_rows()
     rows = [r for r in rows if args.source is None or r.source_id == args.source]
     if args.holdout:
@@ -135,6 +181,7 @@ def main() -> None:
             f"{r['published_rank']:6d} {r['feasible_layouts']:7,d}"
         )
     print(summary_over_measured(out, "all rows shown"))
+    print_rows_above(out)
     n = len(out)
     print(f"\n{n} rows: published layout fits in {sum(r['published_fits'] for r in out)}; best plan >= published in "
           f"{sum(r['best_at_least_published'] for r in out)}; median rank {statistics.median(r['published_rank'] for r in out):.0f}; "

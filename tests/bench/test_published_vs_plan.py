@@ -32,3 +32,21 @@ def test_rows_are_searched_without_combined_1f1b_their_stack_lacked(rows) -> Non
     row = rows[478]
     assert row.source_id not in COMBINED_1F1B_SOURCES
     assert constraints_for(row).allow_moe_a2a_overlap is False
+
+
+def test_rows_above_split_the_promise_into_search_and_model() -> None:
+    """Rows above 1.25 are grouped by source and model (proxies with their full model), and each
+    group's ratio is split into best / published layout and published layout / measured."""
+    from bench.published_vs_plan import rows_above
+
+    def row(i, model, best, published, measured):
+        return {"row_id": i, "source": "s", "model": model, "best_tokens_per_s_per_gpu": best,
+                "published_tokens_per_s_per_gpu": published, "measured_tokens_per_s_per_gpu": measured,
+                "best_over_measured": best / measured}
+
+    out = [row(1, "M (proxy, 2 layers)", 150, 120, 100), row(2, "M", 140, 100, 100), row(3, "N", 110, 100, 100)]
+    (group,) = rows_above(out)
+    assert group["model"] == "M" and group["rows"] == [1, 2]
+    assert group["best_over_measured"] == pytest.approx(1.45)
+    assert group["published_over_measured"] == pytest.approx(1.1)
+    assert group["best_over_published"] == pytest.approx((1.25 + 1.4) / 2)
