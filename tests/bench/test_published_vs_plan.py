@@ -50,3 +50,12 @@ def test_rows_above_split_the_promise_into_search_and_model() -> None:
     assert group["best_over_measured"] == pytest.approx(1.45)
     assert group["published_over_measured"] == pytest.approx(1.1)
     assert group["best_over_published"] == pytest.approx((1.25 + 1.4) / 2)
+
+
+def test_the_ratio_uses_the_plan_autopar_would_recommend(rows) -> None:
+    """DGX Cloud Llama 2 70B on 64 H100: the fastest layout without headroom needs more than 95% of
+    HBM; `autopar plan` keeps its default 5% free, and so does the plan behind `best_over_measured`."""
+    result = compare(rows[400], default_calibration())
+    assert result["recommended_tokens_per_s_per_gpu"] < result["best_tokens_per_s_per_gpu"]
+    assert result["best_over_measured"] == pytest.approx(
+        result["recommended_tokens_per_s_per_gpu"] / result["measured_tokens_per_s_per_gpu"])
