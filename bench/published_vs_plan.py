@@ -13,8 +13,9 @@ and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`).
 "Fully specified" rows are those whose layout the source states (TP, PP, DP and the batch); the
 same model, cluster, GPU count, training spec and framework are searched. Rank = 1 + the number of
 fitting layouts that are strictly faster than the published one (counted exactly by the search).
-Both sides are priced by the same calibrated cost model, so this compares layouts, not the model's
-accuracy (that is `bench.calibration_report`).
+Rank and gain price both layouts with the same calibrated model, so they compare layouts. Best /
+measured also carries the model's error on the recipe: the summary splits it into best plan /
+published layout (the search) x published layout / measured (`bench.calibration_report`'s error).
 """
 
 from __future__ import annotations
