@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cost_models.error_band import above_published_ceiling
+
 GIB = 2**30
 
 
@@ -104,8 +106,6 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
 def _mfu_with_band(e: dict) -> str:
     """MFU and, when the estimate has one, its error band (`cost_models.error_band`); "!" when it is
     above every published run of its regime."""
-    from cost_models.error_band import above_published_ceiling
-
     band = e.get("error_band")
     mfu = f"{100 * e['mfu']:.1f}%"
     text = f"{mfu} ({100 * band['mfu_low']:.0f}-{100 * band['mfu_high']:.0f})" if band else mfu
@@ -194,8 +194,6 @@ def print_plan(plan: object, console: Console | None = None, rows: int | None = 
                 _mfu_with_band(e), f"{e['memory']['peak_bytes'] / GIB:.1f}",
             )
         console.print(table)
-        from cost_models.error_band import above_published_ceiling
-
         above = [c.estimate for c in [plan.best, *plan.alternatives][:rows] if above_published_ceiling(c.estimate)]
         if above:
             ceiling = above[0]["published_mfu_ceiling"]

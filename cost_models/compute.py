@@ -386,17 +386,6 @@ one of them each (2 + 2 + 2): 34. Counted for 16-bit activations; the C @ B^T pr
 left out."""
 
 
-def ssd_state_elements(model: ModelSpec, g: ShardGeometry) -> Scalars:
-    """Chunk-state elements of one Mamba-2 layer's scan on one rank for one micro-batch: ceil(s / Q)
-    chunks per sequence, H P N each, heads split over TP."""
-    heads, p, n = model.mamba_num_heads, model.mamba_head_dim, model.mamba_state_size
-    assert heads and p and n
-    local_seq = g.seq_len / g.cp
-    seqs = g.tokens / local_seq
-    chunks = np.ceil(np.asarray(local_seq, dtype=float) / model.mamba_chunk_size)
-    return seqs * chunks * heads * p * n / g.tp
-
-
 def ssd_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> tuple[Scalars, Scalars]:
     """(forward, backward) seconds of one Mamba-2 layer's chunked SSD scan on one rank ((0, 0)
     elsewhere). Its matmul FLOPs (`flops.ssd_scan_flops_forward`, heads and groups split over TP;
@@ -404,12 +393,15 @@ def ssd_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal:
     choice: mamba_ssm's Triton scan kernels are tiled tensor-core matmuls over chunks, like a
     flash-attention kernel, in bf16 / fp32 whatever the GEMM precision); the chunk states it passes
     between its kernels (`SSD_STATE_BYTES_FORWARD` / `_BACKWARD` per element) move over HBM at
-    `hbm_efficiency` of its bandwidth."""
+    `hbm_efficiency` of its bandwidth: ceil(s / Q) chunks per sequence, H P N elements each, heads
+    split over TP (hybrid models run no context parallelism: `layout.hybrid_violations`)."""
     if not model.is_mamba_layer(index):
         return 0.0, 0.0
     seqs = g.tokens / (g.seq_len / g.cp)
     matmuls = ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.compute_peak("bf16") * cal.attention_efficiency)
-    states = ssd_state_elements(model, g) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    chunks = -(-g.seq_len // model.mamba_chunk_size)
+    state_elements = seqs * chunks * model.mamba_num_heads * model.mamba_head_dim * model.mamba_state_size / g.tp
+    states = state_elements / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
     return (
         matmuls + SSD_STATE_BYTES_FORWARD * states,
         SSM_BACKWARD_FACTOR * matmuls + SSD_STATE_BYTES_BACKWARD * states,
