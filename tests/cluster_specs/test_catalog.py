@@ -160,11 +160,13 @@ def test_entry_errors():
         gpu_from_entry("toy", {**entry, "gpu_link": "1 GB/s"})
 
 
-def test_gb200_kernels_run_at_the_share_nvidia_measured_against_hopper() -> None:
-    """MLPerf Training v5.0 (NVIDIA): GB200 NVL72 trains Llama 3.1 405B 2.2x faster per GPU than
-    Hopper; the datasheet peaks differ 2.53x. Kernels are priced at 2.2x the H100's rate, MFU keeps
-    the datasheet peak."""
+def test_gb200_kernels_run_slower_than_its_per_gpu_speed_up_over_hopper() -> None:
+    """MLPerf Training v5.0: GB200 NVL72 trains Llama 3.1 405B about 2.2x faster per GPU than H100,
+    where the datasheet peaks differ 2.53x. Part of that 2.2x is NVL72's faster communication
+    (`bench.mlperf_clock` derives the clock with it counted), so the kernels are priced at less than
+    2.2x the H100's rate; MFU keeps the datasheet peak."""
     gb200, h100 = get_gpu("GB200"), get_gpu("H100-80GB")
     assert gb200.peak("bf16") == pytest.approx(2500e12)
-    assert gb200.compute_peak("bf16") / h100.compute_peak("bf16") == pytest.approx(2.2, rel=2e-3)
-    assert gb200.compute_peak("fp8") / h100.compute_peak("fp8") == pytest.approx(2.2, rel=2e-3)
+    for precision in ("bf16", "fp8"):
+        ratio = gb200.compute_peak(precision) / h100.compute_peak(precision)
+        assert 1.8 < ratio < 2.2
