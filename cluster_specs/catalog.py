@@ -22,7 +22,8 @@ from cluster_specs.spec import GPUSpec, Precision
 
 _KEYS = {
     "vendor", "aliases", "peak_dense", "memory", "memory_reported", "memory_reported_source",
-    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "sustained_clock_fraction", "source", "notes",
+    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "sustained_clock_fraction", "mamf", "mamf_source",
+    "source", "notes",
 }  # fmt: skip
 _REQUIRED = {"peak_dense", "memory", "memory_bandwidth", "gpu_link", "source"}
 
@@ -32,8 +33,26 @@ def normalize_name(name: str) -> str:
     return "-".join(str(name).strip().lower().replace("_", " ").split())
 
 
-def gpu_from_entry(key: str, entry: dict[str, Any]) -> GPUSpec:
-    """Build a `GPUSpec` from one catalog entry written in vendor units."""
+MATMUL_REFERENCE = {"bf16": "A100-80GB", "fp16": "A100-80GB", "fp8": "H100-80GB"}
+"""Per precision, the GPU whose measured matmul share (`mamf` / peak) the others are expressed against:
+the calibration's GEMM and attention efficiencies are fitted on its rows (16-bit: the A100 rows of the
+Megatron papers and llm-foundry are the bulk of the fit; FP8: every fitted FP8 row is H100)."""
+
+
+def mamf_fraction(entry: dict[str, Any], precision: str) -> float | None:
+    """Measured maximum achievable matmul FLOP/s over the dense peak of one catalog entry (16-bit
+    precisions share the bf16 measurement), None where nothing is measured."""
+    mamf = entry.get("mamf") or {}
+    measured = mamf.get(precision, mamf.get("bf16") if precision == "fp16" else None)
+    if measured is None or precision not in entry["peak_dense"]:
+        return None
+    return units.flops_per_s(measured) / units.flops_per_s(entry["peak_dense"][precision])
+
+
+def gpu_from_entry(key: str, entry: dict[str, Any], reference: dict[str, float] | None = None) -> GPUSpec:
+    """Build a `GPUSpec` from one catalog entry written in vendor units. `reference`: per precision,
+    the matmul share (`mamf_fraction`) of the `MATMUL_REFERENCE` GPU; the entry's own measured share is
+    stored relative to it (`GPUSpec.matmul_share`)."""
     unknown = set(entry) - _KEYS
     missing = _REQUIRED - set(entry)
     if unknown or missing:
@@ -52,17 +71,41 @@ def gpu_from_entry(key: str, entry: dict[str, Any]) -> GPUSpec:
         tdp_w=units.watts(entry["tdp"]) if "tdp" in entry else None,
         sm_count=int(entry["sm_count"]) if "sm_count" in entry else None,
         sustained_clock_fraction=float(entry.get("sustained_clock_fraction", 1.0)),
+        matmul_share={
+            p: fraction / reference[p]
+            for p in entry["peak_dense"]
+            if reference and p in reference and (fraction := mamf_fraction(entry, p)) is not None
+        },
         source=entry["source"],
     )
 
 
 @functools.cache
+def _raw() -> dict[str, Any]:
+    return yaml.safe_load(resources.files("cluster_specs").joinpath("data/gpus.yaml").read_text())
+
+
+@functools.cache
+def matmul_reference() -> dict[str, float]:
+    """Per precision, the matmul share (`mamf_fraction`) of its `MATMUL_REFERENCE` GPU: what a
+    catalog or user entry's own measurement is divided by (`gpu_from_entry`)."""
+    reference = {}
+    for precision, ref in MATMUL_REFERENCE.items():
+        fraction = mamf_fraction(_raw()["gpus"][ref], precision)
+        if fraction is None:
+            raise ValueError(f"GPU {ref}, the {precision} matmul reference, has no mamf measurement")
+        reference[precision] = fraction
+    return reference
+
+
+@functools.cache
 def _catalog() -> tuple[dict[str, GPUSpec], dict[str, str]]:
-    raw = yaml.safe_load(resources.files("cluster_specs").joinpath("data/gpus.yaml").read_text())
+    raw = _raw()
     specs: dict[str, GPUSpec] = {}
     index: dict[str, str] = {}
+    reference = matmul_reference()
     for key, entry in raw["gpus"].items():
-        specs[key] = gpu_from_entry(key, entry)
+        specs[key] = gpu_from_entry(key, entry, reference)
         for alias in [key, *entry.get("aliases", [])]:
             norm = normalize_name(alias)
             if index.get(norm, key) != key:

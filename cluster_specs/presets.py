@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from cluster_specs import units
-from cluster_specs.catalog import get_gpu, gpu_from_entry, normalize_name
+from cluster_specs.catalog import get_gpu, gpu_from_entry, matmul_reference, normalize_name
 from cluster_specs.spec import ClusterSpec, GPUSpec
 
 # short key -> (field, parser); a field name given directly goes through the same parser.
@@ -77,7 +77,7 @@ def _gpu(value: Any) -> GPUSpec:
     if isinstance(value, Mapping):
         if "peak_dense" in value:  # catalog style, vendor units
             entry = dict(value)
-            return gpu_from_entry(str(entry.pop("name", "custom")), entry)
+            return gpu_from_entry(str(entry.pop("name", "custom")), entry, matmul_reference())
         return GPUSpec(**value)
     raise TypeError(f"gpu must be a catalog name, a mapping or a GPUSpec, not {type(value).__name__}")
 

@@ -13,6 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
 
+MAX_MATMUL_SHARE = 1.5
+"""Upper bound on `GPUSpec.matmul_share`: no GPU's best matmul reaches 1.5x the reference's share of
+its peak (the reference reaches 86.9%, so 1.5x would exceed the peak itself)."""
+
+
 class GPUSpec(BaseModel):
     """One accelerator. Peak FLOP/s are *dense* (no 2:4 sparsity) tensor-core peaks."""
 
@@ -42,9 +47,15 @@ class GPUSpec(BaseModel):
         description="tensor-core clock the board sustains under its power limit, as a fraction of the clock the "
         "peaks assume: GEMM and attention time use peak x this (`compute_peak`); MFU keeps the nominal peak",
     )
+    matmul_share: dict[str, float] = Field(
+        default_factory=dict,
+        description="per precision: the share of its peak this GPU's best matmul reaches (measured maximum "
+        "achievable matmul FLOP/s / peak), relative to the share of the GPU the calibration's efficiencies "
+        "are fitted on (cluster_specs.catalog.MATMUL_REFERENCE); a precision without a measurement is 1",
+    )
     source: str = Field(default="", description="datasheet the figures come from")
 
-    def __hash__(self) -> int:  # the dict field keeps pydantic's generated hash from working
+    def __hash__(self) -> int:  # the dict fields keep pydantic's generated hash from working
         return hash(
             (
                 self.name,
@@ -53,13 +64,31 @@ class GPUSpec(BaseModel):
                 self.memory_bandwidth_bytes_per_s,
                 self.link_bandwidth_bytes_per_s,
                 self.sustained_clock_fraction,
+                tuple(sorted(self.matmul_share.items())),
             )
         )
 
     def compute_peak(self, precision: str) -> float:
-        """FLOP/s the tensor cores sustain for `precision`: `peak` x `sustained_clock_fraction`
-        (what kernel times are priced against; MFU divides by `peak`, as published figures do)."""
-        return self.peak(precision) * self.sustained_clock_fraction
+        """FLOP/s kernel times are priced against for `precision`: `peak` x `sustained_clock_fraction`
+        x `matmul_share` (the calibration's efficiencies are shares of this; MFU divides by `peak`, as
+        published figures do)."""
+        share = self.matmul_share.get(self._peak_key(precision), 1.0)
+        return self.peak(precision) * self.sustained_clock_fraction * share
+
+    @model_validator(mode="after")
+    def _check_matmul_share(self) -> GPUSpec:
+        for precision, share in self.matmul_share.items():
+            if precision not in self.peak_flops_per_s:
+                raise ValueError(f"matmul_share names {precision!r}, which has no peak (has {sorted(self.peak_flops_per_s)})")
+            if not 0 < share <= MAX_MATMUL_SHARE:
+                raise ValueError(f"matmul_share[{precision!r}] = {share} is outside (0, {MAX_MATMUL_SHARE}]")
+        return self
+
+    def _peak_key(self, precision: str) -> str:
+        """The precision whose peak `peak(precision)` returns (fp8 falls back to 16-bit)."""
+        if precision in self.peak_flops_per_s or precision != "fp8":
+            return precision
+        return next((p for p in ("bf16", "fp16") if p in self.peak_flops_per_s), precision)
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for `precision`.
