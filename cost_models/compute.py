@@ -366,6 +366,32 @@ def activation_function_bytes(model: ModelSpec, index: int, g: ShardGeometry, ac
     return width * model.ffn_hidden_size / g.tp * g.tokens * act_bytes
 
 
+FP8_QUANTIZE_BYTES_PER_ELEMENT = 4
+"""HBM bytes per element of a separate FP8 quantize kernel that writes both layouts: read the
+16-bit input (2), write the row-wise FP8 copy (1) and the column-wise (transposed) one the
+weight-gradient GEMM needs (1). Transformer Engine's `GroupedLinear` (Megatron-Core's TEGroupedMLP)
+quantizes every expert's input with `tex.fused_multi_quantize` before the forward grouped GEMM and
+every grad output the same way in the backward (transformer_engine/pytorch/module/grouped_linear.py),
+where a dense layer's LayerNormLinear / LayerNormMLP fuse most of their casts into the norm and
+activation kernels (the fitted FP8 GEMM efficiency, from dense rows, absorbs those)."""
+
+
+def fp8_expert_quantize_bytes(model: ModelSpec, index: int, g: ShardGeometry) -> tuple[Scalars, Scalars]:
+    """(forward, backward) HBM bytes of the FP8 quantize kernels of an MoE layer's routed-expert
+    grouped GEMMs on one rank (`FP8_QUANTIZE_BYTES_PER_ELEMENT` per element): forward, the rows
+    entering FC1 (h) and FC2 (f / etp); backward, the grad outputs of FC2 (h) and FC1 (f / etp, 2f
+    gated). (0, 0) outside MoE layers; the caller applies it to FP8 runs only."""
+    if not model.is_moe_layer(index):
+        return 0.0, 0.0
+    assert model.moe_ffn_hidden_size
+    rows, h, f = routed_rows(model, g), model.hidden_size, model.moe_ffn_hidden_size / g.etp
+    fc1_out = (2 if model.gated_mlp else 1) * f
+    return (
+        FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + f),
+        FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + fc1_out),
+    )
+
+
 SSM_BACKWARD_FACTOR = 3.0
 """Backward of the chunked SSD scan's matmuls over their forward: the input gradients (2x) and the
 forward they recompute (1x; `cost_models.flops`, hardware FLOPs)."""
@@ -427,6 +453,8 @@ class LayerTime:
     dequant_fwd: Scalars = 0.0  # QLoRA: dequantizing the layer's base weights once (per forward / backward)
     ssm_fwd: Scalars = 0.0  # a Mamba-2 layer's chunked SSD scan forward (`ssd_times`)
     ssm_bwd: Scalars = 0.0  # and its backward
+    quant_fwd: Scalars = 0.0  # FP8: quantizing the routed experts' GEMM inputs (`fp8_expert_quantize_bytes`)
+    quant_bwd: Scalars = 0.0  # and their grad outputs
 
     @property
     def attention(self) -> Scalars:
@@ -462,7 +490,7 @@ class LayerTime:
         """GPU time of the forward, or the host's launches when they take longer."""
         return _larger(
             self.gemm_fwd + self.attention_fwd + self.elementwise_fwd + self.adapter_fwd + self.dequant_fwd
-            + self.ssm_fwd,
+            + self.ssm_fwd + self.quant_fwd,
             self.host_fwd,
         )
 
@@ -479,7 +507,7 @@ class LayerTime:
         their backward and, under QLoRA, the weights dequantized again for the input-gradient GEMMs."""
         return (
             self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
-            + self.adapter_bwd + self.dequant_fwd + self.ssm_bwd
+            + self.adapter_bwd + self.dequant_fwd + self.ssm_bwd + self.quant_bwd
         )
 
     @property
@@ -579,6 +607,10 @@ def layer_time(
     # the input norms: read + write h each (two per layer, one in a hybrid layer)
     norms = model.tp_blocks_per_layer * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth
     ssm, ssm_bwd = ssd_times(model, index, g, gpu, cal)
+    quant: tuple[Scalars, Scalars] = (0.0, 0.0)
+    if precision == "fp8" and "fp8" in gpu.peak_flops_per_s:
+        quant_fwd_bytes, quant_bwd_bytes = fp8_expert_quantize_bytes(model, index, g)
+        quant = (quant_fwd_bytes / bandwidth, quant_bwd_bytes / bandwidth)
     mla_up: Scalars = 0.0
     if model.attention == "mla":
         gemms = layer_gemms(model, index, g)
@@ -587,6 +619,7 @@ def layer_time(
     if ft is None:
         return LayerTime(
             gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, ssm_fwd=ssm, ssm_bwd=ssm_bwd,
+            quant_fwd=quant[0], quant_bwd=quant[1],
         )
     adapters, adapters_bwd = finetune.adapter_seconds(model, index, g.tokens, g.tp, g.ep, g.etp, act_bytes, bandwidth, ft)
     dequant: Scalars = 0.0
@@ -596,7 +629,7 @@ def layer_time(
     host = host + finetune.adapter_kernels(model, index, ft) * cal.kernel_launch_s
     return LayerTime(
         gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
-        dequant, ssm, ssm_bwd,
+        dequant, ssm, ssm_bwd, quant[0], quant[1],
     )
 
 
