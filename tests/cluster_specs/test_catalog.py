@@ -197,3 +197,12 @@ def test_a_user_gpu_with_a_measured_matmul_rate_is_priced_at_it() -> None:
     toy = gpu_from_entry("toy", entry, matmul_reference())
     assert toy.matmul_share["bf16"] == pytest.approx(0.6 / (271.2 / 312))
     assert gpu_from_entry("toy", entry).matmul_share == {}  # no reference given: nothing to compare with
+
+
+def test_gb300_takes_gb200s_measured_clock_and_b300s_matmul_rate() -> None:
+    """GB300 has no measurement of its own: the sustained clock of GB200 (MLPerf, same NVL72
+    platform) and the matmul rate measured on B300 (same Blackwell Ultra die), so it is never priced
+    faster per FLOP than the superchip that was measured."""
+    gb300, gb200, b300 = get_gpu("GB300"), get_gpu("GB200"), get_gpu("B300")
+    assert gb300.sustained_clock_fraction == gb200.sustained_clock_fraction
+    assert gb300.compute_peak("bf16") == pytest.approx(b300.compute_peak("bf16") * gb200.sustained_clock_fraction)
