@@ -61,6 +61,11 @@ def gpu_from_entry(key: str, entry: dict[str, Any], reference: dict[str, float] 
     bad = set(entry["peak_dense"]) - precisions
     if bad:
         raise ValueError(f"GPU {key}: unknown precisions {sorted(bad)}; known {sorted(precisions)}")
+    for precision in entry["peak_dense"]:
+        fraction = mamf_fraction(entry, precision)
+        if fraction is not None and not 0 < fraction <= 1:
+            raise ValueError(f"GPU {key}: mamf for {precision} is {fraction:.3g} x its dense peak; a measured "
+                             "matmul rate lies in (0, 1] of the peak")
     return GPUSpec(
         name=key,
         vendor=entry.get("vendor", "nvidia"),

@@ -14,8 +14,8 @@ Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
 
 MAX_MATMUL_SHARE = 1.5
-"""Upper bound on `GPUSpec.matmul_share`: no GPU's best matmul reaches 1.5x the reference's share of
-its peak (the reference reaches 86.9%, so 1.5x would exceed the peak itself)."""
+"""Upper bound on `GPUSpec.matmul_share`: 1.5x either reference's share of its peak (A100 bf16 86.9%,
+H100 FP8 70.9%) would exceed the peak itself, so a larger share is a wrong entry."""
 
 
 class GPUSpec(BaseModel):

@@ -197,6 +197,8 @@ def test_a_user_gpu_with_a_measured_matmul_rate_is_priced_at_it() -> None:
     toy = gpu_from_entry("toy", entry, matmul_reference())
     assert toy.matmul_share["bf16"] == pytest.approx(0.6 / (271.2 / 312))
     assert gpu_from_entry("toy", entry).matmul_share == {}  # no reference given: nothing to compare with
+    with pytest.raises(ValueError, match="mamf for bf16 is 6 x its dense peak"):
+        gpu_from_entry("toy", {**entry, "mamf": {"bf16": "600 TFLOPS"}}, matmul_reference())
 
 
 def test_gb300_takes_gb200s_measured_clock_and_b300s_matmul_rate() -> None:
