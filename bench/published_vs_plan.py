@@ -8,7 +8,8 @@ is close to the best its stack reaches: a plan promising far more is a blind spo
     python -m bench.published_vs_plan --summarize out.json   # the summary of an earlier --json run
 
 Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
-and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`).
+and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`,
+`MLA_CONTEXT_PARALLEL_SOURCES`).
 
 "Fully specified" rows are those whose layout the source states (TP, PP, DP and the batch); the
 same model, cluster, GPU count, training spec and framework are searched. Rank = 1 + the number of
@@ -43,6 +44,15 @@ COMBINED_1F1B_SOURCES: frozenset[str] = frozenset()
 issue #1728); the newest rows of the CSV (DGX Cloud v25.05 recipes, May 2025) predate it. Every
 other source's rows are searched without it, as a user of that stack would be."""
 
+MLA_CONTEXT_PARALLEL_SOURCES: frozenset[str] = frozenset()
+"""Sources measured on a Megatron-Core that splits multi-latent attention (DeepSeek-V3) over context
+parallel ranks: none yet. Transformer Engine's fused attention had no context parallelism for MLA
+in March 2025 (TransformerEngine issue #1552: its P2P ring concatenates K and V, whose head sizes
+differ under MLA), the support was a draft in April 2025 (TransformerEngine PR #1729), and
+Megatron-Core lists "Context Parallelism (CP) support for MTP and MLA" among its v0.14 features
+(September 2025, megatron/core/transformer/moe/README.md). The DGX Cloud DeepSeek-V3 rows (v25.05,
+May 2025) predate it, so an MLA model from any other source is searched with cp = 1."""
+
 
 PROMISE_LIMIT = 1.25
 """Issue 9's bar: a plan predicted above this multiple of what a tuned published recipe measured on
@@ -52,9 +62,11 @@ the same job is more likely a blind spot of the model than a better layout (90% 
 def constraints_for(row) -> SearchConstraints:
     """The search space of the row's own software stack: its framework, its loss and kernel
     implementations (a run without torch.compile is compared with plans priced without it, as a
-    BF16 run is with BF16 plans), its parallelisms (`FSDP_ONLY_SOURCES`) and its schedules
-    (`COMBINED_1F1B_SOURCES`)."""
+    BF16 run is with BF16 plans), its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of
+    MLA, `MLA_CONTEXT_PARALLEL_SOURCES`) and its schedules (`COMBINED_1F1B_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
+    if row.model.attention == "mla" and row.source_id not in MLA_CONTEXT_PARALLEL_SOURCES:
+        fixed["cp"] = 1
     lay = row.layout
     return SearchConstraints(
         framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,

@@ -34,6 +34,19 @@ def test_rows_are_searched_without_combined_1f1b_their_stack_lacked(rows) -> Non
     assert constraints_for(row).allow_moe_a2a_overlap is False
 
 
+def test_mla_rows_are_searched_without_context_parallelism_their_stack_lacked(rows) -> None:
+    """Megatron-Core split MLA over context-parallel ranks only from v0.14 (September 2025): the DGX
+    Cloud DeepSeek-V3 rows (May 2025) are searched with cp = 1; a GQA model of the same source keeps
+    context parallelism in its search."""
+    from bench.published_vs_plan import MLA_CONTEXT_PARALLEL_SOURCES, constraints_for
+
+    deepseek, llama = rows[479], rows[446]
+    assert deepseek.model.attention == "mla" and deepseek.source_id not in MLA_CONTEXT_PARALLEL_SOURCES
+    assert constraints_for(deepseek).cp == 1
+    assert llama.source_id == deepseek.source_id and llama.model.attention != "mla"
+    assert constraints_for(llama).cp is None
+
+
 def test_rows_above_split_the_promise_into_search_and_model() -> None:
     """Rows above 1.25 are grouped by source and model (proxies with their full model), and each
     group's ratio is split into best / published layout and published layout / measured."""
