@@ -318,24 +318,51 @@ def mfu_ceilings(results: list[Result]) -> dict[str, dict[str, float | int | str
     return ceilings_from_runs(samples)
 
 
+def holdout_summary(cal_hold: list[Result]) -> dict:
+    """The "holdout" block of the calibration file: error statistics of priced hold-out rows, overall,
+    in scope (`EXCLUDED_FROM_FIT` left out), by family, by regime (dense / MoE) and by stratum."""
+    by_family: dict[str, list[Result]] = {}
+    for r in cal_hold:
+        by_family.setdefault(family(r.row), []).append(r)
+    regimes = {
+        "dense": [r for r in cal_hold if not r.row.model.num_experts],
+        "MoE": [r for r in cal_hold if r.row.model.num_experts],
+    }
+    in_scope = [r for r in cal_hold if stratum(r.row) not in EXCLUDED_FROM_FIT]
+    hold_stats = stats_by_stratum(cal_hold)
+    return {
+        "rows": len(cal_hold),
+        "median_ape": hold_stats["ALL"].get("median_ape"),
+        "mape": hold_stats["ALL"].get("mape"),
+        "in_scope": {"excluding": list(EXCLUDED_FROM_FIT), **error_stats(in_scope)},
+        "by_family": {k: error_stats(v) for k, v in by_family.items()},
+        "by_regime": {k: error_stats(v) for k, v in regimes.items()},
+        "by_stratum": hold_stats,
+    }
+
+
 def write_bands_only(path: Path) -> int:
-    """Recompute `error_bands` and `published_mfu_ceilings` of the stored calibration file without
-    refitting."""
+    """Re-derive what the stored calibration file reports about its constants without refitting them
+    (after a change to the model or the catalog): the hold-out errors, `error_bands` and
+    `published_mfu_ceilings`. Every row is priced once."""
     rows, _ = load_rows()
     usable = [r for r in rows if r.has_throughput]
-    _, hold = split_rows(usable)
-    cal = default_calibration()
-    bands = holdout_bands(evaluate(hold, cal))
-    ceilings = mfu_ceilings(evaluate(usable, cal))
+    hold_ids = {r.row_id for r in split_rows(usable)[1]}
+    results = evaluate(usable, default_calibration())
+    cal_hold = [r for r in results if r.row.row_id in hold_ids]
+    bands, ceilings = holdout_bands(cal_hold), mfu_ceilings(results)
     doc = json.loads(path.read_text())
+    doc["holdout"] = holdout_summary(cal_hold)
     doc["error_bands"] = bands
     doc["published_mfu_ceilings"] = ceilings
     path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    for name, st in [*doc["holdout"]["by_family"].items(), *doc["holdout"]["by_regime"].items()]:
+        print(f"  hold-out {name:<32} n={st['n']:>4}  median APE {st['median_ape']:5.1f}%")
     for k, b in bands.items():
         print(f"  {k:<24} n={b['rows']:>4}  measured/predicted q10 {b['q10']:.2f}  q50 {b['q50']:.2f}  q90 {b['q90']:.2f}")
     for k, c in ceilings.items():
         print(f"  {k:<24} n={c['runs']:>4}  highest measured MFU {100 * float(c['mfu']):5.1f}%  {c['run']}")
-    print(f"wrote error_bands and published_mfu_ceilings into {path}")
+    print(f"wrote holdout, error_bands and published_mfu_ceilings into {path}")
     return 0
 
 
@@ -345,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-nfev", type=int, default=80, help="objective evaluations (x ~1 s each)")
     ap.add_argument("--random-starts", type=int, default=2, help="seeded random starts beside the priors and midpoints")
     ap.add_argument("--bands-only", action="store_true",
-                    help="recompute the error bands and published MFU ceilings of the stored fit, no refit")
+                    help="re-derive the hold-out errors, error bands and published MFU ceilings of the stored fit, no refit")
     ap.add_argument("--dry-run", action="store_true", help="do not write cost_models/data/calibration.json")
     ap.add_argument("--out", default=str(FITTED_PATH), help="where to write the fitted calibration")
     args = ap.parse_args(argv)
@@ -387,20 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     fit_stats, hold_stats = stats_by_stratum(cal_fit), stats_by_stratum(cal_hold)
     print_errors("FIT rows: tokens/s/GPU absolute % error", stats_by_stratum(prior_fit), fit_stats)
     print_errors("HOLD-OUT rows: tokens/s/GPU absolute % error", stats_by_stratum(prior_hold), hold_stats)
-    by_family = {}
-    for r in cal_hold:
-        by_family.setdefault(family(r.row), []).append(r)
-    regimes = {
-        "dense": [r for r in cal_hold if not r.row.model.num_experts],
-        "MoE": [r for r in cal_hold if r.row.model.num_experts],
-    }
+    holdout = holdout_summary(cal_hold)
     print("\nHOLD-OUT by family and regime (median APE of tokens/s/GPU):")
-    for name, members in [*by_family.items(), *regimes.items()]:
-        st = error_stats(members)
+    for name, st in [*holdout["by_family"].items(), *holdout["by_regime"].items()]:
         if st.get("n"):
             print(f"  {name:<36} n={st['n']:>4}  median APE {st['median_ape']:5.1f}%  median signed {st['median_signed_pct']:+6.1f}%")
-    in_scope = [r for r in cal_hold if stratum(r.row) not in EXCLUDED_FROM_FIT]
-    s_in = error_stats(in_scope)
+    s_in = holdout["in_scope"]
     print(f"\nhold-out excluding {', '.join(EXCLUDED_FROM_FIT)}: n={s_in['n']}, median APE {s_in['median_ape']:.1f}%, MAPE {s_in['mape']:.1f}%")
     nf = not_fitting(evaluate(rows, cal))
     print(f"published layouts predicted NOT to fit (all parsed rows): {len(nf)}")
@@ -414,15 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             "balanced_msle": info["loss"],
             "by_stratum": fit_stats,
         },
-        "holdout": {
-            "rows": len(hold_rows),
-            "median_ape": hold_stats["ALL"].get("median_ape"),
-            "mape": hold_stats["ALL"].get("mape"),
-            "in_scope": {"excluding": list(EXCLUDED_FROM_FIT), **s_in},
-            "by_family": {k: error_stats(v) for k, v in by_family.items()},
-            "by_regime": {k: error_stats(v) for k, v in regimes.items()},
-            "by_stratum": hold_stats,
-        },
+        "holdout": holdout,
         "error_bands": holdout_bands(cal_hold),
         "published_mfu_ceilings": mfu_ceilings(cal_fit + cal_hold),
         "split": SPLIT_DOC,
