@@ -380,7 +380,7 @@ def fp8_expert_quantize_bytes(model: ModelSpec, index: int, g: ShardGeometry) ->
     """(forward, backward) HBM bytes of the FP8 quantize kernels of an MoE layer's routed-expert
     grouped GEMMs on one rank (`FP8_QUANTIZE_BYTES_PER_ELEMENT` per element): forward, the rows
     entering FC1 (h) and FC2 (f / etp); backward, the grad outputs of FC2 (h) and FC1 (f / etp, 2f
-    gated). (0, 0) outside MoE layers; the caller applies it to FP8 runs only."""
+    gated). (0, 0) outside MoE layers; `layer_time` adds it where `fp8_gemms`."""
     if not model.is_moe_layer(index):
         return 0.0, 0.0
     assert model.moe_ffn_hidden_size
@@ -588,6 +588,13 @@ def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec,
     return attn_flops / (gpu.compute_peak("bf16") * cal.attention_efficiency * tiles)
 
 
+def fp8_gemms(precision: str, gpu: GPUSpec) -> bool:
+    """Whether GEMMs run in FP8: FP8 training on a GPU with FP8 tensor cores (elsewhere they run in
+    16 bits, `GPUSpec.peak`'s fallback), at `fp8_gemm_efficiency` and with the experts' quantize
+    kernels (`fp8_expert_quantize_bytes`)."""
+    return precision == "fp8" and "fp8" in gpu.peak_flops_per_s
+
+
 def layer_time(
     model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
     ft: FineTune | None = None,
@@ -595,8 +602,8 @@ def layer_time(
     """Seconds of layer `index` on one rank for one micro-batch. `ft`: a frozen base with LoRA /
     QLoRA adapters (`cost_models.finetune`): no weight-gradient GEMMs, adapter kernels, and under
     QLoRA the weights dequantized before each use."""
-    peak = gpu.compute_peak(precision)
-    eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
+    peak, fp8 = gpu.compute_peak(precision), fp8_gemms(precision, gpu)
+    eff = cal.fp8_gemm_efficiency if fp8 else cal.gemm_efficiency
     gemm = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in layer_gemms(model, index, g))
     attn = attention_time(model, index, g, gpu, cal)
     bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
@@ -608,7 +615,7 @@ def layer_time(
     norms = model.tp_blocks_per_layer * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth
     ssm, ssm_bwd = ssd_times(model, index, g, gpu, cal)
     quant: tuple[Scalars, Scalars] = (0.0, 0.0)
-    if precision == "fp8" and "fp8" in gpu.peak_flops_per_s:
+    if fp8:
         quant_fwd_bytes, quant_bwd_bytes = fp8_expert_quantize_bytes(model, index, g)
         quant = (quant_fwd_bytes / bandwidth, quant_bwd_bytes / bandwidth)
     mla_up: Scalars = 0.0
@@ -657,7 +664,7 @@ def lm_head_times(
     forward reads the logits and writes float32 probabilities, backward reads them and writes
     the logits' gradient). A `frozen` head (LoRA, QLoRA) computes only its input gradient."""
     peak = gpu.compute_peak(precision)
-    eff = cal.fp8_gemm_efficiency if precision == "fp8" and "fp8" in gpu.peak_flops_per_s else cal.gemm_efficiency
+    eff = cal.fp8_gemm_efficiency if fp8_gemms(precision, gpu) else cal.gemm_efficiency
     gemm = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
     per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
     return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
