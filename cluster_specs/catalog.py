@@ -22,8 +22,7 @@ from cluster_specs.spec import GPUSpec, Precision
 
 _KEYS = {
     "vendor", "aliases", "peak_dense", "memory", "memory_reported", "memory_reported_source",
-    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "sustained_clock_fraction", "mamf", "mamf_source",
-    "source", "notes",
+    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "sustained_clock_fraction", "mamf", "source", "notes",
 }  # fmt: skip
 _REQUIRED = {"peak_dense", "memory", "memory_bandwidth", "gpu_link", "source"}
 
