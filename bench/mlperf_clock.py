@@ -13,10 +13,10 @@ replicas = global batch) and the median step over all its result files. No row o
 Each run is priced with its cluster preset, the recipe's Megatron-Core options (distributed
 optimizer, TP communication overlap, the embedding and loss in pipeline slots) and the stored
 calibration. Measured / predicted tokens/s says how far the model is from each machine. The
-calibration learns the share of its peak that Hopper realises (every fitted row is A100 or Hopper;
-none is GB200), so GB200's `sustained_clock_fraction` is the value at which the GB200 runs sit
-where the H100 runs sit: median measured / predicted over the GB200 runs equal to the median over
-the H100 runs. Only the kernel times scale with the clock (communication, pipeline bubble and host
+calibration is fitted on A100 and H100 rows, none GB200, and each GPU's measured matmul share
+(`GPUSpec.matmul_share`) already prices what a best-case matmul reaches; so GB200's
+`sustained_clock_fraction` is what is left: the value at which the GB200 runs sit where the H100
+runs sit, median measured / predicted over the GB200 runs equal to the median over the H100 runs. Only the kernel times scale with the clock (communication, pipeline bubble and host
 time do not), so the value is found by bisection, not by dividing peaks. The H200 runs are printed
 as a check on the Hopper side.
 
@@ -46,8 +46,10 @@ from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "calibration" / "mlperf_training_v5_llama31_405b.csv"
+MODEL = "llama3-405b"
+"""The preset every run of `DATA` trains (MLPerf's Llama 3.1 405B: the Llama 3 405B shape)."""
 REFERENCE_FAMILY = "H100-80GB"
-"""The GPU whose runs anchor the comparison: the calibration learns Hopper's share of its peak."""
+"""The GPU whose runs anchor the comparison: a GPU the calibration is fitted on (A100 and H100 rows)."""
 TARGET_FAMILY = "GB200"
 
 
@@ -66,6 +68,7 @@ class MlperfRun:
     vpp: int
     cp: int
     micro_batch: int
+    precision: str  # TrainingSpec.precision of the run
     median_step_s: float
 
     @property
@@ -91,7 +94,7 @@ def load_runs(path: Path = DATA) -> list[MlperfRun]:
                 system=r["system"], gpu_family=r["gpu_family"], cluster_preset=r["cluster_preset"],
                 gpus=int(r["gpus"]), global_batch=int(r["global_batch_seqs"]), seq_len=int(r["seq_len"]),
                 tp=int(r["tp"]), pp=int(r["pp"]), vpp=int(r["vpp"]), cp=int(r["cp"]),
-                micro_batch=int(r["micro_batch"]), median_step_s=float(r["median_step_s"]),
+                micro_batch=int(r["micro_batch"]), precision=r["precision"].lower(), median_step_s=float(r["median_step_s"]),
             )
             for r in csv.DictReader(f)
         ]
@@ -108,8 +111,8 @@ def measured_over_predicted(run: MlperfRun, cal: Calibration, clock: float | Non
     cluster = get_cluster(run.cluster_preset)
     if clock is not None:
         cluster = with_clock(cluster, clock)
-    training = TrainingSpec(seq_len=run.seq_len, global_batch=run.global_batch, precision="fp8")
-    e = estimate(get_model("llama3-405b"), training, cluster, run.gpus, run.layout(), calibration=cal)
+    training = TrainingSpec(seq_len=run.seq_len, global_batch=run.global_batch, precision=run.precision)
+    e = estimate(get_model(MODEL), training, cluster, run.gpus, run.layout(), calibration=cal)
     return run.measured_tokens_per_s_per_gpu / e.tokens_per_s_per_gpu
 
 

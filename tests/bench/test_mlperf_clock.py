@@ -42,7 +42,18 @@ def test_a_slower_clock_makes_the_model_pessimistic_on_gb200() -> None:
     assert 1.0 < slow / fast < 0.9 / 0.8
 
 
-def test_main_prints_the_table_and_the_fraction(capsys) -> None:
-    assert mlperf_clock.main([]) == 0
-    out = capsys.readouterr().out
-    assert "GB200 sustained_clock_fraction: preset" in out
+def test_main_reports_every_run_and_the_fractions(capsys) -> None:
+    """--json: one row per run of the file, each family's median of the rows' ratios, the catalog's
+    fraction as the preset and the derivation's as derived."""
+    import json
+    import statistics
+
+    assert mlperf_clock.main(["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    runs = mlperf_clock.load_runs()
+    assert [r["system"] for r in doc["runs"]] == [r.system for r in runs]
+    for family, median in doc["medians"].items():
+        ratios = [r["measured_over_predicted"] for r in doc["runs"] if r["gpu_family"] == family]
+        assert median == pytest.approx(statistics.median(ratios))
+    assert doc["preset_fraction"] == get_gpu("GB200").sustained_clock_fraction
+    assert doc["derived_fraction"] == pytest.approx(doc["preset_fraction"], abs=2e-3)
