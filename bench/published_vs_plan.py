@@ -91,7 +91,7 @@ def compare(row, cal) -> dict:
     plan = search(row.model, row.training, row.cluster, row.gpus, c, calibration=cal, refine=False,
                   reference_step_s=published.step_s)
     best = plan.best.estimate["tokens_per_s_per_gpu"] if plan.best else None
-    fastest = max((c.estimate["tokens_per_s_per_gpu"] for c in [plan.best, *plan.alternatives] if c), default=None)
+    fastest = max((x.estimate["tokens_per_s_per_gpu"] for x in [plan.best, *plan.alternatives] if x), default=None)
     recommended = best
     if plan.best and plan.best.estimate["memory"]["peak_bytes"] > usable:
         kept = search(row.model, row.training, row.cluster, row.gpus, c.model_copy(update={"memory_headroom": headroom}),
