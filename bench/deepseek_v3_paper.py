@@ -14,8 +14,8 @@ We price the layout four ways, because no framework we export to runs it exactly
 - `megatron-combined-1f1b`: Megatron-Core's combined 1F1B (`--overlap-moe-expert-parallel-comm`),
   the closest Megatron-Core comes to DualPipe: a micro-batch's forward beside another's backward,
   the all-to-alls of both hidden behind the compute of both. It needs interleaving, so the 61
-  layers are cut into 32 chunks (the embedding's chunk and the last two with one layer; the CP-SAT
-  partitioner finds the same cut), and Megatron runs the 120 micro-batches per pipeline in groups
+  layers are cut into 32 chunks (`PARTITION_INTERLEAVED`, the CP-SAT partitioner's cut), and
+  Megatron runs the 120 micro-batches per pipeline in groups
   of 20 (`--microbatch-group-size-per-virtual-pipeline-stage`: 120 % 16 leaves a group smaller
   than pp). Interleaving warms up with 2(p - r - 1) + 20 + 1 chunk forwards, about 1.6 p
   micro-batches on rank 0 where DualPipe holds p + 1: to fit, it recomputes the attention core on
@@ -25,11 +25,15 @@ We price the layout four ways, because no framework we export to runs it exactly
   exposed).
 - `fsdp-dualpipev`: torch's DualPipeV (DualPipe cut in half: the same bubble and activations per
   rank, half the parameter copies) with torchtitan's EP overlap, the report's schedule; 61 layers
-  cut into the same 32 chunks, placed as a V. Its memory is torchtitan's MoE activations (three
+  cut into 32 chunks placed as a V (`PARTITION_V`). Its memory is torchtitan's MoE activations (three
   routed 16-bit copies per token, eager SwiGLU) and torch pipelining's receive buffers (one per
   micro-batch and chunk): it does not fit.
 - `fsdp-zbv`: the same V without the F&B pairs (all-to-alls exposed).
-MTP (one extra module in the report) is not priced: it adds about 4% of the FLOPs.
+The report's one MTP module is priced (the preset's `mtp_layers`): a block, a projection and one
+more pass of the BF16 output head, on the rank that holds the head. Where that rank also held its
+share of the layers, it set the pace (+32% over the report); the report puts the embedding, the
+output head and the MTP module on one rank with the shallowest and deepest layers (Sec. 3.2.1),
+and the cuts below leave that rank one layer.
 """
 
 from __future__ import annotations
@@ -43,8 +47,14 @@ from cost_models.jobs import run_job
 GPU_HOURS_PER_TRILLION_TOKENS = 180_000
 """DeepSeek-V3 technical report, Table 1 note and Sec. 1: 180K H800 GPU hours per trillion tokens."""
 GPUS, SEQ, GLOBAL_BATCH = 2048, 4096, 15360
-PARTITION_32_CHUNKS = [1] + [2] * 29 + [1, 1]
-"""61 layers over pp 16 x 2 chunks: the embedding's and the LM head's chunks hold one layer each."""
+PARTITION_INTERLEAVED = [2] * 15 + [1] + [2] * 15 + [0]
+"""61 layers over pp 16 x 2 interleaved chunks (chunk c on rank c % 16), as the CP-SAT partitioner
+cuts them (`partition: "auto"` finds it): the rank holding the LM head and the MTP module keeps one
+layer, its last chunk only the head."""
+PARTITION_V = [0] + [2] * 30 + [1]
+"""The same 61 layers placed as a V (chunk c on rank c, then 31 - c): rank 0 holds the embedding,
+the deepest layer, the output head and the MTP module, the report's placement; every other rank
+four layers."""
 
 BASE: dict[str, Any] = {
     "model": "deepseek-v3", "cluster": "dgx-h800", "gpus": GPUS,
@@ -75,7 +85,7 @@ def price(variant: str) -> dict[str, Any]:
     job = json.loads(json.dumps(BASE))
     job["layout"].update(VARIANTS[variant])
     if job["layout"].get("vpp") == 2:
-        job["partition"] = PARTITION_32_CHUNKS
+        job["partition"] = PARTITION_V if job["layout"].get("schedule") in ("dualpipev", "zbv") else PARTITION_INTERLEAVED
     out = run_job(job)
     if not out.get("ok"):
         raise ValueError(f"{variant}: {out.get('error')}")

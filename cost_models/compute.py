@@ -670,6 +670,20 @@ def lm_head_times(
     return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
 
 
+def mtp_projection_times(
+    model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
+) -> tuple[Scalars, Scalars]:
+    """(forward, backward) seconds of one multi-token-prediction module's input projection on one
+    rank: the normed hidden state and the normed embedding of the next token, concatenated (2h),
+    projected to h (DeepSeek-V3 report Sec. 2.2, M_k; Megatron-Core `MultiTokenPredictionLayer.eh_proj`,
+    column-parallel over TP) in the layers' GEMM precision. Its transformer block is priced as a
+    layer (`stage_table._mtp_sums`) and its output head as the LM head (`lm_head_times`)."""
+    peak = gpu.compute_peak(precision)
+    eff = cal.fp8_gemm_efficiency if fp8_gemms(precision, gpu) else cal.gemm_efficiency
+    gemm = gemm_time(Gemm(g.tokens, model.hidden_size / g.tp, 2 * model.hidden_size), peak, gpu, act_bytes, eff, cal)
+    return gemm, 2.0 * gemm
+
+
 def lm_head_time(
     model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration, frozen: bool = False
 ) -> Scalars:

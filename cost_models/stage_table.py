@@ -31,7 +31,15 @@ from cost_models.activations import (
 )
 from cost_models.calibration import Calibration
 from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
-from cost_models.compute import LayerTime, ShardGeometry, layer_gemms, layer_time, lm_head_times, routed_rows
+from cost_models.compute import (
+    LayerTime,
+    ShardGeometry,
+    layer_gemms,
+    layer_time,
+    lm_head_times,
+    mtp_projection_times,
+    routed_rows,
+)
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
@@ -235,6 +243,9 @@ def _rank_sums(
     quantities[14], quantities[15] = arr["a3"], arr["osac"]
     quantities[16], quantities[17], quantities[18], quantities[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
+    mtp = model.mtp_layers if n == model.num_layers else 0  # a probe partition of fewer layers has no head
+    if mtp:
+        sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
     (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
      acts3, osac, dense_w, expert_w, dense_t, expert_t) = sums
     largest = peak(arr["dense"] + arr["expert"])
@@ -246,6 +257,8 @@ def _rank_sums(
     _, of_layer = _layer_classes(model)
     n_classes = len(per_class["fwd"])
     class_counts = np.bincount(owner * n_classes + of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
+    if mtp:
+        class_counts[partition.head_rank, of_layer[n - 1]] += mtp
     out = (
         dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
         re_moe.copy(), compute.copy(), forward.copy(), reco, class_counts,
@@ -261,6 +274,28 @@ def _rank_sums(
 
 _RANK_QUANTITIES = 20
 """Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
+
+
+def _mtp_sums(
+    arr: dict[str, np.ndarray], last: np.ndarray, pp: int, head_rank: int, held: int, mtp: int, limit: int | None,
+) -> np.ndarray:
+    """(quantities, pp) the multi-token-prediction blocks add to `_rank_sums`: `mtp` transformer
+    blocks of the last layer's kind (DeepSeek-V3 report Sec. 2.2: each MTP module is one
+    transformer block; Megatron-Core builds it from the decoder's layer spec) on the rank that holds
+    the LM head (Megatron-Core places them in the last pipeline stage, beside the output layer they
+    share), after the rank's `held` layers: full recompute with a `limit` re-runs them only within
+    it. `last`: the last layer's column of `_rank_sums`' quantities."""
+    out = np.zeros((len(last), pp))
+    i = len(arr["fwd"]) - 1
+    for depth in range(mtp):
+        recomputed = limit is None or held + depth < limit
+        column = last.copy()
+        column[4] = arr["a2"][i] if recomputed else arr["a0"][i]
+        column[10] = arr["fwd"][i] if recomputed else 0.0
+        column[12] = float(recomputed)
+        column[13] = arr["moe"][i] if recomputed else 0.0
+        out[:, head_rank] += column
+    return out
 
 
 @lru_cache(maxsize=1024)
@@ -570,6 +605,20 @@ def build_table(
     head_fwd, head_bwd = head
     compute[head_rank] += head_fwd + head_bwd
     forward[head_rank] += head_fwd
+    if model.mtp_layers and partition.num_layers == model.num_layers:
+        # each multi-token-prediction module: its input projection and norms (weights on the head
+        # rank), its block (`_mtp_sums`), and one more pass through the shared output head and loss
+        mtp_key = ("mtp", g.tokens, g.tp)
+        proj = store.get(mtp_key)
+        if proj is None:
+            proj = store[mtp_key] = mtp_projection_times(model, g, cluster.gpu, training.precision, ab, cal)
+        extra = model.mtp_layers * (2 * model.hidden_size * model.hidden_size / tp + 3 * pc.final_norm)
+        dense[head_rank] += extra
+        weight_bytes[0, head_rank] += training.param_bytes * extra
+        if ft is None:
+            trainable[0, head_rank] += extra
+        compute[head_rank] += model.mtp_layers * (head_fwd + head_bwd + proj[0] + proj[1])
+        forward[head_rank] += model.mtp_layers * (head_fwd + proj[0])
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
     tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = comm
@@ -581,6 +630,8 @@ def build_table(
     logits = store.get(logits_key)
     if logits is None:
         logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
+    if model.mtp_layers and partition.num_layers == model.num_layers:
+        logits = logits * (1 + model.mtp_layers)  # each MTP module's loss holds its own logits until the backward
     channels_key = ("channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order)
     channels = store.get(channels_key)
     if channels is None:

@@ -338,12 +338,21 @@ class _Lookups:
 
 
 def _cut_variables(m: cp_model.CpModel, data: PartitionData, spread: int) -> list[cp_model.IntVar | int]:
-    """start[c] for c = 0..C: contiguous chunks of at least one layer (start[0] = 0, start[C] = L).
-    The chunks of one rank differ by at most `spread` layers (interleaving assumes equal chunks)."""
+    """start[c] for c = 0..C: contiguous chunks (start[0] = 0, start[C] = L) of at least one layer,
+    but for the first and the last, which hold the embedding and the LM head (with the MTP modules)
+    and may hold no layer (`StagePartition.problems`; DeepSeek-V3 report Sec. 3.2.1 puts the
+    embedding, the output head and the MTP module on one rank with the shallowest and deepest
+    layers). The chunks of one rank differ by at most `spread` layers (interleaving assumes equal
+    chunks)."""
     L, C, P = data.num_layers, data.chunks, data.pp
-    start: list[cp_model.IntVar | int] = [0] + [m.new_int_var(c, L - C + c, f"start[{c}]") for c in range(1, C)] + [L]
+    lowest = [0] * (C + 1)  # fewest layers before chunk c's start
+    for c in range(1, C + 1):
+        lowest[c] = lowest[c - 1] + (0 if c - 1 in (0, C - 1) else 1)
+    start: list[cp_model.IntVar | int] = (
+        [0] + [m.new_int_var(lowest[c], L - (lowest[C] - lowest[c]), f"start[{c}]") for c in range(1, C)] + [L]
+    )
     for c in range(C):
-        m.add(start[c + 1] >= start[c] + 1)
+        m.add(start[c + 1] >= start[c] + (0 if c in (0, C - 1) and C > 1 else 1))
     for r in range(P):
         own = data.rank_chunks(r)
         for a in own:
@@ -766,10 +775,22 @@ def build_partition_data(
     else:  # one rank holds both (pp 1, or a V): states stay in rank_bytes
         emb_b, head_b = 0.0, frag * fixed_mem[0].logits
     rank_t = [fixed_t[r] - (head_t if r == head_rank else 0.0) for r in range(P)]
+    # the multi-token-prediction blocks sit beside the head (`stage_table._mtp_sums`): the even cut
+    # priced them in the head rank's fixed seconds, without recompute; full recompute of every
+    # layer re-runs them too
+    if model.mtp_layers and lay.recompute == "full" and lay.recompute_layers is None:
+        head_t += model.mtp_layers * per_kind[_kind(model, L - 1)][1]
+    mtp_b = 0.0
+    if model.mtp_layers and head_rank > 0:
+        # and their memory (weights, states, activations in flight, their logits): what pricing every
+        # layer on rank 0 adds to the head rank, which then holds nothing else
+        held = full if lay.recompute == "full" else base
+        mtp_b = frag * (probe(held, L).memory[head_rank].total - probe(held, 0).memory[head_rank].total)
     rank_b = [
         fixed_mem[r].total + zero3_buffers - (emb_b if r == 0 else 0.0) - (head_b if r == head_rank else 0.0)
         for r in range(P)
     ]
+    head_b += mtp_b
 
     pinned = None
     if recompute is None:

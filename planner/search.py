@@ -39,7 +39,7 @@ import numpy as np
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, Overlap, default_calibration
-from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times
+from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times, mtp_projection_times
 from cost_models.error_band import error_band
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
 from cost_models.finetune import FineTune
@@ -300,7 +300,7 @@ class _ComputeTimes:
     kind_counts: np.ndarray  # (kinds,) layers of each kind
     kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
     kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
-    head: np.ndarray  # (G, M) LM head and cross-entropy, forward + backward
+    head: np.ndarray  # (G, M) LM head and cross-entropy (and the MTP modules), forward + backward
 
     @classmethod
     def of(
@@ -317,8 +317,13 @@ class _ComputeTimes:
                 kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal, ft)
         counts = layer_kind_counts(model)
         compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
-        # as build_table prices it
+        # as build_table prices it, with the multi-token-prediction modules beside the head
         head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, ft is not None)
+        head = head_fwd + head_bwd
+        if model.mtp_layers:
+            last = kinds[layer_kinds(model)[-1]]
+            proj_fwd, proj_bwd = mtp_projection_times(model, g, cluster.gpu, training.precision, ab, cal)
+            head = head + model.mtp_layers * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
         return cls(
@@ -330,7 +335,7 @@ class _ComputeTimes:
             np.array([float(counts[k]) for k in kind_list]),
             np.array([float(k[0]) for k in kind_list]),
             np.array([kind_list.index(k) for k in layer_kinds(model)]),
-            np.broadcast_to(head_fwd + head_bwd, shape),
+            np.broadcast_to(head, shape),
         )
 
 
@@ -379,6 +384,7 @@ class _Exposure:
     backward_factor: float  # flash-attention backward / forward
     kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
     kind_of_layer: np.ndarray
+    mtp_layers: int = 0  # multi-token-prediction blocks on the head rank, of the last layer's kind
 
     def tp_hidden(self, tp: int | np.ndarray) -> float | np.ndarray:
         """Share of TP traffic hidden: `Overlap.tp` where `Layout.tp_comm_overlap` defaults to on."""
@@ -446,7 +452,7 @@ def _pair_bounds(
     row = np.array([times.rows[(m.tp, m.cp, m.ep, m.etp)] for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     compute = times.compute[row, at]
     comm = tuple(c1[mesh_of, i] + (c2[mesh_of, i] - c1[mesh_of, i]) * (mb - 1) for i in range(4))
-    exposure = _Exposure(framework, ov, flash_backward_factor(model), times.kind_moe, times.kind_of_layer)
+    exposure = _Exposure(framework, ov, flash_backward_factor(model), times.kind_moe, times.kind_of_layer, model.mtp_layers)
     tp = np.array([m.tp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     cp = np.array([m.cp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     pp = np.array([m.pp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
@@ -498,9 +504,11 @@ class _PairTimes:
         if sums is None:
             owner = _rank_of_layer(len(self.layer_compute), pp, option)
             compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
-            compute[_partition(len(self.layer_compute), pp, option).head_rank] += self.head
+            head_rank = _partition(len(self.layer_compute), pp, option).head_rank
+            compute[head_rank] += self.head
             kinds = len(self.kind_exposed)
             counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
+            counts[head_rank, self.exposure.kind_of_layer[-1]] += self.exposure.mtp_layers
             sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
         compute, counts = sums
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0

@@ -35,6 +35,7 @@ from planner.exporters.common import (
     comment_block,
     deepspeed_only_notes,
     framework_note,
+    mtp_note,
     nodes_note,
     notes_lines,
     peft_lines,
@@ -76,6 +77,7 @@ FUSED_KERNELS_NOTE = (
 
 def _losses(job: Job, lost: list[str]) -> None:
     lay = job.lay
+    lost += mtp_note(job, "Accelerate (a Transformers model)")
     if lay.pp > 1:
         cut = " | ".join(str(n) for n in job.chunk_layers)
         lost.append(

@@ -298,6 +298,18 @@ def peft_config(job: Job) -> dict[str, Any] | None:
     return out
 
 
+def mtp_note(job: Job, target: str) -> list[str]:
+    """What a target without multi-token prediction loses of a plan that priced MTP modules
+    (`ModelSpec.mtp_layers`, beside the LM head)."""
+    n = job.model.mtp_layers
+    if not n:
+        return []
+    return [
+        f"multi-token prediction ({n} module(s) of {job.model.name}): {target} trains without them; the plan "
+        "priced their block, projection and extra output-head pass on the head rank, so this run is faster"
+    ]
+
+
 def method_note(job: Job, target: str, instead: str) -> list[str]:
     """What a target that trains every weight loses of a LoRA / QLoRA plan, and where to run it."""
     tr = job.training

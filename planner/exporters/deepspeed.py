@@ -35,6 +35,7 @@ from planner.exporters.common import (
     ExportResult,
     Job,
     framework_note,
+    mtp_note,
     peft_config,
     summary_lines,
 )
@@ -179,7 +180,7 @@ def _batch(job: Job, lost: list[str]) -> tuple[int, int, int]:
 
 
 def export_deepspeed(job: Job) -> ExportResult:
-    lost: list[str] = []
+    lost: list[str] = mtp_note(job, "DeepSpeed (a Transformers model)")
     lay, tr = job.lay, job.training
     batch, micro, accum = _batch(job, lost)
     config: dict[str, Any] = {

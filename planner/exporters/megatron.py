@@ -4,7 +4,8 @@ Stage cuts: an even cut needs nothing (plus `--num-layers-per-virtual-pipeline-s
 interleaving); a cut whose only odd stages are the first and/or last uses
 `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`; any other cut is
 written as `--pipeline-model-parallel-layout` (stages separated by `|`, `E` the embedding, `L` the
-LM head and loss, `t*N` N decoder layers; virtual stage s runs on pipeline rank s % pp).
+LM head and loss, `t*N` N decoder layers, `m*N` the multi-token-prediction modules, in the last
+stage; virtual stage s runs on pipeline rank s % pp).
 
 A Layout's own Megatron-Core split options (`account_for_*_in_pipeline_split`,
 `decoder_first/last_pipeline_num_layers`) are written as those flags when they produce the plan's cut.
@@ -116,6 +117,8 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "
                 f"group-limited routing ({m.moe_router_groups} groups, a token reaches {m.moe_router_group_topk}): "
                 "set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them"
             )
+    if m.mtp_layers:
+        args.append(("--mtp-num-layers", str(m.mtp_layers)))
     for flag, what in (
         (m.sliding_window is not None, "sliding-window attention" if m.window_kind == "sliding" else "chunked attention"),
         (m.norm_placement != "pre", f"{m.norm_placement}-norm blocks"),
@@ -238,13 +241,15 @@ def _stage_cut_args(job: Job) -> list[Arg]:
         if pp == 2 or chunks[-1] != middle[0]:
             args.append(("--decoder-last-pipeline-num-layers", str(chunks[-1])))
         return args
-    return args + [("--pipeline-model-parallel-layout", _layout_string(chunks))]
+    return args + [("--pipeline-model-parallel-layout", _layout_string(chunks, job.model.mtp_layers))]
 
 
-def _layout_string(chunks: tuple[int, ...]) -> str:
+def _layout_string(chunks: tuple[int, ...], mtp: int = 0) -> str:
+    """The cut as `--pipeline-model-parallel-layout`: the multi-token-prediction modules (`m`) go
+    with the loss into the last stage, where the plan priced them."""
     stages = [f"t*{n}" for n in chunks]
     stages[0] = "E," + stages[0]
-    stages[-1] = stages[-1] + ",L"
+    stages[-1] = stages[-1] + (f",m*{mtp}" if mtp else "") + ",L"
     return "|".join(stages)
 
 

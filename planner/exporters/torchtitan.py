@@ -31,6 +31,7 @@ from planner.exporters.common import (
     deepspeed_only_notes,
     framework_note,
     method_note,
+    mtp_note,
     notes_lines,
     summary_lines,
 )
@@ -152,6 +153,7 @@ def _activation_checkpoint(job: Job, lost: list[str]) -> dict[str, Any]:
 
 def export_torchtitan(job: Job) -> ExportResult:
     lost: list[str] = method_note(job, "torchtitan", "Use the accelerate or deepspeed export (PEFT), or torchtune's LoRA recipes.")
+    lost += mtp_note(job, "torchtitan")
     lay, tr, model = job.lay, job.training, job.model
     name, flavor = flavor_of(model)
     if name is None:

@@ -28,7 +28,23 @@ def test_dualpipev_prices_the_report_within_15_percent_but_not_in_torchtitans_me
 
 
 def test_exposed_all_to_alls_cost_a_fifth_more() -> None:
-    # the same degrees without F&B pairs: the all-to-alls of 58 MoE layers come back (1.27x today)
+    # the same degrees without F&B pairs: the all-to-alls of 58 MoE layers come back
     plain = price("megatron-1f1b")
     assert plain["fits"]
     assert plain["step_s"] > 1.2 * price("megatron-combined-1f1b")["step_s"]
+
+
+def test_the_interleaved_cut_is_the_partitioners() -> None:
+    """`PARTITION_INTERLEAVED` is what `partition: "auto"` (the CP-SAT partitioner) cuts: the rank
+    with the LM head and the MTP module keeps one layer."""
+    import json
+
+    from bench.deepseek_v3_paper import BASE, PARTITION_INTERLEAVED, VARIANTS
+    from cost_models.jobs import run_job
+    from planner.partitioner import cp_sat_partitioner
+
+    job = json.loads(json.dumps(BASE))
+    job["layout"].update(VARIANTS["megatron-combined-1f1b"])
+    job["partition"] = "auto"
+    out = run_job(job, cp_sat_partitioner)
+    assert out["ok"] and out["auto"]["partition"]["chosen"] == PARTITION_INTERLEAVED

@@ -166,3 +166,33 @@ def test_a_weight_pass_leaves_one_chunks_compute_dtype_gradients_under_fsdp() ->
     layer_params = 4096 * (4096 + 2 * 1024 + 4096) / 4 + 3 * 4096 * 14336 / 4 + 2 * 4096  # TP4 shard, norms
     for z, d in zip(zbv.memory, dpv.memory, strict=True):
         assert z.gradients - d.gradients == pytest.approx(2 * layer_params * 4, rel=0.01)  # 4 layers, bf16
+
+
+def test_multi_token_prediction_is_priced_beside_the_head() -> None:
+    """DeepSeek-V3's MTP module (one transformer block of the last layer's kind, its input
+    projection, one more pass of the shared output head) runs on the rank holding the LM head:
+    that rank gets exactly those seconds and more memory; no other rank changes."""
+    from cost_models.calibration import default_calibration
+    from cost_models.compute import ShardGeometry, layer_time, lm_head_times, mtp_projection_times
+    from cost_models.stage_table import build_table
+    from cost_models.stages import StagePartition
+
+    with_mtp = get_model("deepseek-v3")
+    assert with_mtp.mtp_layers == 1  # config.json's num_nextn_predict_layers
+    without = with_mtp.model_copy(update={"mtp_layers": 0})
+    cluster, train, cal = get_cluster("dgx-h800"), TrainingSpec(seq_len=4096, global_batch=1024), default_calibration()
+    lay = Layout(tp=8, pp=8, ep=8, micro_batch=1).resolved(512, train)
+    part = StagePartition.for_layout(with_mtp.num_layers, lay)
+    a, b = (build_table(m, train, cluster, 512, lay, part, cal) for m in (without, with_mtp))
+    g = ShardGeometry.of(lay, 1, train.seq_len)
+    last = layer_time(with_mtp, with_mtp.num_layers - 1, g, cluster.gpu, train.precision, 2, cal)
+    head, proj = lm_head_times(with_mtp, g, cluster.gpu, "bf16", 2, cal), mtp_projection_times(with_mtp, g, cluster.gpu, "bf16", 2, cal)
+    added = b.compute - a.compute
+    assert added[:-1] == pytest.approx([0.0] * 7, abs=1e-15)
+    assert added[-1] == pytest.approx(last.forward + last.backward + sum(head) + sum(proj), rel=1e-12)
+    assert (b.layers - a.layers).tolist() == [0.0] * 7 + [1.0] and (b.moe_layers - a.moe_layers)[-1] == 1.0
+    ea, eb = (estimate(m, train, cluster, 512, lay) for m in (without, with_mtp))
+    assert eb.stage_times_s[:-1] == pytest.approx(ea.stage_times_s[:-1], rel=1e-12)
+    assert eb.stage_times_s[-1] > ea.stage_times_s[-1] + added[-1] * 0.999
+    assert eb.memory[-1].total > ea.memory[-1].total and eb.memory[0].total == pytest.approx(ea.memory[0].total)
+    assert eb.step_s > ea.step_s

@@ -304,7 +304,9 @@ def test_megatron_model_shapes() -> None:
     assert args["--moe-layer-freq"] == ["([0]*3+[1]*58)"]
     assert args["--num-experts"] == ["256"] and args["--moe-router-topk"] == ["8"]
     assert args["--moe-shared-expert-intermediate-size"] == ["2048"]
+    assert args["--mtp-num-layers"] == ["1"]  # the plan priced the MTP module: the run trains it
     llama = _megatron_args(export(FIXTURES["llama3-70b"](), "megatron").text)
+    assert "--mtp-num-layers" not in llama
     assert llama["--num-query-groups"] == ["8"] and "--group-query-attention" in llama
     assert "--swiglu" in llama and llama["--normalization"] == ["RMSNorm"]
     assert llama["--decoder-first-pipeline-num-layers"] == ["19"]
@@ -896,3 +898,12 @@ def test_torchtitan_compiles_what_was_priced_fused_and_not_what_was_priced_eager
     assert not _has(export(plan, "accelerate").lost, "fused elementwise kernels")
     plan.best.layout = plan.best.layout.model_copy(update={"elementwise_kernels": "fused"})
     assert _has(export(plan, "accelerate").lost, "fused elementwise kernels")
+
+
+def test_targets_without_multi_token_prediction_say_so() -> None:
+    """A plan that priced DeepSeek-V3's MTP module, exported where it is not trained, says the run
+    will differ from the price; a model without MTP gets no such note."""
+    plan = FIXTURES["deepseek-v3"]()
+    for target in ("torchtitan", "deepspeed", "accelerate"):
+        assert "multi-token prediction (1 module(s)" in export(plan, target).text
+    assert "multi-token prediction" not in export(FIXTURES["llama3-70b"](), "torchtitan").text

@@ -42,6 +42,7 @@ MEGATRON_ARGS=(
     --moe-layer-freq '([0]*3+[1]*58)'
     --moe-grouped-gemm
     --moe-token-dispatcher-type alltoall
+    --mtp-num-layers 1
     # parallelism
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 16

@@ -44,10 +44,11 @@ MEGATRON_ARGS=(
     --moe-layer-freq '([0]*3+[1]*58)'
     --moe-grouped-gemm
     --moe-token-dispatcher-type flex
+    --mtp-num-layers 1
     # parallelism
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 16
-    --pipeline-model-parallel-layout 'E,t*1|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*1|t*1,L'
+    --pipeline-model-parallel-layout 'E,t*1|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*1|t*1,m*1,L'
     --microbatch-group-size-per-virtual-pipeline-stage 20
     --expert-model-parallel-size 64
     --expert-tensor-parallel-size 1

@@ -45,11 +45,12 @@ MEGATRON_ARGS=(
     --moe-layer-freq '([0]*3+[1]*58)'
     --moe-grouped-gemm
     --moe-token-dispatcher-type alltoall
+    --mtp-num-layers 1
     # parallelism
     --tensor-model-parallel-size 8
     --sequence-parallel
     --pipeline-model-parallel-size 16
-    --pipeline-model-parallel-layout 'E,t*5|t*3|t*3|t*3|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*3,L'
+    --pipeline-model-parallel-layout 'E,t*5|t*3|t*3|t*3|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*3,m*1,L'
     --tp-comm-overlap
     --expert-model-parallel-size 8
     --expert-tensor-parallel-size 8
