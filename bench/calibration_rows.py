@@ -128,6 +128,7 @@ class Unusable:
 class _Ctx:
     raw: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    recompute_from_recipe: bool = False  # `RECIPE_SWITCHES` fixed the recompute the CSV leaves blank
 
     def s(self, col: str) -> str:
         return (self.raw.get(col) or "").strip()
@@ -187,13 +188,15 @@ def _model(c: _Ctx) -> ModelSpec:
         raise _Skip("no model shape (layers / hidden / seq_len blank)")
     if style == "deepseek-v3":
         # the row's shape columns are DeepSeek-V3's (61 layers, 7168, dense FFN 18432, 256 experts
-        # top-8); the MLA and shared-expert details come from the preset (its config.json). NeMo's
-        # performance recipe does not state multi-token prediction: priced without it.
+        # top-8); the MLA and shared-expert details come from the preset (its config.json). Multi-
+        # token prediction as the recipe code sets it (`RECIPE_SWITCHES`), else priced without.
         from model_specs.presets import get_model
 
-        c.notes.append("DeepSeek-V3 shape from the deepseek-v3 preset; MTP not stated: priced without")
+        mtp = next((sw.mtp_layers for sw in RECIPE_SWITCHES if sw.applies(c) and sw.mtp_layers is not None), None)
+        c.notes.append("DeepSeek-V3 shape from the deepseek-v3 preset; "
+                       + (f"{mtp} MTP module(s) (recipe code)" if mtp is not None else "MTP not stated: priced without"))
         return get_model("deepseek-v3").model_copy(
-            update={"name": f"{c.s('model')} (row {c.s('row_id')})", "num_layers": layers, "mtp_layers": 0}
+            update={"name": f"{c.s('model')} (row {c.s('row_id')})", "num_layers": layers, "mtp_layers": mtp or 0}
         )
     heads = c.i("heads")
     vocab = c.i("vocab")
@@ -344,6 +347,73 @@ def _sp(c: _Ctx, tp: int, default: bool | None) -> bool:
 _VPP_FROM_PAIRED_ROW: dict[tuple[str, int], int] = {}
 
 
+@dataclass(frozen=True)
+class RecipeSwitches:
+    """Settings a recipe's code fixes that its README does not print, read in the code the recipe
+    pins (its `setup.sh` names the NeMo and Megatron-LM commits), for the rows of one release of
+    one workload. Unset fields leave the loader's conventions alone."""
+
+    source_id: str
+    release: str  # the release tag in the `source` column, e.g. "@v25.05.04"
+    model_prefix: str
+    citation: str
+    tp_comm_overlap: bool | None = None
+    recompute_modules: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU family -> modules
+    outer_stage_layers: tuple[int, int] | None = None  # layers the first and last stage hold fewer than
+    outer_stage_slots: int = 0  # ... the others, which hold this many // pp each
+    mtp_layers: int | None = None  # multi-token-prediction modules the recipe trains
+
+    def applies(self, c: _Ctx) -> bool:
+        return (c.s("source_id") == self.source_id and self.release in c.s("source")
+                and c.s("model").startswith(self.model_prefix))
+
+
+RECIPE_SWITCHES: tuple[RecipeSwitches, ...] = (
+    RecipeSwitches(
+        "dgxc_benchmarking", "@v25.05.04", "Nemotron-H",
+        "dgxc-benchmarking v25.05.04 nemotronh/setup.sh pins NeMo 7a8f1cc; its "
+        "scripts/performance/llm/pretrain_nemotronh_56b.py builds `pretrain_recipe()` without "
+        "performance_mode, whose trainer holds only the TimingCallback, so no MegatronCommOverlapCallback "
+        "turns tp_comm_overlap on (performance_optimizations would add it)",
+        tp_comm_overlap=False,
+    ),
+    RecipeSwitches(
+        "dgxc_benchmarking", "@v25.05.04", "DeepSeek-V3",
+        "dgxc-benchmarking v25.05.04 deepseek_v3/pretraining/setup.sh pins NeMo 7a8f1cc; its "
+        "scripts/performance/llm/pretrain_deepseek_v3.py adds MegatronCommOverlapCallback(tp_comm_overlap=False), "
+        "sets selective recompute and num_layers_in_first/last_pipeline_stage = 64 // pp - 1 / - 2, and "
+        "builds `pretrain_recipe()`, whose use_mtp defaults to True (one MTP module, "
+        "nemo/collections/llm/recipes/deepseek_v3.py); launch.sh passes --recompute_modules mla_up_proj "
+        "(H100) / core_attn (GB200)",
+        tp_comm_overlap=False, mtp_layers=1,
+        recompute_modules={"H100-80GB": ("mla_up_proj",), "GB200": ("core_attn",)},
+        outer_stage_layers=(1, 2), outer_stage_slots=64,
+    ),
+)
+"""Recipe code facts for the published layouts of `RecipeSwitches.applies` rows (the search of
+`bench.published_vs_plan` keeps its own space: a switch a recipe left off is still the stack's)."""
+
+
+def _recipe_switches(c: _Ctx, pp: int) -> dict[str, Any]:
+    """Layout fields `RECIPE_SWITCHES` fixes for this row (module doc), with a note each."""
+    out: dict[str, Any] = {}
+    for sw in RECIPE_SWITCHES:
+        if not sw.applies(c):
+            continue
+        if sw.tp_comm_overlap is not None:
+            out["tp_comm_overlap"] = sw.tp_comm_overlap
+        modules = sw.recompute_modules.get(c.s("gpu_family"))
+        if modules and not c.s("recompute"):
+            out["recompute"], out["recompute_modules"] = "selective", modules
+            c.recompute_from_recipe = True
+        if sw.outer_stage_layers and pp > 1:
+            per = sw.outer_stage_slots // pp
+            out["decoder_first_pipeline_num_layers"] = per - sw.outer_stage_layers[0]
+            out["decoder_last_pipeline_num_layers"] = per - sw.outer_stage_layers[1]
+        c.notes.append(f"recipe code: {', '.join(f'{k}={v}' for k, v in out.items())} ({sw.citation})")
+    return out
+
+
 def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, gpus: int) -> Layout:
     sid = c.s("source_id")
     tp, pp, cp, ep, vpp = c.i("tp"), c.i("pp"), c.i("cp") or 1, c.i("ep") or 1, c.i("vpp") or 1
@@ -426,11 +496,16 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         # torchtitan's Llama without torch.compile runs its norms, rotary and SwiGLU op by op
         elementwise = "eager"
         c.notes.append("torchtitan without torch.compile: eager elementwise kernels")
-    return Layout(
+    fields: dict[str, Any] = dict(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero, micro_batch=mb, grad_accum=ga,
-        dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,  # type: ignore[arg-type]
-        elementwise_kernels=elementwise, **split,  # type: ignore[arg-type]
+        dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,
+        elementwise_kernels=elementwise, **split,
     )
+    switches = _recipe_switches(c, pp)
+    if "decoder_first_pipeline_num_layers" in switches:
+        fields.pop("decoder_last_pipeline_num_layers", None)
+    fields.update(switches)
+    return Layout(**fields)
 
 
 def _pipeline_split(c: _Ctx, layers: int, pp: int, vpp: int) -> dict[str, Any]:
@@ -564,7 +639,8 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         cluster_name=CLUSTER_FOR_FAMILY[family], gpus=gpus, layout=layout,
         measured_tokens_per_s_per_gpu=measured, measured_from=measured_from, confidence=c.s("confidence"),
         assumptions=tuple(c.notes), reported_tflops_per_gpu=tfl, reported_memory_gib=c.f("memory_per_gpu_gib"),
-        memory_kind=c.s("memory_kind"), flops_check=flops_check, recompute_stated=bool(c.s("recompute")),
+        memory_kind=c.s("memory_kind"), flops_check=flops_check,
+        recompute_stated=bool(c.s("recompute")) or c.recompute_from_recipe,
     )
 
 

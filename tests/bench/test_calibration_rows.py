@@ -117,9 +117,28 @@ def test_dgxc_moe_rows_fold_experts_and_split_unevenly(parsed):
     dsv3 = rows[479]  # DeepSeek-V3 TP2 PP16 EP64 ETP1 on 1024 H100: 61 layers over 16 ranks
     assert dsv3.model.attention == "mla" and dsv3.model.num_experts == 256
     assert (dsv3.layout.tp, dsv3.layout.ep, dsv3.layout.etp) == (2, 64, 1)
-    assert dsv3.layout.decoder_last_pipeline_num_layers == 61 - 15 * 4
+    # the recipe's own split (pretrain_deepseek_v3.py): 64 // pp - 1 first, 64 // pp - 2 last, 4 between
+    assert (dsv3.layout.decoder_first_pipeline_num_layers, dsv3.layout.decoder_last_pipeline_num_layers) == (3, 2)
+    assert dsv3.model.num_layers == 3 + 14 * 4 + 2
     grok = rows[470]  # GB200 NVL72 rack
     assert grok.cluster_name == "gb200-nvl72" and grok.model.num_experts == 8 and grok.layout.etp == 4
+
+
+def test_recipe_switches_from_the_pinned_recipe_code(parsed):
+    """`RECIPE_SWITCHES`: settings the v25.05 DGX Cloud recipes fix in code, not in their READMEs."""
+    rows, _ = parsed
+    nemotron_h = [r for r in rows.values() if r.label.startswith("Nemotron-H")]
+    assert len(nemotron_h) == 7 and all(r.layout.tp_comm_overlap is False for r in nemotron_h)
+    assert all(any("MegatronCommOverlapCallback" in a for a in r.assumptions) for r in nemotron_h)
+    h100, gb200 = rows[478], rows[480]  # DeepSeek-V3 on H100 (PP8) and GB200 (PP4)
+    assert h100.layout.tp_comm_overlap is False and gb200.layout.tp_comm_overlap is False
+    assert (h100.layout.recompute, h100.layout.recompute_modules) == ("selective", ("mla_up_proj",))
+    assert (gb200.layout.recompute, gb200.layout.recompute_modules) == ("selective", ("core_attn",))
+    assert h100.recompute_stated and gb200.recompute_stated  # the least-recompute search leaves them alone
+    assert (h100.layout.decoder_first_pipeline_num_layers, h100.layout.decoder_last_pipeline_num_layers) == (7, 6)
+    assert (gb200.layout.decoder_first_pipeline_num_layers, gb200.layout.decoder_last_pipeline_num_layers) == (15, 14)
+    # other releases and workloads keep the loader's conventions
+    assert rows[477].layout.tp_comm_overlap is None and rows[443].layout.tp_comm_overlap is None
 
 
 def test_torchtitan_and_maxtext_rows(parsed):
