@@ -670,6 +670,13 @@ def lm_head_times(
     return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
 
 
+def trained_mtp_layers(model: ModelSpec, frozen_base: bool) -> int:
+    """Multi-token-prediction modules a run trains and pays for: the model's (`ModelSpec.mtp_layers`)
+    in full training; none on a frozen base (LoRA / QLoRA: Transformers and PEFT run the decoder
+    and its head only)."""
+    return 0 if frozen_base else model.mtp_layers
+
+
 def mtp_projection_times(
     model: ModelSpec, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
 ) -> tuple[Scalars, Scalars]:

@@ -39,6 +39,7 @@ from cost_models.compute import (
     lm_head_times,
     mtp_projection_times,
     routed_rows,
+    trained_mtp_layers,
 )
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
@@ -243,7 +244,7 @@ def _rank_sums(
     quantities[14], quantities[15] = arr["a3"], arr["osac"]
     quantities[16], quantities[17], quantities[18], quantities[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
-    mtp = model.mtp_layers if n == model.num_layers else 0  # a probe partition of fewer layers has no head
+    mtp = trained_mtp_layers(model, ft is not None) if n == model.num_layers else 0  # a probe partition of fewer layers has no head
     if mtp:
         sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
     (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
@@ -605,20 +606,21 @@ def build_table(
     head_fwd, head_bwd = head
     compute[head_rank] += head_fwd + head_bwd
     forward[head_rank] += head_fwd
-    if model.mtp_layers and partition.num_layers == model.num_layers:
+    mtp = trained_mtp_layers(model, ft is not None) if partition.num_layers == model.num_layers else 0
+    if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head
         # rank), its block (`_mtp_sums`), and one more pass through the shared output head and loss
         mtp_key = ("mtp", g.tokens, g.tp)
         proj = store.get(mtp_key)
         if proj is None:
             proj = store[mtp_key] = mtp_projection_times(model, g, cluster.gpu, training.precision, ab, cal)
-        extra = model.mtp_layers * (2 * model.hidden_size * model.hidden_size / tp + 3 * pc.final_norm)
+        extra = mtp * (2 * model.hidden_size * model.hidden_size / tp + 3 * pc.final_norm)
         dense[head_rank] += extra
         weight_bytes[0, head_rank] += training.param_bytes * extra
         if ft is None:
             trainable[0, head_rank] += extra
-        compute[head_rank] += model.mtp_layers * (head_fwd + head_bwd + proj[0] + proj[1])
-        forward[head_rank] += model.mtp_layers * (head_fwd + proj[0])
+        compute[head_rank] += mtp * (head_fwd + head_bwd + proj[0] + proj[1])
+        forward[head_rank] += mtp * (head_fwd + proj[0])
 
     comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
     tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = comm
@@ -630,8 +632,8 @@ def build_table(
     logits = store.get(logits_key)
     if logits is None:
         logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
-    if model.mtp_layers and partition.num_layers == model.num_layers:
-        logits = logits * (1 + model.mtp_layers)  # each MTP module's loss holds its own logits until the backward
+    if mtp:
+        logits = logits * (1 + mtp)  # each MTP module's loss holds its own logits until the backward
     channels_key = ("channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order)
     channels = store.get(channels_key)
     if channels is None:

@@ -67,7 +67,7 @@ from ortools.sat.python import cp_model
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, default_calibration
-from cost_models.compute import ShardGeometry, lm_head_time
+from cost_models.compute import ShardGeometry, lm_head_time, trained_mtp_layers
 from cost_models.context import PricingContext
 from cost_models.estimate import Estimate, price
 from cost_models.layout import Layout
@@ -778,10 +778,11 @@ def build_partition_data(
     # the multi-token-prediction blocks sit beside the head (`stage_table._mtp_sums`): the even cut
     # priced them in the head rank's fixed seconds, without recompute; full recompute of every
     # layer re-runs them too
-    if model.mtp_layers and lay.recompute == "full" and lay.recompute_layers is None:
-        head_t += model.mtp_layers * per_kind[_kind(model, L - 1)][1]
+    mtp = trained_mtp_layers(model, training.frozen_base)
+    if mtp and lay.recompute == "full" and lay.recompute_layers is None:
+        head_t += mtp * per_kind[_kind(model, L - 1)][1]
     mtp_b = 0.0
-    if model.mtp_layers and head_rank > 0:
+    if mtp and head_rank > 0:
         # and their memory (weights, states, activations in flight, their logits): what pricing every
         # layer on rank 0 adds to the head rank, which then holds nothing else
         held = full if lay.recompute == "full" else base

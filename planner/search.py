@@ -39,7 +39,14 @@ import numpy as np
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration, Overlap, default_calibration
-from cost_models.compute import LayerTime, ShardGeometry, layer_time, lm_head_times, mtp_projection_times
+from cost_models.compute import (
+    LayerTime,
+    ShardGeometry,
+    layer_time,
+    lm_head_times,
+    mtp_projection_times,
+    trained_mtp_layers,
+)
 from cost_models.error_band import error_band
 from cost_models.estimate import Estimate, memory_breakdowns, price, pricing_context
 from cost_models.finetune import FineTune
@@ -320,10 +327,11 @@ class _ComputeTimes:
         # as build_table prices it, with the multi-token-prediction modules beside the head
         head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, ft is not None)
         head = head_fwd + head_bwd
-        if model.mtp_layers:
+        mtp = trained_mtp_layers(model, ft is not None)
+        if mtp:
             last = kinds[layer_kinds(model)[-1]]
             proj_fwd, proj_bwd = mtp_projection_times(model, g, cluster.gpu, training.precision, ab, cal)
-            head = head + model.mtp_layers * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
+            head = head + mtp * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
         return cls(
@@ -452,7 +460,10 @@ def _pair_bounds(
     row = np.array([times.rows[(m.tp, m.cp, m.ep, m.etp)] for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     compute = times.compute[row, at]
     comm = tuple(c1[mesh_of, i] + (c2[mesh_of, i] - c1[mesh_of, i]) * (mb - 1) for i in range(4))
-    exposure = _Exposure(framework, ov, flash_backward_factor(model), times.kind_moe, times.kind_of_layer, model.mtp_layers)
+    exposure = _Exposure(
+        framework, ov, flash_backward_factor(model), times.kind_moe, times.kind_of_layer,
+        trained_mtp_layers(model, training.frozen_base),
+    )
     tp = np.array([m.tp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     cp = np.array([m.cp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     pp = np.array([m.pp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster_specs.spec import ClusterSpec
+from cost_models.compute import trained_mtp_layers
 from cost_models.layout import Layout
 from cost_models.stages import StagePartition, even_partition
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -301,7 +302,7 @@ def peft_config(job: Job) -> dict[str, Any] | None:
 def mtp_note(job: Job, target: str) -> list[str]:
     """What a target without multi-token prediction loses of a plan that priced MTP modules
     (`ModelSpec.mtp_layers`, beside the LM head)."""
-    n = job.model.mtp_layers
+    n = trained_mtp_layers(job.model, job.training.frozen_base)
     if not n:
         return []
     return [

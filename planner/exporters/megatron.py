@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
+from cost_models.compute import trained_mtp_layers
 from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, interleaving_group, is_v_shape
 from cost_models.stages import megatron_split
 from model_specs.spec import ModelSpec
@@ -46,7 +47,7 @@ from planner.exporters.common import (
 Arg = tuple[str, ...]  # a flag and its value(s)
 
 
-def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "alltoall") -> list[Arg]:
+def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "alltoall", mtp: int = 0) -> list[Arg]:
     args: list[Arg] = [
         ("--num-layers", str(m.num_layers)),
         ("--hidden-size", str(m.hidden_size)),
@@ -117,8 +118,8 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "
                 f"group-limited routing ({m.moe_router_groups} groups, a token reaches {m.moe_router_group_topk}): "
                 "set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them"
             )
-    if m.mtp_layers:
-        args.append(("--mtp-num-layers", str(m.mtp_layers)))
+    if mtp:
+        args.append(("--mtp-num-layers", str(mtp)))
     for flag, what in (
         (m.sliding_window is not None, "sliding-window attention" if m.window_kind == "sliding" else "chunked attention"),
         (m.norm_placement != "pre", f"{m.norm_placement}-norm blocks"),
@@ -241,7 +242,7 @@ def _stage_cut_args(job: Job) -> list[Arg]:
         if pp == 2 or chunks[-1] != middle[0]:
             args.append(("--decoder-last-pipeline-num-layers", str(chunks[-1])))
         return args
-    return args + [("--pipeline-model-parallel-layout", _layout_string(chunks, job.model.mtp_layers))]
+    return args + [("--pipeline-model-parallel-layout", _layout_string(chunks, trained_mtp_layers(job.model, job.training.frozen_base)))]
 
 
 def _layout_string(chunks: tuple[int, ...], mtp: int = 0) -> str:
@@ -427,7 +428,10 @@ def export_megatron(job: Job) -> ExportResult:
     )
     lay = job.lay
     sections: list[tuple[str, list[Arg]]] = [
-        ("model", _model_args(job.model, job.training.seq_len, lost, job.lay.moe_token_dispatcher)),
+        ("model", _model_args(
+            job.model, job.training.seq_len, lost, job.lay.moe_token_dispatcher,
+            trained_mtp_layers(job.model, job.training.frozen_base),
+        )),
         ("parallelism", _parallel_args(job, lost)),
         ("batch", [("--micro-batch-size", str(lay.micro_batch)), ("--global-batch-size", str(job.training.global_batch))]),
         ("recompute", _recompute_args(job, lost)),

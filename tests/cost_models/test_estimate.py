@@ -196,3 +196,15 @@ def test_multi_token_prediction_is_priced_beside_the_head() -> None:
     assert eb.stage_times_s[-1] > ea.stage_times_s[-1] + added[-1] * 0.999
     assert eb.memory[-1].total > ea.memory[-1].total and eb.memory[0].total == pytest.approx(ea.memory[0].total)
     assert eb.step_s > ea.step_s
+
+
+def test_a_frozen_base_trains_no_mtp_module() -> None:
+    """LoRA / QLoRA run the decoder and its head (Transformers, PEFT): DeepSeek-V3's MTP module
+    costs nothing there, so the preset prices as the same model without it."""
+    with_mtp = get_model("deepseek-v3")
+    without = with_mtp.model_copy(update={"mtp_layers": 0})
+    cluster = get_cluster("dgx-h800")
+    train = TrainingSpec(seq_len=4096, global_batch=256, method="lora")
+    lay = Layout(tp=8, pp=8, ep=8, micro_batch=1)
+    a, b = (estimate(m, train, cluster, 512, lay) for m in (without, with_mtp))
+    assert b.step_s == pytest.approx(a.step_s, rel=1e-12) and b.peak_bytes == a.peak_bytes

@@ -33,7 +33,23 @@ def test_without_infiniband_the_shard_stays_in_the_node(framework: str) -> None:
         assert lay.zero_hpz_partition_size == 8 and lay.dp_shard == 16  # hpZ over the node
 
 
-@pytest.mark.parametrize("framework", ["fsdp", "deepspeed"])
-def test_with_infiniband_sharding_over_every_rank_is_not_penalised(framework: str) -> None:
-    lay = _best("dgx-a100-80g", framework).layout
+def test_with_infiniband_sharding_over_every_rank_is_not_penalised() -> None:
+    """FSDP over all 16 ranks prices within 1% of HYBRID_SHARD with InfiniBand (without it, 1.7-2.9x
+    slower). Which of the two the plan recommends is then a tie, broken by headroom and moving parts
+    within a share of the error band (`planner.search.TIE_SHARE_OF_BAND`), so it is not asserted."""
+    from cost_models.estimate import estimate
+    from cost_models.layout import Layout
+
+    for cluster, lo, hi in (("dgx-a100-80g", 0.99, 1.01), ("gcp-a2-ultragpu-8g", 1.5, None)):
+        for mb in (1, 2):
+            full, hybrid = (
+                estimate(M, TR, get_cluster(cluster), 16, Layout(framework="fsdp", zero_stage=3, dp_shard=s, micro_batch=mb))
+                for s in (16, 8)
+            )
+            ratio = full.step_s / hybrid.step_s
+            assert ratio >= lo and (hi is None or ratio <= hi), (cluster, mb, ratio)
+
+
+def test_with_infiniband_deepspeed_gathers_over_every_rank() -> None:
+    lay = _best("dgx-a100-80g", "deepspeed").layout
     assert lay.dp_shard == 16 and lay.zero_hpz_partition_size == 1
