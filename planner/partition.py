@@ -1,7 +1,8 @@
 """Pipeline stage partition with OR-Tools CP-SAT.
 
 The problem
-    Cut the model's L layers into C = pp x vpp contiguous chunks, at least one layer each; chunk c
+    Cut the model's L layers into C = pp x vpp contiguous chunks, at least one layer each but the
+    first and the last (the embedding's and the LM head's, which may hold none); chunk c
     runs on pipeline rank c % pp (`cost_models.stages`). Optionally choose, per rank, how many of
     its layers use full activation recompute: the first k_r layers of the rank in model order, as
     `cost_models.stage_table` counts `Layout.recompute_layers`.
@@ -26,7 +27,8 @@ Data (`PartitionData`, plain numbers; `build_partition_data` fills it from the c
 
 The model (`_variables`, `_memory`, `_slowest_rank`; integer prefix sums P[j] over layers [0, j))
     start[c]  integer, c = 0..C: first layer of chunk c; start[0] = 0, start[C] = L and
-              start[c+1] >= start[c] + 1 (contiguous chunks, each >= 1 layer). With vpp > 1 the
+              start[c+1] >= start[c] + 1 (contiguous chunks, each >= 1 layer; the first and last
+              chunks >= 0, `_cut_variables`). With vpp > 1 the
               chunks of one rank differ by at most `chunk_spread` layers (default 1): the stage
               model sees a rank's chunks as equal slices of its work, as Megatron builds them.
     redo[c]   integer: the first redo[c] layers of chunk c are recomputed; a later chunk of the
