@@ -191,6 +191,19 @@ def test_multi_token_prediction_is_priced_beside_the_head() -> None:
     assert added[:-1] == pytest.approx([0.0] * 7, abs=1e-15)
     assert added[-1] == pytest.approx(last.forward + last.backward + sum(head) + sum(proj), rel=1e-12)
     assert (b.layers - a.layers).tolist() == [0.0] * 7 + [1.0] and (b.moe_layers - a.moe_layers)[-1] == 1.0
+    # weights on the head rank: the block, the projection and norms, and a copy of the embedding
+    # table (Megatron-Core keeps one in the MTP stage when it is not the first)
+    from model_specs.params import count_params
+
+    h, pc = with_mtp.hidden_size, count_params(with_mtp)
+    assert (b.dense_params - a.dense_params)[:-1].tolist() == [0.0] * 7
+    # one more decoder layer on the last stage: the block's own weights
+    deeper = without.model_copy(update={"num_layers": without.num_layers + 1})
+    cut = StagePartition((*part.chunk_layers[:-1], part.chunk_layers[-1] + 1), part.pp, part.vpp)
+    c = build_table(deeper, train, cluster, 512, lay, cut, cal)
+    block = float(c.dense_params[-1] - a.dense_params[-1])
+    assert float(b.dense_params[-1] - a.dense_params[-1]) == pytest.approx(block + 2 * h * h / 8 + 3 * pc.final_norm + pc.embedding / 8, rel=1e-12)
+    assert float(b.expert_params[-1] - a.expert_params[-1]) == pytest.approx(float(c.expert_params[-1] - a.expert_params[-1]), rel=1e-12)
     ea, eb = (estimate(m, train, cluster, 512, lay) for m in (without, with_mtp))
     assert eb.stage_times_s[:-1] == pytest.approx(ea.stage_times_s[:-1], rel=1e-12)
     assert eb.stage_times_s[-1] > ea.stage_times_s[-1] + added[-1] * 0.999
