@@ -615,10 +615,11 @@ def build_table(
         if proj is None:
             proj = store[mtp_key] = mtp_projection_times(model, g, cluster.gpu, training.precision, ab, cal)
         extra = mtp * (2 * model.hidden_size * model.hidden_size / tp + 3 * pc.final_norm)
-        if head_rank != 0:
+        if head_rank != 0 and not model.tie_embeddings:
             # the modules embed the next tokens: away from the first stage the head's rank keeps
             # its own copy of the table, tied to the first stage's (Megatron-Core GPTModel: "we
-            # need to maintain a copy of embedding layer in the mtp process stage")
+            # need to maintain a copy of embedding layer in the mtp process stage"); with tied
+            # embeddings its copy of the head is that table already
             extra += pc.embedding / tp
         dense[head_rank] += extra
         weight_bytes[0, head_rank] += training.param_bytes * extra
