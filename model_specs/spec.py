@@ -163,7 +163,10 @@ class ModelSpec(BaseModel):
         0, ge=0, description="groups a token may reach (DeepSeek topk_group; Megatron --moe-router-group-topk): "
         "DeepSeek-V3 sends a token to at most 4 of 8 groups, one group per node in its EP layout"
     )
-    mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules; not counted in params")
+    mtp_layers: int = Field(
+        0, ge=0, description="multi-token-prediction modules (DeepSeek-V3): priced beside the LM head in full "
+        "training (cost_models.stage_table); not counted in params or model FLOPs"
+    )
 
     # Hybrid state-space models (Nemotron-H; module doc). None: every layer is attention + MLP / MoE.
     hybrid_pattern: str | None = Field(
