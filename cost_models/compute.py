@@ -376,19 +376,33 @@ where a dense layer's LayerNormLinear / LayerNormMLP fuse most of their casts in
 activation kernels (the fitted FP8 GEMM efficiency, from dense rows, absorbs those)."""
 
 
+FP8_PADDING_COPIES = 2
+"""Copies of the routed rows (h wide, 16-bit: read and write, 4 bytes per element) an FP8 MoE layer
+makes per pass to align every local expert's rows to a multiple of 16: Megatron-Core's
+TEGroupedMLP pads its input with Transformer Engine's `Fp8Padding` and unpads its output with
+`Fp8Unpadding` (transformer_engine/pytorch/module/fp8_padding.py, `fused_multi_row_padding`; the
+backward runs the inverse copies). TE skips the copy only when every expert's row count is already
+aligned, which routed counts almost never are. Megatron-Core's `moe_router_padding_for_fp8`
+(added June 2025, off by default: "can remove the explicit padding in the GroupedMLP layer")
+pads the routing map instead; not priced."""
+
+
 def fp8_expert_quantize_bytes(model: ModelSpec, index: int, g: ShardGeometry) -> tuple[Scalars, Scalars]:
     """(forward, backward) HBM bytes of the FP8 quantize kernels of an MoE layer's routed-expert
     grouped GEMMs on one rank (`FP8_QUANTIZE_BYTES_PER_ELEMENT` per element): forward, the rows
     entering FC1 (h) and FC2 (f / etp); backward, the grad outputs of FC2 (h) and FC1 (f / etp, 2f
-    gated). (0, 0) outside MoE layers; `layer_time` adds it where `fp8_gemms`."""
+    gated); plus, each pass, the padding copies that align the experts' rows for the FP8 GEMMs
+    (`FP8_PADDING_COPIES` of h-wide rows, 4 bytes per element). (0, 0) outside MoE layers;
+    `layer_time` adds it where `fp8_gemms`."""
     if not model.is_moe_layer(index):
         return 0.0, 0.0
     assert model.moe_ffn_hidden_size
     rows, h, f = routed_rows(model, g), model.hidden_size, model.moe_ffn_hidden_size / g.etp
     fc1_out = (2 if model.gated_mlp else 1) * f
+    padding = FP8_PADDING_COPIES * 4 * rows * h
     return (
-        FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + f),
-        FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + fc1_out),
+        FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + f) + padding,
+        FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + fc1_out) + padding,
     )
 
 
@@ -453,7 +467,7 @@ class LayerTime:
     dequant_fwd: Scalars = 0.0  # QLoRA: dequantizing the layer's base weights once (per forward / backward)
     ssm_fwd: Scalars = 0.0  # a Mamba-2 layer's chunked SSD scan forward (`ssd_times`)
     ssm_bwd: Scalars = 0.0  # and its backward
-    quant_fwd: Scalars = 0.0  # FP8: quantizing the routed experts' GEMM inputs (`fp8_expert_quantize_bytes`)
+    quant_fwd: Scalars = 0.0  # FP8: quantizing and padding the routed experts' GEMM inputs (`fp8_expert_quantize_bytes`)
     quant_bwd: Scalars = 0.0  # and their grad outputs
 
     @property

@@ -116,13 +116,16 @@ def test_routed_rows_follow_the_expert_tp_gather() -> None:
 def test_fp8_experts_pay_their_quantize_kernels_and_bf16_and_dense_layers_do_not() -> None:
     """Transformer Engine's GroupedLinear quantizes each expert's input (forward) and grad output
     (backward) in kernels of their own: 4 bytes per element (read bf16, write row- and column-wise
-    FP8). Mixtral (h 4096, f 14336, gated) at 2048 routed rows: forward h + f, backward h + 2f."""
+    FP8). Mixtral (h 4096, f 14336, gated) at 2048 routed rows: forward h + f, backward h + 2f;
+    and each pass pads the rows in and out (`Fp8Padding` / `Fp8Unpadding`: two h-wide 16-bit copies,
+    read and write)."""
     model = get_model("mixtral-8x7b")
     g = ShardGeometry(tokens=4096.0, seq_len=4096, cp=1, tp=4, sp=True, ep=8, etp=1)
     h, f, rows = model.hidden_size, model.moe_ffn_hidden_size, 2048
     fwd, bwd = fp8_expert_quantize_bytes(model, 0, g)
-    assert fwd == pytest.approx(4 * rows * (h + f))
-    assert bwd == pytest.approx(4 * rows * (h + 2 * f))
+    padding = 2 * (2 + 2) * rows * h
+    assert fwd == pytest.approx(4 * rows * (h + f) + padding)
+    assert bwd == pytest.approx(4 * rows * (h + 2 * f) + padding)
     fp8, bf16 = (layer_time(model, 0, g, H100, p, 2, CAL) for p in ("fp8", "bf16"))
     bandwidth = H100.memory_bandwidth_bytes_per_s * CAL.hbm_efficiency
     assert fp8.quant_fwd == pytest.approx(fwd / bandwidth) and fp8.quant_bwd == pytest.approx(bwd / bandwidth)
