@@ -376,9 +376,9 @@ where a dense layer's LayerNormLinear / LayerNormMLP fuse most of their casts in
 activation kernels (the fitted FP8 GEMM efficiency, from dense rows, absorbs those)."""
 
 
-FP8_PADDING_COPIES = 2
-"""Copies of the routed rows (h wide, 16-bit: read and write, 4 bytes per element) an FP8 MoE layer
-makes per pass to align every local expert's rows to a multiple of 16: Megatron-Core's
+FP8_PADDING_BYTES_PER_ELEMENT = 2 * (2 + 2)
+"""HBM bytes per element of an h-wide routed row that an FP8 MoE layer copies per pass to align every
+local expert's rows to a multiple of 16: two copies, each reading and writing 16 bits. Megatron-Core's
 TEGroupedMLP pads its input with Transformer Engine's `Fp8Padding` and unpads its output with
 `Fp8Unpadding` (transformer_engine/pytorch/module/fp8_padding.py, `fused_multi_row_padding`; the
 backward runs the inverse copies). TE skips the copy only when every expert's row count is already
@@ -392,14 +392,14 @@ def fp8_expert_quantize_bytes(model: ModelSpec, index: int, g: ShardGeometry) ->
     grouped GEMMs on one rank (`FP8_QUANTIZE_BYTES_PER_ELEMENT` per element): forward, the rows
     entering FC1 (h) and FC2 (f / etp); backward, the grad outputs of FC2 (h) and FC1 (f / etp, 2f
     gated); plus, each pass, the padding copies that align the experts' rows for the FP8 GEMMs
-    (`FP8_PADDING_COPIES` of h-wide rows, 4 bytes per element). (0, 0) outside MoE layers;
+    (`FP8_PADDING_BYTES_PER_ELEMENT` per element of h-wide rows). (0, 0) outside MoE layers;
     `layer_time` adds it where `fp8_gemms`."""
     if not model.is_moe_layer(index):
         return 0.0, 0.0
     assert model.moe_ffn_hidden_size
     rows, h, f = routed_rows(model, g), model.hidden_size, model.moe_ffn_hidden_size / g.etp
     fc1_out = (2 if model.gated_mlp else 1) * f
-    padding = FP8_PADDING_COPIES * 4 * rows * h
+    padding = FP8_PADDING_BYTES_PER_ELEMENT * rows * h
     return (
         FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + f) + padding,
         FP8_QUANTIZE_BYTES_PER_ELEMENT * rows * (h + fc1_out) + padding,
@@ -609,6 +609,13 @@ def fp8_gemms(precision: str, gpu: GPUSpec) -> bool:
     return precision == "fp8" and "fp8" in gpu.peak_flops_per_s
 
 
+def gemm_rate(precision: str, gpu: GPUSpec, cal: Calibration) -> tuple[float, float]:
+    """(peak FLOP/s, calibrated share of it) the GEMMs of `precision` run at on `gpu`:
+    `fp8_gemm_efficiency` where `fp8_gemms`, else `gemm_efficiency`."""
+    eff = cal.fp8_gemm_efficiency if fp8_gemms(precision, gpu) else cal.gemm_efficiency
+    return gpu.compute_peak(precision), eff
+
+
 def layer_time(
     model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
     ft: FineTune | None = None,
@@ -616,8 +623,7 @@ def layer_time(
     """Seconds of layer `index` on one rank for one micro-batch. `ft`: a frozen base with LoRA /
     QLoRA adapters (`cost_models.finetune`): no weight-gradient GEMMs, adapter kernels, and under
     QLoRA the weights dequantized before each use."""
-    peak, fp8 = gpu.compute_peak(precision), fp8_gemms(precision, gpu)
-    eff = cal.fp8_gemm_efficiency if fp8 else cal.gemm_efficiency
+    (peak, eff), fp8 = gemm_rate(precision, gpu, cal), fp8_gemms(precision, gpu)
     gemm = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in layer_gemms(model, index, g))
     attn = attention_time(model, index, g, gpu, cal)
     bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
@@ -677,8 +683,7 @@ def lm_head_times(
     """(forward, backward) seconds of the LM head GEMM and the cross-entropy (memory-bound:
     forward reads the logits and writes float32 probabilities, backward reads them and writes
     the logits' gradient). A `frozen` head (LoRA, QLoRA) computes only its input gradient."""
-    peak = gpu.compute_peak(precision)
-    eff = cal.fp8_gemm_efficiency if fp8_gemms(precision, gpu) else cal.gemm_efficiency
+    peak, eff = gemm_rate(precision, gpu, cal)
     gemm = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
     per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
     return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
@@ -699,8 +704,7 @@ def mtp_projection_times(
     projected to h (DeepSeek-V3 report Sec. 2.2, M_k; Megatron-Core `MultiTokenPredictionLayer.eh_proj`,
     column-parallel over TP) in the layers' GEMM precision. Its transformer block is priced as a
     layer (`stage_table._mtp_sums`) and its output head as the LM head (`lm_head_times`)."""
-    peak = gpu.compute_peak(precision)
-    eff = cal.fp8_gemm_efficiency if fp8_gemms(precision, gpu) else cal.gemm_efficiency
+    peak, eff = gemm_rate(precision, gpu, cal)
     gemm = gemm_time(Gemm(g.tokens, model.hidden_size / g.tp, 2 * model.hidden_size), peak, gpu, act_bytes, eff, cal)
     return gemm, 2.0 * gemm
 
