@@ -244,7 +244,7 @@ def _rank_sums(
     quantities[14], quantities[15] = arr["a3"], arr["osac"]
     quantities[16], quantities[17], quantities[18], quantities[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
-    mtp = trained_mtp_layers(model, ft is not None) if n == model.num_layers else 0  # a probe partition of fewer layers has no head
+    mtp = _priced_mtp(model, partition, ft)
     if mtp:
         sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
     (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
@@ -275,6 +275,13 @@ def _rank_sums(
 
 _RANK_QUANTITIES = 20
 """Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
+
+
+def _priced_mtp(model: ModelSpec, partition: StagePartition, ft: FineTune | None) -> int:
+    """MTP modules priced on this partition's head rank: the trained ones
+    (`compute.trained_mtp_layers`) when the partition holds the whole model (a probe partition of
+    fewer layers has no head)."""
+    return trained_mtp_layers(model, ft is not None) if partition.num_layers == model.num_layers else 0
 
 
 def _mtp_sums(
@@ -606,7 +613,7 @@ def build_table(
     head_fwd, head_bwd = head
     compute[head_rank] += head_fwd + head_bwd
     forward[head_rank] += head_fwd
-    mtp = trained_mtp_layers(model, ft is not None) if partition.num_layers == model.num_layers else 0
+    mtp = _priced_mtp(model, partition, ft)
     if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head
         # rank), its block (`_mtp_sums`), and one more pass through the shared output head and loss

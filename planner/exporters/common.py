@@ -89,6 +89,11 @@ class Job:
         return self.dp // self.dp_shard
 
     @property
+    def mtp_layers(self) -> int:
+        """Multi-token-prediction modules the plan priced (`compute.trained_mtp_layers`)."""
+        return trained_mtp_layers(self.model, self.training.frozen_base)
+
+    @property
     def partition(self) -> StagePartition:
         return StagePartition.explicit(self.chunk_layers, self.layout)
 
@@ -302,7 +307,7 @@ def peft_config(job: Job) -> dict[str, Any] | None:
 def mtp_note(job: Job, target: str) -> list[str]:
     """What a target without multi-token prediction loses of a plan that priced MTP modules
     (`ModelSpec.mtp_layers`, beside the LM head)."""
-    n = trained_mtp_layers(job.model, job.training.frozen_base)
+    n = job.mtp_layers
     if not n:
         return []
     return [

@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from cost_models.compute import trained_mtp_layers
 from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, interleaving_group, is_v_shape
 from cost_models.stages import megatron_split
 from model_specs.spec import ModelSpec
@@ -242,7 +241,7 @@ def _stage_cut_args(job: Job) -> list[Arg]:
         if pp == 2 or chunks[-1] != middle[0]:
             args.append(("--decoder-last-pipeline-num-layers", str(chunks[-1])))
         return args
-    return args + [("--pipeline-model-parallel-layout", _layout_string(chunks, trained_mtp_layers(job.model, job.training.frozen_base)))]
+    return args + [("--pipeline-model-parallel-layout", _layout_string(chunks, job.mtp_layers))]
 
 
 def _layout_string(chunks: tuple[int, ...], mtp: int = 0) -> str:
@@ -428,10 +427,7 @@ def export_megatron(job: Job) -> ExportResult:
     )
     lay = job.lay
     sections: list[tuple[str, list[Arg]]] = [
-        ("model", _model_args(
-            job.model, job.training.seq_len, lost, job.lay.moe_token_dispatcher,
-            trained_mtp_layers(job.model, job.training.frozen_base),
-        )),
+        ("model", _model_args(job.model, job.training.seq_len, lost, job.lay.moe_token_dispatcher, job.mtp_layers)),
         ("parallelism", _parallel_args(job, lost)),
         ("batch", [("--micro-batch-size", str(lay.micro_batch)), ("--global-batch-size", str(job.training.global_batch))]),
         ("recompute", _recompute_args(job, lost)),
