@@ -347,12 +347,8 @@ def _cut_variables(m: cp_model.CpModel, data: PartitionData, spread: int) -> lis
     layers). The chunks of one rank differ by at most `spread` layers (interleaving assumes equal
     chunks)."""
     L, C, P = data.num_layers, data.chunks, data.pp
-    lowest = [0] * (C + 1)  # fewest layers before chunk c's start
-    for c in range(1, C + 1):
-        lowest[c] = lowest[c - 1] + (0 if c - 1 in (0, C - 1) else 1)
-    start: list[cp_model.IntVar | int] = (
-        [0] + [m.new_int_var(lowest[c], L - (lowest[C] - lowest[c]), f"start[{c}]") for c in range(1, C)] + [L]
-    )
+    # chunks 1 .. C-2 hold a layer each: c - 1 of them start before chunk c, C - 1 - c at or after it
+    start: list[cp_model.IntVar | int] = [0] + [m.new_int_var(c - 1, L - (C - 1 - c), f"start[{c}]") for c in range(1, C)] + [L]
     for c in range(C):
         m.add(start[c + 1] >= start[c] + (0 if c in (0, C - 1) and C > 1 else 1))
     for r in range(P):
