@@ -128,7 +128,6 @@ class Unusable:
 class _Ctx:
     raw: dict[str, str]
     notes: list[str] = field(default_factory=list)
-    recompute_from_recipe: bool = False  # `RECIPE_SWITCHES` fixed the recompute the CSV leaves blank
 
     def s(self, col: str) -> str:
         return (self.raw.get(col) or "").strip()
@@ -192,7 +191,7 @@ def _model(c: _Ctx) -> ModelSpec:
         # token prediction as the recipe code sets it (`RECIPE_SWITCHES`), else priced without.
         from model_specs.presets import get_model
 
-        mtp = next((sw.mtp_layers for sw in RECIPE_SWITCHES if sw.applies(c) and sw.mtp_layers is not None), None)
+        mtp = next((sw.mtp_layers for sw in _switches(c) if sw.mtp_layers is not None), None)
         c.notes.append("DeepSeek-V3 shape from the deepseek-v3 preset; "
                        + (f"{mtp} MTP module(s) (recipe code)" if mtp is not None else "MTP not stated: priced without"))
         return get_model("deepseek-v3").model_copy(
@@ -394,23 +393,27 @@ RECIPE_SWITCHES: tuple[RecipeSwitches, ...] = (
 `bench.published_vs_plan` keeps its own space: a switch a recipe left off is still the stack's)."""
 
 
+def _switches(c: _Ctx) -> list[RecipeSwitches]:
+    """The `RECIPE_SWITCHES` entries that apply to this row."""
+    return [sw for sw in RECIPE_SWITCHES if sw.applies(c)]
+
+
 def _recipe_switches(c: _Ctx, pp: int) -> dict[str, Any]:
     """Layout fields `RECIPE_SWITCHES` fixes for this row (module doc), with a note each."""
     out: dict[str, Any] = {}
-    for sw in RECIPE_SWITCHES:
-        if not sw.applies(c):
-            continue
+    for sw in _switches(c):
+        fields: dict[str, Any] = {}
         if sw.tp_comm_overlap is not None:
-            out["tp_comm_overlap"] = sw.tp_comm_overlap
+            fields["tp_comm_overlap"] = sw.tp_comm_overlap
         modules = sw.recompute_modules.get(c.s("gpu_family"))
         if modules and not c.s("recompute"):
-            out["recompute"], out["recompute_modules"] = "selective", modules
-            c.recompute_from_recipe = True
+            fields["recompute"], fields["recompute_modules"] = "selective", modules
         if sw.outer_stage_layers and pp > 1:
             per = sw.outer_stage_slots // pp
-            out["decoder_first_pipeline_num_layers"] = per - sw.outer_stage_layers[0]
-            out["decoder_last_pipeline_num_layers"] = per - sw.outer_stage_layers[1]
-        c.notes.append(f"recipe code: {', '.join(f'{k}={v}' for k, v in out.items())} ({sw.citation})")
+            fields["decoder_first_pipeline_num_layers"] = per - sw.outer_stage_layers[0]
+            fields["decoder_last_pipeline_num_layers"] = per - sw.outer_stage_layers[1]
+        c.notes.append(f"recipe code: {', '.join(f'{k}={v}' for k, v in fields.items())} ({sw.citation})")
+        out.update(fields)
     return out
 
 
@@ -460,7 +463,8 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
     if pp == 1 and vpp > 1:
         c.notes.append(f"virtual pipeline {vpp} printed with PP1: ignored (no pipeline)")
         vpp = 1
-    split = _pipeline_split(c, model.num_layers, pp, vpp)
+    switches = _recipe_switches(c, pp)
+    split = {} if "decoder_first_pipeline_num_layers" in switches else _pipeline_split(c, model.num_layers, pp, vpp)
     if pp > 1 and vpp == 1 and not c.s("vpp"):
         c.notes.append("vpp not stated: plain 1F1B")
     dp_shard = None
@@ -483,7 +487,7 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         recompute = _recompute(c, "full")
         sp = False
     else:
-        recompute = _recompute(c, "none")
+        recompute = switches.get("recompute") or _recompute(c, "none")
         sp = _sp(c, tp, None)
     cross_entropy = None
     if sid == "llmfoundry_mpt":
@@ -501,11 +505,7 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,
         elementwise_kernels=elementwise, **split,
     )
-    switches = _recipe_switches(c, pp)
-    if "decoder_first_pipeline_num_layers" in switches:
-        fields.pop("decoder_last_pipeline_num_layers", None)
-    fields.update(switches)
-    return Layout(**fields)
+    return Layout(**(fields | switches))
 
 
 def _pipeline_split(c: _Ctx, layers: int, pp: int, vpp: int) -> dict[str, Any]:
@@ -640,7 +640,8 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         measured_tokens_per_s_per_gpu=measured, measured_from=measured_from, confidence=c.s("confidence"),
         assumptions=tuple(c.notes), reported_tflops_per_gpu=tfl, reported_memory_gib=c.f("memory_per_gpu_gib"),
         memory_kind=c.s("memory_kind"), flops_check=flops_check,
-        recompute_stated=bool(c.s("recompute")) or c.recompute_from_recipe,
+        # stated by the CSV, or fixed by the recipe's code (the only source of recompute_modules here)
+        recompute_stated=bool(c.s("recompute")) or layout.recompute_modules is not None,
     )
 
 

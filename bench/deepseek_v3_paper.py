@@ -43,6 +43,7 @@ import json
 from typing import Any
 
 from cost_models.jobs import run_job
+from cost_models.pipeline import is_v_shape
 
 GPU_HOURS_PER_TRILLION_TOKENS = 180_000
 """DeepSeek-V3 technical report, Table 1 note and Sec. 1: 180K H800 GPU hours per trillion tokens."""
@@ -85,7 +86,8 @@ def price(variant: str) -> dict[str, Any]:
     job = json.loads(json.dumps(BASE))
     job["layout"].update(VARIANTS[variant])
     if job["layout"].get("vpp") == 2:
-        job["partition"] = PARTITION_V if job["layout"].get("schedule") in ("dualpipev", "zbv") else PARTITION_INTERLEAVED
+        v_shape = is_v_shape(job["layout"].get("schedule", "interleaved_1f1b"), job["layout"]["pp"])
+        job["partition"] = PARTITION_V if v_shape else PARTITION_INTERLEAVED
     out = run_job(job)
     if not out.get("ok"):
         raise ValueError(f"{variant}: {out.get('error')}")
