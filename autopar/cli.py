@@ -155,6 +155,10 @@ def evaluate(
     moe_a2a_overlap: bool = typer.Option(
         False, "--moe-a2a-overlap", help="Megatron combined 1F1B (--overlap-moe-expert-parallel-comm): EP all-to-alls beside compute"
     ),
+    moe_folding: bool = typer.Option(
+        True, "--moe-folding/--no-moe-folding",
+        help="MoE parallel folding (Megatron-Core 0.10+); --no-moe-folding: 0.9's expert grid, EP inside DP",
+    ),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free (as `autopar plan`): sets 'usable'"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
@@ -197,7 +201,7 @@ def evaluate(
         "decoder_first_pipeline_num_layers": first_stage_layers,
         "decoder_last_pipeline_num_layers": last_stage_layers,
         "moe_token_dispatcher": moe_dispatcher, "moe_a2a_overlap": moe_a2a_overlap or None,
-        "elementwise_kernels": elementwise_kernels,
+        "moe_parallel_folding": None if moe_folding else False, "elementwise_kernels": elementwise_kernels,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
@@ -314,6 +318,11 @@ def plan(
         True, "--moe-a2a-overlap/--no-moe-a2a-overlap",
         help="search Megatron-Core's combined 1F1B for MoE models (--no-moe-a2a-overlap: a Megatron-Core that predates it)",
     ),
+    moe_folding: bool = typer.Option(
+        True, "--moe-folding/--no-moe-folding",
+        help="MoE parallel folding (Megatron-Core 0.10+); --no-moe-folding: price every layout with 0.9's expert "
+        "grid (EP carved out of DP, expert TP = TP)",
+    ),
     elementwise_kernels: str = typer.Option(
         "fused", help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
         "the norm / rotary / activation kernels every layout is priced with"
@@ -342,7 +351,8 @@ def plan(
         constraints = SearchConstraints(
             memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
-            allow_moe_a2a_overlap=moe_a2a_overlap, elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
+            allow_moe_a2a_overlap=moe_a2a_overlap, moe_parallel_folding=moe_folding,
+            elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)

@@ -505,7 +505,30 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,
         elementwise_kernels=elementwise, **split,
     )
+    if model.is_moe and _before_moe_parallel_folding(c):
+        fields["moe_parallel_folding"] = False
     return Layout(**(fields | switches))
+
+
+UNFOLDED_EXPERT_STACKS: tuple[tuple[str, str, str], ...] = (
+    ("dgxc_benchmarking", "tag v24.11.1",
+     "dgxc-benchmarking v24.11.1 runs NeMo's 24.09 container (launch.sh FW_VERSION=24.09), whose "
+     "Megatron-Core 0.9 carves expert parallelism out of the data-parallel group"),
+    ("mcore_moe_readme", "",
+     "the Megatron-Core MoE README's figures are from Megatron-Core 0.8 / 0.9 (framework column), before "
+     "MoE parallel folding"),
+)
+"""(source_id, text in the `source` column, citation) of rows run on a Megatron-Core older than 0.10,
+whose MoE layouts are priced without MoE parallel folding (`Layout.moe_parallel_folding`)."""
+
+
+def _before_moe_parallel_folding(c: _Ctx) -> bool:
+    """Whether the row's stack predates MoE parallel folding (`UNFOLDED_EXPERT_STACKS`); notes why."""
+    for sid, release, citation in UNFOLDED_EXPERT_STACKS:
+        if c.s("source_id") == sid and release in c.s("source"):
+            c.notes.append(f"no MoE parallel folding: EP inside DP, expert TP = TP ({citation})")
+            return True
+    return False
 
 
 def _pipeline_split(c: _Ctx, layers: int, pp: int, vpp: int) -> dict[str, Any]:

@@ -62,7 +62,7 @@ the same job is more likely a blind spot of the model than a better layout (90% 
 def constraints_for(row) -> SearchConstraints:
     """The search space of the row's own software stack: its framework, its loss and kernel
     implementations (a run without torch.compile is compared with plans priced without it, as a
-    BF16 run is with BF16 plans), its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of
+    BF16 run is with BF16 plans), its expert grid (`Layout.moe_parallel_folding`), its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of
     MLA, `MLA_CONTEXT_PARALLEL_SOURCES`) and its schedules (`COMBINED_1F1B_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
     if row.model.attention == "mla" and row.source_id not in MLA_CONTEXT_PARALLEL_SOURCES:
@@ -71,7 +71,8 @@ def constraints_for(row) -> SearchConstraints:
     return SearchConstraints(
         framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,
         norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3,
-        allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap, **fixed,
+        allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap,
+        moe_parallel_folding=lay.moe_parallel_folding, **fixed,
     )
 
 

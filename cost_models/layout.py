@@ -1,8 +1,9 @@
 """`Layout`: the parallel configuration of one training job, and its validation.
 
 Vocabulary (docs/architecture.md): world size = dp x tp x pp x cp; global batch = micro_batch x grad_accum x dp.
-Expert parallelism (`ep`) is carved out of dp x cp as Megatron-Core does; expert tensor parallelism
-(`etp`) defaults to `tp`. `dp_shard` is the ZeRO/FSDP sharding group (`dp_shard < dp` is hybrid
+Expert parallelism (`ep`) is carved out of the dp x cp x tp ranks as Megatron-Core 0.10+ does (MoE
+parallel folding), or out of dp alone (`moe_parallel_folding=False`, Megatron-Core 0.9); expert tensor
+parallelism (`etp`) defaults to `tp`. `dp_shard` is the ZeRO/FSDP sharding group (`dp_shard < dp` is hybrid
 sharding: shard inside groups of `dp_shard` ranks, replicate across `dp / dp_shard` groups).
 """
 
@@ -169,6 +170,14 @@ class Layout(BaseModel):
         "once and NVLink fans it out; with group-limited routing at most moe_router_group_topk nodes)",
     )
 
+    moe_parallel_folding: bool = Field(
+        True,
+        description="MoE parallel folding (Megatron-Core 0.10+, expert_decoder_rank_generator): expert layers "
+        "re-split the TP x CP x DP ranks of a stage as etp x ep x expert-dp. False: Megatron-Core 0.9 and "
+        "older (and DeepSpeed-MoE), where expert parallelism is carved out of the data-parallel group alone "
+        "(ep divides dp, next to it in the rank order) and expert TP is TP: an EP group strides over TP x CP",
+    )
+
     moe_a2a_overlap: bool = Field(
         False,
         description="Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): the MoE dispatch and "
@@ -312,6 +321,21 @@ class Layout(BaseModel):
         return self.dp_ * self.cp * self.tp // (self.ep * self.etp_)
 
 
+def _unfolded_expert_violations(lay: Layout) -> list[Violation]:
+    """Megatron-Core 0.9's expert grid (`moe_parallel_folding=False`; its parallel_state.RankGenerator):
+    ep divides dp (`data_parallel_size % expert_model_parallel_size`), ep sits next to dp in the order,
+    and the experts are tensor-parallel over the TP group."""
+    v: list[Violation] = []
+    if lay.dp_ % lay.ep:
+        v.append(Violation("ep", f"ep={lay.ep} must divide dp={lay.dp_} without MoE parallel folding "
+                           "(expert parallelism is carved out of the data-parallel group)"))
+    if lay.etp_ != lay.tp:
+        v.append(Violation("etp", f"etp={lay.etp_} differs from tp={lay.tp}: expert TP needs MoE parallel folding"))
+    if lay.ep > 1 and "ep-dp" not in lay.order and "dp-ep" not in lay.order:
+        v.append(Violation("order", f"order {lay.order!r}: without MoE parallel folding ep must be next to dp"))
+    return v
+
+
 @dataclass(frozen=True)
 class Violation:
     """One violated constraint: the offending field and a sentence saying why."""
@@ -376,6 +400,8 @@ def validate_layout(
                     "(expert parallelism is carved out of the non-pipeline ranks)",
                 )
             )
+        if not lay.moe_parallel_folding:
+            v += _unfolded_expert_violations(lay)
         assert model.moe_ffn_hidden_size
         if model.moe_ffn_hidden_size % lay.etp_:
             v.append(Violation("etp", f"etp={lay.etp_} does not divide the expert FFN width {model.moe_ffn_hidden_size}"))

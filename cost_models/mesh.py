@@ -4,7 +4,11 @@ The order string lists dimensions from fastest- to slowest-varying (Megatron-Cor
 `tp-cp-ep-dp-pp`: TP ranks are consecutive, PP ranks furthest apart). Ranks are numbered node-major
 on the cluster (rank r sits on node r // gpus_per_node), so a small stride keeps a group inside a
 node. Expert parallelism is carved out of the non-pipeline ranks: expert layers see them as
-etp x ep x expert-dp, expert-TP fastest (Megatron-Core's `tp-ep-dp-pp` expert order).
+etp x ep x expert-dp, expert-TP fastest (Megatron-Core's `tp-ep-dp-pp` expert order: MoE parallel
+folding, Megatron-Core 0.10's `expert_decoder_rank_generator` in parallel_state.py). Without folding
+(`moe_parallel_folding=False`, Megatron-Core 0.9 and older) expert parallelism is the fastest-varying
+part of the data-parallel dimension (0.9's RankGenerator splits `dp` into `ep` x `dp / ep`, ep next to
+dp in the order) and expert TP is TP: an EP group strides over TP x CP (x PP when pp precedes dp).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class MeshLike(Protocol):
     def micro_batch(self) -> int: ...
     @property
     def order(self) -> str: ...
+    @property
+    def moe_parallel_folding(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,15 @@ class MeshStrides:
 
 def mesh_strides(layout: MeshLike) -> MeshStrides:
     """Rank stride of every group of `layout` (cached on its degrees and order)."""
-    return _mesh_strides(layout.tp, layout.cp, layout.dp_, layout.pp, layout.ep, layout.etp_, layout.order)
+    return _mesh_strides(
+        layout.tp, layout.cp, layout.dp_, layout.pp, layout.ep, layout.etp_, layout.order, layout.moe_parallel_folding
+    )
 
 
 @lru_cache(maxsize=1 << 14)
-def _mesh_strides(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str) -> MeshStrides:
+def _mesh_strides(
+    tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str, folded: bool = True
+) -> MeshStrides:
     sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
     dense_order = [d for d in order.split("-") if d != "ep"]
     strides: dict[str, int] = {}
@@ -83,12 +93,19 @@ def _mesh_strides(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: 
     first = "cp" if dense_order.index("cp") < dense_order.index("dp") else "dp"
     if sizes[first] == 1:
         first = "dp" if first == "cp" else "cp"
+    if folded:
+        ep_stride, expert_dp_stride = global_stride(etp), global_stride(etp * ep)
+    else:
+        # EP is dp's fastest part. The expert-data-parallel group is the CP ranks and the dp / ep
+        # ranks past EP; its widest stride sets its channel (the CP ranks' own when dp = ep)
+        ep_stride = strides["dp"]
+        expert_dp_stride = strides["dp"] * ep if dp > ep else strides["cp"]
     return MeshStrides(
         tp=strides["tp"],
         cp=strides["cp"],
         dp=strides["dp"],
         pp=strides["pp"],
-        ep=global_stride(etp),
+        ep=ep_stride,
         dp_cp=strides[first],
-        expert_dp=global_stride(etp * ep),
+        expert_dp=expert_dp_stride,
     )

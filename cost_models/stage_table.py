@@ -647,7 +647,9 @@ def build_table(
         logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
     if mtp:
         logits = logits * (1 + mtp)  # each MTP module's loss holds its own logits until the backward
-    channels_key = ("channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order)
+    channels_key = (
+        "channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order, mesh.moe_parallel_folding
+    )
     channels = store.get(channels_key)
     if channels is None:
         channels = store[channels_key] = mesh_channels(cluster, gpus, mesh)

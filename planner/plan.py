@@ -62,6 +62,12 @@ class SearchConstraints(BaseModel):
         "--overlap-moe-expert-parallel-comm) for MoE models: off for a Megatron-Core that predates it "
         "(merged in August-September 2025)",
     )
+    moe_parallel_folding: bool = Field(
+        True,
+        description="the user's Megatron-Core folds expert parallelism over TP x CP x DP (MoE parallel folding, "
+        "Megatron-Core 0.10); off for 0.9 and older, where EP is carved out of DP, expert TP is TP and every "
+        "layout is priced so (Layout.moe_parallel_folding)",
+    )
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
 

@@ -127,10 +127,13 @@ class Mesh:
     etp: int
     order: str
     micro_batch: int = 1  # set per (mesh, micro-batch) pair when pricing communication
+    moe_parallel_folding: bool = True  # Layout.moe_parallel_folding
 
     def at_micro_batch(self, micro_batch: int) -> Mesh:
         """This mesh priced at `micro_batch` sequences (`dataclasses.replace`, without its cost)."""
-        return Mesh(self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.order, micro_batch)
+        return Mesh(
+            self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.order, micro_batch, self.moe_parallel_folding
+        )
 
     # duck-typed like a resolved Layout for cost_models.mesh / stage_table.mesh_comm
     @property
@@ -165,15 +168,21 @@ def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstrain
                 dp = rest // cp
                 if c.dp is not None and dp != c.dp:
                     continue
-                if model.is_moe:
+                folded = c.moe_parallel_folding
+                if model.is_moe and folded:
                     ep_options = [e for e in divisors(model.num_experts) if (dp * cp * tp) % e == 0]
                     etps = sorted({tp, 1})
+                elif model.is_moe:  # Megatron-Core 0.9: EP inside DP, expert TP = TP (layout._unfolded_expert_violations)
+                    ep_options, etps = [e for e in divisors(model.num_experts) if dp % e == 0], [tp]
                 else:
                     ep_options, etps = [1], [tp]
+                orders = ORDERS if pp > 1 else ORDERS[:1]
                 for ep in _pinned(c.ep, ep_options):
                     for etp in etps:
-                        for order in ORDERS if pp > 1 else ORDERS[:1]:
-                            yield Mesh(tp, pp, cp, dp, ep, etp, order)
+                        for order in orders:
+                            if not folded and ep > 1 and "ep-dp" not in order:
+                                continue
+                            yield Mesh(tp, pp, cp, dp, ep, etp, order, moe_parallel_folding=folded)
 
 
 def micro_batches(training: TrainingSpec, dp: int, c: SearchConstraints) -> list[int]:
@@ -403,4 +412,6 @@ def to_layout(
         values["account_for_loss_in_pipeline_split"] = True
     if option.a2a_overlap:
         values["moe_a2a_overlap"] = True
+    if not mesh.moe_parallel_folding:
+        values["moe_parallel_folding"] = False
     return Layout(**values) if validate else _construct(values)  # type: ignore[arg-type]

@@ -269,6 +269,12 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
         args += [("--context-parallel-size", str(lay.cp)), ("--cp-comm-type", comm)]
     if lay.ep > 1 or job.model.is_moe:
         args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.etp_))]
+        if not lay.moe_parallel_folding and lay.ep > 1 and lay.cp > 1:
+            lost.append(
+                f"priced without MoE parallel folding (Megatron-Core 0.9: EP inside DP, groups strided over TP x CP = "
+                f"{lay.tp * lay.cp} ranks); Megatron-Core 0.10+ folds EP over TP x CP x DP (stride {lay.etp_}), so its "
+                "expert all-to-alls run on other links than priced: re-plan with folding for it"
+            )
     if lay.zero_stage == 1:
         args.append(("--use-distributed-optimizer",))
     elif lay.zero_stage >= 2:

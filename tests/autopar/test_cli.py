@@ -127,6 +127,27 @@ def test_plan_without_combined_1f1b_for_an_older_megatron_core() -> None:
     assert older["best"]["estimate"]["step_s"] > default["best"]["estimate"]["step_s"]
 
 
+def test_plan_and_estimate_with_an_expert_grid_before_moe_parallel_folding() -> None:
+    """--no-moe-folding (Megatron-Core 0.9): every candidate of the plan, and the priced layout of
+    `evaluate`, carries the older expert grid: EP inside DP, expert TP = TP."""
+    args = ["plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "8192",
+            "--global-batch", "128", "--top", "3", "--json", "--no-moe-folding"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["inputs"]["constraints"]["moe_parallel_folding"] is False
+    for c in [plan["best"], *plan["alternatives"]]:
+        lay = c["layout"]
+        assert lay["moe_parallel_folding"] is False and lay["etp"] in (None, lay["tp"]) and lay["dp"] % lay["ep"] == 0
+    est = ["evaluate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "8192",
+           "--global-batch", "128", "--tp", "2", "--cp", "2", "--ep", "8", "--json"]
+    folded = json.loads(runner.invoke(app, est).stdout)
+    older = json.loads(runner.invoke(app, [*est, "--no-moe-folding"]).stdout)
+    assert older["layout"]["moe_parallel_folding"] is False and folded["layout"]["moe_parallel_folding"] is True
+    # EP strided over TP x CP = 4 ranks spans twice the nodes of EP strided over TP = 2
+    assert older["time"]["breakdown"]["ep_comm_s"] > folded["time"]["breakdown"]["ep_comm_s"]
+
+
 def test_plan_marks_an_mfu_above_every_published_run() -> None:
     """The MFU cell carries "!" and a line under the table names the ceiling exactly when the JSON's
     predicted MFU is above the highest any published run of its regime measured."""

@@ -141,6 +141,18 @@ def test_recipe_switches_from_the_pinned_recipe_code(parsed):
     assert rows[477].layout.tp_comm_overlap is None and rows[443].layout.tp_comm_overlap is None
 
 
+def test_rows_of_a_megatron_core_before_0_10_are_priced_without_moe_parallel_folding(parsed):
+    """`UNFOLDED_EXPERT_STACKS`: DGX Cloud v24.11 (NeMo 24.09, Megatron-Core 0.9) and the Megatron-Core
+    MoE README (0.8 / 0.9) carve EP out of DP; the v25.05 recipes (Megatron-Core 0.12+) fold it."""
+    rows, _ = parsed
+    grok_2411 = [rows[i] for i in range(382, 400)]  # DGX Cloud v24.11.1 Grok-1, BF16 and FP8
+    assert len(grok_2411) == 18 and all(r.layout.moe_parallel_folding is False for r in grok_2411)
+    assert all(any("no MoE parallel folding" in a for a in r.assumptions) for r in grok_2411)
+    assert rows[61].layout.moe_parallel_folding is False
+    assert all(rows[i].layout.moe_parallel_folding for i in range(470, 483))  # Grok-1 / DeepSeek-V3 v25.05
+    assert all(r.layout.moe_parallel_folding for r in rows.values() if not r.model.is_moe)
+
+
 def test_torchtitan_and_maxtext_rows(parsed):
     rows, _ = parsed
     tt = rows[64]

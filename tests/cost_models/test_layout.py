@@ -45,6 +45,21 @@ def test_ep_constraints() -> None:
     assert any(v.field == "ep" and "carved out" in v.message for v in errs)
 
 
+def test_unfolded_expert_grid_constraints() -> None:
+    """Without MoE parallel folding (Megatron-Core 0.9) EP is carved out of dp alone, expert TP is TP
+    and ep sits next to dp in the rank order; folding accepts each of these layouts."""
+    unfolded = {"moe_parallel_folding": False}
+    assert fields(MOE, 64, tp=4, cp=2, ep=8, **unfolded) == set()  # dp 8
+    assert fields(MOE, 64, tp=4, cp=4, ep=8) == set()  # folded: ep over dp x cp = 16 ranks
+    errs = validate_layout(MOE, TRAIN, 64, Layout(tp=4, cp=4, ep=8, **unfolded))  # dp 4
+    assert [v.field for v in errs] == ["ep"] and "must divide dp=4" in errs[0].message
+    assert fields(MOE, 64, tp=4, ep=8, etp=1) == set()
+    assert fields(MOE, 64, tp=4, ep=8, etp=1, **unfolded) == {"etp"}
+    assert fields(MOE, 64, tp=2, pp=2, ep=4, order="tp-cp-ep-pp-dp") == set()
+    assert fields(MOE, 64, tp=2, pp=2, ep=4, order="tp-cp-ep-pp-dp", **unfolded) == {"order"}
+    assert fields(MOE, 64, tp=2, pp=2, ep=4, order="tp-pp-cp-ep-dp", **unfolded) == set()
+
+
 def test_vpp_constraints() -> None:
     assert "vpp" in fields(DENSE, 64, tp=8, vpp=2)  # needs pp > 1
     assert "vpp" in fields(DENSE, 64, tp=8, pp=2, vpp=3)  # 6 chunks do not divide 32 layers

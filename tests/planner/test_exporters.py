@@ -480,6 +480,20 @@ def test_megatron_reports_gpipe_and_interleaved_recompute_count() -> None:
     assert _has(export(plan, "megatron").lost, "per virtual stage")
 
 
+def test_megatron_names_an_expert_grid_priced_without_moe_parallel_folding() -> None:
+    """A layout priced with Megatron-Core 0.9's expert grid (EP inside DP): the arguments are the
+    same, but with CP > 1 a folding Megatron-Core places the EP groups elsewhere, and the file says so."""
+    training = TrainingSpec(seq_len=8192, global_batch=64)
+    unfolded = make_plan("mixtral-8x7b", 64, Layout(tp=2, cp=2, ep=8, moe_parallel_folding=False), training=training)
+    args = _megatron_args(export(unfolded, "megatron").text)
+    assert args["--expert-model-parallel-size"] == ["8"] and args["--expert-tensor-parallel-size"] == ["2"]
+    assert _has(export(unfolded, "megatron").lost, "without MoE parallel folding")
+    no_cp = make_plan("mixtral-8x7b", 64, Layout(tp=2, ep=8, moe_parallel_folding=False), training=training)
+    assert not _has(export(no_cp, "megatron").lost, "folding")  # cp = 1: the same ranks either way
+    folded = make_plan("mixtral-8x7b", 64, Layout(tp=2, cp=2, ep=8), training=training)
+    assert not _has(export(folded, "megatron").lost, "folding")
+
+
 def test_model_features_megatron_lacks() -> None:
     plan = make_plan("gpt-oss-20b", 32, Layout(tp=4, pp=2, ep=4), training=TrainingSpec(seq_len=4096, global_batch=64))
     lost = export(plan, "megatron").lost

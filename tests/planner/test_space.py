@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -71,3 +73,29 @@ def test_combined_1f1b_is_offered_where_megatron_runs_it() -> None:
     for lay in kept:  # meshes with and without ep share their shape: the options must not leak across
         assert validate_layout(model, big, 64, lay) == [], lay
         assert not (lay.moe_a2a_overlap and lay.recompute == "full")
+
+
+def test_a_megatron_core_without_moe_parallel_folding_gets_its_own_expert_grid() -> None:
+    """`moe_parallel_folding=False` (Megatron-Core 0.9): every mesh offered carves EP out of dp,
+    keeps expert TP = TP and ep next to dp in the order, and its layouts validate with that grid;
+    with folding the space is a superset (etp 1, EP over dp x cp x tp)."""
+    from cluster_specs.presets import get_cluster
+    from cost_models.layout import validate_layout
+    from model_specs.presets import get_model
+    from planner.plan import SearchConstraints
+    from planner.space import PipeOption, Setting, Stack, meshes, to_layout
+
+    model, cluster, training = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), TrainingSpec(seq_len=4096, global_batch=256)
+    folded = set(meshes(model, cluster, 64, SearchConstraints()))
+    older = SearchConstraints(moe_parallel_folding=False)
+    unfolded = list(meshes(model, cluster, 64, older))
+    assert unfolded and all(not m.moe_parallel_folding for m in unfolded)
+    assert all(m.etp == m.tp and m.dp % m.ep == 0 for m in unfolded)
+    assert all("ep-dp" in m.order for m in unfolded if m.ep > 1)
+    as_folded = {dataclasses.replace(m, moe_parallel_folding=True) for m in unfolded}
+    assert as_folded < folded
+    assert any(m.ep > m.dp for m in folded)  # folding alone lets EP reach into cp x tp
+    for m in unfolded[:40]:
+        lay = to_layout(m, 1, PipeOption(1, "1f1b"), Setting(1, m.dp, "none", False), Stack("megatron"))
+        assert lay.moe_parallel_folding is False
+        assert [v for v in validate_layout(model, training, 64, lay) if v.field in ("ep", "etp", "order")] == []
