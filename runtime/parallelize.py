@@ -128,6 +128,11 @@ def check_supported(run: RunSpec) -> None:
         raise NotSupportedError("tied embeddings across pipeline stages are not implemented")
     if spec.is_moe and lay.ep > 1 and lay.etp_ != 1:
         raise NotSupportedError("expert tensor parallel (etp > 1) is not implemented")
+    if spec.is_moe and lay.ep > 1 and lay.cp > 1 and not lay.moe_parallel_folding:
+        raise NotSupportedError(
+            "an expert grid without MoE parallel folding (EP inside DP only) with context parallelism is not "
+            "implemented: the runtime carves EP out of dp x cp (runtime.mesh)"
+        )
     if lay.pp > 1 and lay.schedule_ == "interleaved_1f1b" and interleaving_group("fsdp", lay.pp, lay.grad_accum_) is None:
         raise NotSupportedError(
             f"torch's ScheduleInterleaved1F1B runs the {lay.grad_accum_} micro-batches in m // pp rounds, which must "

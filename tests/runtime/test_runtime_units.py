@@ -57,6 +57,21 @@ def test_megatron_micro_batch_groups_that_torch_cannot_run_are_refused() -> None
     check_supported(run(6))
 
 
+def test_an_unfolded_expert_grid_with_context_parallelism_is_refused() -> None:
+    """The runtime's EP groups are carved out of dp x cp (runtime.mesh), MoE parallel folding's grid
+    at tp = 1; Megatron-Core 0.9's EP-inside-DP grid differs from it only when cp > 1."""
+    from runtime.model import NotSupportedError
+    from runtime.parallelize import check_supported
+
+    def run(**layout: object) -> RunSpec:
+        return load_run_spec({"model": "tiny-moe", "training": TRAIN, "layout": {"ep": 2, **layout}, "gpus": 4})
+
+    with pytest.raises(NotSupportedError, match="without MoE parallel folding"):
+        check_supported(run(cp=2, moe_parallel_folding=False))
+    check_supported(run(cp=2))
+    check_supported(run(moe_parallel_folding=False))  # cp = 1: the same groups
+
+
 def test_load_plan_json(tmp_path: Path) -> None:
     model = get_model("tiny").model_dump(mode="json")
     plan = {
