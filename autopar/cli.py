@@ -305,6 +305,9 @@ def plan(
     cp: int | None = typer.Option(None, help="pin the context-parallel degree"),
     ep: int | None = typer.Option(None, help="pin the expert-parallel degree"),
     zero: int | None = typer.Option(None, help="pin the ZeRO stage"),
+    max_zero: int = typer.Option(
+        3, min=0, max=3, help="the highest ZeRO stage your stack runs (1: a Megatron-Core before 0.10, no FSDP)"
+    ),
     schedule: str | None = typer.Option(
         None, help="pin the pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev, looped_bfs (fsdp)"
     ),
@@ -349,7 +352,8 @@ def plan(
             **_method_fields(method, lora_rank, lora_alpha, lora_targets, quant_format),
         )
         constraints = SearchConstraints(
-            memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
+            memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero,
+            max_zero_stage=max_zero, schedule=schedule,
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
             allow_moe_a2a_overlap=moe_a2a_overlap, moe_parallel_folding=moe_folding,
             elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]

@@ -86,6 +86,9 @@ class CalibrationRow:
     flops_check: float | None = None
     """Reported TFLOP/s / (reported tokens/s x our model FLOPs per token), where the row prints both:
     1.0 means the source's FLOP convention equals `cost_models.flops` model FLOPs."""
+    megatron_core_before_0_10: bool = False
+    """The row ran on a Megatron-Core before 0.10 (`MEGATRON_CORE_BEFORE_0_10`): no MoE parallel
+    folding, no FSDP, no optimizer offload."""
 
     @cached_property
     def cluster(self) -> Any:
@@ -505,28 +508,36 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,
         elementwise_kernels=elementwise, **split,
     )
-    if model.is_moe and _before_moe_parallel_folding(c):
+    if model.is_moe and _megatron_core_before_0_10(c, framework):
         fields["moe_parallel_folding"] = False
+        c.notes.append("no MoE parallel folding: EP inside DP, expert TP = TP (Megatron-Core before 0.10)")
     return Layout(**(fields | switches))
 
 
-UNFOLDED_EXPERT_STACKS: tuple[tuple[str, str, str], ...] = (
+MEGATRON_CORE_BEFORE_0_10: tuple[tuple[str, str, str], ...] = (
     ("dgxc_benchmarking", "tag v24.11.1",
-     "dgxc-benchmarking v24.11.1 runs NeMo's 24.09 container (launch.sh FW_VERSION=24.09), whose "
-     "Megatron-Core 0.9 carves expert parallelism out of the data-parallel group"),
-    ("mcore_moe_readme", "",
-     "the Megatron-Core MoE README's figures are from Megatron-Core 0.8 / 0.9 (framework column), before "
-     "MoE parallel folding"),
+     "dgxc-benchmarking v24.11.1 runs NeMo's 24.09 container (launch.sh FW_VERSION=24.09): Megatron-Core 0.9"),
+    ("mcore_moe_readme", "", "the Megatron-Core MoE README's figures: Megatron-Core 0.8 / 0.9 (framework column)"),
+    ("megatron_readme_h100", "", "the Megatron-LM README's GPT table: Megatron-Core r0.8.0 (framework column)"),
+    ("megatron_readme_h100_strong", "", "the Megatron-LM README's strong scaling: Megatron-Core r0.8.0 (framework column)"),
 )
-"""(source_id, text in the `source` column, citation) of rows run on a Megatron-Core older than 0.10,
-whose MoE layouts are priced without MoE parallel folding (`Layout.moe_parallel_folding`)."""
+"""(source_id, text in the `source` column, citation) of the Megatron rows run on a Megatron-Core older
+than 0.10 (February 2025). Its stack lacks what 0.10-0.12 added, read in Megatron-LM's
+megatron/training/arguments.py and megatron/core/parallel_state.py at the core_v0.9.0 / 0.10.0 /
+0.12.0 tags: MoE parallel folding (0.10; `Layout.moe_parallel_folding` is off for its MoE rows), any
+FSDP (torch FSDP2 `--use-torch-fsdp2` 0.10, `--use-custom-fsdp` 0.12: the distributed optimizer,
+ZeRO-1, is the most it shards) and optimizer CPU offload (`--optimizer-cpu-offload`, 0.12).
+`bench.published_vs_plan.constraints_for` searches these rows without them."""
 
 
-def _before_moe_parallel_folding(c: _Ctx) -> bool:
-    """Whether the row's stack predates MoE parallel folding (`UNFOLDED_EXPERT_STACKS`); notes why."""
-    for sid, release, citation in UNFOLDED_EXPERT_STACKS:
+def _megatron_core_before_0_10(c: _Ctx, framework: str) -> bool:
+    """Whether the row ran on a Megatron-Core before 0.10 (`MEGATRON_CORE_BEFORE_0_10`); notes why."""
+    if framework != "megatron":
+        return False
+    for sid, release, citation in MEGATRON_CORE_BEFORE_0_10:
         if c.s("source_id") == sid and release in c.s("source"):
-            c.notes.append(f"no MoE parallel folding: EP inside DP, expert TP = TP ({citation})")
+            if citation not in c.notes:
+                c.notes.append(citation)
             return True
     return False
 
@@ -665,6 +676,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         memory_kind=c.s("memory_kind"), flops_check=flops_check,
         # stated by the CSV, or fixed by the recipe's code (the only source of recompute_modules here)
         recompute_stated=bool(c.s("recompute")) or layout.recompute_modules is not None,
+        megatron_core_before_0_10=_megatron_core_before_0_10(c, layout.framework),
     )
 
 

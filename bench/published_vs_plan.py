@@ -31,7 +31,7 @@ from bench.calibration_rows import load_rows
 from cost_models.calibration import default_calibration
 from cost_models.estimate import estimate
 from planner.plan import SearchConstraints
-from planner.search import search
+from planner.search import describe, search
 
 FSDP_ONLY_SOURCES = {"llmfoundry_mpt": "llm-foundry runs PyTorch FSDP only (no tensor, pipeline or context parallelism)"}
 """Sources whose software stack runs a subset of the layouts: their plans are searched in it."""
@@ -62,17 +62,21 @@ the same job is more likely a blind spot of the model than a better layout (90% 
 def constraints_for(row) -> SearchConstraints:
     """The search space of the row's own software stack: its framework, its loss and kernel
     implementations (a run without torch.compile is compared with plans priced without it, as a
-    BF16 run is with BF16 plans), its expert grid (`Layout.moe_parallel_folding`), its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of
-    MLA, `MLA_CONTEXT_PARALLEL_SOURCES`) and its schedules (`COMBINED_1F1B_SOURCES`)."""
+    BF16 run is with BF16 plans), its expert grid (`Layout.moe_parallel_folding`), the FSDP and
+    optimizer offload a Megatron-Core before 0.10 lacks (`CalibrationRow.megatron_core_before_0_10`),
+    its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of MLA, `MLA_CONTEXT_PARALLEL_SOURCES`)
+    and its schedules (`COMBINED_1F1B_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
     if row.model.attention == "mla" and row.source_id not in MLA_CONTEXT_PARALLEL_SOURCES:
         fixed["cp"] = 1
     lay = row.layout
+    older = row.megatron_core_before_0_10  # no FSDP, no optimizer offload (calibration_rows.MEGATRON_CORE_BEFORE_0_10)
     return SearchConstraints(
         framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,
         norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3,
         allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap,
-        moe_parallel_folding=lay.moe_parallel_folding, **fixed,
+        moe_parallel_folding=lay.moe_parallel_folding, max_zero_stage=1 if older else 3,
+        allow_offload=not older, **fixed,
     )
 
 
@@ -93,11 +97,12 @@ def compare(row, cal) -> dict:
                   reference_step_s=published.step_s)
     best = plan.best.estimate["tokens_per_s_per_gpu"] if plan.best else None
     fastest = max((x.estimate["tokens_per_s_per_gpu"] for x in [plan.best, *plan.alternatives] if x), default=None)
-    recommended = best
+    recommended, recommended_layout = best, plan.best.layout if plan.best else None
     if plan.best and plan.best.estimate["memory"]["peak_bytes"] > usable:
         kept = search(row.model, row.training, row.cluster, row.gpus, c.model_copy(update={"memory_headroom": headroom}),
                       calibration=cal, refine=False)
-        recommended = kept.best.estimate["tokens_per_s_per_gpu"] if kept.best else best
+        if kept.best:
+            recommended, recommended_layout = kept.best.estimate["tokens_per_s_per_gpu"], kept.best.layout
     measured = row.measured_tokens_per_s_per_gpu
     return {
         "row_id": row.row_id,
@@ -112,6 +117,7 @@ def compare(row, cal) -> dict:
         "best_at_least_published": fastest is not None and fastest >= published.tokens_per_s_per_gpu * (1 - 1e-9),
         "measured_tokens_per_s_per_gpu": measured,
         "best_over_measured": recommended / measured if recommended and measured else None,
+        "recommended_layout": describe(recommended_layout) if recommended_layout else None,
         "published_rank": (plan.stats.faster_than_reference or 0) + 1,
         "feasible_layouts": plan.stats.feasible,
         "search_s": time.perf_counter() - t0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import ElementwiseKernels, Layout, NormKernel, Schedule
@@ -32,6 +32,11 @@ class SearchConstraints(BaseModel):
     ep: int | None = Field(None, ge=1)
     dp: int | None = Field(None, ge=1)
     zero_stage: int | None = Field(None, ge=0, le=3)
+    max_zero_stage: int = Field(
+        3, ge=0, le=3,
+        description="the highest ZeRO stage the user's stack runs: 1 for a Megatron-Core before 0.10, whose "
+        "distributed optimizer is all it shards (no FSDP)",
+    )
     micro_batch: int | None = Field(None, ge=1)
     recompute: str | None = Field(None, pattern="^(none|selective|full|op_sac)$")
     schedule: Schedule | None = Field(
@@ -70,6 +75,12 @@ class SearchConstraints(BaseModel):
     )
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
+
+    @model_validator(mode="after")
+    def _zero_pin_within_the_stack(self) -> SearchConstraints:
+        if self.zero_stage is not None and self.zero_stage > self.max_zero_stage:
+            raise ValueError(f"zero_stage={self.zero_stage} exceeds max_zero_stage={self.max_zero_stage}")
+        return self
 
 
 class PlanInputs(BaseModel):

@@ -303,12 +303,13 @@ def recompute_modes(framework: str) -> list[str]:
 
 
 def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Setting]:
-    """ZeRO stage x sharding group x recompute x optimizer offload (and, with optimizer offload under
+    """ZeRO stage (up to `max_zero_stage`) x sharding group x recompute x optimizer offload (and, with optimizer offload under
     ZeRO-3 without pipelines outside Megatron, parameter offload too: ZeRO-Infinity / FSDP CPUOffload).
     Under DeepSpeed ZeRO-3 also: hpZ (`hpz_groups`), NVMe as the offload tier where the cluster has
     NVMe, and, when the constraints allow lossy collectives, qwZ / qgZ."""
     out = []
     zeros = [0, 1] if c.framework == "deepspeed" and mesh.pp > 1 else [0, 1, 2, 3]  # DeepSpeed PP: ZeRO 0-1
+    zeros = [z for z in zeros if z <= c.max_zero_stage]
     deepspeed = c.framework == "deepspeed"
     for zero in _pinned(c.zero_stage, zeros):
         zero3_ds = deepspeed and zero == 3

@@ -148,6 +148,20 @@ def test_plan_and_estimate_with_an_expert_grid_before_moe_parallel_folding() -> 
     assert older["time"]["breakdown"]["ep_comm_s"] > folded["time"]["breakdown"]["ep_comm_s"]
 
 
+def test_plan_within_the_zero_stages_of_an_older_megatron_core() -> None:
+    """--max-zero 1 (a Megatron-Core without FSDP): no candidate shards beyond the distributed
+    optimizer; a higher --zero pin than that is refused with the field named."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "4096",
+            "--global-batch", "64", "--top", "5", "--json", "--max-zero", "1"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["inputs"]["constraints"]["max_zero_stage"] == 1
+    assert all(c["layout"]["zero_stage"] <= 1 for c in [plan["best"], *plan["alternatives"]])
+    r = runner.invoke(app, [*args, "--zero", "3"])
+    assert r.exit_code == 2 and "max_zero_stage" in r.output
+
+
 def test_plan_marks_an_mfu_above_every_published_run() -> None:
     """The MFU cell carries "!" and a line under the table names the ceiling exactly when the JSON's
     predicted MFU is above the highest any published run of its regime measured."""

@@ -142,7 +142,7 @@ def test_recipe_switches_from_the_pinned_recipe_code(parsed):
 
 
 def test_rows_of_a_megatron_core_before_0_10_are_priced_without_moe_parallel_folding(parsed):
-    """`UNFOLDED_EXPERT_STACKS`: DGX Cloud v24.11 (NeMo 24.09, Megatron-Core 0.9) and the Megatron-Core
+    """`MEGATRON_CORE_BEFORE_0_10`: DGX Cloud v24.11 (NeMo 24.09, Megatron-Core 0.9) and the Megatron-Core
     MoE README (0.8 / 0.9) carve EP out of DP; the v25.05 recipes (Megatron-Core 0.12+) fold it."""
     rows, _ = parsed
     grok_2411 = [rows[i] for i in range(382, 400)]  # DGX Cloud v24.11.1 Grok-1, BF16 and FP8
@@ -151,6 +151,15 @@ def test_rows_of_a_megatron_core_before_0_10_are_priced_without_moe_parallel_fol
     assert rows[61].layout.moe_parallel_folding is False
     assert all(rows[i].layout.moe_parallel_folding for i in range(470, 483))  # Grok-1 / DeepSeek-V3 v25.05
     assert all(r.layout.moe_parallel_folding for r in rows.values() if not r.model.is_moe)
+    # the same stacks have no FSDP and no optimizer offload: their rows are searched without them
+    older = {r.row_id for r in rows.values() if r.megatron_core_before_0_10}
+    assert older >= set(range(382, 400)) | {61, 1} and not older & set(range(400, 500))
+    from bench.published_vs_plan import constraints_for
+
+    c = constraints_for(rows[322])  # Llama 3.1 70B, v24.11
+    assert (c.max_zero_stage, c.allow_offload, c.moe_parallel_folding) == (1, False, True)
+    c = constraints_for(rows[422])  # the same model, v25.04
+    assert (c.max_zero_stage, c.allow_offload) == (3, True)
 
 
 def test_torchtitan_and_maxtext_rows(parsed):

@@ -47,6 +47,18 @@ def test_mla_rows_are_searched_without_context_parallelism_their_stack_lacked(ro
     assert constraints_for(llama).cp is None
 
 
+def test_rows_of_a_megatron_core_before_0_10_are_searched_within_its_stack(rows) -> None:
+    """DGX Cloud v24.11's Grok-1 (Megatron-Core 0.9) on 2,048 H100: its search offers neither FSDP, nor
+    optimizer offload, nor MoE parallel folding, and the plan it recommends has none of them."""
+    from bench.published_vs_plan import constraints_for
+
+    c = constraints_for(rows[385])  # 8-layer proxy on 64 H100, TP4 CP2 EP8
+    assert (c.max_zero_stage, c.allow_offload, c.moe_parallel_folding) == (1, False, False)
+    result = compare(rows[385], default_calibration())
+    assert "zero=2" not in result["recommended_layout"] and "zero=3" not in result["recommended_layout"]
+    assert "offload" not in result["recommended_layout"]
+
+
 def test_rows_above_split_the_promise_into_search_and_model() -> None:
     """Rows above 1.25 are grouped by source and model (proxies with their full model), and each
     group's ratio is split into best / published layout and published layout / measured."""
@@ -73,3 +85,4 @@ def test_the_ratio_uses_the_plan_autopar_would_recommend(rows) -> None:
     assert result["recommended_tokens_per_s_per_gpu"] < result["best_tokens_per_s_per_gpu"]
     assert result["best_over_measured"] == pytest.approx(
         result["recommended_tokens_per_s_per_gpu"] / result["measured_tokens_per_s_per_gpu"])
+    assert result["recommended_layout"].startswith("dp=")  # the layout behind that figure, as `describe` writes it

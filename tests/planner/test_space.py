@@ -99,3 +99,17 @@ def test_a_megatron_core_without_moe_parallel_folding_gets_its_own_expert_grid()
         lay = to_layout(m, 1, PipeOption(1, "1f1b"), Setting(1, m.dp, "none", False), Stack("megatron"))
         assert lay.moe_parallel_folding is False
         assert [v for v in validate_layout(model, training, 64, lay) if v.field in ("ep", "etp", "order")] == []
+
+
+def test_max_zero_stage_bounds_the_settings_and_conflicts_with_a_higher_pin() -> None:
+    """A stack without FSDP (`max_zero_stage=1`, Megatron-Core before 0.10) is offered ZeRO-0/1 only;
+    pinning a higher stage than it runs is a validation error, not an empty search."""
+    from cluster_specs.presets import get_cluster
+    from planner.plan import SearchConstraints
+    from planner.space import Mesh, settings
+
+    mesh, cluster = Mesh(tp=1, pp=1, cp=1, dp=16, ep=1, etp=1, order="tp-cp-ep-dp-pp"), get_cluster("dgx-h100")
+    assert {s.zero_stage for s in settings(mesh, cluster, SearchConstraints())} == {0, 1, 2, 3}
+    assert {s.zero_stage for s in settings(mesh, cluster, SearchConstraints(max_zero_stage=1))} == {0, 1}
+    with pytest.raises(ValidationError, match="exceeds max_zero_stage"):
+        SearchConstraints(zero_stage=3, max_zero_stage=1)
