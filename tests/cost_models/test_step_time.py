@@ -140,6 +140,28 @@ def test_expert_tp_exchange_is_priced_on_its_own_groups_channel() -> None:
     assert table.etp_per_moe_layer == pytest.approx(expected)
 
 
+def test_the_expert_grid_sets_the_ep_groups_links_and_keys_the_data_parallel_memo() -> None:
+    """Without MoE parallel folding (Megatron-Core 0.9) an EP group strides over TP x CP: with
+    TP2 x CP2 on 64 H100 its 8 ranks span 4 nodes instead of 2, so the all-to-all runs slower. The
+    memoized data-parallel times are keyed on the grid, so tables of the two grids never share them."""
+    from cost_models.comm import Group, collective_time
+    from cost_models.stage_table import mesh_comm
+
+    model, cluster, cal = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), default_calibration()
+    training = TrainingSpec(seq_len=8192, global_batch=64)
+    folded = Layout(tp=2, cp=2, ep=8).resolved(64, training)
+    unfolded = Layout(tp=2, cp=2, ep=8, moe_parallel_folding=False).resolved(64, training)
+    copies = model.moe_top_k * 8192 / 2 / 2 * model.hidden_size * training.activation_bytes
+    for lay, stride in ((folded, 2), (unfolded, 4)):
+        a2a = collective_time("all_to_all", copies, Group.strided(cluster, 8, stride, 64), cal)
+        comm = mesh_comm(model, training, cluster, 64, lay, cal)[0]
+        assert comm[2] == pytest.approx(2 * a2a + comm[5])  # + the expert-TP exchange (etp = tp = 2, SP)
+    assert mesh_comm(model, training, cluster, 64, unfolded, cal)[0][2] > mesh_comm(model, training, cluster, 64, folded, cal)[0][2]
+    tables = [build_table(model, training, cluster, 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
+              for lay in (folded, unfolded)]
+    assert _dp_table_key(tables[0], cal) != _dp_table_key(tables[1], cal)
+
+
 def _mixtral_pipeline(schedule: str, **extra):
     """Mixtral-8x7B on 64 H100, PP4 x EP8 across nodes (EP traffic on the NICs), priced step."""
     model, cluster, cal = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), default_calibration()
