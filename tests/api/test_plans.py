@@ -158,6 +158,7 @@ def test_pinned_constraints_are_honoured(user: httpx.Client) -> None:
         ({**PLAN_BODY, "training": {"seq_len": "long", "global_batch": 8}}, ["body", "training", "seq_len"], "integer"),
         ({**PLAN_BODY, "constraints": {"tp": 0}}, ["body", "constraints", "tp"], "greater than or equal to 1"),
         ({**PLAN_BODY, "constraints": {"schedule": "zigzag"}}, ["body", "constraints", "schedule"], "dualpipev"),
+        ({**PLAN_BODY, "constraints": {"zero_stage": 3, "max_zero_stage": 1}}, ["body", "constraints"], "exceeds max_zero_stage"),
         ({**PLAN_BODY, "surprise": 1}, ["body", "surprise"], "Extra inputs"),
         ({**PLAN_BODY, "model": {"hidden_size": 64}}, ["body", "model", "vocab_size"], "Field required"),
         ({**PLAN_BODY, "model": {"hf_config": []}}, ["body", "model", "hf_config"], "JSON object"),
