@@ -130,3 +130,17 @@ def get_gpu(name: str) -> GPUSpec:
     if key is None:
         raise KeyError(f"unknown GPU {name!r}; known: {', '.join(specs)} (and their aliases)")
     return specs[key]
+
+
+def gpu_generation(gpu_name: str) -> str:
+    """The GPU's architecture generation from its catalog name: blackwell, hopper, ampere, volta,
+    cdna3, or other (the error bands' hardware axis; the CUDA-queue rules of `cost_models.step_time`)."""
+    name = gpu_name.upper()
+    for prefix, generation in (
+        ("GB", "blackwell"), ("B200", "blackwell"), ("B300", "blackwell"),
+        ("H100", "hopper"), ("H800", "hopper"), ("H200", "hopper"),
+        ("A100", "ampere"), ("V100", "volta"), ("MI300", "cdna3"),
+    ):
+        if name.startswith(prefix):
+            return generation
+    return "other"

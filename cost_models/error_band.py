@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from cluster_specs.catalog import gpu_generation
 from cost_models.calibration import FITTED_PATH
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec
@@ -36,19 +37,6 @@ MIN_ROWS = 8
 
 SCALES = ((64, "<=64"), (1024, "<=1024"))
 """GPU-count classes of a regime: up to 64, up to 1024, more."""
-
-
-def gpu_generation(gpu_name: str) -> str:
-    """The GPU's architecture generation from its catalog name (the regime's hardware axis)."""
-    name = gpu_name.upper()
-    for prefix, generation in (
-        ("GB", "blackwell"), ("B200", "blackwell"), ("B300", "blackwell"),
-        ("H100", "hopper"), ("H800", "hopper"), ("H200", "hopper"),
-        ("A100", "ampere"), ("V100", "volta"), ("MI300", "cdna3"),
-    ):
-        if name.startswith(prefix):
-            return generation
-    return "other"
 
 
 def scale_class(gpus: int) -> str:

@@ -12,7 +12,9 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
               + TPf    TP/SP collectives: blocking (a GEMM waits for its all-gather, the residual
                        add for its reduce-scatter), except the share `Overlap.tp` hidden behind the
                        GEMMs when TP comm overlap is on (`Layout.tp_comm_overlap`: Transformer
-                       Engine userbuffers, Megatron-LM `--tp-comm-overlap`)
+                       Engine userbuffers, Megatron-LM `--tp-comm-overlap`); none of it under
+                       Megatron-FSDP before Blackwell, which needs several CUDA queues where the
+                       overlap needs one (`fsdp_drops_comm_overlap`; so for CPf and CPb)
               + CPf    ring attention: at each of the cp - 1 ring steps the next K/V block is sent
                        while this block's attention runs, so a step costs max(send, attention /
                        cp) (Liu et al. 2023, "Ring Attention"; Megatron-Core / Transformer Engine's
@@ -77,6 +79,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cluster_specs.catalog import gpu_generation
 from cost_models.calibration import Calibration
 from cost_models.comm import CHANNELS, HOST, Group, collective_cost
 from cost_models.memory import HOST_GRAD_BYTES
@@ -357,6 +360,10 @@ class PhaseArrays:
     pp_exposed: float  # pipeline send/recv exposed per micro-batch
     parts: np.ndarray  # (5, modes, pp): compute, recompute, TP, CP, EP exposed per micro-batch
     weight_grad: np.ndarray  # (pp,) the weight-gradient share W of the backward compute (zero bubble)
+    tp_hidden_f: np.ndarray  # (pp,) TP/SP traffic TP comm overlap hides in the forward
+    tp_hidden_b: np.ndarray  # (modes, pp) ... and in the backward (`fsdp_drops_comm_overlap`)
+    cp_hidden_f: np.ndarray  # (pp,) ring-attention traffic hidden behind attention in the forward
+    cp_hidden_b: np.ndarray  # (modes, pp) ... and in the backward
 
 
 def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
@@ -417,7 +424,36 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     parts[3] = cp_f_exp[None, :] + cp_b_exp
     parts[4] = (ep_f[None, :] + ep_b) * ep_exposed_share
     weight_grad = ZB_WEIGHT_SHARE * backward
-    return PhaseArrays(sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts, weight_grad)
+    tp_hidden_f = tp_f * tp_hidden
+    tp_hidden_b = (t.layers[None, :] + full) * tau * tp_hidden
+    return PhaseArrays(
+        sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts, weight_grad, tp_hidden_f, tp_hidden_b,
+        cp_f_busy - cp_f_exp, cp_b_busy - cp_b_exp,
+    )
+
+
+SINGLE_QUEUE_GENERATIONS = ("hopper", "ampere", "volta")
+"""GPU generations on which Megatron-LM's TP / SP overlap needs one CUDA hardware queue
+(`CUDA_DEVICE_MAX_CONNECTIONS=1`): "this requirement no longer exists since the Blackwell
+architecture" (megatron/training/arguments.py, `validate_args`)."""
+
+
+def fsdp_drops_comm_overlap(t: StageTable, zero: np.ndarray) -> np.ndarray | None:
+    """(J,) True where a setting runs Megatron-FSDP (framework megatron, ZeRO-2/3) beside tensor or
+    context parallelism on a GPU before Blackwell; None where no setting of the table can.
+    Megatron-LM's `validate_args` asserts `CUDA_DEVICE_MAX_CONNECTIONS` > 1 for FSDP ("FSDP always
+    requires ... larger than one"), while tensor and context parallelism need 1 so that each
+    collective is scheduled before the kernel it hides behind ("try not to use them together since
+    they require different CUDA_MAX_CONNECTIONS settings"). With several hardware queues the GEMM or
+    attention kernel launched after a collective can take every SM first and the collective waits
+    behind it: what TP comm overlap (`Overlap.tp`) and the ring-attention exchange would hide is
+    priced exposed."""
+    m = t.mesh
+    if not (m.framework == "megatron" and (m.tp > 1 or m.cp > 1)):
+        return None
+    if t.cluster.gpu.vendor != "nvidia" or gpu_generation(t.cluster.gpu.name) not in SINGLE_QUEUE_GENERATIONS:
+        return None
+    return zero >= 2
 
 
 def compose(
@@ -440,6 +476,14 @@ def compose(
 
     sum_f = phases.sum_f[None, :] + dp.exposed_f[pair]  # (J, pp)
     sum_b = phases.sum_b[mode] + dp.exposed_b[pair]
+    lost = fsdp_drops_comm_overlap(t, knobs.zero)
+    if lost is not None:  # Megatron-FSDP beside TP / CP before Blackwell: what their overlap hides is exposed
+        lost_f = lost[:, None] * (phases.tp_hidden_f + phases.cp_hidden_f)[None, :]  # (J, pp)
+        lost_b = lost[:, None] * (phases.tp_hidden_b + phases.cp_hidden_b)[mode]
+        sum_f = sum_f + lost_f
+        sum_b = sum_b + lost_b
+        tp_lost = lost[:, None] * (phases.tp_hidden_f[None, :] + phases.tp_hidden_b[mode])
+        cp_lost = lost_f + lost_b - tp_lost
     busy_f, busy_b = _busy(knobs, dp, phases)  # (J, CHANNELS, pp)
     t_f = np.maximum(sum_f, busy_f.max(axis=1))
     t_b = np.maximum(sum_b, busy_b.max(axis=1))
@@ -473,6 +517,9 @@ def compose(
     at = phases.parts[:, mode, slow]  # (5, J) at the slowest rank
     parts = np.empty((len(STEP_PARTS), J))
     np.multiply(mb_count, at, out=parts[:5])
+    if lost is not None:
+        parts[2] += mb_count * tp_lost[rows, slow]
+        parts[3] += mb_count * cp_lost[rows, slow]
     parts[5] = mb_count * phases.pp_exposed
     parts[6] = mb_count * (dp.exposed_f[pair, slow] + dp.exposed_b[pair, slow]) + exposed_reduce[rows, tail_rank] + gather_s
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]

@@ -28,8 +28,10 @@ from __future__ import annotations
 import itertools
 import shlex
 
+from cluster_specs.catalog import gpu_generation
 from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, interleaving_group, is_v_shape
 from cost_models.stages import megatron_split
+from cost_models.step_time import SINGLE_QUEUE_GENERATIONS
 from model_specs.spec import ModelSpec
 from planner.exporters.common import (
     SCHEDULE_NAMES,
@@ -264,6 +266,13 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
             args.append(("--tp-comm-overlap",))  # Transformer Engine userbuffers
         else:
             lost.append("TP communication overlap without sequence parallelism: Megatron overlaps only with SP")
+    if lay.zero_stage >= 2 and (lay.tp > 1 or lay.cp > 1) and gpu_generation(job.cluster.gpu.name) in SINGLE_QUEUE_GENERATIONS:
+        priced = ("the step time was priced with their traffic exposed" if lay.framework == "megatron"
+                  else f"the step time, priced for {lay.framework}, hid part of it")
+        lost.append(
+            "tensor / context parallelism beside Megatron-FSDP: FSDP needs CUDA_DEVICE_MAX_CONNECTIONS > 1, their "
+            f"overlap needs 1 before Blackwell (validate_args); {priced}"
+        )
     if lay.cp > 1:
         comm = "p2p" if lay.cp_attention == "ring" else "all_gather"
         args += [("--context-parallel-size", str(lay.cp)), ("--cp-comm-type", comm)]

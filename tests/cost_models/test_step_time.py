@@ -162,6 +162,44 @@ def test_the_expert_grid_sets_the_ep_groups_links_and_keys_the_data_parallel_mem
     assert _dp_table_key(tables[0], cal) != _dp_table_key(tables[1], cal)
 
 
+def test_megatron_fsdp_exposes_the_tp_traffic_its_overlap_would_hide_before_blackwell() -> None:
+    """Megatron-FSDP needs CUDA_DEVICE_MAX_CONNECTIONS > 1 and TP comm overlap needs 1 before
+    Blackwell (`step_time.fsdp_drops_tp_overlap`): on H100 a ZeRO-3 layout with TP pays its TP traffic
+    as if the overlap were off, a ZeRO-1 layout keeps the overlap, and on GB200 both keep it."""
+    from cost_models.estimate import estimate
+
+    model, training = get_model("llama3-70b"), TrainingSpec(seq_len=8192, global_batch=64)
+
+    def tp_s(cluster: str, zero: int, overlap: bool | None = None, framework: str = "megatron") -> float:
+        lay = Layout(tp=4, zero_stage=zero, tp_comm_overlap=overlap, framework=framework)
+        return estimate(model, training, get_cluster(cluster), 64, lay).time.as_dict()["tp_comm_s"]
+
+    assert tp_s("dgx-h100", 3) == pytest.approx(tp_s("dgx-h100", 3, overlap=False))
+    assert tp_s("dgx-h100", 2) == pytest.approx(tp_s("dgx-h100", 2, overlap=False))
+    assert tp_s("dgx-h100", 1) < 0.5 * tp_s("dgx-h100", 1, overlap=False)
+    assert tp_s("gb200-nvl72", 3) < 0.5 * tp_s("gb200-nvl72", 3, overlap=False)
+    # torchtitan's async TP beside FSDP2 is not Megatron's userbuffers: left as priced
+    assert tp_s("dgx-h100", 3, overlap=True, framework="fsdp") < tp_s("dgx-h100", 3, overlap=False, framework="fsdp")
+
+    # the ring-attention exchange the same way: hidden behind attention with the distributed optimizer,
+    # exposed (its whole traffic) beside Megatron-FSDP on H100
+    long = TrainingSpec(seq_len=32768, global_batch=16)
+    cal = default_calibration()
+
+    def cp_parts(zero: int) -> tuple[float, float]:
+        lay = Layout(cp=8, zero_stage=zero).resolved(64, long)
+        table = build_table(model, long, get_cluster("dgx-h100"), 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
+        grid = [setting_of(lay)]
+        timed = price_time(table, grid, price_memory(table, grid, lay.schedule_, lay.vpp, cal), lay.vpp, cal)
+        phases = step_time.phase_arrays(table, lay.vpp, cal)
+        busy = lay.grad_accum_ * float(phases.cp_hidden_f[0] + phases.cp_hidden_b[0, 0])
+        return float(timed.parts["cp_comm_s"][0]), busy
+
+    exposed_1, hidden = cp_parts(1)
+    exposed_3, _ = cp_parts(3)
+    assert hidden > 0 and exposed_3 == pytest.approx(exposed_1 + hidden)
+
+
 def _mixtral_pipeline(schedule: str, **extra):
     """Mixtral-8x7B on 64 H100, PP4 x EP8 across nodes (EP traffic on the NICs), priced step."""
     model, cluster, cal = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), default_calibration()

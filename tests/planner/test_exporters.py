@@ -494,6 +494,20 @@ def test_megatron_names_an_expert_grid_priced_without_moe_parallel_folding() -> 
     assert not _has(export(folded, "megatron").lost, "folding")
 
 
+def test_megatron_names_tp_overlap_priced_exposed_beside_its_fsdp_before_blackwell() -> None:
+    """Megatron-FSDP with TP (or CP) on H100: the file keeps --tp-comm-overlap (the user may still set
+    it) but says the step was priced with that traffic exposed; not so with the distributed optimizer,
+    nor on GB200."""
+    zero3 = export(make_plan("llama3-70b", 64, Layout(tp=4, zero_stage=3)), "megatron")
+    assert "--tp-comm-overlap" in _megatron_args(zero3.text)
+    assert _has(zero3.lost, "beside Megatron-FSDP")
+    assert not _has(export(make_plan("llama3-70b", 64, Layout(tp=4, pp=2)), "megatron").lost, "beside Megatron-FSDP")
+    assert _has(export(make_plan("llama3-70b", 64, Layout(cp=2, zero_stage=3)), "megatron").lost, "beside Megatron-FSDP")
+    gb200 = make_plan("llama3-70b", 72, Layout(tp=4, zero_stage=3), cluster="gb200-nvl72",
+                      training=TrainingSpec(seq_len=8192, global_batch=72))
+    assert not _has(export(gb200, "megatron").lost, "beside Megatron-FSDP")
+
+
 def test_model_features_megatron_lacks() -> None:
     plan = make_plan("gpt-oss-20b", 32, Layout(tp=4, pp=2, ep=4), training=TrainingSpec(seq_len=4096, global_batch=64))
     lost = export(plan, "megatron").lost

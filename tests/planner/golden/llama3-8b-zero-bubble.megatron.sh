@@ -10,6 +10,7 @@
 #   source megatron_args.sh
 #   torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
 # Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
+# - tensor / context parallelism beside Megatron-FSDP: FSDP needs CUDA_DEVICE_MAX_CONNECTIONS > 1, their overlap needs 1 before Blackwell (validate_args); the step time, priced for fsdp, hid part of it
 # - zero-bubble schedule (ZB1P): Megatron runs (interleaved) 1F1B, whose bubble is three times larger
 # - selective recompute of the dense MLP activation: Megatron-Core recomputes expert activations (moe_act) or whole MLPs (mlp), not a dense MLP's activation alone
 # - loss_parallel cross entropy: Megatron computes the loss vocabulary-parallel (fp32), or fused with --cross-entropy-loss-fusion; the file keeps Megatron's default

@@ -10,6 +10,7 @@
 #   source megatron_args.sh
 #   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
 # Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
+# - tensor / context parallelism beside Megatron-FSDP: FSDP needs CUDA_DEVICE_MAX_CONNECTIONS > 1, their overlap needs 1 before Blackwell (validate_args); the step time was priced with their traffic exposed
 # - GPipe schedule: Megatron always runs (interleaved) 1F1B (same bubble, fewer micro-batches in flight)
 # Megatron-FSDP needs more than one CUDA hardware queue (validate_args)
 unset CUDA_DEVICE_MAX_CONNECTIONS
