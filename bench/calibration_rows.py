@@ -420,7 +420,11 @@ def _recipe_switches(c: _Ctx, pp: int) -> dict[str, Any]:
     return out
 
 
-def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, gpus: int) -> Layout:
+def _layout(
+    c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, gpus: int, older_megatron_core: bool = False
+) -> Layout:
+    """The row's published layout; `older_megatron_core`: it ran on a Megatron-Core before 0.10
+    (`MEGATRON_CORE_BEFORE_0_10`), whose MoE layouts have no parallel folding."""
     sid = c.s("source_id")
     tp, pp, cp, ep, vpp = c.i("tp"), c.i("pp"), c.i("cp") or 1, c.i("ep") or 1, c.i("vpp") or 1
     mp = c.i("mp_size")
@@ -508,7 +512,7 @@ def _layout(c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, g
         dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,
         elementwise_kernels=elementwise, **split,
     )
-    if model.is_moe and _megatron_core_before_0_10(c, framework):
+    if model.is_moe and older_megatron_core:
         fields["moe_parallel_folding"] = False
         c.notes.append("no MoE parallel folding: EP inside DP, expert TP = TP (Megatron-Core before 0.10)")
     return Layout(**(fields | switches))
@@ -536,8 +540,7 @@ def _megatron_core_before_0_10(c: _Ctx, framework: str) -> bool:
         return False
     for sid, release, citation in MEGATRON_CORE_BEFORE_0_10:
         if c.s("source_id") == sid and release in c.s("source"):
-            if citation not in c.notes:
-                c.notes.append(citation)
+            c.notes.append(citation)
             return True
     return False
 
@@ -658,7 +661,8 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         family = c.s("gpu_family")
         prec, grad = _precision(c, family, framework)
         training = TrainingSpec(seq_len=seq, global_batch=gbs, precision=prec, grad_dtype=grad)  # type: ignore[arg-type]
-        layout = _layout(c, model, training, framework, gpus)
+        older_megatron_core = _megatron_core_before_0_10(c, framework)
+        layout = _layout(c, model, training, framework, gpus, older_megatron_core)
         measured, measured_from = _throughput(c, model, training, gpus)
     except _Skip as exc:
         return Unusable(row_id, sid, label, str(exc))
@@ -676,7 +680,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         memory_kind=c.s("memory_kind"), flops_check=flops_check,
         # stated by the CSV, or fixed by the recipe's code (the only source of recompute_modules here)
         recompute_stated=bool(c.s("recompute")) or layout.recompute_modules is not None,
-        megatron_core_before_0_10=_megatron_core_before_0_10(c, layout.framework),
+        megatron_core_before_0_10=older_megatron_core,
     )
 
 

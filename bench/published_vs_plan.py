@@ -9,7 +9,9 @@ is close to the best its stack reaches: a plan promising far more is a blind spo
 
 Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
 and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`,
-`MLA_CONTEXT_PARALLEL_SOURCES`).
+`MLA_CONTEXT_PARALLEL_SOURCES`; a Megatron-Core before 0.10: no MoE parallel folding, no FSDP, no
+optimizer offload, `calibration_rows.MEGATRON_CORE_BEFORE_0_10`). Each row's JSON names the layout
+behind its best / measured (`recommended_layout`).
 
 "Fully specified" rows are those whose layout the source states (TP, PP, DP and the batch); the
 same model, cluster, GPU count, training spec and framework are searched. Rank = 1 + the number of

@@ -154,8 +154,10 @@ def _pinned(value: int | None, options: list[int]) -> list[int]:
 
 
 def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstraints) -> Iterator[Mesh]:
-    """Every (tp, pp, cp, dp, ep, etp, order) whose degrees multiply to `gpus`."""
+    """Every (tp, pp, cp, dp, ep, etp, order) whose degrees multiply to `gpus`, on the expert grid of
+    the user's stack (`SearchConstraints.moe_parallel_folding`)."""
     divs = divisors(gpus)
+    folded = c.moe_parallel_folding
     for tp in _pinned(c.tp, divs):
         for pp in _pinned(c.pp, [d for d in divs if (gpus // tp) % d == 0]):
             rest = gpus // (tp * pp) if gpus % (tp * pp) == 0 else 0
@@ -168,7 +170,6 @@ def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstrain
                 dp = rest // cp
                 if c.dp is not None and dp != c.dp:
                     continue
-                folded = c.moe_parallel_folding
                 if model.is_moe and folded:
                     ep_options = [e for e in divisors(model.num_experts) if (dp * cp * tp) % e == 0]
                     etps = sorted({tp, 1})
