@@ -87,8 +87,8 @@ class CalibrationRow:
     """Reported TFLOP/s / (reported tokens/s x our model FLOPs per token), where the row prints both:
     1.0 means the source's FLOP convention equals `cost_models.flops` model FLOPs."""
     megatron_core_before_0_10: bool = False
-    """The row ran on a Megatron-Core before 0.10 (`MEGATRON_CORE_BEFORE_0_10`): no MoE parallel
-    folding, no FSDP, no optimizer offload."""
+    """The row ran on a Megatron-Core before 0.10 (`RecipeSwitches.megatron_core_before_0_10`): no MoE
+    parallel folding, no FSDP, no optimizer offload."""
 
     @cached_property
     def cluster(self) -> Any:
@@ -352,8 +352,9 @@ _VPP_FROM_PAIRED_ROW: dict[tuple[str, int], int] = {}
 @dataclass(frozen=True)
 class RecipeSwitches:
     """Settings a recipe's code fixes that its README does not print, read in the code the recipe
-    pins (its `setup.sh` names the NeMo and Megatron-LM commits), for the rows of one release of
-    one workload. Unset fields leave the loader's conventions alone."""
+    pins (its `setup.sh` names the NeMo and Megatron-LM commits), or the stack it ran on, for the
+    rows of one release of a source ("" matches every release) and of one workload ("" every
+    model). Unset fields leave the loader's conventions alone."""
 
     source_id: str
     release: str  # the release tag in the `source` column, e.g. "@v25.05.04"
@@ -364,6 +365,14 @@ class RecipeSwitches:
     outer_stage_layers: tuple[int, int] | None = None  # layers the first and last stage hold fewer than
     outer_stage_slots: int = 0  # ... the others, which hold this many // pp each
     mtp_layers: int | None = None  # multi-token-prediction modules the recipe trains
+    megatron_core_before_0_10: bool = False
+    """The stack is a Megatron-Core older than 0.10 (February 2025). It lacks what 0.10-0.12 added,
+    read in Megatron-LM's megatron/training/arguments.py and megatron/core/parallel_state.py at the
+    core_v0.9.0 / 0.10.0 / 0.12.0 tags: MoE parallel folding (0.10; `Layout.moe_parallel_folding` is
+    off for its MoE rows), any FSDP (torch FSDP2 `--use-torch-fsdp2` 0.10, `--use-custom-fsdp` 0.12:
+    the distributed optimizer, ZeRO-1, is the most it shards) and optimizer CPU offload
+    (`--optimizer-cpu-offload`, 0.12). `bench.published_vs_plan.constraints_for` searches its rows
+    without them."""
 
     def applies(self, c: _Ctx) -> bool:
         return (c.s("source_id") == self.source_id and self.release in c.s("source")
@@ -371,6 +380,24 @@ class RecipeSwitches:
 
 
 RECIPE_SWITCHES: tuple[RecipeSwitches, ...] = (
+    RecipeSwitches(
+        "dgxc_benchmarking", "tag v24.11.1", "",
+        "dgxc-benchmarking v24.11.1 runs NeMo's 24.09 container (launch.sh FW_VERSION=24.09): Megatron-Core 0.9",
+        megatron_core_before_0_10=True,
+    ),
+    RecipeSwitches(
+        "mcore_moe_readme", "", "", "the Megatron-Core MoE README's figures: Megatron-Core 0.8 / 0.9 (framework column)",
+        megatron_core_before_0_10=True,
+    ),
+    RecipeSwitches(
+        "megatron_readme_h100", "", "", "the Megatron-LM README's GPT table: Megatron-Core r0.8.0 (framework column)",
+        megatron_core_before_0_10=True,
+    ),
+    RecipeSwitches(
+        "megatron_readme_h100_strong", "", "",
+        "the Megatron-LM README's strong scaling: Megatron-Core r0.8.0 (framework column)",
+        megatron_core_before_0_10=True,
+    ),
     RecipeSwitches(
         "dgxc_benchmarking", "@v25.05.04", "Nemotron-H",
         "dgxc-benchmarking v25.05.04 nemotronh/setup.sh pins NeMo 7a8f1cc; its "
@@ -392,8 +419,9 @@ RECIPE_SWITCHES: tuple[RecipeSwitches, ...] = (
         outer_stage_layers=(1, 2), outer_stage_slots=64,
     ),
 )
-"""Recipe code facts for the published layouts of `RecipeSwitches.applies` rows (the search of
-`bench.published_vs_plan` keeps its own space: a switch a recipe left off is still the stack's)."""
+"""Recipe code and stack facts for the published layouts of `RecipeSwitches.applies` rows (the search
+of `bench.published_vs_plan` keeps the stack's space: a switch a recipe left off is still the
+stack's, a feature its Megatron-Core lacked is not)."""
 
 
 def _switches(c: _Ctx) -> list[RecipeSwitches]:
@@ -415,6 +443,8 @@ def _recipe_switches(c: _Ctx, pp: int) -> dict[str, Any]:
             per = sw.outer_stage_slots // pp
             fields["decoder_first_pipeline_num_layers"] = per - sw.outer_stage_layers[0]
             fields["decoder_last_pipeline_num_layers"] = per - sw.outer_stage_layers[1]
+        if not fields:  # a stack-age entry (`megatron_core_before_0_10`): no layout field of its own
+            continue
         c.notes.append(f"recipe code: {', '.join(f'{k}={v}' for k, v in fields.items())} ({sw.citation})")
         out.update(fields)
     return out
@@ -424,7 +454,7 @@ def _layout(
     c: _Ctx, model: ModelSpec, training: TrainingSpec, framework: str, gpus: int, older_megatron_core: bool = False
 ) -> Layout:
     """The row's published layout; `older_megatron_core`: it ran on a Megatron-Core before 0.10
-    (`MEGATRON_CORE_BEFORE_0_10`), whose MoE layouts have no parallel folding."""
+    (`RecipeSwitches.megatron_core_before_0_10`), whose MoE layouts have no parallel folding."""
     sid = c.s("source_id")
     tp, pp, cp, ep, vpp = c.i("tp"), c.i("pp"), c.i("cp") or 1, c.i("ep") or 1, c.i("vpp") or 1
     mp = c.i("mp_size")
@@ -518,31 +548,14 @@ def _layout(
     return Layout(**(fields | switches))
 
 
-MEGATRON_CORE_BEFORE_0_10: tuple[tuple[str, str, str], ...] = (
-    ("dgxc_benchmarking", "tag v24.11.1",
-     "dgxc-benchmarking v24.11.1 runs NeMo's 24.09 container (launch.sh FW_VERSION=24.09): Megatron-Core 0.9"),
-    ("mcore_moe_readme", "", "the Megatron-Core MoE README's figures: Megatron-Core 0.8 / 0.9 (framework column)"),
-    ("megatron_readme_h100", "", "the Megatron-LM README's GPT table: Megatron-Core r0.8.0 (framework column)"),
-    ("megatron_readme_h100_strong", "", "the Megatron-LM README's strong scaling: Megatron-Core r0.8.0 (framework column)"),
-)
-"""(source_id, text in the `source` column, citation) of the Megatron rows run on a Megatron-Core older
-than 0.10 (February 2025). Its stack lacks what 0.10-0.12 added, read in Megatron-LM's
-megatron/training/arguments.py and megatron/core/parallel_state.py at the core_v0.9.0 / 0.10.0 /
-0.12.0 tags: MoE parallel folding (0.10; `Layout.moe_parallel_folding` is off for its MoE rows), any
-FSDP (torch FSDP2 `--use-torch-fsdp2` 0.10, `--use-custom-fsdp` 0.12: the distributed optimizer,
-ZeRO-1, is the most it shards) and optimizer CPU offload (`--optimizer-cpu-offload`, 0.12).
-`bench.published_vs_plan.constraints_for` searches these rows without them."""
-
-
 def _megatron_core_before_0_10(c: _Ctx, framework: str) -> bool:
-    """Whether the row ran on a Megatron-Core before 0.10 (`MEGATRON_CORE_BEFORE_0_10`); notes why."""
-    if framework != "megatron":
+    """Whether the row ran on a Megatron-Core before 0.10 (`RecipeSwitches.megatron_core_before_0_10`);
+    notes why."""
+    older = [sw for sw in _switches(c) if sw.megatron_core_before_0_10]
+    if framework != "megatron" or not older:
         return False
-    for sid, release, citation in MEGATRON_CORE_BEFORE_0_10:
-        if c.s("source_id") == sid and release in c.s("source"):
-            c.notes.append(citation)
-            return True
-    return False
+    c.notes.append(older[0].citation)
+    return True
 
 
 def _pipeline_split(c: _Ctx, layers: int, pp: int, vpp: int) -> dict[str, Any]:

@@ -10,7 +10,7 @@ is close to the best its stack reaches: a plan promising far more is a blind spo
 Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
 and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`,
 `MLA_CONTEXT_PARALLEL_SOURCES`; a Megatron-Core before 0.10: no MoE parallel folding, no FSDP, no
-optimizer offload, `calibration_rows.MEGATRON_CORE_BEFORE_0_10`). Each row's JSON names the layout
+optimizer offload, `RecipeSwitches.megatron_core_before_0_10`). Each row's JSON names the layout
 behind its best / measured (`recommended_layout`).
 
 "Fully specified" rows are those whose layout the source states (TP, PP, DP and the batch); the
@@ -72,7 +72,7 @@ def constraints_for(row) -> SearchConstraints:
     if row.model.attention == "mla" and row.source_id not in MLA_CONTEXT_PARALLEL_SOURCES:
         fixed["cp"] = 1
     lay = row.layout
-    older = row.megatron_core_before_0_10  # no FSDP, no optimizer offload (calibration_rows.MEGATRON_CORE_BEFORE_0_10)
+    older = row.megatron_core_before_0_10  # no FSDP, no optimizer offload (RecipeSwitches.megatron_core_before_0_10)
     return SearchConstraints(
         framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,
         norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3,

@@ -132,6 +132,7 @@ def get_gpu(name: str) -> GPUSpec:
     return specs[key]
 
 
+@functools.lru_cache(maxsize=256)
 def gpu_generation(gpu_name: str) -> str:
     """The GPU's architecture generation from its catalog name: blackwell, hopper, ampere, volta,
     cdna3, or other (the error bands' hardware axis; the CUDA-queue rules of `cost_models.step_time`)."""

@@ -321,6 +321,12 @@ class Layout(BaseModel):
         return self.dp_ * self.cp * self.tp // (self.ep * self.etp_)
 
 
+def ep_next_to_dp(order: str) -> bool:
+    """Whether `order` places ep beside dp, as Megatron-Core 0.9's RankGenerator requires ("The ep and
+    dp must be adjacent in order") for an expert grid without MoE parallel folding."""
+    return "ep-dp" in order or "dp-ep" in order
+
+
 def _unfolded_expert_violations(lay: Layout) -> list[Violation]:
     """Megatron-Core 0.9's expert grid (`moe_parallel_folding=False`; its parallel_state.RankGenerator):
     ep divides dp (`data_parallel_size % expert_model_parallel_size`), ep sits next to dp in the order,
@@ -331,7 +337,7 @@ def _unfolded_expert_violations(lay: Layout) -> list[Violation]:
                            "(expert parallelism is carved out of the data-parallel group)"))
     if lay.etp_ != lay.tp:
         v.append(Violation("etp", f"etp={lay.etp_} differs from tp={lay.tp}: expert TP needs MoE parallel folding"))
-    if lay.ep > 1 and "ep-dp" not in lay.order and "dp-ep" not in lay.order:
+    if lay.ep > 1 and not ep_next_to_dp(lay.order):
         v.append(Violation("order", f"order {lay.order!r}: without MoE parallel folding ep must be next to dp"))
     return v
 

@@ -236,11 +236,9 @@ def _rank_sums(
     k = _RANK_QUANTITIES
     quantities = np.empty((k, n))
     quantities[0], quantities[1], quantities[2], quantities[3] = arr["dense"], arr["expert"], a0, arr["a1"]
-    quantities[4] = np.where(recomputed, arr["a2"], a0)
     quantities[5], quantities[6], quantities[7], quantities[8], quantities[9] = 1.0, moe, arr["fb"], fwd, arr["sel"]
-    quantities[10] = np.where(recomputed, fwd, 0.0)
-    quantities[11], quantities[12] = 0.0, recomputed
-    quantities[13] = np.where(recomputed, moe, 0.0)
+    quantities[11] = 0.0
+    _set_recompute_rows(quantities, recomputed, a0, arr["a2"], fwd, moe)
     quantities[14], quantities[15] = arr["a3"], arr["osac"]
     quantities[16], quantities[17], quantities[18], quantities[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
@@ -277,6 +275,18 @@ _RANK_QUANTITIES = 20
 """Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
 
 
+def _set_recompute_rows(
+    q: np.ndarray, recomputed: np.ndarray | bool, a0: object, a2: object, fwd: object, moe: object
+) -> None:
+    """Fill the rows of `_rank_sums`' quantities that depend on whether full recompute re-runs a
+    layer (columns of `q`: layers, or one MTP block): the activations it keeps (4: `a2` when
+    re-run, else `a0`), the recompute forward seconds (10), the re-run count (12) and its MoE count (13)."""
+    q[4] = np.where(recomputed, a2, a0)
+    q[10] = np.where(recomputed, fwd, 0.0)
+    q[12] = recomputed
+    q[13] = np.where(recomputed, moe, 0.0)
+
+
 def _priced_mtp(model: ModelSpec, partition: StagePartition, ft: FineTune | None) -> int:
     """MTP modules priced on this partition's head rank: the trained ones
     (`compute.trained_mtp_layers`) when the partition holds the whole model (a probe partition of
@@ -296,12 +306,9 @@ def _mtp_sums(
     out = np.zeros((len(last), pp))
     i = len(arr["fwd"]) - 1
     for depth in range(mtp):
-        recomputed = limit is None or held + depth < limit
         column = last.copy()
-        column[4] = arr["a2"][i] if recomputed else arr["a0"][i]
-        column[10] = arr["fwd"][i] if recomputed else 0.0
-        column[12] = float(recomputed)
-        column[13] = arr["moe"][i] if recomputed else 0.0
+        recomputed = limit is None or held + depth < limit
+        _set_recompute_rows(column, recomputed, arr["a0"][i], arr["a2"][i], arr["fwd"][i], arr["moe"][i])
         out[:, head_rank] += column
     return out
 

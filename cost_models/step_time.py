@@ -87,7 +87,7 @@ from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
 
 if TYPE_CHECKING:
-    from cluster_specs.spec import ClusterSpec
+    from cluster_specs.spec import ClusterSpec, GPUSpec
     from cost_models.layout import Layout
     from cost_models.stage_table import KnobArrays, Sharding, StageTable
     from model_specs.spec import TrainingSpec
@@ -449,11 +449,15 @@ def fsdp_drops_comm_overlap(t: StageTable, zero: np.ndarray) -> np.ndarray | Non
     behind it: what TP comm overlap (`Overlap.tp`) and the ring-attention exchange would hide is
     priced exposed."""
     m = t.mesh
-    if not (m.framework == "megatron" and (m.tp > 1 or m.cp > 1)):
-        return None
-    if t.cluster.gpu.vendor != "nvidia" or gpu_generation(t.cluster.gpu.name) not in SINGLE_QUEUE_GENERATIONS:
+    if m.framework != "megatron" or not overlap_needs_one_queue(m.tp, m.cp, t.cluster.gpu):
         return None
     return zero >= 2
+
+
+def overlap_needs_one_queue(tp: int, cp: int, gpu: GPUSpec) -> bool:
+    """Whether this mesh's TP / CP communication overlap needs `CUDA_DEVICE_MAX_CONNECTIONS=1` on
+    `gpu` (`SINGLE_QUEUE_GENERATIONS`), which Megatron-FSDP forbids (`fsdp_drops_comm_overlap`)."""
+    return (tp > 1 or cp > 1) and gpu.vendor == "nvidia" and gpu_generation(gpu.name) in SINGLE_QUEUE_GENERATIONS
 
 
 def compose(

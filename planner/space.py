@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.layout import Layout
+from cost_models.layout import Layout, ep_next_to_dp
 from cost_models.pipeline import dualpipev_micro_batches_ok, interleaving_group, zero_bubble_rounds_ok
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -181,7 +181,7 @@ def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstrain
                 for ep in _pinned(c.ep, ep_options):
                     for etp in etps:
                         for order in orders:
-                            if not folded and ep > 1 and "ep-dp" not in order:
+                            if not folded and ep > 1 and not ep_next_to_dp(order):
                                 continue
                             yield Mesh(tp, pp, cp, dp, ep, etp, order, moe_parallel_folding=folded)
 

@@ -28,10 +28,9 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from cluster_specs.catalog import gpu_generation
 from cost_models.pipeline import FORWARDS_FIRST_SCHEDULES, interleaving_group, is_v_shape
 from cost_models.stages import megatron_split
-from cost_models.step_time import SINGLE_QUEUE_GENERATIONS
+from cost_models.step_time import overlap_needs_one_queue
 from model_specs.spec import ModelSpec
 from planner.exporters.common import (
     SCHEDULE_NAMES,
@@ -266,7 +265,7 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
             args.append(("--tp-comm-overlap",))  # Transformer Engine userbuffers
         else:
             lost.append("TP communication overlap without sequence parallelism: Megatron overlaps only with SP")
-    if lay.zero_stage >= 2 and (lay.tp > 1 or lay.cp > 1) and gpu_generation(job.cluster.gpu.name) in SINGLE_QUEUE_GENERATIONS:
+    if lay.zero_stage >= 2 and overlap_needs_one_queue(lay.tp, lay.cp, job.cluster.gpu):
         priced = ("the step time was priced with their traffic exposed" if lay.framework == "megatron"
                   else f"the step time, priced for {lay.framework}, hid part of it")
         lost.append(

@@ -142,7 +142,7 @@ def test_recipe_switches_from_the_pinned_recipe_code(parsed):
 
 
 def test_rows_of_a_megatron_core_before_0_10_are_priced_without_moe_parallel_folding(parsed):
-    """`MEGATRON_CORE_BEFORE_0_10`: DGX Cloud v24.11 (NeMo 24.09, Megatron-Core 0.9) and the Megatron-Core
+    """`RecipeSwitches.megatron_core_before_0_10`: DGX Cloud v24.11 (NeMo 24.09, Megatron-Core 0.9) and the Megatron-Core
     MoE README (0.8 / 0.9) carve EP out of DP; the v25.05 recipes (Megatron-Core 0.12+) fold it."""
     rows, _ = parsed
     grok_2411 = [rows[i] for i in range(382, 400)]  # DGX Cloud v24.11.1 Grok-1, BF16 and FP8
