@@ -40,6 +40,13 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
                        reduce-scatter, which nothing hides
     Each phase lasts max(compute + what is exposed, busiest channel): no channel carries more
     traffic than the phase lasts (the excess is reported as `comm_wait_s`).
+    Hidden is not free: a collective's kernels hold `COMM_SMS` SMs while they run (NCCL runs one
+    thread block per channel, each on an SM), so the compute beside them runs on the rest. Every
+    second of NVLink / NIC traffic that runs beside compute (`comm_beside_compute`: the channel's
+    busy time less what the phase exposes, at most the phase's compute) stretches that compute by
+    `COMM_SMS / sm_count` seconds (`comm_sm_share`; counted in `compute_s`). The once-per-step
+    gradient reduction and parameter gather stretch the last backward and the first forward the
+    same way.
     The pipeline send/recv of each of the rank's vpp chunk boundaries (activations forward,
     gradients backward) hides `Overlap.pp` of itself (batched isend/irecv in the 1F1B steady state).
     DualPipeV pairs the forward chunk of one micro-batch with the backward chunk of another
@@ -49,7 +56,7 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
     "1F1B A2A overlap": a micro-batch's dispatch and combine beside the adjacent one's forward or
     backward compute, user guide "Combined 1F1B: Expert-Parallel All-to-All Overlap"): the MoE all-to-alls
     of both hide behind the compute of both, so the pair lasts max(F + B, busiest channel of both),
-    and the communication kernels hold `DUALPIPE_COMM_SMS` of the GPU's SMs meanwhile (the compute
+    and the communication kernels hold `COMM_SMS` of the GPU's SMs meanwhile (the compute
     of a rank with expert-parallel traffic runs on the rest).
 
 The step (`compose`):
@@ -81,7 +88,7 @@ import numpy as np
 
 from cluster_specs.catalog import gpu_generation
 from cost_models.calibration import Calibration
-from cost_models.comm import CHANNELS, HOST, Group, collective_cost
+from cost_models.comm import CHANNELS, HOST, INTER, INTRA, Group, collective_cost
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
@@ -137,11 +144,15 @@ QGZ_HBM_BYTES_PER_ELEMENT = 5.0
 """HBM bytes per gradient element of qgZ's kernels: quantize (read 16 bits, write 4) and, after the
 all-to-all, dequantize and reduce (read 4 bits, write 16)."""
 
-DUALPIPE_COMM_SMS = 20
-"""SMs the communication kernels take while DualPipe overlaps them with compute: "only 20 SMs are
-sufficient to fully utilize the bandwidths of IB and NVLink" (DeepSeek-V3 technical report,
-Sec. 3.2.2, H800 with 132 SMs). Compute beside them runs on the other SMs. Megatron's combined
-1F1B is charged the same 20 SMs: an assumption (Megatron-Core gives no figure for its EP overlap)."""
+COMM_SMS = 20
+"""SMs the communication kernels hold while they run beside compute: "only 20 SMs are sufficient
+to fully utilize the bandwidths of IB and NVLink" (DeepSeek-V3 technical report, Sec. 3.2.2, H800
+with 132 SMs). NCCL launches one thread block per channel, each on its own SM, and its default
+channel counts on NVSwitch and multi-NIC nodes are of that order (16-32), so 20 is the low end of
+what a collective takes. Compute beside them runs on the other SMs: DualPipe's F&B pairs and
+Megatron's combined 1F1B for the whole pair (`comm_sm_slowdown`; Megatron-Core gives no figure for
+its EP overlap, so the same 20 is an assumption there), every other overlap for the seconds its
+collectives run beside compute (`comm_sm_share`)."""
 FALLBACK_SM_COUNT = 132
 """SMs assumed when the catalog gives none (the H100 / H800 count, where the 20 SMs were measured)."""
 
@@ -153,11 +164,28 @@ def fb_paired(mesh: Layout) -> bool:
     return (mesh.pp > 1 and mesh.schedule_ in FB_PAIRED_SCHEDULES) or mesh.moe_a2a_overlap
 
 
+def comm_sm_share(sm_count: int | None) -> float:
+    """Share of a GPU's SMs that collectives running beside compute hold (`COMM_SMS` / SMs): each
+    second of communication hidden behind compute stretches that compute by this many seconds (the
+    compute runs on the other SMs meanwhile). 0 on a device without SMs (the CPU runtime)."""
+    return COMM_SMS / sm_count if sm_count else 0.0
+
+
+def comm_beside_compute(busy: np.ndarray, exposed: np.ndarray, compute: np.ndarray) -> np.ndarray:
+    """Seconds of collective traffic that run beside compute in one window, (J, pp): the
+    SM-driven channels' (`INTRA`, `INTER`; the host link's copies run on copy engines) busy seconds
+    less the communication the window exposes (which runs while compute waits), each channel at most
+    the window's compute. `busy` (J, CHANNELS, pp); `exposed`, `compute` broadcast to (J, pp)."""
+    intra, inter = busy[:, INTRA], busy[:, INTER]
+    cap = np.minimum(intra, compute) + np.minimum(inter, compute)
+    return np.minimum(np.maximum(intra + inter - exposed, 0.0), cap)
+
+
 def comm_sm_slowdown(sm_count: int | None) -> float:
-    """Factor on compute seconds while `DUALPIPE_COMM_SMS` SMs carry communication: sm / (sm - 20)
+    """Factor on compute seconds while `COMM_SMS` SMs carry communication: sm / (sm - 20)
     (`FALLBACK_SM_COUNT` when the catalog gives none)."""
     sms = sm_count or FALLBACK_SM_COUNT
-    return sms / max(sms - DUALPIPE_COMM_SMS, 1)
+    return sms / max(sms - COMM_SMS, 1)
 
 
 _FULL = np.array([0.0, 0.0, 1.0, 0.0])[:, None]
@@ -364,6 +392,8 @@ class PhaseArrays:
     tp_hidden_b: np.ndarray  # (modes, pp) ... and in the backward (`fsdp_drops_comm_overlap`)
     cp_hidden_f: np.ndarray  # (pp,) ring-attention traffic hidden behind attention in the forward
     cp_hidden_b: np.ndarray  # (modes, pp) ... and in the backward
+    compute_f: np.ndarray  # (pp,) forward compute alone (what collectives can run beside)
+    compute_b: np.ndarray  # (modes, pp) backward (+ recompute) compute alone
 
 
 def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
@@ -428,7 +458,7 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     tp_hidden_b = (t.layers[None, :] + full) * tau * tp_hidden
     return PhaseArrays(
         sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts, weight_grad, tp_hidden_f, tp_hidden_b,
-        cp_f_busy - cp_f_exp, cp_b_busy - cp_b_exp,
+        cp_f_busy - cp_f_exp, cp_b_busy - cp_b_exp, forward, backward[None, :] + recompute,
     )
 
 
@@ -489,6 +519,15 @@ def compose(
         tp_lost = lost[:, None] * (phases.tp_hidden_f[None, :] + phases.tp_hidden_b[mode])
         cp_lost = lost_f + lost_b - tp_lost
     busy_f, busy_b = _busy(knobs, dp, phases)  # (J, CHANNELS, pp)
+    # collectives beside compute hold COMM_SMS of the SMs: the compute they overlap stretches
+    sm_share = 0.0 if fb_paired(m) else comm_sm_share(t.cluster.gpu.sm_count)
+    if sm_share:
+        compute_f = phases.compute_f[None, :]
+        compute_b = phases.compute_b[mode]
+        stolen_f = sm_share * comm_beside_compute(busy_f, sum_f - compute_f, compute_f)
+        stolen_b = sm_share * comm_beside_compute(busy_b, sum_b - compute_b, compute_b)
+        sum_f = sum_f + stolen_f
+        sum_b = sum_b + stolen_b
     t_f = np.maximum(sum_f, busy_f.max(axis=1))
     t_b = np.maximum(sum_b, busy_b.max(axis=1))
     if fb_paired(m):  # F&B: a forward and a backward chunk share one window
@@ -511,16 +550,26 @@ def compose(
     reduce = dp.reduce[pair]
     exposed_reduce = np.maximum(0.0, reduce - ov.dp * free_b).max(axis=1)  # (J, pp)
     exposed_reduce = np.maximum(exposed_reduce, dp.reduce_tail[pair])
-    exposed_gather = np.maximum(0.0, dp.gather[pair] - ov.dp * free_f).max(axis=1)
+    gather = dp.gather[pair]
+    exposed_gather = np.maximum(0.0, gather - ov.dp * free_f).max(axis=1)
+    if sm_share:  # the last backward and the first forward stretch under the hidden reduction / gather
+        stolen_reduce = sm_share * comm_beside_compute(reduce, exposed_reduce, compute_b)
+        stolen_gather = sm_share * comm_beside_compute(gather, exposed_gather, compute_f)
+    else:
+        stolen_reduce = stolen_gather = np.zeros_like(exposed_reduce)
     tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
     optimizer = dp.optimizer[pair, :, tier]  # (J, pp)
-    tail = exposed_reduce + optimizer
+    tail = exposed_reduce + stolen_reduce + optimizer
     tail_rank = tail.argmax(axis=1)
-    gather_s = exposed_gather.max(axis=1)
+    gather_rank = (exposed_gather + stolen_gather).argmax(axis=1)
+    gather_s = exposed_gather[rows, gather_rank]
 
     at = phases.parts[:, mode, slow]  # (5, J) at the slowest rank
     parts = np.empty((len(STEP_PARTS), J))
     np.multiply(mb_count, at, out=parts[:5])
+    parts[0] += stolen_reduce[rows, tail_rank] + stolen_gather[rows, gather_rank]
+    if sm_share:
+        parts[0] += mb_count * (stolen_f + stolen_b)[rows, slow]
     if lost is not None:
         parts[2] += mb_count * tp_lost[rows, slow]
         parts[3] += mb_count * cp_lost[rows, slow]
@@ -594,6 +643,11 @@ def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """`lower_bound` of a built table."""
     ph = phase_arrays(t, vpp, cal)
     exposed = ph.sum_f + ph.sum_b[0] - t.compute
+    share = 0.0 if fb_paired(t.mesh) else comm_sm_share(t.cluster.gpu.sm_count)
+    if share:  # the SMs the knob-independent traffic takes (ZeRO traffic and recompute only add to it)
+        f = comm_beside_compute(ph.busy_f[0][None], (ph.sum_f - ph.compute_f)[None], ph.compute_f[None])
+        b = comm_beside_compute(ph.busy_b[0][None], (ph.sum_b[0] - ph.compute_b[0])[None], ph.compute_b[0][None])
+        exposed = exposed + share * (f + b)[0]
     bubble_free = t.mesh.schedule_ in SPLIT_BACKWARD_SCHEDULES
     return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_, bubble_free)
 

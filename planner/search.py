@@ -70,7 +70,7 @@ from cost_models.stage_table import (
     time_lower_bound,
 )
 from cost_models.stages import StagePartition
-from cost_models.step_time import lower_bound
+from cost_models.step_time import comm_sm_share, lower_bound
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Candidate, ClosestMiss, Plan, PlanInputs, Rejection, SearchConstraints, SearchStats
 from planner.space import (
@@ -303,6 +303,7 @@ class _ComputeTimes:
     mbs: np.ndarray  # (M,) micro-batch sizes, sequences
     compute: np.ndarray  # (G, M) forward + backward of all layers
     kind_compute: np.ndarray  # (G, M, kinds) forward + backward of one layer of each kind
+    kind_forward: np.ndarray  # (G, M, kinds) forward of one layer of each kind
     kind_attention_f: np.ndarray  # (G, M, kinds) attention kernel forward of one layer of each kind
     kind_counts: np.ndarray  # (kinds,) layers of each kind
     kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
@@ -339,6 +340,7 @@ class _ComputeTimes:
             mbs,
             np.broadcast_to(compute, shape),
             np.stack([np.broadcast_to(kinds[k].forward + kinds[k].backward, shape) for k in kind_list], axis=-1),
+            np.stack([np.broadcast_to(kinds[k].forward, shape) for k in kind_list], axis=-1),
             np.stack([np.broadcast_to(kinds[k].attention_fwd, shape) for k in kind_list], axis=-1),
             np.array([float(counts[k]) for k in kind_list]),
             np.array([float(k[0]) for k in kind_list]),
@@ -376,7 +378,10 @@ class _PairBounds:
         if parts is None:
             parts = self.layer_compute[(row, at)] = (times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {})
         layer_compute, head, rank_sums = parts
-        kind_exposed = self.exposure.per_kind(mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at])  # type: ignore[arg-type]
+        kind_exposed = self.exposure.per_kind(
+            mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], kind_forward=times.kind_forward[row, at],
+            kind_compute=times.kind_compute[row, at],
+        )  # type: ignore[arg-type]
         return _PairTimes(layer_compute, kind_exposed, head, comm[3], rank_sums, self.exposure)  # type: ignore[index]
 
 
@@ -393,17 +398,22 @@ class _Exposure:
     kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
     kind_of_layer: np.ndarray
     mtp_layers: int = 0  # multi-token-prediction blocks on the head rank, of the last layer's kind
+    sm_share: float = 0.0  # `step_time.comm_sm_share` of the GPU: compute seconds per second of traffic beside it
 
     def tp_hidden(self, tp: int | np.ndarray) -> float | np.ndarray:
         """Share of TP traffic hidden: `Overlap.tp` where `Layout.tp_comm_overlap` defaults to on."""
         on = (tp > 1) & (self.framework == "megatron")
         return np.where(on, self.overlap.tp, 0.0) if isinstance(on, np.ndarray) else (self.overlap.tp if on else 0.0)
 
-    def per_kind(self, tp, cp, comm, attention_f, ep_hideable=False):  # type: ignore[no-untyped-def]
+    def per_kind(self, tp, cp, comm, attention_f, ep_hideable=False, kind_forward=None, kind_compute=None):  # type: ignore[no-untyped-def]
         """Seconds exposed per layer of each kind (last axis), for one pair (scalars) or many
         (arrays with a trailing kind axis): comm = (TP per layer, CP ring step, EP per MoE layer, p2p).
         `ep_hideable` (per pair): a schedule of the pair may hide the all-to-alls (DualPipeV's F&B
-        pairs, framework fsdp with pp > 1), so they count as zero in a bound."""
+        pairs, framework fsdp with pp > 1), so they count as zero in a bound. With the layer kinds'
+        forward and forward + backward seconds, the SMs the hidden TP traffic takes from them
+        (`step_time.comm_sm_share`): at least the hidden share of one pass's traffic beside each
+        pass, at most that pass's compute (zero where the pair's schedule may pair F&B, whose
+        compute pays the SMs otherwise)."""
         tau, x, eps = comm[0], comm[1], comm[2]
         if isinstance(cp, np.ndarray):
             steps = (cp - 1)[..., None]
@@ -416,8 +426,15 @@ class _Exposure:
         base = 2 * tau * (1 - hidden)
         moe = np.where(ep_hideable, 0.0, 2 * eps * (1 - self.overlap.ep))
         if isinstance(base, np.ndarray):
-            return base[..., None] + moe[..., None] * self.kind_moe + cp_exp
-        return base + moe * self.kind_moe + cp_exp
+            out = base[..., None] + moe[..., None] * self.kind_moe + cp_exp
+            beside = (tau * hidden)[..., None]
+        else:
+            out = base + moe * self.kind_moe + cp_exp
+            beside = tau * hidden
+        if self.sm_share and kind_forward is not None and kind_compute is not None:
+            stolen = self.sm_share * (np.minimum(beside, kind_forward) + np.minimum(beside, kind_compute - kind_forward))
+            out = out + (np.where(ep_hideable, 0.0, 1.0)[..., None] if isinstance(ep_hideable, np.ndarray) else (0.0 if ep_hideable else 1.0)) * stolen
+        return out
 
 
 def _pair_bounds(
@@ -462,7 +479,7 @@ def _pair_bounds(
     comm = tuple(c1[mesh_of, i] + (c2[mesh_of, i] - c1[mesh_of, i]) * (mb - 1) for i in range(4))
     exposure = _Exposure(
         framework, ov, flash_backward_factor(model), times.kind_moe, times.kind_of_layer,
-        trained_mtp_layers(model, training.frozen_base),
+        trained_mtp_layers(model, training.frozen_base), comm_sm_share(cluster.gpu.sm_count),
     )
     tp = np.array([m.tp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     cp = np.array([m.cp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
@@ -472,7 +489,9 @@ def _pair_bounds(
     # Megatron's combined 1F1B (`space.combined_1f1b_options`; its two-micro-batch floor is not
     # checked here, which only loosens the bound)
     ep_hideable = ((pp > 1) & (framework == "fsdp")) | ((ep > 1) & (framework == "megatron") & model.is_moe)
-    per_kind = exposure.per_kind(tp, cp, comm, times.kind_attention_f[row, at], ep_hideable)  # (pairs, kinds)
+    per_kind = exposure.per_kind(
+        tp, cp, comm, times.kind_attention_f[row, at], ep_hideable, times.kind_forward[row, at], times.kind_compute[row, at]
+    )  # (pairs, kinds)
     per_mb = compute + per_kind @ times.kind_counts
     dp = np.array([m.dp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     m_count = training.global_batch // (mb * dp)
