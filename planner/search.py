@@ -410,9 +410,10 @@ class _Exposure:
         (arrays with a trailing kind axis): comm = (TP per layer, CP ring step, EP per MoE layer, p2p).
         `ep_hideable` (per pair): a schedule of the pair may hide the all-to-alls (DualPipeV's F&B
         pairs, framework fsdp with pp > 1), so they count as zero in a bound. With the layer kinds'
-        forward and forward + backward seconds, the SMs the hidden TP traffic takes from them
-        (`step_time.comm_sm_share`): at least the hidden share of one pass's traffic beside each
-        pass, at most that pass's compute (zero where the pair's schedule may pair F&B, whose
+        forward and forward + backward seconds, the SMs the hidden TP and ring-attention traffic
+        takes from them (`step_time.comm_sm_share`): at least the hidden share of one pass's TP
+        traffic and the ring blocks hidden behind attention beside each pass, at most that pass's
+        compute (zero where the pair's schedule may pair F&B, whose
         compute pays the SMs otherwise)."""
         tau, x, eps = comm[0], comm[1], comm[2]
         if isinstance(cp, np.ndarray):
@@ -421,7 +422,8 @@ class _Exposure:
             x_ = x[..., None]
         else:
             steps, cp_, x_ = cp - 1, cp, x
-        cp_exp = steps * (np.maximum(0.0, x_ - attention_f / cp_) + np.maximum(0.0, 2 * x_ - self.backward_factor * attention_f / cp_))
+        attention_b = self.backward_factor * attention_f / cp_
+        cp_exp = steps * (np.maximum(0.0, x_ - attention_f / cp_) + np.maximum(0.0, 2 * x_ - attention_b))
         hidden = self.tp_hidden(tp)
         base = 2 * tau * (1 - hidden)
         moe = np.where(ep_hideable, 0.0, 2 * eps * (1 - self.overlap.ep))
@@ -432,7 +434,10 @@ class _Exposure:
             out = base + moe * self.kind_moe + cp_exp
             beside = tau * hidden
         if self.sm_share and kind_forward is not None and kind_compute is not None:
-            stolen = self.sm_share * (np.minimum(beside, kind_forward) + np.minimum(beside, kind_compute - kind_forward))
+            # the ring's K/V (forward) and K, V, dK, dV (backward) blocks hidden behind attention
+            beside_f = beside + steps * np.minimum(x_, attention_f / cp_)
+            beside_b = beside + steps * np.minimum(2 * x_, attention_b)
+            stolen = self.sm_share * (np.minimum(beside_f, kind_forward) + np.minimum(beside_b, kind_compute - kind_forward))
             out = out + (np.where(ep_hideable, 0.0, 1.0)[..., None] if isinstance(ep_hideable, np.ndarray) else (0.0 if ep_hideable else 1.0)) * stolen
         return out
 

@@ -50,8 +50,8 @@ def _valid_pairs(model, training, cluster, gpus, c, limit):
                          [(*case, "megatron") for case in CASES] + [(*case, "fsdp") for case in FSDP_CASES])
 def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, framework, monkeypatch) -> None:
     """Without the SMs collectives take (`step_time.comm_sm_share` 0) the pair bound is the table's
-    bound exactly; with them it stays a lower bound, between the two (it counts only the hidden TP
-    traffic, layer by layer)."""
+    bound exactly; with them it stays a lower bound, between the two (it counts only the hidden TP and ring
+    attention traffic, layer by layer)."""
     model, cluster = get_model(name), get_cluster(cluster_name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     c, cal = SearchConstraints(framework=framework), default_calibration()
