@@ -11,7 +11,9 @@ Whole space, priced or provably pruned (branch and bound):
    size, vectorized; communication per mesh).
 3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
    (`_PairTimes.bound`: `stage_table.time_lower_bound` without building the table, with the even
-   partition's slowest rank and the bubble) and pruned the same way.
+   partition's slowest rank and the bubble) and pruned the same way. Both levels count the SMs the
+   hidden TP and ring-attention traffic takes from the compute (`step_time.comm_sm_share`) layer
+   by layer, at most each pass's compute: a lower bound of what the table's bound counts.
    When that bound is within `BOUND_MARGIN` of the k-th best step time, the table's own bound
    (`stage_table.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
