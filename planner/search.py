@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -96,10 +96,20 @@ MESH_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "sp", "order"}
 class RejectionLog:
     counts: dict[str, int] = field(default_factory=dict)
     examples: dict[str, str] = field(default_factory=dict)
+    example_over_bytes: dict[str, float] = field(default_factory=dict)
 
     def add(self, reason: str, example: str, n: int = 1) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + n
         self.examples.setdefault(reason, example)
+
+    def add_closest(self, reason: str, over_bytes: float, example: Callable[[], str], n: int = 1) -> None:
+        """Count `n` layouts refused for `reason` and keep as the example the one that misses its
+        limit by the fewest bytes so far (the closest to fitting, whatever order the search visits
+        in); `example` names it, called only when it is kept."""
+        self.counts[reason] = self.counts.get(reason, 0) + n
+        if over_bytes < self.example_over_bytes.get(reason, math.inf):
+            self.example_over_bytes[reason] = over_bytes
+            self.examples[reason] = example()
 
     def count(self, reason: str, n: int = 1) -> None:
         """Count without an example (the caller fills `examples` for new reasons)."""
@@ -556,6 +566,16 @@ class _PairTimes:
         return lower_bound(compute, exposed, pp_exposed, vpp, grad_accum, bubble_free)
 
 
+def _node_refusal(
+    mesh: Mesh, mb: int, option: PipeOption, setting: Setting, stack: Stack, gpus: int, training: TrainingSpec,
+    need: float, limit: float, resource: str,
+) -> str:
+    """The example line of a layout refused for a node resource (host RAM, NVMe): what it needs and
+    by how many bytes it misses, in bytes and GiB."""
+    layout = to_layout(mesh, mb, option, setting, stack).resolved(gpus, training)
+    return f"{describe(layout)}: needs {need / GIB:.1f} GiB of {resource}, {int(need - limit):,} bytes over the {limit / GIB:.1f} GiB usable"
+
+
 @lru_cache(maxsize=1024)
 def _partition(num_layers: int, pp: int, option: PipeOption) -> StagePartition:
     """The partition of a pipeline option (`StagePartition.for_layout`; frozen, so shared across
@@ -843,14 +863,11 @@ def search(
                 (NVME_REASON, nvme_over, nvme_node, cluster.nvme_bytes, "NVMe per node"),
             ):
                 if mask.any():
-                    j = int(np.flatnonzero(mask)[0])
-                    layout = to_layout(mesh, mb, option, grid[j], stack).resolved(gpus, training)
-                    log.add(
-                        reason,
-                        f"{describe(layout)}: needs {node_bytes[j] / GIB:.1f} GiB of {resource}, "
-                        f"{int(node_bytes[j] - limit):,} bytes over the {limit / GIB:.1f} GiB usable",
-                        int(np.count_nonzero(mask)),
+                    j = int(np.flatnonzero(mask)[np.argmin(node_bytes[mask])])
+                    example = partial(
+                        _node_refusal, mesh, mb, option, grid[j], stack, gpus, training, float(node_bytes[j]), float(limit), resource
                     )
+                    log.add_closest(reason, float(node_bytes[j] - limit), example, int(np.count_nonzero(mask)))
             host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
             fits = np.flatnonzero(~over_mask & ~host_over)
             if option.a2a_overlap:  # combined 1F1B does not run with full recompute (Megatron-Core)

@@ -61,7 +61,20 @@ class FakeServer:
                 return 200, {"id": path.split("/")[3], "status": body["status"]}
         return 404, {"detail": "no such path"}
 
+    def reserve(self) -> None:
+        """Bind the port without listening: connections are refused, as with no server, but no other
+        process can take the port before `start` (a test of a server that comes up late)."""
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler(), bind_and_activate=False)
+        self.httpd.server_bind()
+
     def start(self) -> None:
+        if self.httpd is None:
+            self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        else:  # reserved: listen now
+            self.httpd.server_activate()
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -90,8 +103,7 @@ class FakeServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return Handler
 
     def stop(self) -> None:
         if self.httpd is not None:

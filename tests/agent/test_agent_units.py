@@ -100,6 +100,7 @@ def test_backoff_is_exponential_capped_and_jittered() -> None:
 
 def test_client_waits_for_a_server_that_comes_up_late(tmp_path: Path) -> None:
     srv = FakeServer(free_port())
+    srv.reserve()  # refuses connections until it starts, and keeps the port from other tests meanwhile
     client = ApiClient(srv.url, "apt_x", retry=RetryPolicy(tries=10, max_elapsed_s=20.0, base_s=0.2, cap_s=1.0))
     t0 = time.monotonic()
     starter = threading.Timer(1.5, srv.start)
