@@ -164,6 +164,12 @@ def fb_paired(mesh: Layout) -> bool:
     return (mesh.pp > 1 and mesh.schedule_ in FB_PAIRED_SCHEDULES) or mesh.moe_a2a_overlap
 
 
+def beside_sm_share(t: StageTable) -> float:
+    """`comm_sm_share` of the table's GPU, 0 where F&B pairs run (their compute pays the SMs for the
+    whole pair: `comm_sm_slowdown`)."""
+    return 0.0 if fb_paired(t.mesh) else comm_sm_share(t.cluster.gpu.sm_count)
+
+
 def comm_sm_share(sm_count: int | None) -> float:
     """Share of a GPU's SMs that collectives running beside compute hold (`COMM_SMS` / SMs): each
     second of communication hidden behind compute stretches that compute by this many seconds (the
@@ -520,7 +526,7 @@ def compose(
         cp_lost = lost_f + lost_b - tp_lost
     busy_f, busy_b = _busy(knobs, dp, phases)  # (J, CHANNELS, pp)
     # collectives beside compute hold COMM_SMS of the SMs: the compute they overlap stretches
-    sm_share = 0.0 if fb_paired(m) else comm_sm_share(t.cluster.gpu.sm_count)
+    sm_share = beside_sm_share(t)
     if sm_share:
         compute_f = phases.compute_f[None, :]
         compute_b = phases.compute_b[mode]
@@ -643,7 +649,7 @@ def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """`lower_bound` of a built table."""
     ph = phase_arrays(t, vpp, cal)
     exposed = ph.sum_f + ph.sum_b[0] - t.compute
-    share = 0.0 if fb_paired(t.mesh) else comm_sm_share(t.cluster.gpu.sm_count)
+    share = beside_sm_share(t)
     if share:  # the SMs the knob-independent traffic takes (ZeRO traffic and recompute only add to it)
         f = comm_beside_compute(ph.busy_f[0][None], (ph.sum_f - ph.compute_f)[None], ph.compute_f[None])
         b = comm_beside_compute(ph.busy_b[0][None], (ph.sum_b[0] - ph.compute_b[0])[None], ph.compute_b[0][None])

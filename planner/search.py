@@ -425,8 +425,7 @@ class _Exposure:
         forward and forward + backward seconds, the SMs the hidden TP and ring-attention traffic
         takes from them (`step_time.comm_sm_share`): at least the hidden share of one pass's TP
         traffic and the ring blocks hidden behind attention beside each pass, at most that pass's
-        compute (zero where the pair's schedule may pair F&B, whose
-        compute pays the SMs otherwise)."""
+        compute (zero where the pair's schedule may pair F&B, whose compute pays the SMs otherwise)."""
         tau, x, eps = comm[0], comm[1], comm[2]
         if isinstance(cp, np.ndarray):
             steps = (cp - 1)[..., None]
@@ -437,20 +436,19 @@ class _Exposure:
         attention_b = self.backward_factor * attention_f / cp_
         cp_exp = steps * (np.maximum(0.0, x_ - attention_f / cp_) + np.maximum(0.0, 2 * x_ - attention_b))
         hidden = self.tp_hidden(tp)
+        unpaired = np.where(ep_hideable, 0.0, 1.0)  # the pair's schedules cannot pair F&B
         base = 2 * tau * (1 - hidden)
-        moe = np.where(ep_hideable, 0.0, 2 * eps * (1 - self.overlap.ep))
-        if isinstance(base, np.ndarray):
-            out = base[..., None] + moe[..., None] * self.kind_moe + cp_exp
-            beside = (tau * hidden)[..., None]
-        else:
-            out = base + moe * self.kind_moe + cp_exp
-            beside = tau * hidden
+        moe = unpaired * 2 * eps * (1 - self.overlap.ep)
+        beside = tau * hidden  # TP traffic hidden behind one pass
+        if isinstance(base, np.ndarray):  # one row per pair: broadcast over the kinds
+            base, moe, beside, unpaired = base[..., None], moe[..., None], beside[..., None], unpaired[..., None]
+        out = base + moe * self.kind_moe + cp_exp
         if self.sm_share and kind_forward is not None and kind_compute is not None:
             # the ring's K/V (forward) and K, V, dK, dV (backward) blocks hidden behind attention
             beside_f = beside + steps * np.minimum(x_, attention_f / cp_)
             beside_b = beside + steps * np.minimum(2 * x_, attention_b)
             stolen = self.sm_share * (np.minimum(beside_f, kind_forward) + np.minimum(beside_b, kind_compute - kind_forward))
-            out = out + (np.where(ep_hideable, 0.0, 1.0)[..., None] if isinstance(ep_hideable, np.ndarray) else (0.0 if ep_hideable else 1.0)) * stolen
+            out = out + unpaired * stolen
         return out
 
 
