@@ -391,8 +391,7 @@ class _PairBounds:
             parts = self.layer_compute[(row, at)] = (times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {})
         layer_compute, head, rank_sums = parts
         kind_exposed = self.exposure.per_kind(
-            mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], kind_forward=times.kind_forward[row, at],
-            kind_compute=times.kind_compute[row, at],
+            mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at]
         )  # type: ignore[arg-type]
         return _PairTimes(layer_compute, kind_exposed, head, comm[3], rank_sums, self.exposure)  # type: ignore[index]
 
@@ -417,12 +416,12 @@ class _Exposure:
         on = (tp > 1) & (self.framework == "megatron")
         return np.where(on, self.overlap.tp, 0.0) if isinstance(on, np.ndarray) else (self.overlap.tp if on else 0.0)
 
-    def per_kind(self, tp, cp, comm, attention_f, ep_hideable=False, kind_forward=None, kind_compute=None):  # type: ignore[no-untyped-def]
+    def per_kind(self, tp, cp, comm, attention_f, kind_forward, kind_compute, ep_hideable=False):  # type: ignore[no-untyped-def]
         """Seconds exposed per layer of each kind (last axis), for one pair (scalars) or many
         (arrays with a trailing kind axis): comm = (TP per layer, CP ring step, EP per MoE layer, p2p).
         `ep_hideable` (per pair): a schedule of the pair may hide the all-to-alls (DualPipeV's F&B
-        pairs, framework fsdp with pp > 1), so they count as zero in a bound. With the layer kinds'
-        forward and forward + backward seconds, the SMs the hidden TP and ring-attention traffic
+        pairs, framework fsdp with pp > 1), so they count as zero in a bound. Plus, from the layer
+        kinds' forward and forward + backward seconds, the SMs the hidden TP and ring-attention traffic
         takes from them (`step_time.comm_sm_share`): at least the hidden share of one pass's TP
         traffic and the ring blocks hidden behind attention beside each pass, at most that pass's
         compute (zero where the pair's schedule may pair F&B, whose compute pays the SMs otherwise)."""
@@ -443,7 +442,7 @@ class _Exposure:
         if isinstance(base, np.ndarray):  # one row per pair: broadcast over the kinds
             base, moe, beside, unpaired = base[..., None], moe[..., None], beside[..., None], unpaired[..., None]
         out = base + moe * self.kind_moe + cp_exp
-        if self.sm_share and kind_forward is not None and kind_compute is not None:
+        if self.sm_share:
             # the ring's K/V (forward) and K, V, dK, dV (backward) blocks hidden behind attention
             beside_f = beside + steps * np.minimum(x_, attention_f / cp_)
             beside_b = beside + steps * np.minimum(2 * x_, attention_b)
@@ -505,7 +504,7 @@ def _pair_bounds(
     # checked here, which only loosens the bound)
     ep_hideable = ((pp > 1) & (framework == "fsdp")) | ((ep > 1) & (framework == "megatron") & model.is_moe)
     per_kind = exposure.per_kind(
-        tp, cp, comm, times.kind_attention_f[row, at], ep_hideable, times.kind_forward[row, at], times.kind_compute[row, at]
+        tp, cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at], ep_hideable
     )  # (pairs, kinds)
     per_mb = compute + per_kind @ times.kind_counts
     dp = np.array([m.dp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]

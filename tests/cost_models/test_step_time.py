@@ -64,6 +64,11 @@ def _priced_tables(model_name, cluster_name, gpus, seq, gbs, precision, framewor
     return out, cal
 
 
+def _bare_compute_s(table) -> float:
+    """Seconds of the slowest rank's forward + backward over the step, no SM taken from it."""
+    return table.mesh.grad_accum_ * float(table.compute.max())
+
+
 @pytest.mark.parametrize("job", JOBS, ids=[f"{j[0]}-{j[-1]}" for j in JOBS])
 def test_step_is_bounded_by_compute_and_every_channel(job) -> None:
     tables, cal = _priced_tables(*job)
@@ -126,7 +131,7 @@ def test_hidden_collectives_stretch_the_compute_they_run_beside() -> None:
         phases = step_time.phase_arrays(table, lay.vpp, cal)
         dp = _dp_grid(table, knobs.shardings, cal, _dp_table_key(table, cal))
         nccl = float(step_time.channel_traffic(table, knobs, dp, phases)[0, : step_time.HOST].sum())
-        bare = lay.grad_accum_ * float(table.compute.max())
+        bare = _bare_compute_s(table)
         stolen[zero] = float(timed.parts["compute_s"][0]) - bare
         assert 0.0 < stolen[zero] <= 20 / 132 * nccl + 1e-9
     assert stolen[3] > stolen[1]
@@ -260,7 +265,7 @@ def test_dualpipev_hides_the_all_to_alls_behind_the_paired_compute_and_pays_the_
     assert table.partition.head_rank == 0 and table.ep_per_moe_layer > 0
     assert zbv["ep_comm_s"] > 0
     assert dpv["ep_comm_s"] == 0.0
-    bare = table.mesh.grad_accum_ * float(table.compute.max())
+    bare = _bare_compute_s(table)
     assert dpv["compute_s"] == pytest.approx(bare * 132 / 112, rel=1e-9)
     # ZB-V's compute pays the SMs only for the seconds its pipeline / gradient traffic runs beside it
     assert bare < zbv["compute_s"] < dpv["compute_s"]
@@ -281,7 +286,7 @@ def test_megatron_combined_1f1b_hides_the_all_to_alls_like_dualpipev() -> None:
     _, plain, _ = _mixtral_pipeline("interleaved_1f1b", framework="megatron")
     table, paired, _ = _mixtral_pipeline("interleaved_1f1b", framework="megatron", moe_a2a_overlap=True)
     assert plain["ep_comm_s"] > 0 and paired["ep_comm_s"] == 0.0
-    bare = table.mesh.grad_accum_ * float(table.compute.max())
+    bare = _bare_compute_s(table)
     assert paired["compute_s"] == pytest.approx(bare * 132 / 112, rel=1e-9)
     assert bare < plain["compute_s"] < paired["compute_s"]
     model, training = get_model("mixtral-8x7b"), TrainingSpec(seq_len=4096, global_batch=128)

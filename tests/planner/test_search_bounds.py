@@ -15,7 +15,6 @@ from cost_models.stage_table import build_table, price_memory, price_time, time_
 from cost_models.stages import StagePartition
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
-from planner import search as search_module
 from planner.plan import SearchConstraints
 from planner.search import _bubble_bound, _pair_bounds
 from planner.space import PipeOption, Stack, meshes, micro_batches, pipeline_options, settings, to_layout
@@ -49,9 +48,10 @@ def _valid_pairs(model, training, cluster, gpus, c, limit):
 @pytest.mark.parametrize("name,cluster_name,gpus,seq,batch,framework",
                          [(*case, "megatron") for case in CASES] + [(*case, "fsdp") for case in FSDP_CASES])
 def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, framework, monkeypatch) -> None:
-    """Without the SMs collectives take (`step_time.comm_sm_share` 0) the pair bound is the table's
-    bound exactly; with them it stays a lower bound, between the two (it counts only the hidden TP and ring
-    attention traffic, layer by layer)."""
+    """Without the SMs collectives take (`step_time.COMM_SMS` 0) the pair bound is the table's bound
+    exactly; with them it stays a lower bound, between the two (it counts only the hidden TP and ring
+    attention traffic, layer by layer), and above the bound without them where TP overlap hides
+    traffic (Megatron's default with TP)."""
     model, cluster = get_model(name), get_cluster(cluster_name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     c, cal = SearchConstraints(framework=framework), default_calibration()
@@ -60,11 +60,10 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
     all_mbs = sorted({mb for _, mbs in valid for mb in mbs})
     bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
     with monkeypatch.context() as patched:
-        patched.setattr(step_time, "comm_sm_share", lambda sm_count: 0.0)
-        patched.setattr(search_module, "comm_sm_share", lambda sm_count: 0.0)
+        patched.setattr(step_time, "COMM_SMS", 0)
         bounds_no_sms = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
     ov = cal.overlap(c.framework)
-    checked = 0
+    checked = raised = 0
     for index, (mesh, mbs) in enumerate(valid):
         for mb in mbs[:: max(1, len(mbs) // 3)]:
             times = bounds.pair_times(index, mb)
@@ -75,12 +74,12 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                 table = build_table(model, training, cluster, gpus, layout, StagePartition.for_layout(model.num_layers, layout), cal)
                 exact = time_lower_bound(table, vpp, cal)
                 with monkeypatch.context() as patched:
-                    patched.setattr(step_time, "comm_sm_share", lambda sm_count: 0.0)
+                    patched.setattr(step_time, "COMM_SMS", 0)
                     exact_no_sms = time_lower_bound(table, vpp, cal)
                 pair_bound = times.bound(mesh.pp, option, layout.grad_accum_, ov)
                 pair_bound_no_sms = times_no_sms.bound(mesh.pp, option, layout.grad_accum_, ov)
-                assert pair_bound <= exact * (1 + 1e-12)
-                assert pair_bound >= pair_bound_no_sms * (1 - 1e-12)
+                assert pair_bound_no_sms * (1 - 1e-12) <= pair_bound <= exact * (1 + 1e-12)
+                raised += pair_bound > pair_bound_no_sms * (1 + 1e-9)
                 if (option.schedule == "dualpipev" and layout.pp > 1) or option.a2a_overlap:
                     # the pair bound leaves out what the F&B pairs (DualPipeV, Megatron's combined
                     # 1F1B) may hide and the comm kernels' SMs
@@ -99,6 +98,7 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                 schedules.add(option.schedule)
                 checked += 1
     assert checked > 20
+    assert raised > 0 or framework != "megatron"
     if framework == "fsdp":
         assert {"zero_bubble", "zbv", "dualpipev"} <= schedules
     assert ("zero_bubble" in schedules) == (framework == "fsdp")
