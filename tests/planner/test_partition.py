@@ -16,6 +16,7 @@ from cost_models.layout import Layout, validate_layout
 from cost_models.stages import StagePartition
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
+from planner import partition
 from planner.partition import (
     PartitionData,
     build_partition_data,
@@ -300,6 +301,56 @@ def test_matches_brute_force(layers: int, pp: int, vpp: int, mode: str) -> None:
         times, mem = evaluate(data, res.chunk_layers, res.recompute_per_rank)
         assert max(mem) <= data.capacity_bytes
         assert max(times) == pytest.approx(res.max_stage_time_s)
+
+
+def tie_break_brute_force(data: PartitionData) -> tuple[float, float]:
+    """(least total recompute seconds, then least worst-rank bytes) among the cuts that reach the
+    least slowest-rank time: what phase 2 minimizes."""
+    fastest = brute_force(data)
+    P, best = data.pp, (math.inf, math.inf)
+    for cut in compositions(data.num_layers, data.chunks):
+        if any(max(cut[r::P]) - min(cut[r::P]) > 1 for r in range(P)):
+            continue
+        part = StagePartition(cut, P, data.vpp)
+        counts = part.rank_layer_counts()
+        choices = (
+            [[0] * P] if data.recompute == "none"
+            else [[min(k, n) for n in counts] for k in range(data.num_layers + 1)] if data.recompute == "uniform"
+            else [list(ks) for ks in itertools.product(*(range(n + 1) for n in counts))]
+        )
+        for ks in choices:
+            times, mem = evaluate(data, cut, ks)
+            if max(mem) > data.capacity_bytes or max(times) > fastest + 1e-9:
+                continue
+            redo = sum(data.layer_recompute_time_s[i] for r in range(P) for i in part.rank_layers(r)[: ks[r]])
+            best = min(best, (round(redo, 9), max(mem)))
+    return best
+
+
+@pytest.mark.parametrize(("layers", "pp", "vpp", "mode"), [
+    (8, 2, 2, "none"), (9, 3, 1, "per_rank"), (10, 2, 1, "uniform"), (8, 4, 1, "per_rank"), (10, 2, 3, "none"),
+])
+@pytest.mark.parametrize("gap", [0, 40])
+def test_tie_break_is_least_recompute_then_headroom_within_the_gap(
+    layers: int, pp: int, vpp: int, mode: str, gap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Phase 2 at the slowest rank's least time: the least recompute exactly, and a worst-rank
+    memory at most `HEADROOM_GAP_BYTES` above the least (exactly the least with no gap)."""
+    monkeypatch.setattr(partition, "HEADROOM_GAP_BYTES", gap)
+    rng = random.Random(f"tie-{layers}-{pp}-{vpp}-{mode}")
+    checked = 0
+    for _ in range(4):
+        data = random_instance(rng, layers, pp, vpp, mode)
+        least_redo, least_peak = tie_break_brute_force(data)
+        if math.isinf(least_peak):
+            continue
+        res = solve(data, time_limit_s=5.0)
+        part = StagePartition(res.chunk_layers, pp, vpp)
+        redo = sum(data.layer_recompute_time_s[i] for r in range(pp) for i in part.rank_layers(r)[: res.recompute_per_rank[r]])
+        assert redo == pytest.approx(least_redo, abs=1e-8)
+        assert least_peak <= max(res.rank_bytes) <= least_peak + gap
+        checked += 1
+    assert checked
 
 
 def test_fit_recompute_is_least() -> None:
