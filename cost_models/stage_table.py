@@ -34,6 +34,7 @@ from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time,
 from cost_models.compute import (
     LayerTime,
     ShardGeometry,
+    embedding_gradient_time,
     layer_gemms,
     layer_time,
     lm_head_times,
@@ -620,6 +621,14 @@ def build_table(
     head_fwd, head_bwd = head
     compute[head_rank] += head_fwd + head_bwd
     forward[head_rank] += head_fwd
+    if ft is None:  # the embedding's dense gradient, every micro-batch's backward on its rank
+        emb_key = ("embedding_grad", tp, mesh.framework, head_rank == 0)
+        emb_grad = store.get(emb_key)
+        if emb_grad is None:
+            emb_grad = store[emb_key] = embedding_gradient_time(
+                model, tp, cluster.gpu, mesh.framework, training.param_bytes, training.grad_bytes, head_rank == 0, cal
+            )
+        compute[0] += emb_grad
     mtp = _priced_mtp(model, partition, ft)
     if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head

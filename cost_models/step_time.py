@@ -28,7 +28,9 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
                        implicit forward prefetch, Megatron-FSDP's and DeepSpeed's prefetch): a
                        layer's gather hides behind the previous layer's compute only, so the phase
                        exposes sum over layers of max(0, gather - compute of one layer), plus the
-                       first layer's gather, which nothing hides
+                       first layer's gather, which nothing hides; FSDP2 copies each gathered
+                       layer out of the flat buffer on the compute stream
+                       (`FSDP2_COPY_OUT_BYTES_PER_BYTE`)
     backward  B (+ R)  compute of the backward (+ the recompute forward)
               + TPb    as TPf (Megatron's sequence-parallel backward also re-gathers the inputs for
                        the weight gradients, overlapped with the input-gradient GEMM: twice the
@@ -37,7 +39,8 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
               + EPb    the backward all-to-alls (and the recompute forward's, under full recompute)
               + Zb     ZeRO-3 gathers again and the per-layer gradient reduce-scatter (ZeRO-2/3), a
                        layer's behind the compute of one layer's backward, plus the last layer's
-                       reduce-scatter, which nothing hides
+                       reduce-scatter, which nothing hides; FSDP2's copy-out after each gather and
+                       copy-in before each reduce-scatter run on the compute stream
     Each phase lasts max(compute + what is exposed, busiest channel): no channel carries more
     traffic than the phase lasts (the excess is reported as `comm_wait_s`).
     Hidden is not free: a collective's kernels hold `COMM_SMS` SMs while they run (NCCL runs one
@@ -144,6 +147,17 @@ QGZ_HBM_BYTES_PER_ELEMENT = 5.0
 """HBM bytes per gradient element of qgZ's kernels: quantize (read 16 bits, write 4) and, after the
 all-to-all, dequantize and reduce (read 4 bits, write 16)."""
 
+FSDP2_COPY_OUT_BYTES_PER_BYTE = 2.0
+"""HBM bytes per gathered weight byte of FSDP2's all-gather copy-out: after each parameter all-gather
+(forward and backward), `foreach_all_gather_copy_out` splits the flat output into the unsharded
+parameters (`torch.split_with_sizes_copy`: read it, write them) on the compute stream, before the
+layer runs (torch `distributed/fsdp/_fully_shard/_fsdp_collectives.py`, `_fsdp_param_group.py`
+`wait_for_unshard`). Its reduce-scatter copy-in (`foreach_reduce_scatter_copy_in`: `torch._chunk_cat`
+of the unsharded gradients into the flat reduce-scatter input) reads each gradient in the parameter
+dtype and writes it in the reduce dtype, per layer and micro-batch, on the stream that ran the
+backward: param bytes + grad bytes per trained element. Megatron-Core and DeepSpeed gather into, and
+reduce from, buffers the parameters and gradients are views of."""
+
 COMM_SMS = 20
 """SMs the communication kernels hold while they run beside compute: "only 20 SMs are sufficient
 to fully utilize the bandwidths of IB and NVLink" (DeepSeek-V3 technical report, Sec. 3.2.2, H800
@@ -212,6 +226,8 @@ class DataParallelTimes:
     gather: np.ndarray  # (pairs, CHANNELS, pp) once per step: sharded optimizer's parameter all-gather
     optimizer: np.ndarray  # (pairs, pp, 3) optimizer step on the GPU / offloaded to host memory / to NVMe
     param_copy: np.ndarray  # (pairs, pp, 2) per micro-batch and pass: the weight shard copied from host memory / NVMe
+    kernels_f: np.ndarray  # (pairs, pp) per micro-batch: the sharding's HBM-bound kernels on the compute stream, forward
+    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out and copy-in)
 
 
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
@@ -300,6 +316,10 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     elements_k = (cwd + cwe) / pb
     quant_f_k = np.where(z3 & qwz, QWZ_HBM_BYTES_PER_ELEMENT * elements_k / hbm, 0.0)
     quant_b_k = np.where(z3 & qwz & ~hpz, quant_f_k, 0.0) + np.where(z3 & qgz, QGZ_HBM_BYTES_PER_ELEMENT * (ctd + cte) / hbm, 0.0)
+    # so do FSDP2's copy-out after each gather and copy-in before each reduce-scatter
+    fsdp2 = m.framework == "fsdp"
+    copy_out_k = np.where(z3 & fsdp2, FSDP2_COPY_OUT_BYTES_PER_BYTE * (cwd + cwe) / hbm, 0.0)
+    copy_in_k = np.where(layerwise_rs & fsdp2, (ctd + cte) * (pb + gb) / hbm, 0.0)
     # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
     # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
     rest_wd = t.weight_bytes[0] - counts @ t.class_weight_bytes[0]  # (pp,) bytes
@@ -311,8 +331,13 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
     rest_gather = np.where(z3, seconds(rest_wd[None, :] * w_fwd, ag_shard) + seconds(rest_we[None, :] * w_fwd, ag_edp), 0.0)
     rest_rs = np.where(layerwise_rs, seconds(rest_td[None, :] * gb * g_rs, rs_shard) + seconds(rest_te[None, :] * gb * g_rs, rs_edp), 0.0)
-    exposed_f = (deficit_f + quant_f_k) @ counts.T + first_gather + rest_gather
-    exposed_b = (deficit_b + quant_b_k) @ counts.T + last_rs + rest_rs
+    exposed_f = deficit_f @ counts.T + first_gather + rest_gather
+    exposed_b = deficit_b @ counts.T + last_rs + rest_rs
+    # the compute-stream kernels, per layer and of the embedding / head / final norm
+    rest_copy_out = np.where(z3 & fsdp2, FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm, 0.0)
+    rest_copy_in = np.where(layerwise_rs & fsdp2, (rest_td + rest_te)[None, :] * (pb + gb) / hbm, 0.0)
+    kernels_f = (quant_f_k + copy_out_k) @ counts.T + rest_copy_out
+    kernels_b = (quant_b_k + copy_out_k + copy_in_k) @ counts.T + rest_copy_out + rest_copy_in
 
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
@@ -376,8 +401,10 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     param_copy[..., 0] = np.where(zero >= 3, shard_bytes / cl.host_to_device_bytes_per_s, 0.0)
     from_nvme = ranks_per_node * shard_bytes / max(cl.nvme_read_bytes_per_s, 1.0)
     param_copy[..., 1] = np.where(zero >= 3, np.maximum(param_copy[..., 0], from_nvme), 0.0)
-    out = DataParallelTimes(exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy)
-    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy):
+    out = DataParallelTimes(
+        exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b
+    )
+    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b):
         a.flags.writeable = False
     return out
 
@@ -514,8 +541,12 @@ def compose(
     mode, pair = knobs.mode, knobs.sharding
     rows = np.arange(J)
 
-    sum_f = phases.sum_f[None, :] + dp.exposed_f[pair]  # (J, pp)
-    sum_b = phases.sum_b[mode] + dp.exposed_b[pair]
+    # the sharding's compute-stream kernels lengthen the compute that collectives run beside
+    kernels_f, kernels_b = dp.kernels_f[pair], dp.kernels_b[pair]  # (J, pp)
+    compute_f = phases.compute_f[None, :] + kernels_f
+    compute_b = phases.compute_b[mode] + kernels_b
+    sum_f = phases.sum_f[None, :] + kernels_f + dp.exposed_f[pair]
+    sum_b = phases.sum_b[mode] + kernels_b + dp.exposed_b[pair]
     lost = fsdp_drops_comm_overlap(t, knobs.zero)
     if lost is not None:  # Megatron-FSDP beside TP / CP before Blackwell: what their overlap hides is exposed
         lost_f = lost[:, None] * (phases.tp_hidden_f + phases.cp_hidden_f)[None, :]  # (J, pp)
@@ -528,8 +559,6 @@ def compose(
     # collectives beside compute hold COMM_SMS of the SMs: the compute they overlap stretches
     sm_share = beside_sm_share(t)
     if sm_share:
-        compute_f = phases.compute_f[None, :]
-        compute_b = phases.compute_b[mode]
         stolen_f = sm_share * comm_beside_compute(busy_f, sum_f - compute_f, compute_f)
         stolen_b = sm_share * comm_beside_compute(busy_b, sum_b - compute_b, compute_b)
         sum_f = sum_f + stolen_f
@@ -573,6 +602,7 @@ def compose(
     at = phases.parts[:, mode, slow]  # (5, J) at the slowest rank
     parts = np.empty((len(STEP_PARTS), J))
     np.multiply(mb_count, at, out=parts[:5])
+    parts[0] += mb_count * (kernels_f + kernels_b)[rows, slow]
     parts[0] += stolen_reduce[rows, tail_rank] + stolen_gather[rows, gather_rank]
     if sm_share:
         parts[0] += mb_count * (stolen_f + stolen_b)[rows, slow]

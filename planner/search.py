@@ -44,6 +44,7 @@ from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import (
     LayerTime,
     ShardGeometry,
+    embedding_gradient_time,
     layer_time,
     lm_head_times,
     mtp_projection_times,
@@ -321,10 +322,12 @@ class _ComputeTimes:
     kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
     kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
     head: np.ndarray  # (G, M) LM head and cross-entropy (and the MTP modules), forward + backward
+    embedding_grad: np.ndarray  # (G, 2) the embedding's dense gradient on rank 0: head elsewhere, head on rank 0
 
     @classmethod
     def of(
-        cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, geometries: list[Geometry], mbs: np.ndarray, cal: Calibration
+        cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, geometries: list[Geometry], mbs: np.ndarray,
+        cal: Calibration, framework: str,
     ) -> _ComputeTimes:
         grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
@@ -347,6 +350,12 @@ class _ComputeTimes:
             head = head + mtp * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
+        embedding_grad = np.array([
+            [0.0 if ft is not None else embedding_gradient_time(
+                model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, same, cal
+            ) for same in (False, True)]
+            for tp_, _, _, _ in geometries
+        ]).reshape(-1, 2)
         return cls(
             {geometry: row for row, geometry in enumerate(geometries)},
             mbs,
@@ -358,6 +367,7 @@ class _ComputeTimes:
             np.array([float(k[0]) for k in kind_list]),
             np.array([kind_list.index(k) for k in layer_kinds(model)]),
             np.broadcast_to(head, shape),
+            embedding_grad,
         )
 
 
@@ -393,7 +403,8 @@ class _PairBounds:
         kind_exposed = self.exposure.per_kind(
             mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at]
         )  # type: ignore[arg-type]
-        return _PairTimes(layer_compute, kind_exposed, head, comm[3], rank_sums, self.exposure)  # type: ignore[index]
+        embedding_grad = (float(times.embedding_grad[row, 0]), float(times.embedding_grad[row, 1]))
+        return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure)  # type: ignore[index]
 
 
 @dataclass(frozen=True)
@@ -472,7 +483,7 @@ def _pair_bounds(
     ov = cal.overlap(framework)
     mbs_all = np.array(all_mbs, dtype=np.int64)
     geometries = list(dict.fromkeys((mesh.tp, mesh.cp, mesh.ep, mesh.etp) for mesh, _ in meshes_mbs))
-    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal)
+    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework)
     comm1, comm2 = [], []
     store = comm_store(model, training, cluster, cal, gpus)
     for mesh, _ in meshes_mbs:
@@ -528,11 +539,14 @@ def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> I
 class _PairTimes:
     """Per-micro-batch seconds of one (mesh, micro-batch) pair, as `build_table` prices them: per
     layer (arrays over the model's layers) forward + backward; per layer kind, the communication
-    exposed without recompute (`_Exposure`); the LM head forward + backward; one p2p send."""
+    exposed without recompute (`_Exposure`); the LM head forward + backward; the embedding's
+    gradient on rank 0 (head elsewhere, head on rank 0: `compute.embedding_gradient_time`); one p2p
+    send."""
 
     layer_compute: np.ndarray
     kind_exposed: np.ndarray  # (kinds,)
     head: float
+    embedding_grad: tuple[float, float]
     p2p: float
     rank_sums: dict[tuple[int, PipeOption], tuple[np.ndarray, np.ndarray]]
     """Memo per (pp, pipeline option) of the per-rank compute and the layers of each kind per rank (they depend
@@ -550,6 +564,7 @@ class _PairTimes:
             compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
             head_rank = _partition(len(self.layer_compute), pp, option).head_rank
             compute[head_rank] += self.head
+            compute[0] += self.embedding_grad[int(head_rank == 0)]
             kinds = len(self.kind_exposed)
             counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
             counts[head_rank, self.exposure.kind_of_layer[-1]] += self.exposure.mtp_layers

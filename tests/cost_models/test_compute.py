@@ -1,5 +1,6 @@
 """Kernel-level costs (cost_models.compute): GEMM shape efficiency, attention tiles, MoE imbalance,
-launch floor, torchtitan's op-level SAC recompute share, and eager vs fused elementwise kernels."""
+launch floor, torchtitan's op-level SAC recompute share, eager vs fused elementwise kernels, and the
+embedding's dense gradient."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from cost_models.compute import (
     eager_norm_bytes,
     eager_rotary_bytes,
     elementwise_bytes,
+    embedding_gradient_time,
     fp8_expert_quantize_bytes,
     gemm_time,
     layer_kernels,
@@ -177,3 +179,44 @@ def test_eager_kernels_cost_nothing_more_for_layernorm_learned_positions_and_gel
     eager = ShardGeometry(tokens=2048.0, seq_len=2048, cp=1, tp=8, sp=True, ep=1, etp=1, eager=True)
     diff = elementwise_bytes(model, 0, eager, 2) - elementwise_bytes(model, 0, fused, 2)
     assert diff == pytest.approx(2 * 2 * model.num_heads / 8 * model.v_dim * 2048)
+
+
+def test_the_embedding_gradient_is_the_whole_table_every_micro_batch() -> None:
+    """PyTorch's embedding backward zero-fills a dense gradient of the vocab / tp x hidden shard
+    (2 bytes each in bf16); Megatron's DDP hook adds it to the float32 main_grad (read 2 + 4, write 4);
+    tied embeddings with the head on the same rank add the head's zeros and their sum (8)."""
+    hbm = H100.memory_bandwidth_bytes_per_s * CAL.hbm_efficiency
+    llama = get_model("llama3-8b")
+    elements = llama.vocab_size / 4 * llama.hidden_size
+    assert embedding_gradient_time(llama, 4, H100, "fsdp", 2, 4, True, CAL) == pytest.approx(2 * elements / hbm)
+    megatron = embedding_gradient_time(llama, 4, H100, "megatron", 2, 4, True, CAL)
+    assert megatron == pytest.approx((2 + 2 + 2 * 4) * elements / hbm)
+    tied = llama.model_copy(update={"tie_embeddings": True})
+    assert embedding_gradient_time(tied, 4, H100, "megatron", 2, 4, True, CAL) == pytest.approx(megatron + 8 * elements / hbm)
+    assert embedding_gradient_time(tied, 4, H100, "megatron", 2, 4, False, CAL) == pytest.approx(megatron)
+
+
+def test_the_embedding_gradient_costs_its_rank_and_not_a_frozen_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On rank 0 (the embedding's) once per micro-batch; not at all on a LoRA base (no gradient)."""
+    from cluster_specs.presets import get_cluster
+    from cost_models import stage_table
+    from cost_models.layout import Layout
+    from cost_models.stages import StagePartition
+    from model_specs.spec import TrainingSpec
+
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+
+    def compute(method: str, batch: int) -> np.ndarray:
+        # a distinct global batch per call: the per-job memo (`comm_store`) keeps nothing across them
+        training = TrainingSpec(seq_len=4096, global_batch=batch, method=method)
+        lay = Layout(tp=2, pp=2, micro_batch=1).resolved(64, training)
+        part = StagePartition.for_layout(model.num_layers, lay)
+        return stage_table.build_table(model, training, cluster, 64, lay, part, CAL).compute
+
+    full, lora = compute("full", 64), compute("lora", 64)
+    monkeypatch.setattr(stage_table, "embedding_gradient_time", lambda *a: 0.0)
+    full_free, lora_free = compute("full", 128), compute("lora", 128)
+    grad = embedding_gradient_time(model, 2, cluster.gpu, "megatron", 2, 2, False, CAL)
+    assert full[0] - full_free[0] == pytest.approx(grad, rel=1e-9)
+    assert full[1] == pytest.approx(full_free[1], rel=1e-12)
+    np.testing.assert_allclose(lora, lora_free, rtol=1e-12)
