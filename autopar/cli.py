@@ -159,6 +159,9 @@ def evaluate(
         True, "--moe-folding/--no-moe-folding",
         help="MoE parallel folding (Megatron-Core 0.10+); --no-moe-folding: 0.9's expert grid, EP inside DP",
     ),
+    fsdp1: bool = typer.Option(
+        False, "--fsdp1", help="framework fsdp: FSDP1's flat parameters (no per-layer copy-out of FSDP2's gathered weights)"
+    ),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free (as `autopar plan`): sets 'usable'"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
@@ -202,6 +205,7 @@ def evaluate(
         "decoder_last_pipeline_num_layers": last_stage_layers,
         "moe_token_dispatcher": moe_dispatcher, "moe_a2a_overlap": moe_a2a_overlap or None,
         "moe_parallel_folding": None if moe_folding else False, "elementwise_kernels": elementwise_kernels,
+        "fsdp_flat_params": fsdp1 or None,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
@@ -330,6 +334,10 @@ def plan(
         "fused", help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
         "the norm / rotary / activation kernels every layout is priced with"
     ),
+    fsdp1: bool = typer.Option(
+        False, "--fsdp1", help="framework fsdp: price every layout as FSDP1 (flat parameters: llm-foundry, Accelerate "
+        "fsdp_version 1) instead of FSDP2's fully_shard"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
     export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
 ) -> None:
@@ -357,6 +365,7 @@ def plan(
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
             allow_moe_a2a_overlap=moe_a2a_overlap, moe_parallel_folding=moe_folding,
             elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
+            fsdp_flat_params=fsdp1,
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)

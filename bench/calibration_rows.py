@@ -24,7 +24,8 @@ Conventions applied per source (the CSV's README lists the sources):
   `amp_bf16` (FSDP mixed precision DEFAULT) reduces gradients in fp32, `bf16` (PURE) in bf16;
   DeepSpeed fp16 keeps fp16 gradients.
 - Framework: Megatron-LM / Megatron-Core / NeMo -> "megatron"; llm-foundry -> "fsdp" (ZeRO-3 for
-  FULL_SHARD, ZeRO-2 for SHARD_GRAD_OP); DeepSpeed -> "deepspeed".
+  FULL_SHARD, ZeRO-2 for SHARD_GRAD_OP) with FSDP1's flat parameters (`Layout.fsdp_flat_params`, as
+  MaxText), torchtitan -> "fsdp" (FSDP2); DeepSpeed -> "deepspeed".
 - Measured tokens/s/GPU: the `tokens_per_s_per_gpu` column when present; else from `step_time_s`
   (global batch tokens / step / GPUs); else `tflops_per_gpu` divided by the FLOPs per token of the
   source's own convention: Megatron README / NeMo / Megatron-Core = `cost_models.flops.step_flops`
@@ -542,6 +543,12 @@ def _layout(
         dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,
         elementwise_kernels=elementwise, **split,
     )
+    fw_name = c.s("framework").lower()
+    if framework == "fsdp" and any(name in fw_name for name in ("llm-foundry", "composer", "maxtext")):
+        # llm-foundry / Composer wrap PyTorch FSDP1 (FlatParameter); MaxText's XLA shards in place:
+        # parameters are views of the gathered buffer, no per-layer copy-out
+        fields["fsdp_flat_params"] = True
+        c.notes.append("FSDP1-style flat parameters: no FSDP2 copy-out (Layout.fsdp_flat_params)")
     if model.is_moe and older_megatron_core:
         fields["moe_parallel_folding"] = False
         c.notes.append("no MoE parallel folding: EP inside DP, expert TP = TP (Megatron-Core before 0.10)")

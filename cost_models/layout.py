@@ -185,6 +185,14 @@ class Layout(BaseModel):
         "needs expert parallelism, interleaving (vpp > 1) when pp > 1, and no full recompute",
     )
 
+    fsdp_flat_params: bool = Field(
+        False,
+        description="framework fsdp only: FSDP1's FlatParameter (llm-foundry / Composer, Accelerate's fsdp_version 1): "
+        "parameters are views of the flat gathered buffer, so no per-layer copy-out (its gradient is still cast "
+        "into the reduce-scatter input). False: FSDP2's fully_shard (torchtitan, the runtime), which also copies "
+        "each gathered layer out of the all-gather buffer on the compute stream",
+    )
+
     cp_attention: CpAttention = Field(
         "ring",
         description="context-parallel attention: ring (K/V blocks passed around the CP group, no "
@@ -543,6 +551,8 @@ def framework_violations(lay: Layout) -> list[Violation]:
         v.append(Violation("schedule", f"the {lay.schedule_} schedule is torch.distributed.pipelining's: framework fsdp, not {fw}"))
     if lay.pp > 1 and lay.schedule_ in SPLIT_BACKWARD_SCHEDULES and lay.zero_stage == 3:
         v.append(Violation("zero_stage", ZERO_BUBBLE_ZERO3))
+    if lay.fsdp_flat_params and fw != "fsdp":
+        v.append(Violation("fsdp_flat_params", f"FSDP1's flat parameters are framework fsdp's, not {fw}'s"))
     if lay.moe_a2a_overlap:
         if fw != "megatron":
             v.append(Violation("moe_a2a_overlap", f"combined 1F1B (--overlap-moe-expert-parallel-comm) is Megatron-Core's, not {fw}'s"))

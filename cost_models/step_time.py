@@ -155,8 +155,12 @@ layer runs (torch `distributed/fsdp/_fully_shard/_fsdp_collectives.py`, `_fsdp_p
 `wait_for_unshard`). Its reduce-scatter copy-in (`foreach_reduce_scatter_copy_in`: `torch._chunk_cat`
 of the unsharded gradients into the flat reduce-scatter input) reads each gradient in the parameter
 dtype and writes it in the reduce dtype, per layer and micro-batch, on the stream that ran the
-backward: param bytes + grad bytes per trained element. Megatron-Core and DeepSpeed gather into, and
-reduce from, buffers the parameters and gradients are views of."""
+backward: param bytes + grad bytes per trained element. FSDP1 (`Layout.fsdp_flat_params`) gathers
+into the flat parameter its parameters are views of (no copy-out), but casts its flat gradient to the
+reduce dtype and pads it to a multiple of the world size before the reduce-scatter (torch
+`distributed/fsdp/_runtime_utils.py`, `_post_backward_hook` / `_get_reduce_scatter_tensors`): priced
+as the same copy-in. Megatron-Core and DeepSpeed gather into, and reduce from, buffers the
+parameters and gradients are views of."""
 
 COMM_SMS = 20
 """SMs the communication kernels hold while they run beside compute: "only 20 SMs are sufficient
@@ -316,10 +320,12 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     elements_k = (cwd + cwe) / pb
     quant_f_k = np.where(z3 & qwz, QWZ_HBM_BYTES_PER_ELEMENT * elements_k / hbm, 0.0)
     quant_b_k = np.where(z3 & qwz & ~hpz, quant_f_k, 0.0) + np.where(z3 & qgz, QGZ_HBM_BYTES_PER_ELEMENT * (ctd + cte) / hbm, 0.0)
-    # so do FSDP2's copy-out after each gather and copy-in before each reduce-scatter
-    fsdp2 = m.framework == "fsdp"
+    # so do FSDP2's copy-out after each gather (not FSDP1's: its flat parameters are views of the
+    # gathered buffer) and FSDP's copy-in before each reduce-scatter
+    fsdp = m.framework == "fsdp"
+    fsdp2 = fsdp and not m.fsdp_flat_params
     copy_out_k = np.where(z3 & fsdp2, FSDP2_COPY_OUT_BYTES_PER_BYTE * (cwd + cwe) / hbm, 0.0)
-    copy_in_k = np.where(layerwise_rs & fsdp2, (ctd + cte) * (pb + gb) / hbm, 0.0)
+    copy_in_k = np.where(layerwise_rs & fsdp, (ctd + cte) * (pb + gb) / hbm, 0.0)
     # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
     # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
     rest_wd = t.weight_bytes[0] - counts @ t.class_weight_bytes[0]  # (pp,) bytes
@@ -335,7 +341,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     exposed_b = deficit_b @ counts.T + last_rs + rest_rs
     # the compute-stream kernels, per layer and of the embedding / head / final norm
     rest_copy_out = np.where(z3 & fsdp2, FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm, 0.0)
-    rest_copy_in = np.where(layerwise_rs & fsdp2, (rest_td + rest_te)[None, :] * (pb + gb) / hbm, 0.0)
+    rest_copy_in = np.where(layerwise_rs & fsdp, (rest_td + rest_te)[None, :] * (pb + gb) / hbm, 0.0)
     kernels_f = (quant_f_k + copy_out_k) @ counts.T + rest_copy_out
     kernels_b = (quant_b_k + copy_out_k + copy_in_k) @ counts.T + rest_copy_out + rest_copy_in
 

@@ -73,6 +73,12 @@ class SearchConstraints(BaseModel):
         "Megatron-Core 0.10); off for 0.9 and older, where EP is carved out of DP, expert TP is TP and every "
         "layout is priced so (Layout.moe_parallel_folding)",
     )
+    fsdp_flat_params: bool = Field(
+        False,
+        description="framework fsdp: the user's FSDP is FSDP1 (FlatParameter: llm-foundry / Composer, Accelerate's "
+        "fsdp_version 1), which gathers into a buffer its parameters are views of (no per-layer copy-out); every "
+        "layout is priced so (Layout.fsdp_flat_params). False: FSDP2's fully_shard",
+    )
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
 
@@ -80,6 +86,8 @@ class SearchConstraints(BaseModel):
     def _zero_pin_within_the_stack(self) -> SearchConstraints:
         if self.zero_stage is not None and self.zero_stage > self.max_zero_stage:
             raise ValueError(f"zero_stage={self.zero_stage} exceeds max_zero_stage={self.max_zero_stage}")
+        if self.fsdp_flat_params and self.framework != "fsdp":
+            raise ValueError(f"fsdp_flat_params (FSDP1) needs framework fsdp, not {self.framework}")
         return self
 
 

@@ -355,16 +355,18 @@ def _construct(values: dict[str, object]) -> Layout:
 
 class Stack(NamedTuple):
     """The user's software stack, the same for every layout of a search (`SearchConstraints`): the
-    framework, its loss kernel, and the kernels of the memory-bound ops and of RMSNorm."""
+    framework, its loss kernel, the kernels of the memory-bound ops and of RMSNorm, and for FSDP
+    whether it is FSDP1 (flat parameters)."""
 
     framework: str
     cross_entropy: str | None = None
     elementwise_kernels: str = "fused"
     norm_kernel: str = "fused"
+    fsdp_flat_params: bool = False
 
     @classmethod
     def of(cls, c: SearchConstraints) -> Stack:
-        return cls(c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel)
+        return cls(c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel, c.fsdp_flat_params)
 
 
 def to_layout(
@@ -408,6 +410,8 @@ def to_layout(
         values["elementwise_kernels"] = stack.elementwise_kernels
     if stack.norm_kernel != "fused":
         values["norm_kernel"] = stack.norm_kernel
+    if stack.fsdp_flat_params:
+        values["fsdp_flat_params"] = True
     if option.embedding_slot:
         values["account_for_embedding_in_pipeline_split"] = True
     if option.loss_slot:

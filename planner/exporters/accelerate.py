@@ -114,6 +114,9 @@ def _losses(job: Job, lost: list[str]) -> None:
         lost.append(FUSED_KERNELS_NOTE)
     if job.training.precision != "fp32" and job.training.grad_dtype == "bf16":
         lost.append("bf16 gradient reduction: Accelerate's FSDP2 mixed precision reduces gradients in float32")
+    if lay.fsdp_flat_params:
+        lost.append("FSDP1 flat parameters: exported as FSDP2 (fsdp_version 2), whose per-layer copies of the "
+                    "gathered weights make the step slower than priced")
     if job.model.family not in DECODER_LAYERS:
         lost.append(f"model family {job.model.family}: set fsdp_transformer_layer_cls_to_wrap to its decoder layer class")
 

@@ -206,6 +206,9 @@ def export_torchtitan(job: Job) -> ExportResult:
         ("compile", {"enable": True, "components": ["model", "loss"]} if compiled else {"enable": False}),
     ]
     lost += framework_note(job, "fsdp", "torchtitan")
+    if lay.fsdp_flat_params:
+        lost.append("FSDP1 flat parameters: torchtitan runs FSDP2, whose per-layer copies of the gathered weights "
+                    "make the step slower than priced")
     lost += deepspeed_only_notes(job, "torchtitan")
     doc: dict[str, Any] = dict(tables)
     if tr.precision == "fp8":

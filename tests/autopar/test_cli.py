@@ -27,6 +27,24 @@ def test_evaluate_prices_eager_kernels_slower_and_refuses_an_unknown_one() -> No
     assert r.exit_code != 0 and "elementwise_kernels" in r.stdout + r.output
 
 
+def test_fsdp1_prices_no_per_layer_copies_and_is_fsdp_only() -> None:
+    """--fsdp1: FSDP1's flat parameters skip FSDP2's copy-out of the gathered weights, so the same ZeRO-3 layout
+    prices faster; a plan carries the stack to every layout; another framework is refused."""
+    args = ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "16", "--framework", "fsdp", "--zero", "3", "--json"]
+    fsdp2 = json.loads(runner.invoke(app, args).stdout)
+    fsdp1 = json.loads(runner.invoke(app, [*args, "--fsdp1"]).stdout)
+    assert fsdp1["layout"]["fsdp_flat_params"] and not fsdp2["layout"]["fsdp_flat_params"]
+    assert fsdp1["step_s"] < fsdp2["step_s"]
+    plan = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "16", "--top", "2", "--json"]
+    r = runner.invoke(app, [*plan, "--framework", "fsdp", "--fsdp1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["best"]["layout"]["fsdp_flat_params"]
+    r = runner.invoke(app, [*plan, "--fsdp1"])
+    assert r.exit_code == 2 and "fsdp_flat_params" in r.output
+
+
 def test_evaluate_readable_breakdown() -> None:
     r = runner.invoke(app, ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                             "--seq-len", "4096", "--global-batch", "16", "--tp", "2"])

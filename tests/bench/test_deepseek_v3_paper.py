@@ -1,7 +1,9 @@
 """DeepSeek-V3's own layout against the technical report's 180K H800 GPU-hours per trillion tokens
-(`bench.deepseek_v3_paper`): the report's degrees under Megatron-Core's combined 1F1B fit and land
-within 15% of the report's step, and so does the report's own schedule (DualPipe, priced as
-DualPipeV with its F&B pairs), whose torchtitan memory does not fit."""
+(`bench.deepseek_v3_paper`): the report's own schedule (DualPipe, priced as DualPipeV with its F&B
+pairs) lands within 15% of the report's step, though torchtitan's memory does not fit it; the
+report's degrees under Megatron-Core's combined 1F1B, an analogue of DualPipe that DeepSeek did not
+run (its interleaved warm-up holds about 1.6 p micro-batches on rank 0 where DualPipe holds p + 1, so
+it also recomputes the attention core to fit), fit and land within 20%, slower than DualPipe."""
 
 import pytest
 
@@ -13,10 +15,11 @@ def test_paper_step_from_gpu_hours() -> None:
     assert paper_step_s() == pytest.approx(19.906, rel=1e-3)
 
 
-def test_combined_1f1b_fits_and_prices_the_report_within_15_percent() -> None:
+def test_combined_1f1b_fits_and_prices_the_report_within_20_percent() -> None:
     r = price("megatron-combined-1f1b")
     assert r["fits"]
-    assert r["step_s"] == pytest.approx(paper_step_s(), rel=0.15)
+    assert r["step_s"] == pytest.approx(paper_step_s(), rel=0.20)
+    assert r["step_s"] > price("fsdp-dualpipev")["step_s"]  # the analogue is not faster than DualPipe
     assert r["time"]["breakdown"]["ep_comm_s"] == 0.0  # hidden behind the paired compute
 
 

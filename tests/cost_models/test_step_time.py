@@ -141,28 +141,46 @@ def test_hidden_collectives_stretch_the_compute_they_run_beside() -> None:
 def test_fsdp2_copies_run_on_the_compute_stream() -> None:
     """FSDP2 copies each gathered layer out of the flat all-gather buffer (2 bytes moved per weight
     byte, forward and backward) and each gradient into the reduce-scatter buffer (param + grad bytes
-    per element): HBM-bound kernels on the compute stream, priced in `compute_s`. Megatron and
-    DeepSpeed gather into buffers the parameters are views of: no copies. ZeRO-1 has neither."""
+    per element): HBM-bound kernels on the compute stream, priced in `compute_s`. FSDP1
+    (`Layout.fsdp_flat_params`) gathers into the flat parameter (no copy-out) but casts its gradient
+    into the reduce-scatter input. Megatron and DeepSpeed gather into and reduce from buffers the
+    parameters are views of: no copies. ZeRO-1 has neither."""
     model, training = get_model("llama3-8b"), TrainingSpec(seq_len=8192, global_batch=64)
     cluster, cal = get_cluster("dgx-h100"), default_calibration()
     hbm = cluster.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
-    for framework, zero in (("fsdp", 3), ("fsdp", 1), ("deepspeed", 3)):
-        lay = Layout(zero_stage=zero, micro_batch=1, framework=framework).resolved(64, training)
+    for framework, zero, flat in (("fsdp", 3, False), ("fsdp", 3, True), ("fsdp", 1, False), ("deepspeed", 3, False)):
+        lay = Layout(zero_stage=zero, micro_batch=1, framework=framework, fsdp_flat_params=flat).resolved(64, training)
         table = build_table(model, training, cluster, 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
         grid = [setting_of(lay)]
         knobs = KnobArrays.of(grid)
         dp = _dp_grid(table, knobs.shardings, cal, _dp_table_key(table, cal))
         weights = float(table.weight_bytes.sum())
         elements = float(table.trainable.sum())
-        if (framework, zero) == ("fsdp", 3):
+        copy_in = elements * (training.param_bytes + training.grad_bytes) / hbm
+        if (framework, zero, flat) == ("fsdp", 3, True):  # FSDP1: the copy-in (its cast) only
+            assert float(dp.kernels_f[0, 0]) == 0.0
+            assert float(dp.kernels_b[0, 0]) == pytest.approx(copy_in, rel=1e-9)
+        elif (framework, zero) == ("fsdp", 3):
             assert float(dp.kernels_f[0, 0]) == pytest.approx(2 * weights / hbm, rel=1e-9)
-            copy_in = elements * (training.param_bytes + training.grad_bytes) / hbm
             assert float(dp.kernels_b[0, 0]) == pytest.approx(2 * weights / hbm + copy_in, rel=1e-9)
             timed = price_time(table, grid, price_memory(table, grid, lay.schedule_, lay.vpp, cal), lay.vpp, cal)
             kernels = lay.grad_accum_ * float(dp.kernels_f[0, 0] + dp.kernels_b[0, 0])
             assert float(timed.parts["compute_s"][0]) >= _bare_compute_s(table) + kernels
         else:
             assert float(dp.kernels_f[0, 0]) == float(dp.kernels_b[0, 0]) == 0.0
+
+
+def test_flat_params_are_fsdp_only() -> None:
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    problems = validate_layout(get_model("llama3-8b"), training, 64, Layout(fsdp_flat_params=True, framework="megatron"))
+    assert [p.field for p in problems] == ["fsdp_flat_params"]
+    with pytest.raises(ValueError, match="fsdp_flat_params"):
+        SearchConstraints(framework="deepspeed", fsdp_flat_params=True)
+    c = SearchConstraints(framework="fsdp", fsdp_flat_params=True)
+    mesh = next(iter(meshes(get_model("llama3-8b"), get_cluster("dgx-h100"), 64, c)))
+    option = pipeline_options(get_model("llama3-8b"), training, mesh, 1, c)[0]
+    setting = settings(mesh, get_cluster("dgx-h100"), c)[0]
+    assert to_layout(mesh, 1, option, setting, Stack.of(c)).fsdp_flat_params  # every layout of the search is FSDP1's
 
 
 def test_more_zero3_traffic_never_makes_a_step_faster() -> None:
