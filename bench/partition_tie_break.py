@@ -53,14 +53,9 @@ JOBS = (
 
 
 def _solve(data: partition.PartitionData, gap_bytes: float) -> tuple[partition.PartitionResult, float]:
-    saved = partition.HEADROOM_GAP_BYTES
-    partition.HEADROOM_GAP_BYTES = gap_bytes
-    try:
-        t0 = time.perf_counter()
-        result = partition_layers(data)
-        return result, time.perf_counter() - t0
-    finally:
-        partition.HEADROOM_GAP_BYTES = saved
+    t0 = time.perf_counter()
+    result = partition_layers(data, headroom_gap_bytes=gap_bytes)
+    return result, time.perf_counter() - t0
 
 
 def rows(top: int) -> list[dict]:
