@@ -689,11 +689,11 @@ def lm_head_times(
     return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
 
 
-TIED_SAME_STAGE_EXTRA_BYTES = 8
-"""HBM bytes per embedding element that tied embeddings add when the LM head sits on the embedding's
-rank (Megatron-Core `LanguageModule.setup_embeddings_and_output_layer` sets `zero_out_wgrad`, so
-the head's fused weight-gradient GEMM returns `torch.zeros` of the table, 2 bytes written, and
-autograd adds it to the embedding's gradient: 2 + 2 read, 2 written)."""
+TIED_SAME_STAGE_EXTRA_PASSES = 4
+"""Passes over the table, in the weight's dtype, that tied embeddings add when the LM head sits on the
+embedding's rank (Megatron-Core `LanguageModule.setup_embeddings_and_output_layer` sets
+`zero_out_wgrad`, so the head's fused weight-gradient GEMM returns `torch.zeros` of the table, one
+write, and autograd adds it to the embedding's gradient: two reads and a write)."""
 
 
 def embedding_gradient_time(
@@ -709,14 +709,14 @@ def embedding_gradient_time(
     a backward hook (`DistributedDataParallel._make_backward_post_hook`: `param.main_grad.add_(
     param.grad.data)`; the layers' weight GEMMs accumulate into `main_grad` in their epilogue, the
     embedding has no such path): read both, write the buffer, `param_bytes + 2 x grad_bytes` more.
-    With tied embeddings and the head on the same rank, `TIED_SAME_STAGE_EXTRA_BYTES` more.
+    With tied embeddings and the head on the same rank, `TIED_SAME_STAGE_EXTRA_PASSES` x `param_bytes` more.
     FSDP2 reads that gradient again in its reduce-scatter copy-in (`step_time`)."""
     elements = model.vocab_size / tp * model.hidden_size
     per_element = float(param_bytes)
     if framework == "megatron":
         per_element += param_bytes + 2 * grad_bytes
         if model.tie_embeddings and head_on_same_rank:
-            per_element += TIED_SAME_STAGE_EXTRA_BYTES
+            per_element += TIED_SAME_STAGE_EXTRA_PASSES * param_bytes
     return elements * per_element / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
 
 
