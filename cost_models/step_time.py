@@ -24,7 +24,8 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
                        the routed rows over the expert-TP group and their reduce-scatter (on that
                        group's channel): blocking (the experts need their tokens, the next layer
                        its output), except `Overlap.ep`
-              + Zf     ZeRO-3 / FSDP parameter all-gathers, prefetched one layer ahead (FSDP2's
+              + Zf     ZeRO-3 / FSDP parameter all-gathers (without a pipeline also FSDP's ZeRO-1/2,
+                       which free the parameters after each backward), prefetched one layer ahead (FSDP2's
                        implicit forward prefetch, Megatron-FSDP's and DeepSpeed's prefetch): a
                        layer's gather hides behind the previous layer's compute only, so the phase
                        exposes sum over layers of max(0, gather - compute of one layer), plus the
@@ -241,7 +242,10 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     reduce-scatters them and all-gathers the updated weights (2 Psi); ZeRO-2 reduce-scatters each
     layer's gradients as its backward ends and all-gathers weights once per step; ZeRO-3 / FSDP
     all-gathers each layer's weights for its forward and again for its backward and
-    reduce-scatters its gradients (3 Psi per micro-batch). Hybrid sharding all-reduces each
+    reduce-scatters its gradients (3 Psi per micro-batch). Without a pipeline, FSDP frees the
+    unsharded parameters after every backward, so its ZeRO-1/2 all-gather them in every
+    micro-batch's forward instead of once per step (torch FSDP2 reshards after backward; FSDP1's
+    SHARD_GRAD_OP likewise; torch's pipelining stages keep them to the step's last backward). Hybrid sharding all-reduces each
     rank's gradient shard across the dp / dp_shard replicas. Dense weights use the sharding group
     (dp_shard x cp ranks), expert weights the expert-data-parallel group. Per-layer collectives
     use the table's layer classes (`StageTable.class_*`), the rest the rank's totals (embedding
@@ -303,6 +307,15 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     ar_repl = per_pair("all_reduce", repl_gs)
     z3 = zero >= 3
     layerwise_rs = zero >= 2  # reduce-scatter as each layer's backward ends (ZeRO-2/3, FSDP)
+    fsdp = m.framework == "fsdp"
+    fsdp2 = fsdp and not m.fsdp_flat_params
+    # FSDP frees a layer's unsharded parameters after its backward (FSDP2's reshard after backward,
+    # FSDP1's SHARD_GRAD_OP), so without a pipeline its ZeRO-1/2 gather them again in every
+    # micro-batch's forward (`runtime.parallelize`'s ZeRO-1/2). torch's pipelining stages keep them
+    # until the step's last backward (`set_reshard_after_backward(False)`), and Megatron's
+    # distributed optimizer and DeepSpeed keep them: they gather the updated ones once per step
+    regather = fsdp and m.pp == 1
+    gather_f = z3 | ((zero >= 1) & regather)
 
     # --- per layer class: gathers and reduce-scatters of one layer, (pairs, K) -------------------
     # gathers move stored weight bytes (a frozen base included); reductions the trainable gradients
@@ -312,7 +325,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     gather_back_k = seconds(cwd * w_bwd, ag_back) + seconds(cwe * w_bwd, ag_edp)
     rs_k = seconds(ctd * gb * g_rs, rs_shard) + seconds(cte * gb * g_rs, rs_edp)
     counts = t.class_counts  # (pp, K)
-    zf_k = np.where(z3, gather_k, 0.0)
+    zf_k = np.where(gather_f, gather_k, 0.0)
     zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
     deficit_f = np.maximum(0.0, zf_k - ov.zero3 * t.class_forward[None, :])
     deficit_b = np.maximum(0.0, zb_k - ov.zero3 * t.class_backward[None, :])
@@ -322,9 +335,9 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     quant_b_k = np.where(z3 & qwz & ~hpz, quant_f_k, 0.0) + np.where(z3 & qgz, QGZ_HBM_BYTES_PER_ELEMENT * (ctd + cte) / hbm, 0.0)
     # so do FSDP2's copy-out after each gather (not FSDP1's: its flat parameters are views of the
     # gathered buffer) and FSDP's copy-in before each reduce-scatter
-    fsdp = m.framework == "fsdp"
-    fsdp2 = fsdp and not m.fsdp_flat_params
-    copy_out_k = np.where(z3 & fsdp2, FSDP2_COPY_OUT_BYTES_PER_BYTE * (cwd + cwe) / hbm, 0.0)
+    copy_out = FSDP2_COPY_OUT_BYTES_PER_BYTE * (cwd + cwe) / hbm
+    copy_out_f_k = np.where(gather_f & fsdp2, copy_out, 0.0)
+    copy_out_b_k = np.where(z3 & fsdp2, copy_out, 0.0)
     copy_in_k = np.where(layerwise_rs & fsdp, (ctd + cte) * (pb + gb) / hbm, 0.0)
     # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
     # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
@@ -335,15 +348,17 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     present = counts > 0
     first_gather = np.where(present[None, :, :], zf_k[:, None, :], 0.0).max(axis=2, initial=0.0)  # (pairs, pp)
     last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
-    rest_gather = np.where(z3, seconds(rest_wd[None, :] * w_fwd, ag_shard) + seconds(rest_we[None, :] * w_fwd, ag_edp), 0.0)
+    rest_gather = np.where(gather_f, seconds(rest_wd[None, :] * w_fwd, ag_shard) + seconds(rest_we[None, :] * w_fwd, ag_edp), 0.0)
     rest_rs = np.where(layerwise_rs, seconds(rest_td[None, :] * gb * g_rs, rs_shard) + seconds(rest_te[None, :] * gb * g_rs, rs_edp), 0.0)
     exposed_f = deficit_f @ counts.T + first_gather + rest_gather
     exposed_b = deficit_b @ counts.T + last_rs + rest_rs
     # the compute-stream kernels, per layer and of the embedding / head / final norm
-    rest_copy_out = np.where(z3 & fsdp2, FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm, 0.0)
+    rest_copy_out = FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm
+    rest_copy_out_f = np.where(gather_f & fsdp2, rest_copy_out, 0.0)
+    rest_copy_out_b = np.where(z3 & fsdp2, rest_copy_out, 0.0)
     rest_copy_in = np.where(layerwise_rs & fsdp, (rest_td + rest_te)[None, :] * (pb + gb) / hbm, 0.0)
-    kernels_f = (quant_f_k + copy_out_k) @ counts.T + rest_copy_out
-    kernels_b = (quant_b_k + copy_out_k + copy_in_k) @ counts.T + rest_copy_out + rest_copy_in
+    kernels_f = (quant_f_k + copy_out_f_k) @ counts.T + rest_copy_out_f
+    kernels_b = (quant_b_k + copy_out_b_k + copy_in_k) @ counts.T + rest_copy_out_b + rest_copy_in
 
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
@@ -352,7 +367,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     back_d, back_e = seconds(WD * w_bwd, ag_back), seconds(WE * w_bwd, ag_edp)
     rs_d, rs_e = seconds(D * gb, rs_shard), seconds(E * gb, rs_edp)
     rs_layer_d, rs_layer_e = seconds(D * gb * g_rs, rs_shard), seconds(E * gb * g_rs, rs_edp)
-    traffic_f = np.where(z3[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
+    traffic_f = np.where(gather_f[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
     traffic_b = np.where(z3[:, :, None], on_channels(back_d, ag_back) + on_channels(back_e, ag_edp), 0.0)
     traffic_b += np.where(layerwise_rs[:, :, None], on_channels(rs_layer_d, rs_shard) + on_channels(rs_layer_e, rs_edp), 0.0)
 
@@ -366,9 +381,10 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     replicated = np.array([g.size > 1 for g in repl_gs])[:, None]
     repl = np.where((zero > 0) & replicated, seconds(D * gb / sizes, ar_repl), 0.0)
     reduce += on_channels(repl, ar_repl)
-    # ZeRO-1/2 all-gather the updated weights: the trainable ones (all of them, or the adapters)
+    # ZeRO-1/2 all-gather the updated weights: the trainable ones (all of them, or the adapters);
+    # where FSDP gathers in every forward, those gathers do it
     updated_d, updated_e = seconds(D * pb, ag_shard), seconds(E * pb, ag_edp)
-    gather += np.where(z12[:, :, None], on_channels(updated_d, ag_shard) + on_channels(updated_e, ag_edp), 0.0)
+    gather += np.where((z12 & (not regather))[:, :, None], on_channels(updated_d, ag_shard) + on_channels(updated_e, ag_edp), 0.0)
     # the last bucket of a once-per-step reduction (ZeRO-0/1) waits for the whole backward
     bucket = np.minimum(D + E, REDUCE_BUCKET_PARAMS) * gb
     tail_full = np.where(z0, seconds(bucket, ar_full), np.where(z1, seconds(bucket, rs_shard), 0.0))

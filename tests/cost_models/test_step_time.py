@@ -141,7 +141,8 @@ def test_hidden_collectives_stretch_the_compute_they_run_beside() -> None:
 def test_fsdp2_copies_run_on_the_compute_stream() -> None:
     """FSDP2 copies each gathered layer out of the flat all-gather buffer (2 bytes moved per weight
     byte, forward and backward) and each gradient into the reduce-scatter buffer (param + grad bytes
-    per element): HBM-bound kernels on the compute stream, priced in `compute_s`. FSDP1
+    per element): HBM-bound kernels on the compute stream, priced in `compute_s`; its ZeRO-1 gathers
+    (and copies out) in every forward. FSDP1
     (`Layout.fsdp_flat_params`) gathers into the flat parameter (no copy-out) but casts its gradient
     into the reduce-scatter input. Megatron and DeepSpeed gather into and reduce from buffers the
     parameters are views of: no copies. ZeRO-1 has neither."""
@@ -160,6 +161,9 @@ def test_fsdp2_copies_run_on_the_compute_stream() -> None:
         if (framework, zero, flat) == ("fsdp", 3, True):  # FSDP1: the copy-in (its cast) only
             assert float(dp.kernels_f[0, 0]) == 0.0
             assert float(dp.kernels_b[0, 0]) == pytest.approx(copy_in, rel=1e-9)
+        elif (framework, zero) == ("fsdp", 1):  # the forward's gathers only (module doc)
+            assert float(dp.kernels_f[0, 0]) == pytest.approx(2 * weights / hbm, rel=1e-9)
+            assert float(dp.kernels_b[0, 0]) == 0.0
         elif (framework, zero) == ("fsdp", 3):
             assert float(dp.kernels_f[0, 0]) == pytest.approx(2 * weights / hbm, rel=1e-9)
             assert float(dp.kernels_b[0, 0]) == pytest.approx(2 * weights / hbm + copy_in, rel=1e-9)
@@ -168,6 +172,25 @@ def test_fsdp2_copies_run_on_the_compute_stream() -> None:
             assert float(timed.parts["compute_s"][0]) >= _bare_compute_s(table) + kernels
         else:
             assert float(dp.kernels_f[0, 0]) == float(dp.kernels_b[0, 0]) == 0.0
+
+
+def test_fsdp_zero1_gathers_in_every_forward_megatron_once_per_step() -> None:
+    """FSDP frees the unsharded parameters after each backward, so its ZeRO-1 all-gathers them in every
+    micro-batch's forward (`runtime.parallelize`); Megatron's distributed optimizer keeps them and
+    all-gathers the updated weights once per step."""
+    model, training = get_model("llama3-8b"), TrainingSpec(seq_len=8192, global_batch=64)
+    cluster, cal = get_cluster("dgx-h100"), default_calibration()
+    for framework in ("fsdp", "megatron"):
+        lay = Layout(zero_stage=1, micro_batch=1, framework=framework).resolved(64, training)
+        table = build_table(model, training, cluster, 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
+        knobs = KnobArrays.of([setting_of(lay)])
+        dp = _dp_grid(table, knobs.shardings, cal, _dp_table_key(table, cal))
+        per_mb, per_step = float(dp.traffic_f[0].sum()), float(dp.gather[0].sum())
+        if framework == "fsdp":
+            assert per_mb > 0 and per_step == 0.0
+            assert float(dp.traffic_b[0].sum()) == 0.0  # no backward gather, one reduction per step
+        else:
+            assert per_mb == 0.0 and per_step > 0
 
 
 def test_flat_params_are_fsdp_only() -> None:
