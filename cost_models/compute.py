@@ -178,12 +178,18 @@ SPLITS = (1, 2, 4, 8, 16)
 """Split-K factors tried for thin GEMMs (k cut into s slices, partial outputs reduced in fp32)."""
 
 
+def hbm_bandwidth(gpu: GPUSpec, cal: Calibration) -> float:
+    """Bytes/s the memory-bound kernels sustain: the GPU's HBM bandwidth x the fitted
+    `Calibration.hbm_efficiency` (every HBM-bound cost divides its bytes by this)."""
+    return gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+
+
 def gemm_time(gemm: Gemm, peak: float, gpu: GPUSpec, act_bytes: int, efficiency: float, cal: Calibration) -> Scalars:
     """Seconds for one forward GEMM group (elementwise when the GEMM's dimensions are arrays): the
     fastest tile shape and split-K factor (module doc), never faster than its HBM traffic."""
     m, n, k, count = gemm.m, gemm.n, gemm.k, gemm.count
     flops = gemm.flops
-    bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    bandwidth = hbm_bandwidth(gpu, cal)
     traffic = act_bytes * (m * k + k * n + m * n) * count
     memory = traffic / bandwidth
     k0 = cal.gemm_k_overhead
@@ -441,7 +447,7 @@ def ssd_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal:
     matmuls = ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.compute_peak("bf16") * cal.attention_efficiency)
     chunks = -(-g.seq_len // model.mamba_chunk_size)
     state_elements = seqs * chunks * model.mamba_num_heads * model.mamba_head_dim * model.mamba_state_size / g.tp
-    states = state_elements / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    states = state_elements / hbm_bandwidth(gpu, cal)
     return (
         matmuls + SSD_STATE_BYTES_FORWARD * states,
         SSM_BACKWARD_FACTOR * matmuls + SSD_STATE_BYTES_BACKWARD * states,
@@ -626,7 +632,7 @@ def layer_time(
     (peak, eff), fp8 = gemm_rate(precision, gpu, cal), fp8_gemms(precision, gpu)
     gemm = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in layer_gemms(model, index, g))
     attn = attention_time(model, index, g, gpu, cal)
-    bandwidth = gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    bandwidth = hbm_bandwidth(gpu, cal)
     elem = elementwise_bytes(model, index, g, act_bytes) / bandwidth
     act = activation_kernel_bytes(model, index, g, act_bytes) / bandwidth
     host = layer_kernels(model, index, g) * cal.kernel_launch_s
@@ -685,7 +691,7 @@ def lm_head_times(
     the logits' gradient). A `frozen` head (LoRA, QLoRA) computes only its input gradient."""
     peak, eff = gemm_rate(precision, gpu, cal)
     gemm = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
-    per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / hbm_bandwidth(gpu, cal)
     return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
 
 
@@ -709,15 +715,15 @@ def embedding_gradient_time(
     a backward hook (`DistributedDataParallel._make_backward_post_hook`: `param.main_grad.add_(
     param.grad.data)`; the layers' weight GEMMs accumulate into `main_grad` in their epilogue, the
     embedding has no such path): read both, write the buffer, `param_bytes + 2 x grad_bytes` more.
-    With tied embeddings and the head on the same rank, `TIED_SAME_STAGE_EXTRA_PASSES` x `param_bytes` more.
-    FSDP2 reads that gradient again in its reduce-scatter copy-in (`step_time`)."""
+    With tied embeddings and the head on the same rank, `TIED_SAME_STAGE_EXTRA_PASSES` x
+    `param_bytes` more. FSDP reads that gradient again in its reduce-scatter copy-in (`step_time`)."""
     elements = model.vocab_size / tp * model.hidden_size
     per_element = float(param_bytes)
     if framework == "megatron":
         per_element += param_bytes + 2 * grad_bytes
         if model.tie_embeddings and head_on_same_rank:
             per_element += TIED_SAME_STAGE_EXTRA_PASSES * param_bytes
-    return elements * per_element / (gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    return elements * per_element / hbm_bandwidth(gpu, cal)
 
 
 def trained_mtp_layers(model: ModelSpec, frozen_base: bool) -> int:

@@ -1121,8 +1121,8 @@ def _dp_grid(
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
     training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
-    (and its FSDP flavour) and micro-batch count, the per-rank stored weight bytes and trainable elements, and the layer
-    classes (counts per rank, weights and compute seconds of one layer)."""
+    (and its FSDP flavour) and micro-batch count, the per-rank stored weight bytes and trainable
+    elements, and the layer classes (counts per rank, weights and compute seconds of one layer)."""
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.grad_accum_,

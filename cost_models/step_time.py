@@ -24,9 +24,10 @@ The schedule of one micro-batch on pipeline rank r (`compose`), forward phase th
                        the routed rows over the expert-TP group and their reduce-scatter (on that
                        group's channel): blocking (the experts need their tokens, the next layer
                        its output), except `Overlap.ep`
-              + Zf     ZeRO-3 / FSDP parameter all-gathers (without a pipeline also FSDP's ZeRO-1/2,
-                       which free the parameters after each backward), prefetched one layer ahead (FSDP2's
-                       implicit forward prefetch, Megatron-FSDP's and DeepSpeed's prefetch): a
+              + Zf     ZeRO-3 / FSDP parameter all-gathers (without a pipeline also FSDP's
+                       ZeRO-1/2, which free the parameters after each backward), prefetched one
+                       layer ahead (FSDP2's implicit forward prefetch, Megatron-FSDP's and
+                       DeepSpeed's prefetch): a
                        layer's gather hides behind the previous layer's compute only, so the phase
                        exposes sum over layers of max(0, gather - compute of one layer), plus the
                        first layer's gather, which nothing hides; FSDP2 copies each gathered
@@ -93,6 +94,7 @@ import numpy as np
 from cluster_specs.catalog import gpu_generation
 from cost_models.calibration import Calibration
 from cost_models.comm import CHANNELS, HOST, INTER, INTRA, Group, collective_cost
+from cost_models.compute import hbm_bandwidth
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
@@ -232,7 +234,7 @@ class DataParallelTimes:
     optimizer: np.ndarray  # (pairs, pp, 3) optimizer step on the GPU / offloaded to host memory / to NVMe
     param_copy: np.ndarray  # (pairs, pp, 2) per micro-batch and pass: the weight shard copied from host memory / NVMe
     kernels_f: np.ndarray  # (pairs, pp) per micro-batch: the sharding's HBM-bound kernels on the compute stream, forward
-    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out and copy-in)
+    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, FSDP's copy-in)
 
 
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
@@ -245,8 +247,8 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     reduce-scatters its gradients (3 Psi per micro-batch). Without a pipeline, FSDP frees the
     unsharded parameters after every backward, so its ZeRO-1/2 all-gather them in every
     micro-batch's forward instead of once per step (torch FSDP2 reshards after backward; FSDP1's
-    SHARD_GRAD_OP likewise; torch's pipelining stages keep them to the step's last backward). Hybrid sharding all-reduces each
-    rank's gradient shard across the dp / dp_shard replicas. Dense weights use the sharding group
+    SHARD_GRAD_OP likewise; torch's pipelining stages keep them to the step's last backward).
+    Hybrid sharding all-reduces each rank's gradient shard across the dp / dp_shard replicas. Dense weights use the sharding group
     (dp_shard x cp ranks), expert weights the expert-data-parallel group. Per-layer collectives
     use the table's layer classes (`StageTable.class_*`), the rest the rank's totals (embedding
     and LM head included)."""
@@ -301,7 +303,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     w_fwd = np.where(qwz, min(1.0, QWZ_BYTES_PER_ELEMENT / pb), 1.0)  # (pairs, 1) gathered bytes per stored byte
     w_bwd = np.where(hpz, 1.0, w_fwd)
     g_rs = np.where(qgz, QGZ_BYTES_PER_ELEMENT / gb, 1.0)  # reduced bytes per gradient byte
-    hbm = cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    hbm = hbm_bandwidth(cl.gpu, cal)
     ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
     ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
     ar_repl = per_pair("all_reduce", repl_gs)
@@ -398,7 +400,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # 12 bytes for AdamW), read the gradient, write the working weight
     moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
     optimizer = np.empty(local.shape + (3,))
-    optimizer[..., 0] = local * moved / (cl.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    optimizer[..., 0] = local * moved / hbm
     # offloaded (ZeRO-Offload, Ren et al. 2021): the gradient partition goes down the rank's host link,
     # the node's CPU cores step every rank's partition, the updated weights come back up; one after
     # the other (the step needs the whole gradient, the next forward the new weights)

@@ -562,8 +562,8 @@ def partition_layers(
 
     Two phases: (1) minimize the slowest rank's time; (2) holding it, minimize recompute time,
     then the peak memory (headroom), stopping once that is proved within `headroom_gap_bytes`.
-    Each phase gets `work_limit` of deterministic time. The status is phase 1's: "optimal" means the slowest rank's time is proved
-    minimal. With vpp > 1 the chunks of one rank differ by at most `chunk_spread` layers: the
+    Each phase gets `work_limit` of deterministic time. The status is phase 1's: "optimal" means
+    the slowest rank's time is proved minimal. With vpp > 1 the chunks of one rank differ by at most `chunk_spread` layers: the
     stage-time model (and the interleaved schedule) sees a rank's chunks as equal parts of its
     work, and Megatron splits each rank's layers evenly over its virtual stages."""
     t0 = time.perf_counter()

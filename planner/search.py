@@ -350,12 +350,14 @@ class _ComputeTimes:
             head = head + mtp * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
-        embedding_grad = np.array([
-            [0.0 if ft is not None else embedding_gradient_time(
-                model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, same, cal
-            ) for same in (False, True)]
-            for tp_, _, _, _ in geometries
-        ]).reshape(-1, 2)
+        # as build_table prices it: column 0 with the head on another rank, 1 with it on rank 0
+        embedding_grad = np.zeros((len(geometries), 2))
+        if ft is None:  # a frozen base has no embedding gradient
+            for row, (tp_, _, _, _) in enumerate(geometries):
+                for same in (0, 1):
+                    embedding_grad[row, same] = embedding_gradient_time(
+                        model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, bool(same), cal
+                    )
         return cls(
             {geometry: row for row, geometry in enumerate(geometries)},
             mbs,
