@@ -141,11 +141,11 @@ def test_hidden_collectives_stretch_the_compute_they_run_beside() -> None:
 def test_fsdp2_copies_run_on_the_compute_stream() -> None:
     """FSDP2 copies each gathered layer out of the flat all-gather buffer (2 bytes moved per weight
     byte, forward and backward) and each gradient into the reduce-scatter buffer (param + grad bytes
-    per element): HBM-bound kernels on the compute stream, priced in `compute_s`; its ZeRO-1 gathers
-    (and copies out) in every forward. FSDP1
+    per element): HBM-bound kernels on the compute stream, priced in `compute_s`. Its ZeRO-1 gathers
+    (and copies out) in every forward and reduces once per step: no per-micro-batch copy-in. FSDP1
     (`Layout.fsdp_flat_params`) gathers into the flat parameter (no copy-out) but casts its gradient
-    into the reduce-scatter input. Megatron and DeepSpeed gather into and reduce from buffers the
-    parameters are views of: no copies. ZeRO-1 has neither."""
+    into the reduce-scatter input. DeepSpeed gathers into and reduces from buffers the parameters
+    are views of: no copies."""
     model, training = get_model("llama3-8b"), TrainingSpec(seq_len=8192, global_batch=64)
     cluster, cal = get_cluster("dgx-h100"), default_calibration()
     hbm = cluster.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
