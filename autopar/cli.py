@@ -162,6 +162,11 @@ def evaluate(
     fsdp1: bool = typer.Option(
         False, "--fsdp1", help="framework fsdp: FSDP1's flat parameters (no per-layer copy-out of FSDP2's gathered weights)"
     ),
+    fsdp_fusion: bool = typer.Option(
+        True, "--megatron-fsdp-gradient-fusion/--no-megatron-fsdp-gradient-fusion",
+        help="framework megatron, ZeRO-2/3: the weight-gradient GEMMs accumulate into Megatron FSDP's buffer "
+        "(Megatron-Core 0.14+); --no-...: NeMo 2.3 / 2.4 turn it off (a gradient copy per micro-batch)",
+    ),
     framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free (as `autopar plan`): sets 'usable'"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
@@ -206,6 +211,7 @@ def evaluate(
         "moe_token_dispatcher": moe_dispatcher, "moe_a2a_overlap": moe_a2a_overlap or None,
         "moe_parallel_folding": None if moe_folding else False, "elementwise_kernels": elementwise_kernels,
         "fsdp_flat_params": fsdp1 or None,
+        "megatron_fsdp_gradient_fusion": None if fsdp_fusion else False,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
@@ -338,6 +344,11 @@ def plan(
         False, "--fsdp1", help="framework fsdp: price every layout as FSDP1 (flat parameters: llm-foundry, Accelerate "
         "fsdp_version 1) instead of FSDP2's fully_shard"
     ),
+    fsdp_fusion: bool = typer.Option(
+        True, "--megatron-fsdp-gradient-fusion/--no-megatron-fsdp-gradient-fusion",
+        help="framework megatron: Megatron FSDP (ZeRO-2/3) keeps gradient-accumulation fusion (Megatron-Core 0.14+); "
+        "--no-...: price it as NeMo 2.3 / 2.4 run it, fusion off (a gradient copy per micro-batch)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
     export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
 ) -> None:
@@ -365,7 +376,7 @@ def plan(
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
             allow_moe_a2a_overlap=moe_a2a_overlap, moe_parallel_folding=moe_folding,
             elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
-            fsdp_flat_params=fsdp1,
+            fsdp_flat_params=fsdp1, megatron_fsdp_gradient_fusion=fsdp_fusion,
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)

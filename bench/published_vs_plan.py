@@ -66,7 +66,9 @@ def constraints_for(row) -> SearchConstraints:
     implementations (a run without torch.compile is compared with plans priced without it, as a
     BF16 run is with BF16 plans), its expert grid (`Layout.moe_parallel_folding`), its FSDP
     (`Layout.fsdp_flat_params`), the FSDP and optimizer offload a Megatron-Core before 0.10 lacks
-    (`CalibrationRow.megatron_core_before_0_10`),
+    (`CalibrationRow.megatron_core_before_0_10`), Megatron FSDP without gradient-accumulation fusion
+    (every Megatron row ran a stack older than Megatron-Core 0.14 / NeMo 2.5, which turn it off
+    under Megatron FSDP: `Layout.megatron_fsdp_gradient_fusion`),
     its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of MLA, `MLA_CONTEXT_PARALLEL_SOURCES`)
     and its schedules (`COMBINED_1F1B_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
@@ -78,7 +80,8 @@ def constraints_for(row) -> SearchConstraints:
         framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,
         norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3,
         allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap,
-        moe_parallel_folding=lay.moe_parallel_folding, fsdp_flat_params=lay.fsdp_flat_params, max_zero_stage=1 if older else 3,
+        moe_parallel_folding=lay.moe_parallel_folding, fsdp_flat_params=lay.fsdp_flat_params,
+        megatron_fsdp_gradient_fusion=lay.framework != "megatron", max_zero_stage=1 if older else 3,
         allow_offload=not older, **fixed,
     )
 

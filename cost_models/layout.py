@@ -193,6 +193,14 @@ class Layout(BaseModel):
         "each gathered layer out of the all-gather buffer on the compute stream",
     )
 
+    megatron_fsdp_gradient_fusion: bool = Field(
+        True,
+        description="framework megatron, ZeRO-2/3 (Megatron FSDP): the weight-gradient GEMMs accumulate into the "
+        "gradient buffer in their epilogue (gradient-accumulation fusion, which Megatron-Core 0.14+ keeps under "
+        "FSDP). False: the stack turns the fusion off under Megatron FSDP (NeMo 2.3 / 2.4, Megatron-Core "
+        "0.12 / 0.13), so each GEMM writes param.grad and a hook copies it into the buffer, per micro-batch",
+    )
+
     cp_attention: CpAttention = Field(
         "ring",
         description="context-parallel attention: ring (K/V blocks passed around the CP group, no "
@@ -553,6 +561,8 @@ def framework_violations(lay: Layout) -> list[Violation]:
         v.append(Violation("zero_stage", ZERO_BUBBLE_ZERO3))
     if lay.fsdp_flat_params and fw != "fsdp":
         v.append(Violation("fsdp_flat_params", f"FSDP1's flat parameters are framework fsdp's, not {fw}'s"))
+    if not lay.megatron_fsdp_gradient_fusion and fw != "megatron":
+        v.append(Violation("megatron_fsdp_gradient_fusion", f"Megatron FSDP's gradient fusion is framework megatron's, not {fw}'s"))
     if lay.moe_a2a_overlap:
         if fw != "megatron":
             v.append(Violation("moe_a2a_overlap", f"combined 1F1B (--overlap-moe-expert-parallel-comm) is Megatron-Core's, not {fw}'s"))

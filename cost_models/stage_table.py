@@ -1121,11 +1121,12 @@ def _dp_grid(
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
     training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
-    (and its FSDP flavour) and micro-batch count, the per-rank stored weight bytes and trainable
+    (its FSDP flavour, Megatron FSDP's gradient fusion) and micro-batch count, the per-rank stored weight bytes and trainable
     elements, and the layer classes (counts per rank, weights and compute seconds of one layer)."""
     m = t.mesh
     return (
-        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.grad_accum_,
+        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
+        m.grad_accum_,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
         t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(),

@@ -163,7 +163,12 @@ into the flat parameter its parameters are views of (no copy-out), but casts its
 reduce dtype and pads it to a multiple of the world size before the reduce-scatter (torch
 `distributed/fsdp/_runtime_utils.py`, `_post_backward_hook` / `_get_reduce_scatter_tensors`): priced
 as the same copy-in. Megatron-Core and DeepSpeed gather into, and reduce from, buffers the
-parameters and gradients are views of."""
+parameters and gradients are views of. Megatron FSDP (ZeRO-2/3) without gradient-accumulation fusion
+(`Layout.megatron_fsdp_gradient_fusion` False: NeMo 2.3 / 2.4 turn it off, nemo/lightning/
+megatron_parallel.py and scripts/performance/utils.py; Megatron-Core 0.12 / 0.13 assert it off for
+optim_grads(_params), megatron/training/arguments.py) has each weight GEMM write `param.grad`, which
+its hook then copies into the reduce buffer (custom_fsdp `_grad_acc`: `param.main_grad.copy_(
+param.grad)`): the copy-in's bytes, per layer and micro-batch."""
 
 COMM_SMS = 20
 """SMs the communication kernels hold while they run beside compute: "only 20 SMs are sufficient
@@ -234,7 +239,15 @@ class DataParallelTimes:
     optimizer: np.ndarray  # (pairs, pp, 3) optimizer step on the GPU / offloaded to host memory / to NVMe
     param_copy: np.ndarray  # (pairs, pp, 2) per micro-batch and pass: the weight shard copied from host memory / NVMe
     kernels_f: np.ndarray  # (pairs, pp) per micro-batch: the sharding's HBM-bound kernels on the compute stream, forward
-    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, FSDP's copy-in)
+    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, FSDP's copy-in,
+    # unfused Megatron FSDP's gradient copy)
+
+
+def _embedding_elements(t: StageTable) -> np.ndarray:
+    """(pp,) elements of the token embedding's vocab / tp shard on each rank: the first only."""
+    out = np.zeros(t.mesh.pp)
+    out[0] = t.model.vocab_size / t.mesh.tp * t.model.hidden_size
+    return out
 
 
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
@@ -341,6 +354,10 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     copy_out_f_k = np.where(gather_f & fsdp2, copy_out, 0.0)
     copy_out_b_k = np.where(z3 & fsdp2, copy_out, 0.0)
     copy_in_k = np.where(layerwise_rs & fsdp, (ctd + cte) * (pb + gb) / hbm, 0.0)
+    # Megatron FSDP without gradient-accumulation fusion copies each weight GEMM's param.grad into its
+    # buffer: the same bytes, per layer and micro-batch
+    unfused = layerwise_rs & (m.framework == "megatron") & (not m.megatron_fsdp_gradient_fusion)
+    grad_copy_k = np.where(unfused, (ctd + cte) * (pb + gb) / hbm, 0.0)
     # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
     # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
     rest_wd = t.weight_bytes[0] - counts @ t.class_weight_bytes[0]  # (pp,) bytes
@@ -359,8 +376,11 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     rest_copy_out_f = np.where(gather_f & fsdp2, rest_copy_out, 0.0)
     rest_copy_out_b = np.where(z3 & fsdp2, rest_copy_out, 0.0)
     rest_copy_in = np.where(layerwise_rs & fsdp, (rest_td + rest_te)[None, :] * (pb + gb) / hbm, 0.0)
+    # (the token embedding's hook is `compute.embedding_gradient_time`'s, on the first rank)
+    rest_linear = rest_td + rest_te - np.minimum(rest_td, _embedding_elements(t))
+    rest_grad_copy = np.where(unfused, rest_linear[None, :] * (pb + gb) / hbm, 0.0)
     kernels_f = (quant_f_k + copy_out_f_k) @ counts.T + rest_copy_out_f
-    kernels_b = (quant_b_k + copy_out_b_k + copy_in_k) @ counts.T + rest_copy_out_b + rest_copy_in
+    kernels_b = (quant_b_k + copy_out_b_k + copy_in_k + grad_copy_k) @ counts.T + rest_copy_out_b + rest_copy_in + rest_grad_copy
 
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]

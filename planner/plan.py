@@ -79,6 +79,12 @@ class SearchConstraints(BaseModel):
         "fsdp_version 1), which gathers into a buffer its parameters are views of (no per-layer copy-out); every "
         "layout is priced so (Layout.fsdp_flat_params). False: FSDP2's fully_shard",
     )
+    megatron_fsdp_gradient_fusion: bool = Field(
+        True,
+        description="framework megatron: the user's Megatron FSDP (ZeRO-2/3) keeps gradient-accumulation fusion "
+        "(Megatron-Core 0.14+); off for NeMo 2.3 / 2.4 and Megatron-Core 0.12 / 0.13, which turn it off under "
+        "Megatron FSDP, and every layout is priced so (Layout.megatron_fsdp_gradient_fusion)",
+    )
     max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
 
@@ -88,6 +94,8 @@ class SearchConstraints(BaseModel):
             raise ValueError(f"zero_stage={self.zero_stage} exceeds max_zero_stage={self.max_zero_stage}")
         if self.fsdp_flat_params and self.framework != "fsdp":
             raise ValueError(f"fsdp_flat_params (FSDP1) needs framework fsdp, not {self.framework}")
+        if not self.megatron_fsdp_gradient_fusion and self.framework != "megatron":
+            raise ValueError(f"megatron_fsdp_gradient_fusion=False needs framework megatron, not {self.framework}")
         return self
 
 

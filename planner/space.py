@@ -355,18 +355,23 @@ def _construct(values: dict[str, object]) -> Layout:
 
 class Stack(NamedTuple):
     """The user's software stack, the same for every layout of a search (`SearchConstraints`): the
-    framework, its loss kernel, the kernels of the memory-bound ops and of RMSNorm, and for FSDP
-    whether it is FSDP1 (flat parameters)."""
+    framework, its loss kernel, the kernels of the memory-bound ops and of RMSNorm, for FSDP
+    whether it is FSDP1 (flat parameters), and for Megatron whether its FSDP keeps
+    gradient-accumulation fusion."""
 
     framework: str
     cross_entropy: str | None = None
     elementwise_kernels: str = "fused"
     norm_kernel: str = "fused"
     fsdp_flat_params: bool = False
+    megatron_fsdp_gradient_fusion: bool = True
 
     @classmethod
     def of(cls, c: SearchConstraints) -> Stack:
-        return cls(c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel, c.fsdp_flat_params)
+        return cls(
+            c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel, c.fsdp_flat_params,
+            c.megatron_fsdp_gradient_fusion,
+        )
 
 
 def to_layout(
@@ -412,6 +417,8 @@ def to_layout(
         values["norm_kernel"] = stack.norm_kernel
     if stack.fsdp_flat_params:
         values["fsdp_flat_params"] = True
+    if not stack.megatron_fsdp_gradient_fusion:
+        values["megatron_fsdp_gradient_fusion"] = False
     if option.embedding_slot:
         values["account_for_embedding_in_pipeline_split"] = True
     if option.loss_slot:

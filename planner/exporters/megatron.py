@@ -293,6 +293,8 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
             ("--data-parallel-sharding-strategy", strategy),
             ("--ckpt-format", "fsdp_dtensor"),
         ]
+        if not lay.megatron_fsdp_gradient_fusion:  # priced with the fusion off, as NeMo 2.3 / 2.4 run it
+            args.append(("--no-gradient-accumulation-fusion",))
     if lay.zero_stage >= 1 and job.dp_replicate > 1:
         args.append(("--num-distributed-optimizer-instances", str(job.dp_replicate)))
     if job.dp > 1:

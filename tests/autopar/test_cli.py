@@ -45,6 +45,28 @@ def test_fsdp1_prices_no_per_layer_copies_and_is_fsdp_only() -> None:
     assert r.exit_code == 2 and "fsdp_flat_params" in r.output
 
 
+def test_megatron_fsdp_without_gradient_fusion_prices_a_copy_and_is_megatron_only() -> None:
+    """--no-megatron-fsdp-gradient-fusion (NeMo 2.3 / 2.4): Megatron FSDP copies every weight gradient per
+    micro-batch, so the same ZeRO-3 layout prices slower and the distributed optimizer's the same; a plan
+    carries the stack to every layout; another framework is refused."""
+    base = ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "16", "--json"]
+    off = "--no-megatron-fsdp-gradient-fusion"
+    for zero, slower in (("3", True), ("1", False)):
+        fused = json.loads(runner.invoke(app, [*base, "--zero", zero]).stdout)
+        unfused = json.loads(runner.invoke(app, [*base, "--zero", zero, off]).stdout)
+        assert not unfused["layout"]["megatron_fsdp_gradient_fusion"] and fused["layout"]["megatron_fsdp_gradient_fusion"]
+        assert (unfused["step_s"] > fused["step_s"]) == slower
+        assert unfused["step_s"] >= fused["step_s"]
+    plan = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "16", "--top", "2", "--json"]
+    r = runner.invoke(app, [*plan, off])
+    assert r.exit_code == 0, r.output
+    assert not json.loads(r.stdout)["best"]["layout"]["megatron_fsdp_gradient_fusion"]
+    r = runner.invoke(app, [*plan, "--framework", "fsdp", off])
+    assert r.exit_code == 2 and "megatron_fsdp_gradient_fusion" in r.output
+
+
 def test_evaluate_readable_breakdown() -> None:
     r = runner.invoke(app, ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                             "--seq-len", "4096", "--global-batch", "16", "--tp", "2"])

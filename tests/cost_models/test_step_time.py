@@ -193,6 +193,36 @@ def test_fsdp_zero1_gathers_in_every_forward_megatron_once_per_step() -> None:
             assert per_mb == 0.0 and per_step > 0
 
 
+def test_megatron_fsdp_without_gradient_fusion_copies_each_gradient() -> None:
+    """Without gradient-accumulation fusion (NeMo 2.3 / 2.4 under Megatron FSDP) each weight GEMM writes
+    param.grad and a hook copies it into the reduce buffer: param + grad bytes per trained element, per
+    micro-batch, in the backward's compute-stream kernels, the token embedding's left to
+    `compute.embedding_gradient_time`. The distributed optimizer (ZeRO-1) keeps the fusion, and so does
+    Megatron FSDP by default (Megatron-Core 0.14+)."""
+    model, training = get_model("llama3-8b"), TrainingSpec(seq_len=8192, global_batch=64)
+    cluster, cal = get_cluster("dgx-h100"), default_calibration()
+    hbm = cluster.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    embedding = model.vocab_size * model.hidden_size
+    for zero, fused in ((3, False), (2, False), (3, True), (1, False)):
+        lay = Layout(zero_stage=zero, micro_batch=1, megatron_fsdp_gradient_fusion=fused).resolved(64, training)
+        table = build_table(model, training, cluster, 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
+        knobs = KnobArrays.of([setting_of(lay)])
+        dp = _dp_grid(table, knobs.shardings, cal, _dp_table_key(table, cal))
+        copied = (float(table.trainable.sum()) - embedding) * (training.param_bytes + training.grad_bytes) / hbm
+        expected = copied if zero >= 2 and not fused else 0.0
+        assert float(dp.kernels_b[0, 0]) == pytest.approx(expected, rel=1e-9)
+        assert float(dp.kernels_f[0, 0]) == 0.0
+    problems = validate_layout(model, training, 64, Layout(framework="fsdp", megatron_fsdp_gradient_fusion=False))
+    assert [p.field for p in problems] == ["megatron_fsdp_gradient_fusion"]
+    with pytest.raises(ValueError, match="megatron_fsdp_gradient_fusion"):
+        SearchConstraints(framework="fsdp", megatron_fsdp_gradient_fusion=False)
+    c = SearchConstraints(megatron_fsdp_gradient_fusion=False)
+    mesh = next(iter(meshes(model, cluster, 64, c)))
+    option = pipeline_options(model, training, mesh, 1, c)[0]
+    setting = settings(mesh, cluster, c)[0]
+    assert not to_layout(mesh, 1, option, setting, Stack.of(c)).megatron_fsdp_gradient_fusion
+
+
 def test_flat_params_are_fsdp_only() -> None:
     training = TrainingSpec(seq_len=4096, global_batch=64)
     problems = validate_layout(get_model("llama3-8b"), training, 64, Layout(fsdp_flat_params=True, framework="megatron"))

@@ -494,6 +494,17 @@ def test_megatron_names_an_expert_grid_priced_without_moe_parallel_folding() -> 
     assert not _has(export(folded, "megatron").lost, "folding")
 
 
+def test_megatron_fsdp_priced_without_gradient_fusion_turns_it_off() -> None:
+    """A Megatron FSDP layout priced with gradient-accumulation fusion off (NeMo 2.3 / 2.4's stack)
+    exports --no-gradient-accumulation-fusion; the default (fusion kept, Megatron-Core 0.14+) and the
+    distributed optimizer do not."""
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    for zero, fused, off in ((3, False, True), (3, True, False), (1, False, False)):
+        plan = make_plan("llama3-8b", 16, Layout(tp=2, zero_stage=zero, megatron_fsdp_gradient_fusion=fused), training=training)
+        args = _megatron_args(export(plan, "megatron").text)
+        assert ("--no-gradient-accumulation-fusion" in args) == off
+
+
 def test_megatron_names_tp_overlap_priced_exposed_beside_its_fsdp_before_blackwell() -> None:
     """Megatron-FSDP with TP (or CP) on H100: the file keeps --tp-comm-overlap (the user may still set
     it) but says the step was priced with that traffic exposed; not so with the distributed optimizer,
