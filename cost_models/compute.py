@@ -24,6 +24,12 @@ short sequences and context-parallel blocks waste part of each tile); its backwa
 Norms, activations, residual adds, rotary embeddings and the MoE router, permute and unpermute are
 memory-bound: their time is the bytes they read and write over HBM bandwidth.
 
+Ring context parallelism merges each step's partial attention output into the running one and, in
+the backward, adds each step's dQ and dK / dV into the running gradients: memory-bound kernels on
+the compute stream, at each of the cp - 1 steps after the first (`ring_merge_times`: Transformer
+Engine's in the input dtype, torch's in fp32), whose share grows as a rank's block gets shorter
+(the attention falls with the square of the block, the merges only linearly).
+
 Host overhead. Every kernel is launched from the host; when a layer's kernels are short (tiny
 micro-batches, small models, thin TP shards) the GPU waits for the launches. A layer's forward takes
 at least `kernels x kernel_launch_s` (`layer_kernels`), its backward twice that.
@@ -76,6 +82,8 @@ class ShardGeometry:
     ep: int | np.ndarray
     etp: int | np.ndarray
     eager: bool = False  # one kernel per PyTorch op for the memory-bound ops (`Layout.elementwise_kernels`)
+    cp_ring: bool = True  # context parallelism passes K/V blocks around a ring (`Layout.cp_attention` "ring")
+    torch_ring: bool = False  # ... torch's context_parallel runs that ring (framework fsdp), not Transformer Engine
     # Arrays (broadcasting against each other) price many geometries at once: every time below is
     # then an array of the same shape, each entry exactly what the scalar geometry gives.
 
@@ -84,7 +92,11 @@ class ShardGeometry:
         """The geometry of a layout (or the planner's mesh) at `micro_batch` sequences of `seq_len`
         (an integer array of micro-batch sizes gives an array of token counts)."""
         eager = getattr(mesh, "elementwise_kernels", "fused") == "eager"
-        return cls(micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager)
+        ring = getattr(mesh, "cp_attention", "ring") == "ring"
+        torch_ring = getattr(mesh, "framework", "megatron") == "fsdp"
+        return cls(
+            micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager, ring, torch_ring
+        )
 
 
 def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
@@ -475,6 +487,8 @@ class LayerTime:
     ssm_bwd: Scalars = 0.0  # and its backward
     quant_fwd: Scalars = 0.0  # FP8: quantizing and padding the routed experts' GEMM inputs (`fp8_expert_quantize_bytes`)
     quant_bwd: Scalars = 0.0  # and their grad outputs
+    ring_fwd: Scalars = 0.0  # ring context parallelism: merging each step's partial output (`ring_merge_times`)
+    ring_bwd: Scalars = 0.0  # and accumulating each step's dQ and dK / dV
 
     @property
     def attention(self) -> Scalars:
@@ -490,7 +504,7 @@ class LayerTime:
         """Forward seconds selective recompute of `modules` re-runs (`cost_models.activations`)."""
         out: Scalars = 0.0
         if "core_attn" in modules:
-            out = out + self.attention_fwd
+            out = out + self.attention_fwd + self.ring_fwd
         if "act" in modules:
             out = out + self.activation_fwd
         if "layernorm" in modules:
@@ -510,7 +524,7 @@ class LayerTime:
         """GPU time of the forward, or the host's launches when they take longer."""
         return _larger(
             self.gemm_fwd + self.attention_fwd + self.elementwise_fwd + self.adapter_fwd + self.dequant_fwd
-            + self.ssm_fwd + self.quant_fwd,
+            + self.ssm_fwd + self.quant_fwd + self.ring_fwd,
             self.host_fwd,
         )
 
@@ -523,11 +537,12 @@ class LayerTime:
     @property
     def backward_input(self) -> Scalars:
         """The backward's input-gradient part ("B" of zero-bubble schedules, Qi et al. 2024): one
-        GEMM per forward GEMM, the attention backward and the elementwise backward; with adapters,
-        their backward and, under QLoRA, the weights dequantized again for the input-gradient GEMMs."""
+        GEMM per forward GEMM, the attention backward (with ring context parallelism's gradient
+        accumulation) and the elementwise backward; with adapters, their backward and, under QLoRA,
+        the weights dequantized again for the input-gradient GEMMs."""
         return (
             self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
-            + self.adapter_bwd + self.dequant_fwd + self.ssm_bwd + self.quant_bwd
+            + self.adapter_bwd + self.dequant_fwd + self.ssm_bwd + self.quant_bwd + self.ring_bwd
         )
 
     @property
@@ -581,6 +596,71 @@ def _eager_extra_kernels(model: ModelSpec, index: int) -> float:
     if model.has_ffn(index) and not model.is_moe_layer(index) and model.gated_mlp:
         n += 1
     return n
+
+
+@dataclass(frozen=True)
+class RingMergeBytes:
+    """HBM bytes ring context parallelism moves outside the attention kernel, per element of the
+    tensors it touches (load-balanced causal rings: the last rank of the ring merges its whole
+    query block at every step, and sets the pace)."""
+
+    out_first: float  # per element of the rank's attention output, forward, once: the first step's output
+    out_fwd: float  # ... at each later step: merging that step's partial output
+    kv_fwd: float  # per element of the K and V block, forward, each later step: packing it for the next rank
+    dq_bwd: float  # per element of the query gradient, backward, each later step: adding its dQ
+    dkv_bwd: float  # per element of dK and dV, backward, each later step: adding them and packing for the next rank
+    grad_last: float  # per element of dQ, dK and dV, backward, once: casting the accumulators back
+
+
+RING_MERGE_TE = RingMergeBytes(out_first=6.0, out_fwd=6.0, kv_fwd=0.0, dq_bwd=6.0, dkv_bwd=6.0, grad_last=0.0)
+"""Transformer Engine's ring (`AttnFuncWithCPAndKVP2P`, K/V received into preallocated buffers):
+after the ring, every step's 16-bit partial output is rescaled into the output in the input dtype
+(`flash_attn_fwd_out_correction`: `out.add_(out_per_step * exp(lse_step - lse))`, read 2 + 2,
+write 2; only the log-sum-exp corrections run on the side streams); the backward adds each step's
+dQ and dK / dV into the running gradients in the input dtype (`dq.add_(dq_)`, `dkv.add_(dkv_)`)."""
+RING_MERGE_TORCH_EAGER = RingMergeBytes(out_first=12.0, out_fwd=38.0, kv_fwd=4.0, dq_bwd=10.0, dkv_bwd=25.0, grad_last=6.0)
+"""torch's ring (`torch.distributed.tensor.experimental._attention`, `_SDPAMerger` with
+`convert_to_f32`), op by op on the compute stream: the first output upcast and the merged one cast
+back (read 2, write 4; read 4, write 2); each later step's partial upcast (2 + 4), `out - block_out`
+(read 4 + 4, write 4), `sigmoid(block_lse - lse) * (...)` (read 4, write 4), `out - (...)` (read
+4 + 4, write 4): 38, and `torch.cat` of K and V for the next rank (read 2, write 2). Backward, in
+fp32 accumulators: `grad_query += grad_query_` (read 4 + 2, write 4); the received dK / dV updated
+by `_partial_update` (a copy of the whole, read and write 4, and the add on its half, 10 / 2) and
+concatenated for the next rank (read and write 4): 25; the accumulators cast back at the end."""
+RING_MERGE_TORCH_FUSED = RingMergeBytes(out_first=12.0, out_fwd=10.0, kv_fwd=4.0, dq_bwd=10.0, dkv_bwd=18.0, grad_last=6.0)
+"""The same ring under torch.compile (`elementwise_kernels` fused), each merge one kernel: read the
+16-bit partial, read and write the fp32 output (2 + 4 + 4); the K/V copy for the next rank as
+eager; backward, `grad_query += grad_query_` (10) and the dK / dV add (read 4 + 2, write 4) with
+its copy for the next rank (read and write 4): 18."""
+
+
+def ring_merge_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> tuple[Scalars, Scalars]:
+    """Seconds per layer and micro-batch of ring context parallelism's merges on one rank (forward,
+    backward), HBM-bound on the compute stream: `RING_MERGE_TE` (Megatron-Core),
+    `RING_MERGE_TORCH_EAGER` or `RING_MERGE_TORCH_FUSED` (torch's context_parallel, op by op or
+    compiled) bytes, at each of the cp - 1 steps after the first and once, over this rank's
+    attention output (tokens x heads / tp x v_dim) and K / V block (tokens x K/V heads / tp x
+    (qk_dim + v_dim); GQA keeps its K/V heads). Zero without context parallelism, under all-gather
+    attention (one kernel over the gathered K/V, no merges) and in a layer without attention."""
+    if not model.has_attention(index):
+        return 0.0, 0.0
+    cp = np.asarray(g.cp, dtype=float)
+    ring = _where(g.cp_ring, cp > 1, False)
+    steps = np.where(ring, cp - 1.0, 0.0)
+    heads = model.num_heads / g.tp
+    kv_heads = heads if model.attention == "mla" else _larger(model.kv_heads / g.tp, 1.0)
+    out_elements = g.tokens * heads * model.v_dim
+    kv_elements = g.tokens * kv_heads * (model.qk_head_dim + model.v_dim)
+    b = (RING_MERGE_TORCH_EAGER if g.eager else RING_MERGE_TORCH_FUSED) if g.torch_ring else RING_MERGE_TE
+    bandwidth = hbm_bandwidth(gpu, cal)
+    fwd = np.where(ring, out_elements * b.out_first, 0.0) + steps * (out_elements * b.out_fwd + kv_elements * b.kv_fwd)
+    bwd = np.where(ring, (out_elements + kv_elements) * b.grad_last, 0.0) + steps * (
+        out_elements * b.dq_bwd + kv_elements * b.dkv_bwd
+    )
+    fwd, bwd = fwd / bandwidth, bwd / bandwidth
+    if fwd.ndim == 0:
+        return float(fwd), float(bwd)
+    return fwd, bwd
 
 
 def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
@@ -640,6 +720,7 @@ def layer_time(
     # the input norms: read + write h each (two per layer, one in a hybrid layer)
     norms = model.tp_blocks_per_layer * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth
     ssm, ssm_bwd = ssd_times(model, index, g, gpu, cal)
+    ring_fwd, ring_bwd = ring_merge_times(model, index, g, gpu, cal)
     quant: tuple[Scalars, Scalars] = (0.0, 0.0)
     if fp8:
         quant_fwd_bytes, quant_bwd_bytes = fp8_expert_quantize_bytes(model, index, g)
@@ -652,7 +733,7 @@ def layer_time(
     if ft is None:
         return LayerTime(
             gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, ssm_fwd=ssm, ssm_bwd=ssm_bwd,
-            quant_fwd=quant[0], quant_bwd=quant[1],
+            quant_fwd=quant[0], quant_bwd=quant[1], ring_fwd=ring_fwd, ring_bwd=ring_bwd,
         )
     adapters, adapters_bwd = finetune.adapter_seconds(model, index, g.tokens, g.tp, g.ep, g.etp, act_bytes, bandwidth, ft)
     dequant: Scalars = 0.0
@@ -662,7 +743,7 @@ def layer_time(
     host = host + finetune.adapter_kernels(model, index, ft) * cal.kernel_launch_s
     return LayerTime(
         gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
-        dequant, ssm, ssm_bwd, quant[0], quant[1],
+        dequant, ssm, ssm_bwd, quant[0], quant[1], ring_fwd, ring_bwd,
     )
 
 

@@ -331,7 +331,9 @@ class _ComputeTimes:
     ) -> _ComputeTimes:
         grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
-        g = ShardGeometry(mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp)
+        g = ShardGeometry(
+            mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp, torch_ring=framework == "fsdp"
+        )
         ab = training.activation_bytes
         kinds: dict[tuple[bool, bool], LayerTime] = {}
         ft = FineTune.of(training)

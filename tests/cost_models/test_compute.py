@@ -1,6 +1,6 @@
 """Kernel-level costs (cost_models.compute): GEMM shape efficiency, attention tiles, MoE imbalance,
-launch floor, torchtitan's op-level SAC recompute share, eager vs fused elementwise kernels, and the
-embedding's dense gradient."""
+launch floor, torchtitan's op-level SAC recompute share, eager vs fused elementwise kernels, ring
+context parallelism's merges, and the embedding's dense gradient."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from cost_models.compute import (
     layer_time,
     moe_imbalance,
     moe_kernel_bytes,
+    ring_merge_times,
     routed_rows,
 )
 from model_specs.presets import get_model
@@ -134,6 +135,53 @@ def test_fp8_experts_pay_their_quantize_kernels_and_bf16_and_dense_layers_do_not
     assert bf16.quant_fwd == bf16.quant_bwd == 0.0
     dense = get_model("llama3-8b")
     assert fp8_expert_quantize_bytes(dense, 0, g) == (0.0, 0.0)
+
+
+def test_ring_merges_cost_every_step_after_the_first_and_grow_as_blocks_shorten() -> None:
+    """Ring context parallelism merges the partial outputs (forward) and adds each step's dQ and
+    dK / dV (backward) outside the attention kernel: `RING_MERGE_TE` (Transformer Engine, every
+    partial output rescaled in the input dtype), `RING_MERGE_TORCH_EAGER` (torch's op-by-op fp32
+    merger) or `RING_MERGE_TORCH_FUSED` (compiled) bytes over the rank's output (tokens x heads /
+    tp x v_dim) and its K/V block (GQA's K/V heads), once and at each of the cp - 1 later steps.
+    Nothing without CP or under all-gather attention. At a fixed sequence, more CP shortens each
+    rank's block: its attention falls as 1 / cp, the merges do not, so their share grows."""
+    model = get_model("llama3-8b")  # 32 heads, 8 K/V heads, head dim 128
+    bandwidth = H100.memory_bandwidth_bytes_per_s * CAL.hbm_efficiency
+    seq, tp = 8192, 2
+    for cp in (2, 4, 8):
+        tokens = seq / cp
+        out = tokens * 32 / tp * 128
+        kv = tokens * 8 / tp * 256
+
+        def geometry(cp: int = cp, tokens: float = tokens, **kw: bool) -> ShardGeometry:
+            return ShardGeometry(tokens=tokens, seq_len=seq, cp=cp, tp=tp, sp=True, ep=1, etp=tp, **kw)
+
+        fwd, bwd = ring_merge_times(model, 0, geometry(), H100, CAL)
+        assert fwd == pytest.approx(cp * 6 * out / bandwidth)
+        assert bwd == pytest.approx((cp - 1) * (6 * out + 6 * kv) / bandwidth)
+        fwd_e, bwd_e = ring_merge_times(model, 0, geometry(torch_ring=True, eager=True), H100, CAL)
+        assert fwd_e == pytest.approx((12 * out + (cp - 1) * (38 * out + 4 * kv)) / bandwidth)
+        assert bwd_e == pytest.approx((6 * (out + kv) + (cp - 1) * (10 * out + 25 * kv)) / bandwidth)
+        fwd_c, bwd_c = ring_merge_times(model, 0, geometry(torch_ring=True), H100, CAL)
+        assert fwd_c == pytest.approx((12 * out + (cp - 1) * (10 * out + 4 * kv)) / bandwidth)
+        assert bwd_c == pytest.approx((6 * (out + kv) + (cp - 1) * (10 * out + 18 * kv)) / bandwidth)
+        lt = layer_time(model, 0, geometry(), H100, "bf16", 2, CAL)
+        assert (lt.ring_fwd, lt.ring_bwd) == (fwd, bwd)
+        assert lt.selective_recompute_of(("core_attn",)) == pytest.approx(lt.attention_fwd + fwd)
+    shares = []
+    for cp in (2, 4, 8):
+        g = ShardGeometry(tokens=seq / cp, seq_len=seq, cp=cp, tp=tp, sp=True, ep=1, etp=tp)
+        lt = layer_time(model, 0, g, H100, "bf16", 2, CAL)
+        shares.append(lt.ring_fwd / lt.attention_fwd)
+    assert shares[0] < shares[1] < shares[2]
+    none = ShardGeometry(tokens=seq, seq_len=seq, cp=1, tp=tp, sp=True, ep=1, etp=tp)
+    gathered = ShardGeometry(tokens=seq / 4, seq_len=seq, cp=4, tp=tp, sp=True, ep=1, etp=tp, cp_ring=False)
+    assert ring_merge_times(model, 0, none, H100, CAL) == (0.0, 0.0)
+    assert ring_merge_times(model, 0, gathered, H100, CAL) == (0.0, 0.0)
+    ring4 = ShardGeometry(tokens=seq / 4, seq_len=seq, cp=4, tp=tp, sp=True, ep=1, etp=tp)
+    arrays = ShardGeometry(tokens=np.array([seq, seq / 4]), seq_len=seq, cp=np.array([1, 4]), tp=tp, sp=True, ep=1, etp=tp)
+    fwd_a, _ = ring_merge_times(model, 0, arrays, H100, CAL)  # the search prices geometries as arrays
+    assert fwd_a[0] == 0.0 and fwd_a[1] == pytest.approx(ring_merge_times(model, 0, ring4, H100, CAL)[0])
 
 
 def test_sorting_by_local_expert_costs_only_with_several_local_experts() -> None:
