@@ -26,9 +26,9 @@ memory-bound: their time is the bytes they read and write over HBM bandwidth.
 
 Ring context parallelism merges each step's partial attention output into the running one and, in
 the backward, adds each step's dQ and dK / dV into the running gradients: memory-bound kernels on
-the compute stream, at each of the cp - 1 steps after the first (`ring_merge_times`: Transformer
-Engine's in the input dtype, torch's in fp32), whose share grows as a rank's block gets shorter
-(the attention falls with the square of the block, the merges only linearly).
+the compute stream, once and at each of the cp - 1 later steps of every layer (`ring_merge_times`:
+Transformer Engine's in the input dtype, torch's in fp32), whose share grows as a rank's block gets
+shorter (the attention falls with the square of the block, the merges only linearly).
 
 Host overhead. Every kernel is launched from the host; when a layer's kernels are short (tiny
 micro-batches, small models, thin TP shards) the GPU waits for the launches. A layer's forward takes
