@@ -179,8 +179,6 @@ what a collective takes. Compute beside them runs on the other SMs: DualPipe's F
 Megatron's combined 1F1B for the whole pair (`comm_sm_slowdown`; Megatron-Core gives no figure for
 its EP overlap, so the same 20 is an assumption there), every other overlap for the seconds its
 collectives run beside compute (`comm_sm_share`)."""
-FALLBACK_SM_COUNT = 132
-"""SMs assumed when the catalog gives none (the H100 / H800 count, where the 20 SMs were measured)."""
 
 
 def fb_paired(mesh: Layout) -> bool:
@@ -214,10 +212,11 @@ def comm_beside_compute(busy: np.ndarray, exposed: np.ndarray, compute: np.ndarr
 
 
 def comm_sm_slowdown(sm_count: int | None) -> float:
-    """Factor on compute seconds while `COMM_SMS` SMs carry communication: sm / (sm - 20)
-    (`FALLBACK_SM_COUNT` when the catalog gives none)."""
-    sms = sm_count or FALLBACK_SM_COUNT
-    return sms / max(sms - COMM_SMS, 1)
+    """Factor on compute seconds while `COMM_SMS` SMs carry communication: sm / (sm - 20); 1 on a
+    device without SMs (the CPU runtime), as `comm_sm_share` is 0 there."""
+    if not sm_count:
+        return 1.0
+    return sm_count / max(sm_count - COMM_SMS, 1)
 
 
 _FULL = np.array([0.0, 0.0, 1.0, 0.0])[:, None]

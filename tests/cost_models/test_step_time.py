@@ -113,6 +113,9 @@ def test_comm_beside_compute_counts_only_the_traffic_that_overlaps_compute() -> 
     np.testing.assert_allclose(beside[:, 0], [1.5, 4.0, 0.0])
     assert step_time.comm_sm_share(132) == pytest.approx(20 / 132)
     assert step_time.comm_sm_share(None) == 0.0
+    # F&B pairs pay the same SMs for the whole pair; a device without SMs pays nothing either way
+    assert step_time.comm_sm_slowdown(132) == pytest.approx(132 / 112)
+    assert step_time.comm_sm_slowdown(None) == 1.0
 
 
 def test_hidden_collectives_stretch_the_compute_they_run_beside() -> None:
