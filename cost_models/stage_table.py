@@ -288,6 +288,22 @@ def _set_recompute_rows(
     q[13] = np.where(recomputed, moe, 0.0)
 
 
+def mtp_embedding_gradient_time(
+    model: ModelSpec, tp: int, cluster: ClusterSpec, framework: str, training: TrainingSpec, cal: Calibration,
+    store: dict[tuple, Any],
+) -> float:
+    """Seconds per micro-batch and MTP module of the dense gradient of the head rank's copy of the
+    embedding (`compute.embedding_gradient_time` of an untied table: the head's GEMM has its own
+    weight), memoized in the job's `comm_store` beside the first stage's."""
+    key = ("embedding_grad", tp, framework, False)
+    out = store.get(key)
+    if out is None:
+        out = store[key] = embedding_gradient_time(
+            model, tp, cluster.gpu, framework, training.param_bytes, training.grad_bytes, False, cal
+        )
+    return out
+
+
 def _priced_mtp(model: ModelSpec, partition: StagePartition, ft: FineTune | None) -> int:
     """MTP modules priced on this partition's head rank: the trained ones
     (`compute.trained_mtp_layers`) when the partition holds the whole model (a probe partition of
@@ -642,8 +658,10 @@ def build_table(
             # the modules embed the next tokens: away from the first stage the head's rank keeps
             # its own copy of the table, tied to the first stage's (Megatron-Core GPTModel: "we
             # need to maintain a copy of embedding layer in the mtp process stage"); with tied
-            # embeddings its copy of the head is that table already
+            # embeddings its copy of the head is that table already. Each module's lookup gives
+            # that copy a dense gradient of the whole table, as the first stage's
             extra += pc.embedding / tp
+            compute[head_rank] += mtp * mtp_embedding_gradient_time(model, tp, cluster, mesh.framework, training, cal, store)
         dense[head_rank] += extra
         weight_bytes[0, head_rank] += training.param_bytes * extra
         if ft is None:

@@ -322,7 +322,9 @@ class _ComputeTimes:
     kind_moe: np.ndarray  # (kinds,) 1.0 for an MoE kind
     kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
     head: np.ndarray  # (G, M) LM head and cross-entropy (and the MTP modules), forward + backward
-    embedding_grad: np.ndarray  # (G, 2) the embedding's dense gradient on rank 0: head elsewhere, head on rank 0
+    embedding_grad: np.ndarray
+    """(G, 3) the embedding's dense gradient on rank 0 (head elsewhere, head on rank 0), and that of
+    the head rank's copy of the table for the MTP modules when the head is elsewhere (0 without)."""
 
     @classmethod
     def of(
@@ -352,13 +354,18 @@ class _ComputeTimes:
             head = head + mtp * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
-        # as build_table prices it: column 0 with the head on another rank, 1 with it on rank 0
-        embedding_grad = np.zeros((len(geometries), 2))
+        # as build_table prices it: column 0 with the head on another rank, 1 with it on rank 0, 2 the
+        # MTP modules' copy of the table on the head's rank (an untied table's gradient, per module)
+        embedding_grad = np.zeros((len(geometries), 3))
         if ft is None:  # a frozen base has no embedding gradient
             for row, (tp_, _, _, _) in enumerate(geometries):
                 for same in (0, 1):
                     embedding_grad[row, same] = embedding_gradient_time(
                         model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, bool(same), cal
+                    )
+                if mtp and not model.tie_embeddings:
+                    embedding_grad[row, 2] = mtp * embedding_gradient_time(
+                        model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, False, cal
                     )
         return cls(
             {geometry: row for row, geometry in enumerate(geometries)},
@@ -407,7 +414,7 @@ class _PairBounds:
         kind_exposed = self.exposure.per_kind(
             mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at]
         )  # type: ignore[arg-type]
-        embedding_grad = (float(times.embedding_grad[row, 0]), float(times.embedding_grad[row, 1]))
+        embedding_grad = (float(times.embedding_grad[row, 0]), float(times.embedding_grad[row, 1]), float(times.embedding_grad[row, 2]))
         return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure)  # type: ignore[index]
 
 
@@ -544,13 +551,13 @@ class _PairTimes:
     """Per-micro-batch seconds of one (mesh, micro-batch) pair, as `build_table` prices them: per
     layer (arrays over the model's layers) forward + backward; per layer kind, the communication
     exposed without recompute (`_Exposure`); the LM head forward + backward; the embedding's
-    gradient on rank 0 (head elsewhere, head on rank 0: `compute.embedding_gradient_time`); one p2p
-    send."""
+    gradient on rank 0 (head elsewhere, head on rank 0: `compute.embedding_gradient_time`) and that
+    of the MTP modules' copy on the head's rank; one p2p send."""
 
     layer_compute: np.ndarray
     kind_exposed: np.ndarray  # (kinds,)
     head: float
-    embedding_grad: tuple[float, float]
+    embedding_grad: tuple[float, float, float]
     p2p: float
     rank_sums: dict[tuple[int, PipeOption], tuple[np.ndarray, np.ndarray]]
     """Memo per (pp, pipeline option) of the per-rank compute and the layers of each kind per rank (they depend
@@ -569,6 +576,8 @@ class _PairTimes:
             head_rank = _partition(len(self.layer_compute), pp, option).head_rank
             compute[head_rank] += self.head
             compute[0] += self.embedding_grad[int(head_rank == 0)]
+            if head_rank != 0:
+                compute[head_rank] += self.embedding_grad[2]
             kinds = len(self.kind_exposed)
             counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
             counts[head_rank, self.exposure.kind_of_layer[-1]] += self.exposure.mtp_layers

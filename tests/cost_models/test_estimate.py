@@ -170,10 +170,17 @@ def test_a_weight_pass_leaves_one_chunks_compute_dtype_gradients_under_fsdp() ->
 
 def test_multi_token_prediction_is_priced_beside_the_head() -> None:
     """DeepSeek-V3's MTP module (one transformer block of the last layer's kind, its input
-    projection, one more pass of the shared output head) runs on the rank holding the LM head:
-    that rank gets exactly those seconds and more memory; no other rank changes."""
+    projection, one more pass of the shared output head, and the dense gradient of the rank's copy
+    of the embedding table) runs on the rank holding the LM head: that rank gets exactly those
+    seconds and more memory; no other rank changes."""
     from cost_models.calibration import default_calibration
-    from cost_models.compute import ShardGeometry, layer_time, lm_head_times, mtp_projection_times
+    from cost_models.compute import (
+        ShardGeometry,
+        embedding_gradient_time,
+        layer_time,
+        lm_head_times,
+        mtp_projection_times,
+    )
     from cost_models.stage_table import build_table
     from cost_models.stages import StagePartition
 
@@ -189,7 +196,9 @@ def test_multi_token_prediction_is_priced_beside_the_head() -> None:
     head, proj = lm_head_times(with_mtp, g, cluster.gpu, "bf16", 2, cal), mtp_projection_times(with_mtp, g, cluster.gpu, "bf16", 2, cal)
     added = b.compute - a.compute
     assert added[:-1] == pytest.approx([0.0] * 7, abs=1e-15)
-    assert added[-1] == pytest.approx(last.forward + last.backward + sum(head) + sum(proj), rel=1e-12)
+    copy_grad = embedding_gradient_time(with_mtp, 8, cluster.gpu, "megatron", train.param_bytes, train.grad_bytes, False, cal)
+    assert copy_grad > 0
+    assert added[-1] == pytest.approx(last.forward + last.backward + sum(head) + sum(proj) + copy_grad, rel=1e-12)
     assert (b.layers - a.layers).tolist() == [0.0] * 7 + [1.0] and (b.moe_layers - a.moe_layers)[-1] == 1.0
     # weights on the head rank: the block, the projection and norms, and a copy of the embedding
     # table (Megatron-Core keeps one in the MTP stage when it is not the first)
