@@ -93,10 +93,16 @@ class ShardGeometry:
         (an integer array of micro-batch sizes gives an array of token counts)."""
         eager = getattr(mesh, "elementwise_kernels", "fused") == "eager"
         ring = getattr(mesh, "cp_attention", "ring") == "ring"
-        torch_ring = getattr(mesh, "framework", "megatron") == "fsdp"
+        torch_ring = runs_torch_ring(getattr(mesh, "framework", "megatron"))
         return cls(
             micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager, ring, torch_ring
         )
+
+
+def runs_torch_ring(framework: str) -> bool:
+    """Whether a framework's context parallelism is torch's `context_parallel` ring (fsdp: the
+    runtime, torchtitan) rather than Transformer Engine's (Megatron-Core): `ring_merge_times`."""
+    return framework == "fsdp"
 
 
 def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:

@@ -288,18 +288,18 @@ def _set_recompute_rows(
     q[13] = np.where(recomputed, moe, 0.0)
 
 
-def mtp_embedding_gradient_time(
+def _embedding_gradient(
     model: ModelSpec, tp: int, cluster: ClusterSpec, framework: str, training: TrainingSpec, cal: Calibration,
-    store: dict[tuple, Any],
+    store: dict[tuple, Any], head_on_same_rank: bool,
 ) -> float:
-    """Seconds per micro-batch and MTP module of the dense gradient of the head rank's copy of the
-    embedding (`compute.embedding_gradient_time` of an untied table: the head's GEMM has its own
-    weight), memoized in the job's `comm_store` beside the first stage's."""
-    key = ("embedding_grad", tp, framework, False)
+    """`compute.embedding_gradient_time` of one table shard, memoized in the job's `comm_store`: the
+    first rank's table (`head_on_same_rank`: the LM head there too), and per MTP module the head
+    rank's copy of it (an untied table: the head's GEMM has its own weight)."""
+    key = ("embedding_grad", tp, framework, head_on_same_rank)
     out = store.get(key)
     if out is None:
         out = store[key] = embedding_gradient_time(
-            model, tp, cluster.gpu, framework, training.param_bytes, training.grad_bytes, False, cal
+            model, tp, cluster.gpu, framework, training.param_bytes, training.grad_bytes, head_on_same_rank, cal
         )
     return out
 
@@ -425,6 +425,10 @@ class StageTable:
     """(pp,): bytes per micro-batch of the gradients of the rank's weight-GEMM outputs, which a split
     backward (zero_bubble, zbv) keeps between a chunk's input- and weight-gradient passes
     (`pipeline.split_backward_peaks`)."""
+    embedding_grad_elements: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """(pp,): elements of the token-embedding tables whose dense gradient `compute` already holds
+    (`compute.embedding_gradient_time`: the first rank's table, and the head rank's copy for the MTP
+    modules), which `step_time`'s per-element gradient copies leave to it."""
 
 
 _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
@@ -637,14 +641,11 @@ def build_table(
     head_fwd, head_bwd = head
     compute[head_rank] += head_fwd + head_bwd
     forward[head_rank] += head_fwd
+    table = model.vocab_size / tp * model.hidden_size  # elements of one token-embedding table shard
+    embedding_tables = np.zeros(pp)
     if ft is None:  # the embedding's dense gradient, every micro-batch's backward on its rank
-        emb_key = ("embedding_grad", tp, mesh.framework, head_rank == 0)
-        emb_grad = store.get(emb_key)
-        if emb_grad is None:
-            emb_grad = store[emb_key] = embedding_gradient_time(
-                model, tp, cluster.gpu, mesh.framework, training.param_bytes, training.grad_bytes, head_rank == 0, cal
-            )
-        compute[0] += emb_grad
+        compute[0] += _embedding_gradient(model, tp, cluster, mesh.framework, training, cal, store, head_rank == 0)
+        embedding_tables[0] += table
     mtp = _priced_mtp(model, partition, ft)
     if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head
@@ -661,7 +662,8 @@ def build_table(
             # embeddings its copy of the head is that table already. Each module's lookup gives
             # that copy a dense gradient of the whole table, as the first stage's
             extra += pc.embedding / tp
-            compute[head_rank] += mtp * mtp_embedding_gradient_time(model, tp, cluster, mesh.framework, training, cal, store)
+            compute[head_rank] += mtp * _embedding_gradient(model, tp, cluster, mesh.framework, training, cal, store, False)
+            embedding_tables[head_rank] += table
         dense[head_rank] += extra
         weight_bytes[0, head_rank] += training.param_bytes * extra
         if ft is None:
@@ -696,6 +698,7 @@ def build_table(
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
         peaks[0], peaks[1], peaks[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
         pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
+        embedding_grad_elements=embedding_tables,
     )
 
 
@@ -1140,12 +1143,13 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
     training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
     (its FSDP flavour, Megatron FSDP's gradient fusion) and micro-batch count, the per-rank stored weight bytes and trainable
-    elements, and the layer classes (counts per rank, weights and compute seconds of one layer)."""
+    elements (and the embedding tables whose gradient the compute holds), and the layer classes
+    (counts per rank, weights and compute seconds of one layer)."""
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
         m.grad_accum_,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
-        t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(),
+        t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),
     )

@@ -242,13 +242,6 @@ class DataParallelTimes:
     # unfused Megatron FSDP's gradient copy)
 
 
-def _embedding_elements(t: StageTable) -> np.ndarray:
-    """(pp,) elements of the token embedding's vocab / tp shard on each rank: the first only."""
-    out = np.zeros(t.mesh.pp)
-    out[0] = t.model.vocab_size / t.mesh.tp * t.model.hidden_size
-    return out
-
-
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
     """ZeRO and data-parallel collectives of table `t` for each (ZeRO stage, sharding group) pair.
 
@@ -375,8 +368,8 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     rest_copy_out_f = np.where(gather_f & fsdp2, rest_copy_out, 0.0)
     rest_copy_out_b = np.where(z3 & fsdp2, rest_copy_out, 0.0)
     rest_copy_in = np.where(layerwise_rs & fsdp, (rest_td + rest_te)[None, :] * (pb + gb) / hbm, 0.0)
-    # (the token embedding's hook is `compute.embedding_gradient_time`'s, on the first rank)
-    rest_linear = rest_td + rest_te - np.minimum(rest_td, _embedding_elements(t))
+    # (the token-embedding tables' hooks are `compute.embedding_gradient_time`'s, in the compute already)
+    rest_linear = rest_td + rest_te - np.minimum(rest_td, t.embedding_grad_elements)
     rest_grad_copy = np.where(unfused, rest_linear[None, :] * (pb + gb) / hbm, 0.0)
     kernels_f = (quant_f_k + copy_out_f_k) @ counts.T + rest_copy_out_f
     kernels_b = (quant_b_k + copy_out_b_k + copy_in_k + grad_copy_k) @ counts.T + rest_copy_out_b + rest_copy_in + rest_grad_copy

@@ -48,6 +48,7 @@ from cost_models.compute import (
     layer_time,
     lm_head_times,
     mtp_projection_times,
+    runs_torch_ring,
     trained_mtp_layers,
 )
 from cost_models.error_band import error_band
@@ -334,7 +335,7 @@ class _ComputeTimes:
         grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
         g = ShardGeometry(
-            mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp, torch_ring=framework == "fsdp"
+            mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp, torch_ring=runs_torch_ring(framework)
         )
         ab = training.activation_bytes
         kinds: dict[tuple[bool, bool], LayerTime] = {}
@@ -363,10 +364,8 @@ class _ComputeTimes:
                     embedding_grad[row, same] = embedding_gradient_time(
                         model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, bool(same), cal
                     )
-                if mtp and not model.tie_embeddings:
-                    embedding_grad[row, 2] = mtp * embedding_gradient_time(
-                        model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, False, cal
-                    )
+                if mtp and not model.tie_embeddings:  # an untied copy: column 0's price, per module
+                    embedding_grad[row, 2] = mtp * embedding_grad[row, 0]
         return cls(
             {geometry: row for row, geometry in enumerate(geometries)},
             mbs,
