@@ -651,7 +651,7 @@ def ring_merge_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpe
     if not model.has_attention(index):
         return 0.0, 0.0
     cp = np.asarray(g.cp, dtype=float)
-    ring = _where(g.cp_ring, cp > 1, False)
+    ring = (cp > 1) & g.cp_ring
     steps = np.where(ring, cp - 1.0, 0.0)
     heads = model.num_heads / g.tp
     kv_heads = heads if model.attention == "mla" else _larger(model.kv_heads / g.tp, 1.0)

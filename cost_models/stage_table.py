@@ -288,19 +288,30 @@ def _set_recompute_rows(
     q[13] = np.where(recomputed, moe, 0.0)
 
 
-def _embedding_gradient(
+def embedding_gradient_times(
     model: ModelSpec, tp: int, cluster: ClusterSpec, framework: str, training: TrainingSpec, cal: Calibration,
-    store: dict[tuple, Any], head_on_same_rank: bool,
-) -> float:
-    """`compute.embedding_gradient_time` of one table shard, memoized in the job's `comm_store`: the
-    first rank's table (`head_on_same_rank`: the LM head there too), and per MTP module the head
-    rank's copy of it (an untied table: the head's GEMM has its own weight)."""
-    key = ("embedding_grad", tp, framework, head_on_same_rank)
+    store: dict[tuple, Any],
+) -> tuple[float, float, float]:
+    """Seconds per micro-batch of the token-embedding tables' dense gradients
+    (`compute.embedding_gradient_time` of one vocab / tp shard), memoized in the job's `comm_store`:
+    the first rank's table with the LM head on another rank, the same with the head there too, and
+    on the head's rank away from the first, the MTP modules' copy of the table (one lookup per
+    module; an untied copy, so the first price; none for tied tables, whose head is the copy). All
+    0 on a frozen base. `build_table` and the search's bounds read the same three."""
+    key = ("embedding_grads", tp, framework)
     out = store.get(key)
     if out is None:
-        out = store[key] = embedding_gradient_time(
-            model, tp, cluster.gpu, framework, training.param_bytes, training.grad_bytes, head_on_same_rank, cal
-        )
+        out = (0.0, 0.0, 0.0)
+        if not training.frozen_base:
+            elsewhere, with_head = (
+                embedding_gradient_time(
+                    model, tp, cluster.gpu, framework, training.param_bytes, training.grad_bytes, same, cal
+                )
+                for same in (False, True)
+            )
+            mtp = trained_mtp_layers(model, False)
+            out = (elsewhere, with_head, 0.0 if model.tie_embeddings else mtp * elsewhere)
+        store[key] = out
     return out
 
 
@@ -641,10 +652,14 @@ def build_table(
     head_fwd, head_bwd = head
     compute[head_rank] += head_fwd + head_bwd
     forward[head_rank] += head_fwd
+    # the embedding's dense gradient, every micro-batch's backward on its rank
     table = model.vocab_size / tp * model.hidden_size  # elements of one token-embedding table shard
     embedding_tables = np.zeros(pp)
-    if ft is None:  # the embedding's dense gradient, every micro-batch's backward on its rank
-        compute[0] += _embedding_gradient(model, tp, cluster, mesh.framework, training, cal, store, head_rank == 0)
+    emb_elsewhere, emb_with_head, emb_mtp_copies = embedding_gradient_times(
+        model, tp, cluster, mesh.framework, training, cal, store
+    )
+    if ft is None:
+        compute[0] += emb_with_head if head_rank == 0 else emb_elsewhere
         embedding_tables[0] += table
     mtp = _priced_mtp(model, partition, ft)
     if mtp:
@@ -662,7 +677,7 @@ def build_table(
             # embeddings its copy of the head is that table already. Each module's lookup gives
             # that copy a dense gradient of the whole table, as the first stage's
             extra += pc.embedding / tp
-            compute[head_rank] += mtp * _embedding_gradient(model, tp, cluster, mesh.framework, training, cal, store, False)
+            compute[head_rank] += emb_mtp_copies
             embedding_tables[head_rank] += table
         dense[head_rank] += extra
         weight_bytes[0, head_rank] += training.param_bytes * extra

@@ -238,8 +238,7 @@ class DataParallelTimes:
     optimizer: np.ndarray  # (pairs, pp, 3) optimizer step on the GPU / offloaded to host memory / to NVMe
     param_copy: np.ndarray  # (pairs, pp, 2) per micro-batch and pass: the weight shard copied from host memory / NVMe
     kernels_f: np.ndarray  # (pairs, pp) per micro-batch: the sharding's HBM-bound kernels on the compute stream, forward
-    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, FSDP's copy-in,
-    # unfused Megatron FSDP's gradient copy)
+    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, the gradients' copy-in)
 
 
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
@@ -341,15 +340,14 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     quant_f_k = np.where(z3 & qwz, QWZ_HBM_BYTES_PER_ELEMENT * elements_k / hbm, 0.0)
     quant_b_k = np.where(z3 & qwz & ~hpz, quant_f_k, 0.0) + np.where(z3 & qgz, QGZ_HBM_BYTES_PER_ELEMENT * (ctd + cte) / hbm, 0.0)
     # so do FSDP2's copy-out after each gather (not FSDP1's: its flat parameters are views of the
-    # gathered buffer) and FSDP's copy-in before each reduce-scatter
+    # gathered buffer) and the gradients' copy-in before each reduce-scatter: FSDP's, and Megatron
+    # FSDP's copy of each weight GEMM's param.grad without gradient-accumulation fusion
     copy_out = FSDP2_COPY_OUT_BYTES_PER_BYTE * (cwd + cwe) / hbm
     copy_out_f_k = np.where(gather_f & fsdp2, copy_out, 0.0)
     copy_out_b_k = np.where(z3 & fsdp2, copy_out, 0.0)
-    copy_in_k = np.where(layerwise_rs & fsdp, (ctd + cte) * (pb + gb) / hbm, 0.0)
-    # Megatron FSDP without gradient-accumulation fusion copies each weight GEMM's param.grad into its
-    # buffer: the same bytes, per layer and micro-batch
-    unfused = layerwise_rs & (m.framework == "megatron") & (not m.megatron_fsdp_gradient_fusion)
-    grad_copy_k = np.where(unfused, (ctd + cte) * (pb + gb) / hbm, 0.0)
+    unfused_megatron = m.framework == "megatron" and not m.megatron_fsdp_gradient_fusion
+    copies_in = layerwise_rs & (fsdp or unfused_megatron)
+    copy_in_k = np.where(copies_in, (ctd + cte) * (pb + gb) / hbm, 0.0)
     # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
     # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
     rest_wd = t.weight_bytes[0] - counts @ t.class_weight_bytes[0]  # (pp,) bytes
@@ -367,12 +365,12 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     rest_copy_out = FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm
     rest_copy_out_f = np.where(gather_f & fsdp2, rest_copy_out, 0.0)
     rest_copy_out_b = np.where(z3 & fsdp2, rest_copy_out, 0.0)
-    rest_copy_in = np.where(layerwise_rs & fsdp, (rest_td + rest_te)[None, :] * (pb + gb) / hbm, 0.0)
-    # (the token-embedding tables' hooks are `compute.embedding_gradient_time`'s, in the compute already)
-    rest_linear = rest_td + rest_te - np.minimum(rest_td, t.embedding_grad_elements)
-    rest_grad_copy = np.where(unfused, rest_linear[None, :] * (pb + gb) / hbm, 0.0)
+    # (FSDP copies the token-embedding tables' gradients in too; Megatron's hooks on them are
+    # `compute.embedding_gradient_time`'s, in the compute already)
+    rest_copied = rest_td + rest_te - (0.0 if fsdp else np.minimum(rest_td, t.embedding_grad_elements))
+    rest_copy_in = np.where(copies_in, rest_copied[None, :] * (pb + gb) / hbm, 0.0)
     kernels_f = (quant_f_k + copy_out_f_k) @ counts.T + rest_copy_out_f
-    kernels_b = (quant_b_k + copy_out_b_k + copy_in_k + grad_copy_k) @ counts.T + rest_copy_out_b + rest_copy_in + rest_grad_copy
+    kernels_b = (quant_b_k + copy_out_b_k + copy_in_k) @ counts.T + rest_copy_out_b + rest_copy_in
 
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,7 +44,6 @@ from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import (
     LayerTime,
     ShardGeometry,
-    embedding_gradient_time,
     layer_time,
     lm_head_times,
     mtp_projection_times,
@@ -66,6 +65,7 @@ from cost_models.stage_table import (
     Setting,
     build_table,
     comm_store,
+    embedding_gradient_times,
     layer_kind_counts,
     layer_kinds,
     mesh_comm,
@@ -324,13 +324,13 @@ class _ComputeTimes:
     kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
     head: np.ndarray  # (G, M) LM head and cross-entropy (and the MTP modules), forward + backward
     embedding_grad: np.ndarray
-    """(G, 3) the embedding's dense gradient on rank 0 (head elsewhere, head on rank 0), and that of
-    the head rank's copy of the table for the MTP modules when the head is elsewhere (0 without)."""
+    """(G, 3) `stage_table.embedding_gradient_times`: rank 0's table with the head elsewhere, with
+    the head on rank 0, and the MTP modules' copy on the head's rank when that is not rank 0."""
 
     @classmethod
     def of(
         cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, geometries: list[Geometry], mbs: np.ndarray,
-        cal: Calibration, framework: str,
+        cal: Calibration, framework: str, store: dict[tuple, Any],
     ) -> _ComputeTimes:
         grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
@@ -355,17 +355,10 @@ class _ComputeTimes:
             head = head + mtp * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
-        # as build_table prices it: column 0 with the head on another rank, 1 with it on rank 0, 2 the
-        # MTP modules' copy of the table on the head's rank (an untied table's gradient, per module)
-        embedding_grad = np.zeros((len(geometries), 3))
-        if ft is None:  # a frozen base has no embedding gradient
-            for row, (tp_, _, _, _) in enumerate(geometries):
-                for same in (0, 1):
-                    embedding_grad[row, same] = embedding_gradient_time(
-                        model, tp_, cluster.gpu, framework, training.param_bytes, training.grad_bytes, bool(same), cal
-                    )
-                if mtp and not model.tie_embeddings:  # an untied copy: column 0's price, per module
-                    embedding_grad[row, 2] = mtp * embedding_grad[row, 0]
+        # as build_table prices it (`stage_table.embedding_gradient_times`)
+        embedding_grad = np.array(
+            [embedding_gradient_times(model, tp_, cluster, framework, training, cal, store) for tp_, _, _, _ in geometries]
+        ).reshape(-1, 3)
         return cls(
             {geometry: row for row, geometry in enumerate(geometries)},
             mbs,
@@ -493,9 +486,9 @@ def _pair_bounds(
     ov = cal.overlap(framework)
     mbs_all = np.array(all_mbs, dtype=np.int64)
     geometries = list(dict.fromkeys((mesh.tp, mesh.cp, mesh.ep, mesh.etp) for mesh, _ in meshes_mbs))
-    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework)
-    comm1, comm2 = [], []
     store = comm_store(model, training, cluster, cal, gpus)
+    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework, store)
+    comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
         at1, at2 = mesh_comm(model, training, cluster, gpus, mesh, cal, (1, 2), store)
         comm1.append(at1[:4])
