@@ -152,6 +152,10 @@ def evaluate(
     elementwise_kernels: str = typer.Option(
         "fused", help="fused (Megatron-Core, torch.compile) | eager (one kernel per PyTorch op: no compile, HF)"
     ),
+    attention_kernel: str | None = typer.Option(
+        None, help="fused (Transformer Engine / cuDNN attention, FlashAttention-3) | flash2 (FlashAttention-2, "
+        "PyTorch SDPA's flash backend); default by framework: megatron fused, fsdp / deepspeed flash2"
+    ),
     moe_a2a_overlap: bool = typer.Option(
         False, "--moe-a2a-overlap", help="Megatron combined 1F1B (--overlap-moe-expert-parallel-comm): EP all-to-alls beside compute"
     ),
@@ -212,6 +216,7 @@ def evaluate(
         "moe_parallel_folding": None if moe_folding else False, "elementwise_kernels": elementwise_kernels,
         "fsdp_flat_params": fsdp1 or None,
         "megatron_fsdp_gradient_fusion": None if fsdp_fusion else False,
+        "attention_kernel": attention_kernel,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
@@ -340,6 +345,11 @@ def plan(
         "fused", help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
         "the norm / rotary / activation kernels every layout is priced with"
     ),
+    attention_kernel: str | None = typer.Option(
+        None, help="the attention kernel every layout is priced with: fused (Transformer Engine / cuDNN attention, "
+        "FlashAttention-3) | flash2 (FlashAttention-2, PyTorch SDPA's flash backend); default by framework: "
+        "megatron fused, fsdp / deepspeed flash2"
+    ),
     fsdp1: bool = typer.Option(
         False, "--fsdp1", help="framework fsdp: price every layout as FSDP1 (flat parameters: llm-foundry, Accelerate "
         "fsdp_version 1) instead of FSDP2's fully_shard"
@@ -377,6 +387,7 @@ def plan(
             allow_moe_a2a_overlap=moe_a2a_overlap, moe_parallel_folding=moe_folding,
             elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
             fsdp_flat_params=fsdp1, megatron_fsdp_gradient_fusion=fsdp_fusion,
+            attention_kernel=attention_kernel,  # type: ignore[arg-type]
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)

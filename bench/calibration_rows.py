@@ -366,6 +366,7 @@ class RecipeSwitches:
     outer_stage_layers: tuple[int, int] | None = None  # layers the first and last stage hold fewer than
     outer_stage_slots: int = 0  # ... the others, which hold this many // pp each
     mtp_layers: int | None = None  # multi-token-prediction modules the recipe trains
+    attention_kernel: str | None = None  # `Layout.attention_kernel` the recipe's environment selects
     megatron_core_before_0_10: bool = False
     """The stack is a Megatron-Core older than 0.10 (February 2025). It lacks what 0.10-0.12 added,
     read in Megatron-LM's megatron/training/arguments.py and megatron/core/parallel_state.py at the
@@ -404,8 +405,10 @@ RECIPE_SWITCHES: tuple[RecipeSwitches, ...] = (
         "dgxc-benchmarking v25.05.04 nemotronh/setup.sh pins NeMo 7a8f1cc; its "
         "scripts/performance/llm/pretrain_nemotronh_56b.py builds `pretrain_recipe()` without "
         "performance_mode, whose trainer holds only the TimingCallback, so no MegatronCommOverlapCallback "
-        "turns tp_comm_overlap on (performance_optimizations would add it)",
-        tp_comm_overlap=False,
+        "turns tp_comm_overlap on (performance_optimizations would add it); the script's custom_env_vars set "
+        "NVTE_FUSED_ATTN=0, so Transformer Engine attends with the flash-attn package (FlashAttention-2), "
+        "not cuDNN",
+        tp_comm_overlap=False, attention_kernel="flash2",
     ),
     RecipeSwitches(
         "dgxc_benchmarking", "@v25.05.04", "DeepSeek-V3",
@@ -437,6 +440,8 @@ def _recipe_switches(c: _Ctx, pp: int) -> dict[str, Any]:
         fields: dict[str, Any] = {}
         if sw.tp_comm_overlap is not None:
             fields["tp_comm_overlap"] = sw.tp_comm_overlap
+        if sw.attention_kernel is not None:
+            fields["attention_kernel"] = sw.attention_kernel
         modules = sw.recompute_modules.get(c.s("gpu_family"))
         if modules and not c.s("recompute"):
             fields["recompute"], fields["recompute_modules"] = "selective", modules
@@ -544,6 +549,16 @@ def _layout(
         elementwise_kernels=elementwise, **split,
     )
     fw_name = c.s("framework").lower()
+    if "maxtext" in fw_name or sid == "narayanan2021_table2" and framework == "deepspeed":
+        # MaxText on GPU attends with Transformer Engine's cuDNN attention (its dgxc recipes'
+        # attention: cudnn_flash_te); Megatron-DeepSpeed (2021) runs Megatron's attention code, not
+        # a PyTorch SDPA / FlashAttention-2 kernel
+        fields["attention_kernel"] = "fused"
+        c.notes.append("attention: fused kernel (not FlashAttention-2)")
+    elif framework in ("fsdp", "deepspeed"):
+        # llm-foundry's attn_impl flash (the flash-attn 2 package); torchtitan's SDPA, whose flash
+        # backend (FlashAttention-2) PyTorch preferred after pytorch/pytorch#138522 (October 2024)
+        c.notes.append("attention: FlashAttention-2 (Layout.attention_kernel flash2)")
     if framework == "fsdp" and any(name in fw_name for name in ("llm-foundry", "composer", "maxtext")):
         # llm-foundry / Composer wrap PyTorch FSDP1 (FlatParameter); MaxText's XLA shards in place:
         # parameters are views of the gathered buffer, no per-layer copy-out

@@ -29,6 +29,10 @@ We price the layout four ways, because no framework we export to runs it exactly
   routed 16-bit copies per token, eager SwiGLU) and torch pipelining's receive buffers (one per
   micro-batch and chunk): it does not fit.
 - `fsdp-zbv`: the same V without the F&B pairs (all-to-alls exposed).
+Every variant attends with a fused Hopper kernel (`Layout.attention_kernel` "fused"): the report ran
+DeepSeek's own kernels, and the FlashAttention-2 default of the fsdp framework would price a kernel it
+did not run (MLA's 192-wide queries and keys against 128-wide values are not FlashAttention-2's
+shape either).
 The report's one MTP module is priced (the preset's `mtp_layers`): a block, a projection and one
 more pass of the BF16 output head, on the rank that holds the head. Where that rank also held its
 share of the layers, it set the pace (+32% over the report); the report puts the embedding, the
@@ -63,6 +67,7 @@ BASE: dict[str, Any] = {
     "layout": {
         "tp": 1, "pp": 16, "ep": 64, "micro_batch": 1, "zero_stage": 1, "recompute": "selective",
         "recompute_modules": ["layernorm", "mla_up_proj", "act"], "moe_token_dispatcher": "flex",
+        "attention_kernel": "fused",
     },
 }
 VARIANTS: dict[str, dict[str, Any]] = {

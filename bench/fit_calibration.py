@@ -22,7 +22,11 @@ Fitted constants (a small set: each one is identified by a visible contrast in t
     gemm_efficiency        bf16/fp16 GEMM ceiling (all dense rows)
     fp8_gemm_efficiency    FP8 GEMM ceiling (NeMo and llm-foundry FP8 rows)
     gemm_k_overhead        tile prologue/epilogue per GEMM, in elements of k (small models, TP shards)
-    attention_efficiency   flash-attention rate (long-sequence rows: NeMo CP table, MPT 16k-64k)
+    attention_efficiency   fused attention rate (Transformer Engine / cuDNN: the NeMo long-sequence
+                           CP table)
+    flash2_attention_efficiency  FlashAttention-2 rate on A100 (llm-foundry's A100 rows at 4k-65k)
+    flash2_warpgroup_share the share of it FlashAttention-2 keeps on Hopper, whose peak needs wgmma
+                           (llm-foundry's H100 rows at 4k-65k against its A100 rows)
     hbm_efficiency         memory-bound ops (the H100/A100 contrast: same code, 2x the FLOP/byte)
     inter_bus_efficiency   scale-out collectives (DP/FSDP rows over many nodes)
     step_overhead_s        fixed per-step cost (small, fast steps: Megatron 1.7B, MPT at 8 GPUs)
@@ -144,6 +148,8 @@ ALL_PARAMS: dict[str, Param] = {
         _field("gemm_k_overhead", 0.0, 4096.0),
         _field("kernel_launch_s", 1e-6, 5e-5),
         _field("attention_efficiency", 0.05, 1.0),
+        _field("flash2_attention_efficiency", 0.05, 1.0),
+        _field("flash2_warpgroup_share", 0.1, 1.0),
         _field("hbm_efficiency", 0.1, 1.0),
         _field("inter_bus_efficiency", 0.05, 1.0),
         _field("step_overhead_s", 0.0, 5.0),
@@ -163,6 +169,8 @@ DEFAULT_PARAMS = (
     "fp8_gemm_efficiency",
     "gemm_k_overhead",
     "attention_efficiency",
+    "flash2_attention_efficiency",
+    "flash2_warpgroup_share",
     "hbm_efficiency",
     "inter_bus_efficiency",
     "step_overhead_s",

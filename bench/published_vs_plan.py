@@ -64,7 +64,7 @@ the same job is more likely a blind spot of the model than a better layout (90% 
 def constraints_for(row) -> SearchConstraints:
     """The search space of the row's own software stack: its framework, its loss and kernel
     implementations (a run without torch.compile is compared with plans priced without it, as a
-    BF16 run is with BF16 plans), its expert grid (`Layout.moe_parallel_folding`), its FSDP
+    BF16 run is with BF16 plans; a FlashAttention-2 run with FlashAttention-2 plans), its expert grid (`Layout.moe_parallel_folding`), its FSDP
     (`Layout.fsdp_flat_params`), the FSDP and optimizer offload a Megatron-Core before 0.10 lacks
     (`CalibrationRow.megatron_core_before_0_10`), Megatron FSDP without gradient-accumulation fusion
     (every Megatron row ran a stack older than Megatron-Core 0.14 / NeMo 2.5, which turn it off
@@ -78,7 +78,7 @@ def constraints_for(row) -> SearchConstraints:
     older = row.megatron_core_before_0_10  # no FSDP, no optimizer offload (RecipeSwitches.megatron_core_before_0_10)
     return SearchConstraints(
         framework=lay.framework, cross_entropy=lay.cross_entropy, elementwise_kernels=lay.elementwise_kernels,
-        norm_kernel=lay.norm_kernel, memory_headroom=0.0, top_k=3,
+        norm_kernel=lay.norm_kernel, attention_kernel=lay.attention_kernel_, memory_headroom=0.0, top_k=3,
         allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap,
         moe_parallel_folding=lay.moe_parallel_folding, fsdp_flat_params=lay.fsdp_flat_params,
         megatron_fsdp_gradient_fusion=lay.framework != "megatron", max_zero_stage=1 if older else 3,

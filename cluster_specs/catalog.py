@@ -22,7 +22,8 @@ from cluster_specs.spec import GPUSpec, Precision
 
 _KEYS = {
     "vendor", "aliases", "peak_dense", "memory", "memory_reported", "memory_reported_source",
-    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "sustained_clock_fraction", "mamf", "source", "notes",
+    "memory_bandwidth", "gpu_link", "tdp", "sm_count", "sustained_clock_fraction", "warpgroup_mma", "mamf", "source",
+    "notes",
 }  # fmt: skip
 _REQUIRED = {"peak_dense", "memory", "memory_bandwidth", "gpu_link", "source"}
 
@@ -75,6 +76,7 @@ def gpu_from_entry(key: str, entry: dict[str, Any], reference: dict[str, float] 
         tdp_w=units.watts(entry["tdp"]) if "tdp" in entry else None,
         sm_count=int(entry["sm_count"]) if "sm_count" in entry else None,
         sustained_clock_fraction=float(entry.get("sustained_clock_fraction", 1.0)),
+        warpgroup_mma=bool(entry.get("warpgroup_mma", False)),
         matmul_share={
             p: fraction / reference[p]
             for p in entry["peak_dense"]

@@ -40,6 +40,12 @@ class GPUSpec(BaseModel):
         description="streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles a GEMM can run "
         "at once (wave quantization, cost_models.compute); None for devices without them (cpu)",
     )
+    warpgroup_mma: bool = Field(
+        default=False,
+        description="the tensor-core peak needs warpgroup-level MMA instructions (Hopper's wgmma, Blackwell's "
+        "tcgen05): kernels written with Ampere's warp-level mma.sync (FlashAttention-2) reach a fraction of it "
+        "(`Calibration.flash2_warpgroup_share`)",
+    )
     sustained_clock_fraction: float = Field(
         default=1.0,
         gt=0,
@@ -64,6 +70,7 @@ class GPUSpec(BaseModel):
                 self.memory_bandwidth_bytes_per_s,
                 self.link_bandwidth_bytes_per_s,
                 self.sustained_clock_fraction,
+                self.warpgroup_mma,
                 tuple(sorted(self.matmul_share.items())),
             )
         )

@@ -70,7 +70,19 @@ class Calibration:
     the reduction dimension (k efficiency k / (k + gemm_k_overhead), `cost_models.compute`); two
     64-deep mainloop iterations as a prior. Tile and wave quantization are geometry, not fitted."""
     attention_efficiency: float = 0.55
-    """Fraction of the bf16 peak flash attention reaches (FlashAttention-2/3 papers: 50-75%)."""
+    """Fraction of the bf16 peak a fused attention kernel written for the GPU's own tensor cores
+    reaches (`Layout.attention_kernel` "fused": Transformer Engine's cuDNN attention, FlashAttention-3;
+    FlashAttention-2/3 papers: 50-75% of the peak in isolation)."""
+    flash2_attention_efficiency: float = 0.55
+    """Same for FlashAttention-2 (`Layout.attention_kernel` "flash2": the flash-attn 2 package and
+    PyTorch's SDPA flash backend, which vendors it) on a GPU whose peak its warp-level mma.sync
+    instructions reach (Ampere and older; FlashAttention-2 paper: 50-73% of the A100's peak)."""
+    flash2_warpgroup_share: float = 0.5
+    """Share of `flash2_attention_efficiency` FlashAttention-2 keeps on a GPU whose tensor-core peak
+    needs warpgroup MMA (`GPUSpec.warpgroup_mma`: Hopper's wgmma, Blackwell's tcgen05), which its
+    Ampere-era mma.sync kernels do not issue. Prior 0.5: FlashAttention-2 reaches 35% of the H100's
+    peak (FlashAttention-3 paper, Shah et al. 2024, arXiv 2407.08608) where it reaches 50-73% of the
+    A100's (FlashAttention-2 paper, Dao 2023, arXiv 2307.08691)."""
     hbm_efficiency: float = 0.80
     """Fraction of HBM bandwidth elementwise kernels and the optimizer step reach."""
     # --- communication -------------------------------------------------------------------------

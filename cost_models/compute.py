@@ -16,8 +16,12 @@ outputs). A GEMM is never faster than its operands' HBM traffic (roofline). Grou
 gradients): 2x forward time. On devices without SMs (`GPUSpec.sm_count` None: the CPU runtime)
 only the k efficiency applies.
 
-Attention runs at `attention_efficiency x bf16 peak` on causal FLOPs (FlashAttention skips masked
-blocks) times the share of its 128 x 128 tiles that holds scored pairs (`attention_tile_efficiency`:
+Attention runs at `attention_rate` on causal FLOPs (FlashAttention skips masked blocks): a fused
+kernel written for the GPU's tensor cores (Transformer Engine's cuDNN attention) at
+`attention_efficiency x bf16 peak`, FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2) at
+`flash2_attention_efficiency`, and on Hopper and Blackwell, whose peak needs warpgroup MMA that its
+mma.sync kernels do not issue, at `flash2_warpgroup_share` of that; times the share of its 128 x 128
+tiles that holds scored pairs (`attention_tile_efficiency`:
 short sequences and context-parallel blocks waste part of each tile); its backward costs
 `cost_models.flops.flash_backward_factor` x forward (2.5 for d_qk == d_v).
 
@@ -52,6 +56,7 @@ from cost_models import finetune, op_sac
 from cost_models.calibration import Calibration
 from cost_models.finetune import FineTune
 from cost_models.flops import attention_pairs, flash_backward_factor, ssd_scan_flops_forward
+from cost_models.layout import default_attention_kernel
 from cost_models.mesh import MeshLike, Scalars
 from model_specs.spec import ModelSpec
 
@@ -84,6 +89,7 @@ class ShardGeometry:
     eager: bool = False  # one kernel per PyTorch op for the memory-bound ops (`Layout.elementwise_kernels`)
     cp_ring: bool = True  # context parallelism passes K/V blocks around a ring (`Layout.cp_attention` "ring")
     torch_ring: bool = False  # ... torch's context_parallel runs that ring (framework fsdp), not Transformer Engine
+    flash2: bool = False  # FlashAttention-2 runs the attention, not a fused kernel (`Layout.attention_kernel`)
     # Arrays (broadcasting against each other) price many geometries at once: every time below is
     # then an array of the same shape, each entry exactly what the scalar geometry gives.
 
@@ -93,9 +99,12 @@ class ShardGeometry:
         (an integer array of micro-batch sizes gives an array of token counts)."""
         eager = getattr(mesh, "elementwise_kernels", "fused") == "eager"
         ring = getattr(mesh, "cp_attention", "ring") == "ring"
-        torch_ring = runs_torch_ring(getattr(mesh, "framework", "megatron"))
+        framework = getattr(mesh, "framework", "megatron")
+        torch_ring = runs_torch_ring(framework)
+        kernel = getattr(mesh, "attention_kernel_", None) or default_attention_kernel(framework)
         return cls(
-            micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager, ring, torch_ring
+            micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager, ring, torch_ring,
+            kernel == "flash2",
         )
 
 
@@ -691,7 +700,21 @@ def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec,
         tiles = attention_tile_efficiency(chunk, chunk, causal=False)
     else:
         tiles = attention_tile_efficiency(float(g.seq_len), float(g.seq_len), causal=True)
-    return attn_flops / (gpu.compute_peak("bf16") * cal.attention_efficiency * tiles)
+    return attn_flops / (attention_rate(gpu, cal, g.flash2) * tiles)
+
+
+def attention_rate(gpu: GPUSpec, cal: Calibration, flash2: bool | np.ndarray = False) -> Scalars:
+    """FLOP/s an attention kernel sustains on large tiles (`Layout.attention_kernel`): a fused kernel
+    written for the GPU's own tensor cores at `attention_efficiency` of the bf16 kernel peak;
+    FlashAttention-2 at `flash2_attention_efficiency`, times `flash2_warpgroup_share` on a GPU whose
+    peak needs warpgroup MMA (`GPUSpec.warpgroup_mma`), which its mma.sync kernels do not issue."""
+    peak = gpu.compute_peak("bf16")
+    flash2_share = cal.flash2_warpgroup_share if gpu.warpgroup_mma else 1.0
+    flash2_rate = peak * cal.flash2_attention_efficiency * flash2_share
+    fused_rate = peak * cal.attention_efficiency
+    if isinstance(flash2, np.ndarray):
+        return np.where(flash2, flash2_rate, fused_rate)
+    return flash2_rate if flash2 else fused_rate
 
 
 def fp8_gemms(precision: str, gpu: GPUSpec) -> bool:

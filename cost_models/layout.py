@@ -49,6 +49,12 @@ CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
 NormKernel = Literal["fused", "eager_fp32"]
 ElementwiseKernels = Literal["fused", "eager"]
 CpAttention = Literal["ring", "allgather_mask"]
+AttentionKernel = Literal["fused", "flash2"]
+
+
+def default_attention_kernel(framework: str) -> AttentionKernel:
+    """The attention kernel a framework runs unless told otherwise (`Layout.attention_kernel_`)."""
+    return "fused" if framework == "megatron" else "flash2"
 OffloadDevice = Literal["cpu", "nvme"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -201,6 +207,14 @@ class Layout(BaseModel):
         "0.12 / 0.13), so each GEMM writes param.grad and a hook copies it into the buffer, per micro-batch",
     )
 
+    attention_kernel: AttentionKernel | None = Field(
+        None,
+        description="attention kernel: fused (written for the GPU's own tensor cores: Transformer Engine's "
+        "cuDNN attention in Megatron-Core, FlashAttention-3) or flash2 (FlashAttention-2: the flash-attn 2 "
+        "package, PyTorch SDPA's flash backend, first in its default priority order); default by framework "
+        "(megatron fused, fsdp and deepspeed flash2); cost_models.compute.attention_rate",
+    )
+
     cp_attention: CpAttention = Field(
         "ring",
         description="context-parallel attention: ring (K/V blocks passed around the CP group, no "
@@ -310,6 +324,17 @@ class Layout(BaseModel):
         if self.tp_comm_overlap is not None:
             return self.tp_comm_overlap
         return self.framework == "megatron" and self.tp > 1 and self.sp_
+
+    @property
+    def attention_kernel_(self) -> AttentionKernel:
+        """Resolved `attention_kernel`: Megatron-Core runs Transformer Engine's fused (cuDNN) attention;
+        PyTorch stacks (FSDP, DeepSpeed with Hugging Face models) run SDPA, whose default priority order
+        puts the FlashAttention-2 backend first (`torch._C._get_sdp_priority_order()` in torch 2.13:
+        flash, efficient, math, cuDNN; cuDNN attention stopped being preferred in pytorch/pytorch#138522,
+        October 2024)."""
+        if self.attention_kernel is not None:
+            return self.attention_kernel
+        return default_attention_kernel(self.framework)
 
     @property
     def cross_entropy_(self) -> CrossEntropy:

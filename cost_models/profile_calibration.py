@@ -21,7 +21,7 @@ Model (a first-order surrogate of `cost_models.estimate` around the global calib
 
 Every compute time in `cost_models.compute` is FLOPs / (peak x efficiency) or bytes / (HBM x
 efficiency) (and the max of the two for a GEMM), so dividing `gemm_efficiency`,
-`fp8_gemm_efficiency`, `attention_efficiency` and `hbm_efficiency` by a_c (and multiplying the host's
+`fp8_gemm_efficiency`, both attention efficiencies and `hbm_efficiency` by a_c (and multiplying the host's
 `kernel_launch_s`, the floor of a layer's time, by a_c) multiplies every compute time by exactly a_c. Collective time is bytes / (bus bandwidth x tier efficiency) + latency
 (`cost_models.comm`), so dividing `intra_bus_efficiency` (`inter_bus_efficiency`) by a_intra
 (a_inter) multiplies the bandwidth part of that tier's collectives by a_tier; the latency part and
@@ -380,6 +380,7 @@ def _apply(base: Calibration, theta: np.ndarray, source: str) -> Calibration:
         gemm_efficiency=base.gemm_efficiency / a_c,
         fp8_gemm_efficiency=base.fp8_gemm_efficiency / a_c,
         attention_efficiency=base.attention_efficiency / a_c,
+        flash2_attention_efficiency=base.flash2_attention_efficiency / a_c,
         hbm_efficiency=base.hbm_efficiency / a_c,
         kernel_launch_s=base.kernel_launch_s * a_c,
         intra_bus_efficiency=base.intra_bus_efficiency / a_intra,
@@ -487,6 +488,7 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.01, 1.0),
     "fp8_gemm_efficiency": (0.01, 1.0),
     "attention_efficiency": (0.005, 1.0),
+    "flash2_attention_efficiency": (0.005, 1.0),
     "hbm_efficiency": (0.01, 1.0),
     "intra_bus_efficiency": (0.01, 1.5),
     "inter_bus_efficiency": (0.01, 1.5),

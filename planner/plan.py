@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.layout import ElementwiseKernels, Layout, NormKernel, Schedule
+from cost_models.layout import AttentionKernel, ElementwiseKernels, Layout, NormKernel, Schedule
 from model_specs.spec import ModelSpec, TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
@@ -54,6 +54,12 @@ class SearchConstraints(BaseModel):
     )
     norm_kernel: NormKernel = Field(
         "fused", description="the RMSNorm kernel of the user's stack (Layout.norm_kernel), for every layout priced"
+    )
+    attention_kernel: AttentionKernel | None = Field(
+        None,
+        description="the attention kernel of the user's stack (Layout.attention_kernel), for every layout priced: "
+        "fused (Transformer Engine / cuDNN attention, FlashAttention-3) or flash2 (FlashAttention-2, PyTorch SDPA's "
+        "default flash backend); default by framework (megatron fused, fsdp and deepspeed flash2)",
     )
     allow_offload: bool = True
     allow_quantized_comm: bool = Field(

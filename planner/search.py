@@ -330,12 +330,13 @@ class _ComputeTimes:
     @classmethod
     def of(
         cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, geometries: list[Geometry], mbs: np.ndarray,
-        cal: Calibration, framework: str, store: dict[tuple, Any],
+        cal: Calibration, framework: str, store: dict[tuple, Any], attention_kernel: str,
     ) -> _ComputeTimes:
         grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
         g = ShardGeometry(
-            mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp, torch_ring=runs_torch_ring(framework)
+            mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp,
+            torch_ring=runs_torch_ring(framework), flash2=attention_kernel == "flash2",
         )
         ab = training.activation_bytes
         kinds: dict[tuple[bool, bool], LayerTime] = {}
@@ -474,6 +475,7 @@ def _pair_bounds(
     all_mbs: list[int],
     cal: Calibration,
     framework: str,
+    attention_kernel: str,
 ) -> _PairBounds:
     """Seconds no layout of a (mesh, micro-batch) pair can beat: all micro-batches' forward and
     backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as
@@ -487,7 +489,7 @@ def _pair_bounds(
     mbs_all = np.array(all_mbs, dtype=np.int64)
     geometries = list(dict.fromkeys((mesh.tp, mesh.cp, mesh.ep, mesh.etp) for mesh, _ in meshes_mbs))
     store = comm_store(model, training, cluster, cal, gpus)
-    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework, store)
+    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework, store, attention_kernel)
     comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
         at1, at2 = mesh_comm(model, training, cluster, gpus, mesh, cal, (1, 2), store)
@@ -748,7 +750,7 @@ def search(
             continue
         valid.append((mesh, mbs))
     all_mbs = sorted({mb for _, mbs in valid for mb in mbs})
-    bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
+    bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework, stack.attention_kernel)
     # visit pairs in increasing bound order, ties in generation order (a stable sort)
     order = np.argsort(bounds.bound_s, kind="stable")
     pairs = _visit_order(bounds, order)

@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.layout import Layout, ep_next_to_dp
+from cost_models.layout import Layout, default_attention_kernel, ep_next_to_dp
 from cost_models.pipeline import dualpipev_micro_batches_ok, interleaving_group, zero_bubble_rounds_ok
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -356,8 +356,8 @@ def _construct(values: dict[str, object]) -> Layout:
 class Stack(NamedTuple):
     """The user's software stack, the same for every layout of a search (`SearchConstraints`): the
     framework, its loss kernel, the kernels of the memory-bound ops and of RMSNorm, for FSDP
-    whether it is FSDP1 (flat parameters), and for Megatron whether its FSDP keeps
-    gradient-accumulation fusion."""
+    whether it is FSDP1 (flat parameters), for Megatron whether its FSDP keeps
+    gradient-accumulation fusion, and its attention kernel (resolved)."""
 
     framework: str
     cross_entropy: str | None = None
@@ -365,12 +365,13 @@ class Stack(NamedTuple):
     norm_kernel: str = "fused"
     fsdp_flat_params: bool = False
     megatron_fsdp_gradient_fusion: bool = True
+    attention_kernel: str = "fused"
 
     @classmethod
     def of(cls, c: SearchConstraints) -> Stack:
         return cls(
             c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel, c.fsdp_flat_params,
-            c.megatron_fsdp_gradient_fusion,
+            c.megatron_fsdp_gradient_fusion, c.attention_kernel or default_attention_kernel(c.framework),
         )
 
 
@@ -419,6 +420,8 @@ def to_layout(
         values["fsdp_flat_params"] = True
     if not stack.megatron_fsdp_gradient_fusion:
         values["megatron_fsdp_gradient_fusion"] = False
+    if stack.attention_kernel != default_attention_kernel(stack.framework):
+        values["attention_kernel"] = stack.attention_kernel
     if option.embedding_slot:
         values["account_for_embedding_in_pipeline_split"] = True
     if option.loss_slot:

@@ -394,6 +394,11 @@ def _kernel_args(job: Job, lost: list[str]) -> list[Arg]:
         lost.append(f"{lay.norm_kernel} RMSNorm: Megatron's norms are fused kernels (Transformer Engine or Apex)")
     if lay.elementwise_kernels == "eager":
         lost.append("eager elementwise kernels: Megatron's norms, rotary and activations are fused kernels")
+    if lay.framework == "megatron" and lay.attention_kernel_ == "flash2":  # (another framework's plan: noted as such)
+        lost.append(
+            "FlashAttention-2 attention: Megatron-Core runs Transformer Engine's fused attention; with the flash-attn 2 "
+            "package installed, NVTE_FUSED_ATTN=0 makes Transformer Engine use it"
+        )
     return args
 
 

@@ -191,6 +191,11 @@ def export_torchtitan(job: Job) -> ExportResult:
         lost.append("bf16 gradient reduction: torchtitan's FSDP reduces gradients in float32 (mixed_precision_reduce)")
     if lay.norm_kernel != "fused":
         lost.append(f"{lay.norm_kernel} RMSNorm: torchtitan's models use torch's fused RMSNorm")
+    if lay.framework == "fsdp" and lay.attention_kernel_ == "fused":  # (another framework's plan: noted as such)
+        lost.append(
+            "fused attention: torchtitan's SDPA puts FlashAttention-2 first on Hopper (cuDNN first only on "
+            "Blackwell, pytorch/torchtitan#1196); the plan's price needs the cuDNN backend or FlashAttention-3"
+        )
     async_tp = lay.tp > 1 and lay.tp_comm_overlap_
     # the plan prices fused norms, rotary and activations (`Layout.elementwise_kernels`): torch.compile
     # fuses them; async TP (torch's symmetric-memory collective matmuls) runs only on a compiled model

@@ -67,6 +67,27 @@ def test_megatron_fsdp_without_gradient_fusion_prices_a_copy_and_is_megatron_onl
     assert r.exit_code == 2 and "megatron_fsdp_gradient_fusion" in r.output
 
 
+def test_attention_kernel_flash2_prices_hopper_attention_slower_and_a_plan_carries_it() -> None:
+    """--attention-kernel: FlashAttention-2 on an H100 (its mma.sync kernels miss the wgmma peak) prices the
+    same layout slower than the fused kernel; the framework's default holds when the flag is absent (fsdp
+    runs SDPA's flash backend, Megatron Transformer Engine's fused attention); a plan prices every layout
+    with the stack's kernel; an unknown kernel is refused."""
+    args = ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "16384",
+            "--global-batch", "8", "--framework", "fsdp", "--zero", "3", "--json"]
+    default = json.loads(runner.invoke(app, args).stdout)
+    flash2 = json.loads(runner.invoke(app, [*args, "--attention-kernel", "flash2"]).stdout)
+    fused = json.loads(runner.invoke(app, [*args, "--attention-kernel", "fused"]).stdout)
+    assert default["step_s"] == flash2["step_s"] > fused["step_s"]
+    assert flash2["layout"]["attention_kernel"] == "flash2" and default["layout"]["attention_kernel"] is None
+    plan = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "16384",
+            "--global-batch", "8", "--top", "2", "--json"]
+    r = runner.invoke(app, [*plan, "--attention-kernel", "flash2"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["best"]["layout"]["attention_kernel"] == "flash2"  # megatron's default is fused
+    r = runner.invoke(app, [*args, "--attention-kernel", "flash4"])
+    assert r.exit_code != 0 and "attention_kernel" in r.stdout + r.output
+
+
 def test_evaluate_readable_breakdown() -> None:
     r = runner.invoke(app, ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                             "--seq-len", "4096", "--global-batch", "16", "--tp", "2"])

@@ -175,6 +175,24 @@ def test_torchtitan_and_maxtext_rows(parsed):
     assert mt.layout.framework == "fsdp" and mt.layout.dp_shard == 128 and mt.layout.recompute == "full"
 
 
+def test_each_row_attends_with_the_kernel_its_stack_ran(parsed):
+    """FlashAttention-2 for llm-foundry (flash-attn 2), torchtitan (SDPA's flash backend) and the Nemotron-H
+    recipe (NVTE_FUSED_ATTN=0); the fused kernel for MaxText (cudnn_flash_te), Megatron-DeepSpeed (2021)
+    and every other Megatron row."""
+    rows, _ = parsed
+    flash2 = {i for i, r in rows.items() if r.layout.attention_kernel_ == "flash2"}
+    sources = {rows[i].source_id for i in flash2}
+    assert sources == {"llmfoundry_mpt", "torchtitan_2412", "dgxc_benchmarking"}
+    assert {i for i in flash2 if rows[i].source_id == "dgxc_benchmarking"} == set(range(483, 490))  # Nemotron-H
+    assert all(rows[i].layout.attention_kernel_ == "flash2" for i in range(64, 74))
+    assert rows[403].layout.attention_kernel_ == "fused" and rows[403].layout.framework == "fsdp"  # MaxText
+    deepspeed = [r for r in rows.values() if r.layout.framework == "deepspeed"]
+    assert deepspeed and all(r.layout.attention_kernel_ == "fused" for r in deepspeed)
+    from bench.published_vs_plan import constraints_for
+
+    assert constraints_for(rows[70]).attention_kernel == "flash2" and constraints_for(rows[422]).attention_kernel == "fused"
+
+
 def _not_fitting() -> list[int]:
     from bench.calibration_report import evaluate, not_fitting
     from cost_models.calibration import default_calibration

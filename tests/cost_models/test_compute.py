@@ -1,4 +1,4 @@
-"""Kernel-level costs (cost_models.compute): GEMM shape efficiency, attention tiles, MoE imbalance,
+"""Kernel-level costs (cost_models.compute): GEMM shape efficiency, attention kernels and tiles, MoE imbalance,
 launch floor, torchtitan's op-level SAC recompute share, eager vs fused elementwise kernels, ring
 context parallelism's merges, and the embedding's dense gradient."""
 
@@ -15,7 +15,9 @@ from cost_models.compute import (
     Gemm,
     ShardGeometry,
     activation_function_bytes,
+    attention_rate,
     attention_tile_efficiency,
+    attention_time,
     eager_norm_bytes,
     eager_rotary_bytes,
     elementwise_bytes,
@@ -72,6 +74,26 @@ def test_attention_tiles_waste_the_diagonal_and_short_blocks() -> None:
     assert attention_tile_efficiency(8192.0, 8192.0, causal=True) == pytest.approx((8192 * 8193 / 2) / (64 * 65 / 2 * 128**2))
     assert attention_tile_efficiency(128.0, 128.0, causal=True) == pytest.approx(129 / 256)
     assert attention_tile_efficiency(100.0, 100.0, causal=False) == pytest.approx(100 * 100 / 128**2)
+
+
+def test_flash_attention_2_loses_the_warpgroup_share_on_hopper_and_blackwell_only() -> None:
+    """FlashAttention-2 runs at its own efficiency of the kernel peak; on a GPU whose peak needs warpgroup
+    MMA (H100, GB200) it keeps `flash2_warpgroup_share` of it, on an A100 all of it; the fused kernel runs at
+    `attention_efficiency` everywhere. Array geometries pick per entry."""
+    cal = Calibration(attention_efficiency=0.5, flash2_attention_efficiency=0.4, flash2_warpgroup_share=0.6)
+    a100, gb200 = get_gpu("A100-80GB"), get_gpu("GB200")
+    assert H100.warpgroup_mma and gb200.warpgroup_mma and not a100.warpgroup_mma
+    for gpu in (H100, gb200):
+        assert attention_rate(gpu, cal, True) == pytest.approx(gpu.compute_peak("bf16") * 0.4 * 0.6)
+        assert attention_rate(gpu, cal, False) == pytest.approx(gpu.compute_peak("bf16") * 0.5)
+    assert attention_rate(a100, cal, True) == pytest.approx(a100.compute_peak("bf16") * 0.4)
+    both = attention_rate(H100, cal, np.array([True, False]))
+    assert both == pytest.approx([attention_rate(H100, cal, True), attention_rate(H100, cal, False)])
+    model = get_model("llama3-8b")
+    fused = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1)
+    flash2 = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1, flash2=True)
+    ratio = attention_time(model, 0, flash2, H100, cal) / attention_time(model, 0, fused, H100, cal)
+    assert ratio == pytest.approx(0.5 / (0.4 * 0.6))
 
 
 def test_moe_imbalance_shrinks_with_routed_tokens_and_vanishes_without_ep() -> None:

@@ -84,6 +84,21 @@ def test_resolved_defaults() -> None:
         Layout(tp=8, micro_batch=3).resolved(64, TRAIN)
 
 
+def test_attention_kernel_defaults_by_framework_and_reaches_the_geometry() -> None:
+    """Megatron-Core runs Transformer Engine's fused attention, the PyTorch stacks SDPA's FlashAttention-2
+    backend, unless the layout names a kernel; the shard geometry it is priced with carries it."""
+    from cost_models.compute import ShardGeometry
+
+    assert Layout().attention_kernel_ == "fused"
+    assert Layout(framework="fsdp").attention_kernel_ == "flash2"
+    assert Layout(framework="deepspeed").attention_kernel_ == "flash2"
+    assert Layout(framework="fsdp", attention_kernel="fused").attention_kernel_ == "fused"
+    assert ShardGeometry.of(Layout(framework="fsdp").resolved(64, TRAIN), 1, 4096).flash2
+    assert not ShardGeometry.of(Layout(tp=8).resolved(64, TRAIN), 1, 4096).flash2
+    with pytest.raises(ValueError):
+        Layout(attention_kernel="flash4")
+
+
 def test_framework_rules_name_what_the_framework_cannot_run() -> None:
     from cost_models.layout import framework_violations
 

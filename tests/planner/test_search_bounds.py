@@ -58,10 +58,10 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
     schedules = set()
     valid = _valid_pairs(model, training, cluster, gpus, c, limit=25)
     all_mbs = sorted({mb for _, mbs in valid for mb in mbs})
-    bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
+    bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework, Stack.of(c).attention_kernel)
     with monkeypatch.context() as patched:
         patched.setattr(step_time, "COMM_SMS", 0)
-        bounds_no_sms = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework)
+        bounds_no_sms = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework, Stack.of(c).attention_kernel)
     ov = cal.overlap(c.framework)
     checked = raised = 0
     for index, (mesh, mbs) in enumerate(valid):
