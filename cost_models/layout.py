@@ -50,17 +50,19 @@ NormKernel = Literal["fused", "eager_fp32"]
 ElementwiseKernels = Literal["fused", "eager"]
 CpAttention = Literal["ring", "allgather_mask"]
 AttentionKernel = Literal["fused", "flash2"]
-
-
-def default_attention_kernel(framework: str) -> AttentionKernel:
-    """The attention kernel a framework runs unless told otherwise (`Layout.attention_kernel_`)."""
-    return "fused" if framework == "megatron" else "flash2"
 OffloadDevice = Literal["cpu", "nvme"]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+"""Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
 MAX_DEGREE = 2**20
 """Largest parallel degree a layout may name (a million GPUs): bounds every number that drives work."""
-"""Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
+
+
+def default_attention_kernel(framework: str) -> AttentionKernel:
+    """The attention kernel a framework runs unless told otherwise (`Layout.attention_kernel_`):
+    Transformer Engine's fused attention under Megatron-Core, SDPA's FlashAttention-2 backend under
+    the PyTorch stacks."""
+    return "fused" if framework == "megatron" else "flash2"
 
 
 class Layout(BaseModel):
