@@ -47,7 +47,7 @@ from typing import Any
 
 from cluster_specs.catalog import get_gpu
 from cost_models.flops import step_flops
-from cost_models.layout import Layout
+from cost_models.layout import AttentionKernel, Layout
 from model_specs.spec import ModelSpec, TrainingSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -366,7 +366,7 @@ class RecipeSwitches:
     outer_stage_layers: tuple[int, int] | None = None  # layers the first and last stage hold fewer than
     outer_stage_slots: int = 0  # ... the others, which hold this many // pp each
     mtp_layers: int | None = None  # multi-token-prediction modules the recipe trains
-    attention_kernel: str | None = None  # `Layout.attention_kernel` the recipe's environment selects
+    attention_kernel: AttentionKernel | None = None  # `Layout.attention_kernel` the recipe's environment selects
     megatron_core_before_0_10: bool = False
     """The stack is a Megatron-Core older than 0.10 (February 2025). It lacks what 0.10-0.12 added,
     read in Megatron-LM's megatron/training/arguments.py and megatron/core/parallel_state.py at the
@@ -549,7 +549,7 @@ def _layout(
         elementwise_kernels=elementwise, **split,
     )
     fw_name = c.s("framework").lower()
-    if "maxtext" in fw_name or sid == "narayanan2021_table2" and framework == "deepspeed":
+    if "maxtext" in fw_name or (sid == "narayanan2021_table2" and framework == "deepspeed"):
         # MaxText on GPU attends with Transformer Engine's cuDNN attention (its dgxc recipes'
         # attention: cudnn_flash_te); Megatron-DeepSpeed (2021) runs Megatron's attention code, not
         # a PyTorch SDPA / FlashAttention-2 kernel

@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.layout import Layout, default_attention_kernel, ep_next_to_dp
+from cost_models.layout import AttentionKernel, Layout, default_attention_kernel, ep_next_to_dp
 from cost_models.pipeline import dualpipev_micro_batches_ok, interleaving_group, zero_bubble_rounds_ok
 from cost_models.stage_table import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -365,7 +365,7 @@ class Stack(NamedTuple):
     norm_kernel: str = "fused"
     fsdp_flat_params: bool = False
     megatron_fsdp_gradient_fusion: bool = True
-    attention_kernel: str = "fused"
+    attention_kernel: AttentionKernel = "fused"
 
     @classmethod
     def of(cls, c: SearchConstraints) -> Stack:
