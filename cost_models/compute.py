@@ -99,19 +99,20 @@ class ShardGeometry:
         (an integer array of micro-batch sizes gives an array of token counts)."""
         eager = getattr(mesh, "elementwise_kernels", "fused") == "eager"
         ring = getattr(mesh, "cp_attention", "ring") == "ring"
-        framework = getattr(mesh, "framework", "megatron")
-        torch_ring = runs_torch_ring(framework)
-        kernel = getattr(mesh, "attention_kernel_", None) or default_attention_kernel(framework)
         return cls(
-            micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager, ring, torch_ring,
-            kernel == "flash2",
+            micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager, ring,
+            **stack_kernels(getattr(mesh, "framework", "megatron"), getattr(mesh, "attention_kernel_", None)),
         )
 
 
-def runs_torch_ring(framework: str) -> bool:
-    """Whether a framework's context parallelism is torch's `context_parallel` ring (fsdp: the
-    runtime, torchtitan) rather than Transformer Engine's (Megatron-Core): `ring_merge_times`."""
-    return framework == "fsdp"
+def stack_kernels(framework: str, attention_kernel: str | None = None) -> dict[str, bool]:
+    """The `ShardGeometry` flags a software stack sets, for a layout (`ShardGeometry.of`) and for the
+    search's vectorized geometries alike: `torch_ring`, whether its context parallelism is torch's
+    `context_parallel` ring (fsdp: the runtime, torchtitan) rather than Transformer Engine's
+    (Megatron-Core: `ring_merge_times`), and `flash2`, whether FlashAttention-2 attends
+    (`attention_kernel`, or the framework's default: `Layout.attention_kernel_`)."""
+    kernel = attention_kernel or default_attention_kernel(framework)
+    return {"torch_ring": framework == "fsdp", "flash2": kernel == "flash2"}
 
 
 def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:

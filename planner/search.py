@@ -47,7 +47,7 @@ from cost_models.compute import (
     layer_time,
     lm_head_times,
     mtp_projection_times,
-    runs_torch_ring,
+    stack_kernels,
     trained_mtp_layers,
 )
 from cost_models.error_band import error_band
@@ -336,7 +336,7 @@ class _ComputeTimes:
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
         g = ShardGeometry(
             mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp,
-            torch_ring=runs_torch_ring(framework), flash2=attention_kernel == "flash2",
+            **stack_kernels(framework, attention_kernel),
         )
         ab = training.activation_bytes
         kinds: dict[tuple[bool, bool], LayerTime] = {}
@@ -407,7 +407,7 @@ class _PairBounds:
         kind_exposed = self.exposure.per_kind(
             mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at]
         )  # type: ignore[arg-type]
-        embedding_grad = (float(times.embedding_grad[row, 0]), float(times.embedding_grad[row, 1]), float(times.embedding_grad[row, 2]))
+        embedding_grad = tuple(times.embedding_grad[row].tolist())
         return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure)  # type: ignore[index]
 
 
