@@ -54,8 +54,9 @@ OffloadDevice = Literal["cpu", "nvme"]
 FinetuneStack = Literal["hf", "torchtune"]
 """A fine-tuning stack (`cost_models.stacks`): hf = Hugging Face Trainer / accelerate + PEFT (on FSDP or
 DeepSpeed ZeRO, or one GPU), torchtune = torchtune's recipes (FSDP2, or one GPU)."""
-OptimizerState = Literal["full", "int8", "int8_paged", "int4"]
-"""Adam's moments: full (in the trained weights' dtype), int8 (block-wise 8-bit: bitsandbytes AdamW8bit,
+OptimizerState = Literal["full", "paged", "int8", "int8_paged", "int4"]
+"""Adam's moments: full (in the trained weights' dtype), paged (the same in CUDA unified memory:
+bitsandbytes PagedAdamW), int8 (block-wise 8-bit: bitsandbytes AdamW8bit,
 torchao AdamW8bit), int8_paged (bitsandbytes PagedAdamW8bit: in CUDA unified memory, paged to the host
 under pressure), int4 (torchao AdamW4bit)."""
 
@@ -239,6 +240,12 @@ class Layout(BaseModel):
         False,
         description="torchtune's optimizer_in_bwd: each parameter is stepped and its gradient freed in its "
         "post-accumulate-grad hook, so no step-wide gradient buffer exists (needs grad_accum 1)",
+    )
+    optimizer_fused: bool = Field(
+        True,
+        description="a stack's AdamW runs as one fused kernel (torch's fused=True: HF Trainer's default adamw_torch_fused, "
+        "torchtune's configs) or, False, as torch's foreach implementation (torch.optim.AdamW's default on CUDA), "
+        "which passes over the states op by op (cost_models.stacks.FOREACH_ADAMW_PASSES)",
     )
     offload_activations: bool = Field(
         False,
@@ -783,7 +790,7 @@ def stack_violations(training: TrainingSpec, lay: Layout) -> list[Violation]:
                            "(activation_checkpointing_kwargs offload): it needs recompute full"))
     if lay.optimizer_state != "full" and lay.offload_optimizer:
         v.append(Violation("optimizer_state", "the 8-bit / 4-bit optimizers step on the GPU: not with optimizer offload"))
-    if lay.optimizer_state == "int8_paged" and lay.framework == "deepspeed":
+    if lay.optimizer_state in ("paged", "int8_paged") and lay.framework == "deepspeed":
         v.append(Violation("optimizer_state", "DeepSpeed builds its own optimizer from ds_config: a paged bitsandbytes "
                            "optimizer runs under FSDP or one GPU"))
     if training.trainable_embeddings and st == "torchtune":

@@ -74,6 +74,11 @@ from model_specs.spec import TrainingSpec
 
 STACKS = ("hf", "torchtune")
 
+FUSED_ADAMW_PASSES, FOREACH_ADAMW_PASSES = 7, 20
+"""Passes over a trained element's tensors (each one weight-dtype element read or written) of AdamW's
+step: fused (torch's `_fused_adamw`: read weight, gradient, m, v; write weight, m, v) and foreach
+(torch's `_multi_tensor_adamw`, op by op: lerp of m 3, mul and addcmul of v 2 + 3, sqrt and the two
+scalings of the denominator 2 + 2 + 2, addcdiv into the weight 4, weight decay 2)."""
 INT8_BLOCK, INT4_BLOCK = 256, 128
 """Elements per float32 scale of block-wise 8-bit and 4-bit optimizer states (module doc)."""
 SCALE_BYTES = 4
@@ -152,7 +157,18 @@ def trainable_bytes(training: TrainingSpec, stack: str | None, optimizer_state: 
     moments = moment_bytes(optimizer_state, weight) if training.optimizer == "adamw" else 0.0
     # a float32 weight under autocast (full fine-tuning) is cast once per step and the cast kept
     copy = float(training.param_bytes) if weight > training.param_bytes and not training.frozen_base else 0.0
-    return TrainedBytes(weight, weight, moments, copy, optimizer_state == "int8_paged")
+    return TrainedBytes(weight, weight, moments, copy, optimizer_state in ("paged", "int8_paged"))
+
+
+def optimizer_step_bytes(training: TrainingSpec, stack: str, optimizer_state: str, fused: bool) -> float:
+    """HBM bytes a stack's optimizer step moves per trained element (module doc): the fused kernel
+    reads and writes the weight and the moments and reads the gradient once; the foreach one passes
+    `FOREACH_ADAMW_PASSES` times over tensors of the weight's dtype."""
+    tb = trainable_bytes(training, stack, optimizer_state)
+    fused_bytes = 2 * tb.optimizer + tb.gradient + 2 * tb.weight
+    if fused or optimizer_state != "full":  # bitsandbytes' and torchao's 8 / 4-bit steps are single kernels
+        return fused_bytes
+    return fused_bytes * FOREACH_ADAMW_PASSES / FUSED_ADAMW_PASSES
 
 
 def adapter_input_bytes(training: TrainingSpec, stack: str | None) -> tuple[float, bool]:
@@ -178,7 +194,8 @@ def stack_calibration(cal: Calibration, stack: str | None) -> Calibration:
 
 def stack_overhead_s(cal: Calibration, stack: str | None, micro_batches: int) -> float:
     """Seconds a stack's training loop adds to a step on the host: per step and per micro-batch
-    (module doc; fitted constants in `Calibration.stack_overheads`)."""
+    (module doc; fitted constants in `Calibration.stack_overheads`). It takes the place of
+    `Calibration.step_overhead_s`, the framework loops' fixed cost fitted on pre-training runs."""
     if stack is None:
         return 0.0
     o = cal.stack_overhead(stack)

@@ -1203,7 +1203,7 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
-        m.grad_accum_, m.stack, m.optimizer_state,
+        m.grad_accum_, m.stack, m.optimizer_state, m.optimizer_fused,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
         t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),

@@ -411,8 +411,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # 12 bytes for AdamW), read the gradient, write the working weight
     moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
     if m.stack is not None:  # a stack's trained weights are the optimizer's (read and written), no master
-        tb = stacks.trainable_bytes(tr, m.stack, m.optimizer_state)
-        moved = 2 * tb.optimizer + tb.gradient + 2 * tb.weight
+        moved = stacks.optimizer_step_bytes(tr, m.stack, m.optimizer_state, m.optimizer_fused)
     optimizer = np.empty(local.shape + (3,))
     optimizer[..., 0] = local * moved / hbm
     # offloaded (ZeRO-Offload, Ren et al. 2021): the gradient partition goes down the rank's host link,
@@ -652,7 +651,8 @@ def compose(
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
-    overhead = cal.step_overhead_s + stacks.stack_overhead_s(cal, m.stack, mb_count)
+    # a fine-tuning stack's loop replaces the framework loops' fitted fixed cost (`cost_models.stacks`)
+    overhead = cal.step_overhead_s if m.stack is None else stacks.stack_overhead_s(cal, m.stack, mb_count)
     parts[10] = overhead
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
