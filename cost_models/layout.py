@@ -744,9 +744,11 @@ def stack_violations(training: TrainingSpec, lay: Layout) -> list[Violation]:
       plugin) or DeepSpeed ZeRO under it; Trainer has no tensor, pipeline, context or expert
       parallelism of its own for training and no optimizer step in the backward; it offloads the
       checkpointed layer inputs only (`activation_checkpointing_kwargs` "offload", transformers 5).
-    - torchtune: its LoRA / QLoRA / full recipes shard with FSDP2 (`training.shard_model`) over data
-      parallel ranks; optimizer_in_bwd needs gradient_accumulation_steps 1 (the recipes refuse the
-      pair) and cannot be combined with FSDP's CPU offload of the optimizer in the LoRA recipes.
+    - torchtune (0.6.1): its LoRA / QLoRA / full recipes shard with FSDP2 (`training.shard_model`)
+      over data parallel ranks; optimizer_in_bwd is read by the full fine-tuning recipes only and
+      needs gradient_accumulation_steps 1 (`full_finetune_single_device.py` raises otherwise);
+      enable_activation_offloading needs enable_activation_checkpointing (every recipe raises
+      otherwise).
     - the quantized and paged optimizers, optimizer-in-backward and activation offloading outside
       Megatron (`offload_activations`) are the stacks' (bitsandbytes / torchao components they load);
       Megatron-Core, torchtitan and DeepSpeed's engine are priced without them.
@@ -780,14 +782,21 @@ def stack_violations(training: TrainingSpec, lay: Layout) -> list[Violation]:
         if st != "torchtune":
             v.append(Violation("optimizer_in_backward", "HF Trainer steps the optimizer after the backward "
                                "(optimizer-in-backward is torchtune's optimizer_in_bwd)"))
+        if training.frozen_base:
+            v.append(Violation("optimizer_in_backward", "torchtune's optimizer_in_bwd is its full fine-tuning recipes' "
+                               "(full_finetune_*); the LoRA recipes step after the backward"))
         if lay.grad_accum_ > 1:
             v.append(Violation("optimizer_in_backward", "torchtune's optimizer_in_bwd needs gradient_accumulation_steps=1 "
                                f"(grad_accum is {lay.grad_accum_})"))
         if lay.offload_optimizer:
             v.append(Violation("optimizer_in_backward", "optimizer_in_bwd steps on the GPU: not with optimizer offload"))
-    if lay.offload_activations and st == "hf" and lay.recompute != "full":
-        v.append(Violation("offload_activations", "HF Trainer offloads the checkpointed layer inputs "
-                           "(activation_checkpointing_kwargs offload): it needs recompute full"))
+    if lay.offload_activations and lay.recompute != "full":
+        v.append(Violation("offload_activations", "activation offloading needs activation checkpointing (recompute full): "
+                           "torchtune's recipes refuse enable_activation_offloading without enable_activation_checkpointing, "
+                           "and HF offloads the checkpointed layer inputs (activation_checkpointing_kwargs offload)"))
+    if lay.framework == "fsdp" and lay.offload_optimizer != lay.offload_params:
+        v.append(Violation("offload_optimizer", f"stack {st} offloads with FSDP's CPU offload (torchtune's fsdp_cpu_offload, "
+                           "Accelerate's fsdp_offload_params): parameters, gradients and optimizer together"))
     if lay.optimizer_state != "full" and lay.offload_optimizer:
         v.append(Violation("optimizer_state", "the 8-bit / 4-bit optimizers step on the GPU: not with optimizer offload"))
     if lay.optimizer_state in ("paged", "int8_paged") and lay.framework == "deepspeed":

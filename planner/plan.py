@@ -128,7 +128,8 @@ class SearchConstraints(BaseModel):
             raise ValueError(f"fsdp_flat_params (FSDP1) needs framework fsdp, not {self.framework}")
         if not self.megatron_fsdp_gradient_fusion and self.framework != "megatron":
             raise ValueError(f"megatron_fsdp_gradient_fusion=False needs framework megatron, not {self.framework}")
-        if self.stack is not None and self.framework not in (("fsdp", "deepspeed") if self.stack == "hf" else ("fsdp",)):
+        explicit = "framework" in self.model_fields_set  # else the stack's own (planner.finetune)
+        if explicit and self.stack is not None and self.framework not in (("fsdp", "deepspeed") if self.stack == "hf" else ("fsdp",)):
             raise ValueError(f"stack {self.stack} does not run on framework {self.framework}")
         return self
 
