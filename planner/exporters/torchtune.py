@@ -12,8 +12,9 @@ torchao) callable with keyword arguments it takes:
   `llama3_2.lora_llama3_2` for tied embeddings, and the full-model builders), the adapted modules
   (`lora_attn_modules`, `apply_lora_to_mlp`), `use_dora`, and `quantize_base` for QLoRA (torchao
   NF4). torchtune builds other families with their own builders: a non-Llama model is refused.
-- `optimizer`: `torch.optim.AdamW` (fused), `bitsandbytes.optim.PagedAdamW` / `AdamW8bit` /
-  `PagedAdamW8bit`, `torchao.optim.AdamW4bit`; `optimizer_in_bwd` (full fine-tuning recipes).
+- `optimizer`: `torch.optim.AdamW` (fused), `bitsandbytes.optim.PagedAdamW` / `PagedAdamW8bit` (as
+  torchtune's low-memory configs name them), `torchao.optim.AdamW8bit` / `AdamW4bit`;
+  `optimizer_in_bwd` (full fine-tuning recipes).
 - `loss`: `torchtune.modules.loss.CEWithChunkedOutputLoss` (chunked) or `torch.nn.CrossEntropyLoss`.
 - `enable_activation_checkpointing`, `enable_activation_offloading`, `compile`, `fsdp_cpu_offload`,
   `fsdp_reshard_after_forward` (ZeRO-3 vs ZeRO-2), `batch_size`, `gradient_accumulation_steps`,
@@ -33,7 +34,7 @@ from planner.exporters.common import ExportError, ExportResult, Job, comment_blo
 OPTIMIZERS = {
     "full": {"_component_": "torch.optim.AdamW", "fused": True, "lr": 2e-5},
     "paged": {"_component_": "bitsandbytes.optim.PagedAdamW", "lr": 2e-5},
-    "int8": {"_component_": "bitsandbytes.optim.AdamW8bit", "lr": 2e-5},
+    "int8": {"_component_": "torchao.optim.AdamW8bit", "lr": 2e-5},
     "int8_paged": {"_component_": "bitsandbytes.optim.PagedAdamW8bit", "lr": 2e-5},
     "int4": {"_component_": "torchao.optim.AdamW4bit", "lr": 2e-5},
 }
