@@ -33,6 +33,7 @@ from typing import Any
 
 from cluster_specs.presets import cluster_from_dict, get_cluster
 from cluster_specs.spec import ClusterSpec
+from cost_models import stacks
 from cost_models.calibration import FITTED_PATH, Calibration, StackOverhead, default_calibration
 from cost_models.estimate import Estimate, estimate
 from cost_models.layout import Layout
@@ -276,7 +277,7 @@ def price_row(row: dict[str, str], cal: Calibration | None = None) -> PricedRow:
     kind = _memory_kind(row)
     worst = est.peak_memory
     allocated = worst.total - worst.reserve
-    frag = (cal or default_calibration()).fragmentation_of(lay.framework)
+    frag = stacks.fragmentation(cal or default_calibration(), est.layout.framework, est.layout.stack, est.layout.dp_)
     predicted = allocated * (1 + frag) if kind == "reserved" else allocated
     return PricedRow(
         row["row_id"], rec.stack or lay.framework, est.layout, est, time_est,

@@ -192,6 +192,15 @@ def stack_calibration(cal: Calibration, stack: str | None) -> Calibration:
     return replace(cal, kernel_launch_s=cal.stack_overhead(stack).kernel_launch_s)
 
 
+def fragmentation(cal: Calibration, framework: str, stack: str | None, dp: int) -> float:
+    """The caching allocator's reserved-over-allocated fraction: FSDP2's (`Calibration.
+    fsdp_fragmentation`, its collectives' buffers of varying sizes) wherever FSDP shards, the plain
+    one (`Calibration.fragmentation`) for a stack on one GPU, which runs without a sharding wrapper."""
+    if stack is not None and dp == 1:
+        return cal.fragmentation
+    return cal.fragmentation_of(framework)
+
+
 def stack_overhead_s(cal: Calibration, stack: str | None, micro_batches: int) -> float:
     """Seconds a stack's training loop adds to a step on the host: per step and per micro-batch
     (module doc; fitted constants in `Calibration.stack_overheads`). It takes the place of

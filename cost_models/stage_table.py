@@ -1149,7 +1149,7 @@ def price_memory(
             buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
-    reserve = cal.cuda_context_bytes + cal.fragmentation_of(m.framework) * allocated
+    reserve = cal.cuda_context_bytes + stacks.fragmentation(cal, m.framework, m.stack, m.dp_) * allocated
     if m.activation_offload_layers or m.offload_activations:
         host = host + on_host
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, nvme, knobs=knobs)

@@ -7,7 +7,7 @@ also sets the kernels a user gets without saying more (no torch.compile: eager n
 ops; `cost_models.stacks`), unless the constraints name them.
 
 `search_finetune` then searches the techniques a fine-tuner turns (`TECHNIQUES`): activation
-checkpointing, activation offloading (under checkpointing), 8-bit AdamW, optimizer-in-backward
+checkpointing, activation offloading (under checkpointing), 8-bit AdamW (paged or not), optimizer-in-backward
 (torchtune's full fine-tuning, one micro-batch per step), the chunked / fused loss (torchtune's
 chunked cross-entropy, Liger's fused linear cross-entropy under HF), each combination a search of its
 own (`planner.search.search`: a stack runs data parallelism only, so each is small), and keeps the
@@ -74,7 +74,8 @@ def technique_grid(training: TrainingSpec, c: SearchConstraints, gpus: int) -> l
     if "cross_entropy" not in given:
         options["cross_entropy"] = [None, "chunked" if st == "torchtune" else "fused_linear"]
     if "optimizer_state" not in given and c.allow_8bit_optimizer and training.optimizer == "adamw":
-        options["optimizer_state"] = ["full", "int8"]
+        # 8-bit AdamW, and bitsandbytes' paged 8-bit one (the QLoRA recipe's, torchtune's 8B_full_single_device's)
+        options["optimizer_state"] = ["full", "int8", "int8_paged"]
     if "offload_activations" not in given:
         options["offload_activations"] = [False, True]
     if "optimizer_in_backward" not in given and st == "torchtune" and not training.frozen_base:
