@@ -723,7 +723,9 @@ def build_table(
         tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, etp_per_moe, p2p, boundary,
         mesh.communicator_groups, channels, weight_bytes, trainable,
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
-        peaks[0], peaks[1], peaks[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
+        peaks[0], peaks[1], peaks[2],
+        # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
+        *_offloaded(acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers),
         pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
         embedding_grad_elements=embedding_tables,
     )
@@ -1037,20 +1039,13 @@ def price_memory(
     a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_, m.framework, m.moe_a2a_overlap)
     peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
     acts = peaks.max(axis=0)[mode]
-    if m.activation_offload_layers:
+    if m.activation_offload_layers or m.offload_activations:
         # offloaded layers stay on the GPU only as the two layers being copied out / prefetched back
+        # (Megatron's --cpu-offloading; a stack's, torchtune's OffloadActivations, every layer)
         staging = 2 * np.divide(t.offloaded_acts, np.maximum(t.offloaded_layers, 1.0)[None, :])
         inflight = a_units.max(axis=0)  # micro-batches in flight per rank
         on_host = (t.offloaded_acts * inflight[None, :])[mode]
         acts = acts - on_host + np.minimum(staging, t.offloaded_acts * inflight[None, :])[mode]
-    elif m.offload_activations:
-        # a stack's activation offloading (torchtune's OffloadActivations, HF's checkpoint offload):
-        # every saved tensor goes to pinned host memory after its forward on a side stream and is
-        # prefetched before its backward, so the GPU keeps about two layers' worth (the one being
-        # copied out or in, and the one computing)
-        per_layer = t.acts / np.maximum(t.layers, 1.0)[None, :]
-        on_host = t.acts[mode]
-        acts = acts - on_host + np.minimum(2 * per_layer, t.acts)[mode]
     logits = np.zeros((len(settings), pp))
     logits[:, t.partition.head_rank] = t.logits
     if m.framework == "fsdp" and pp > 1 and schedule in FORWARDS_FIRST_SCHEDULES and m.grad_accum_ > 1:
