@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -179,6 +180,7 @@ def adapter_seconds(
         if not ft.adapted(x):
             continue
         fin, fout = _split(x, tp, etp)  # type: ignore[arg-type]
+        through: Any
         if x.expert:
             through = tokens * model.moe_top_k / ep  # type: ignore[operator]
             copies = 1.0  # tokens are spread over the rank's experts
@@ -192,7 +194,7 @@ def adapter_seconds(
             fwd = copies * through * (ADAPTER_ELEMENTS_IN * fin + ADAPTER_ELEMENTS_OUT * fout) * act_bytes  # type: ignore[operator]
             bwd = copies * through * (ADAPTER_BACKWARD_IN * fin + ADAPTER_BACKWARD_OUT * fout) * act_bytes  # type: ignore[operator]
         if ft.dora:
-            weight = fin * fout * (copies if not x.expert else _copies(x, ep))  # type: ignore[operator]
+            weight = fin * fout * (copies if not x.expert else _copies(x, ep))  # type: ignore[operator, arg-type]
             fwd = fwd + DORA_WEIGHT_BYTES * weight + copies * through * DORA_OUTPUT_BYTES[0] * fout  # type: ignore[operator]
             bwd = bwd + copies * through * DORA_OUTPUT_BYTES[1] * fout  # type: ignore[operator]
         total = total + fwd / bandwidth  # type: ignore[operator]

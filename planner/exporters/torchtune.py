@@ -52,12 +52,12 @@ def _builder(job: Job) -> tuple[str, dict[str, Any]]:
     dims: dict[str, Any] = {
         "vocab_size": m.vocab_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
         "num_kv_heads": m.kv_heads, "embed_dim": m.hidden_size, "max_seq_len": job.training.seq_len,
-        "intermediate_dim": m.ffn_hidden_size, "rope_base": int(m.rope_theta),
+        "intermediate_dim": m.ffn_hidden_size, "rope_base": int(m.rope_theta or 10_000),
     }
     scaling = m.rope_scaling
     if m.tie_embeddings:
         path = "torchtune.models.llama3_2.{}llama3_2"
-        if scaling is not None and scaling.factor:
+        if scaling is not None and scaling.factor is not None:
             dims["scale_factor"] = int(scaling.factor)
     elif scaling is not None and scaling.rope_type == "llama3":
         path = "torchtune.models.llama3_1.{}llama3_1"
