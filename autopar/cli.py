@@ -91,6 +91,18 @@ def _method_fields(
     return out
 
 
+def _technique_fields(master_weights: bool | None, dora: bool, trainable_embeddings: bool) -> dict[str, Any]:
+    """The technique fields of `TrainingSpec` from the CLI options (only those given)."""
+    out: dict[str, Any] = {}
+    if master_weights is not None:
+        out["master_weights"] = master_weights
+    if dora:
+        out["dora"] = True
+    if trainable_embeddings:
+        out["trainable_embeddings"] = True
+    return out
+
+
 @app.command()
 def evaluate(
     model: str | None = typer.Option(None, help="model preset or path to a HF config.json"),
@@ -171,7 +183,19 @@ def evaluate(
         help="framework megatron, ZeRO-2/3: the weight-gradient GEMMs accumulate into Megatron FSDP's buffer "
         "(Megatron-Core 0.14+); --no-...: NeMo 2.3 / 2.4 turn it off (a gradient copy per micro-batch)",
     ),
-    framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
+    framework: str | None = typer.Option(None, help="megatron | fsdp | deepspeed (default megatron; with --stack the stack's)"),
+    stack: str | None = typer.Option(None, help="fine-tuning stack: hf (HF Trainer / accelerate + PEFT) | torchtune"),
+    optimizer_state: str | None = typer.Option(None, help="with a stack: full | paged | int8 | int8_paged | int4"),
+    optimizer_in_backward: bool = typer.Option(False, "--optimizer-in-backward", help="torchtune's optimizer_in_bwd"),
+    offload_activations: bool = typer.Option(False, "--offload-activations", help="a stack's activation offloading"),
+    cross_entropy: str | None = typer.Option(
+        None, help="loss kernel: eager | chunked | fused_linear | fused | vocab_parallel | loss_parallel (default by framework / stack)"
+    ),
+    master_weights: bool | None = typer.Option(
+        None, "--master-weights/--no-master-weights", help="float32 trained weights; default: the stack's"
+    ),
+    dora: bool = typer.Option(False, "--dora", help="lora / qlora: DoRA adapters"),
+    trainable_embeddings: bool = typer.Option(False, "--trainable-embeddings", help="lora / qlora: train embedding and head too"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free (as `autopar plan`): sets 'usable'"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON result"),
     jobs: Path | None = typer.Option(None, help="JSONL file of jobs ('-' = stdin); one JSON result per line"),
@@ -192,7 +216,12 @@ def evaluate(
     training: dict[str, Any] = {
         "seq_len": seq_len, "precision": precision, "grad_dtype": grad_dtype,
         **_method_fields(method, lora_rank, lora_alpha, lora_targets, quant_format),
+        **_technique_fields(master_weights, dora, trainable_embeddings),
     }
+    if framework is None:
+        from cost_models.stacks import STACK_DEFAULTS
+
+        framework = STACK_DEFAULTS[stack].frameworks[0] if stack in STACK_DEFAULTS else "megatron"
     if global_batch_tokens:
         training["global_batch_tokens"] = global_batch_tokens
     if global_batch:
@@ -217,6 +246,8 @@ def evaluate(
         "fsdp_flat_params": fsdp1 or None,
         "megatron_fsdp_gradient_fusion": None if fsdp_fusion else False,
         "attention_kernel": attention_kernel,
+        "stack": stack, "optimizer_state": optimizer_state, "optimizer_in_backward": optimizer_in_backward or None,
+        "offload_activations": offload_activations or None, "cross_entropy": cross_entropy,
     }
     job = {
         "model": model_ref, "cluster": cluster_ref, "gpus": _gpus(gpus, nodes, cluster_ref),
@@ -314,7 +345,43 @@ def plan(
     quant_format: str | None = typer.Option(None, help="qlora: nf4_double (default) | nf4 | int8"),
     top: int = typer.Option(5, min=1, help="layouts to show: the best and the next N-1"),
     headroom: float = typer.Option(0.05, help="fraction of GPU memory kept free"),
-    framework: str = typer.Option("megatron", help="megatron | fsdp | deepspeed"),
+    framework: str | None = typer.Option(
+        None, help="megatron | fsdp | deepspeed (default megatron; with --stack or for lora / qlora the stack's: fsdp)"
+    ),
+    stack: str | None = typer.Option(
+        None, help="fine-tuning stack: hf (HF Trainer / accelerate + PEFT) | torchtune; default for lora / qlora: hf"
+    ),
+    optimizer_state: str | None = typer.Option(
+        None, help="with a stack, pin Adam's moments: full | paged | int8 | int8_paged | int4 (default: searched)"
+    ),
+    optimizer_in_backward: bool | None = typer.Option(
+        None, "--optimizer-in-backward/--no-optimizer-in-backward", help="torchtune: pin optimizer_in_bwd (default: searched)"
+    ),
+    offload_activations: bool | None = typer.Option(
+        None, "--offload-activations/--no-offload-activations", help="with a stack: pin activation offloading (default: searched)"
+    ),
+    cross_entropy: str | None = typer.Option(
+        None, help="pin the loss kernel: eager | chunked (torchtune) | fused_linear (Liger, HF) | fused | vocab_parallel | "
+        "loss_parallel (default: the framework's / stack's, and with a stack the chunked / fused one is searched)"
+    ),
+    recompute: str | None = typer.Option(None, help="pin recompute: none | selective | full | op_sac"),
+    micro_batch: int | None = typer.Option(None, min=1, help="pin the micro-batch"),
+    technique_search: bool = typer.Option(
+        True, "--technique-search/--no-technique-search",
+        help="with a stack: search its memory techniques (checkpointing, offloading, 8-bit AdamW, optimizer in backward, "
+        "chunked / fused loss) and keep the fastest plan that fits",
+    ),
+    allow_8bit_optimizer: bool = typer.Option(
+        True, "--allow-8bit-optimizer/--no-8bit-optimizer", help="with a stack: may 8-bit AdamW be chosen (it changes the numerics)"
+    ),
+    master_weights: bool | None = typer.Option(
+        None, "--master-weights/--no-master-weights",
+        help="float32 trained weights (a master copy); default: the stack's (torchtune and HF's bf16 models: none)",
+    ),
+    dora: bool = typer.Option(False, "--dora", help="lora / qlora: DoRA adapters (PEFT use_dora, torchtune use_dora)"),
+    trainable_embeddings: bool = typer.Option(
+        False, "--trainable-embeddings", help="lora / qlora: train the embedding and LM head too (PEFT modules_to_save)"
+    ),
     tp: int | None = typer.Option(None, help="pin the tensor-parallel degree"),
     pp: int | None = typer.Option(None, help="pin the pipeline-parallel degree"),
     cp: int | None = typer.Option(None, help="pin the context-parallel degree"),
@@ -341,9 +408,10 @@ def plan(
         help="MoE parallel folding (Megatron-Core 0.10+); --no-moe-folding: price every layout with 0.9's expert "
         "grid (EP carved out of DP, expert TP = TP)",
     ),
-    elementwise_kernels: str = typer.Option(
-        "fused", help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
-        "the norm / rotary / activation kernels every layout is priced with"
+    elementwise_kernels: str | None = typer.Option(
+        None, help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
+        "the norm / rotary / activation kernels every layout is priced with (default fused; with a stack eager, "
+        "i.e. no torch.compile)"
     ),
     attention_kernel: str | None = typer.Option(
         None, help="the attention kernel every layout is priced with: fused (Transformer Engine / cuDNN attention, "
@@ -360,15 +428,18 @@ def plan(
         "--no-...: price it as NeMo 2.3 / 2.4 run it, fusion off (a gradient copy per micro-batch)",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
-    export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
+    export: str | None = typer.Option(
+        None, help="megatron | deepspeed | torchtitan | torchrun | accelerate | hf (TrainingArguments + PEFT + accelerate "
+        "config) | torchtune (recipe config)"
+    ),
 ) -> None:
     """Search every hybrid layout, rank by step time, explain the choice."""
     from pydantic import ValidationError
 
     from cost_models.jobs import JobError, _resolve, format_validation_error, resolve_cluster, resolve_model
     from model_specs.spec import TrainingSpec
+    from planner.finetune import search_finetune as search
     from planner.plan import SearchConstraints
-    from planner.search import search
 
     _need_global_batch(global_batch, global_batch_tokens)
     model_ref, cluster_ref = _model_ref(model), _cluster_ref(cluster)
@@ -379,15 +450,24 @@ def plan(
             seq_len=seq_len, global_batch=global_batch or 0, global_batch_tokens=global_batch_tokens,
             precision=precision, grad_dtype=grad_dtype,  # type: ignore[arg-type]
             **_method_fields(method, lora_rank, lora_alpha, lora_targets, quant_format),
+            **_technique_fields(master_weights, dora, trainable_embeddings),
         )
+        pinned = {  # only what the user gave: the stack's defaults and the technique search fill the rest
+            k: v for k, v in dict(
+                framework=framework, elementwise_kernels=elementwise_kernels, stack=stack, optimizer_state=optimizer_state,
+                optimizer_in_backward=optimizer_in_backward, offload_activations=offload_activations,
+                cross_entropy=cross_entropy, recompute=recompute, micro_batch=micro_batch,
+            ).items() if v is not None
+        }
         constraints = SearchConstraints(
-            memory_headroom=headroom, framework=framework, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero,
+            memory_headroom=headroom, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero,
             max_zero_stage=max_zero, schedule=schedule,
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
             allow_moe_a2a_overlap=moe_a2a_overlap, moe_parallel_folding=moe_folding,
-            elementwise_kernels=elementwise_kernels,  # type: ignore[arg-type]
             fsdp_flat_params=fsdp1, megatron_fsdp_gradient_fusion=fsdp_fusion,
             attention_kernel=attention_kernel,  # type: ignore[arg-type]
+            search_techniques=technique_search, allow_8bit_optimizer=allow_8bit_optimizer,
+            **pinned,
         )
     except ValidationError as exc:
         typer.echo(f"error: {format_validation_error(exc)}", err=True)
@@ -402,6 +482,14 @@ def plan(
 
     with SearchProgress(enabled=not as_json and sys.stderr.isatty()) as progress:
         result = search(spec, training, cl, n, constraints, progress=progress.update)
+    if result.best is not None and result.best.layout.stack and not as_json and not export:
+        from cost_models.stacks import defaults
+        from planner.finetune import STACK_NAMES, techniques_of
+
+        lay = result.best.layout
+        chosen = techniques_of(lay, defaults(lay.stack).cross_entropy)
+        typer.echo(f"stack: {lay.stack} ({STACK_NAMES[lay.stack]}) on {lay.framework}, ZeRO-{lay.zero_stage}; "
+                   f"techniques: {', '.join(chosen) or 'none'}; export it with --export {lay.stack}")
     if export:
         from planner.exporters import export as export_plan
 

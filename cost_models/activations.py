@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cost_models import op_sac
+from cost_models.finetune import DORA_SAVED_BYTES
 from model_specs.spec import ModelSpec
 
 Framework = Literal["megatron", "fsdp", "deepspeed"]
@@ -104,6 +105,15 @@ class ActivationContext:
     cp: int = 1  # context-parallel degree (seq_len_local = seq_len / cp)
     cp_attention: str = "ring"  # ring | allgather_mask (module doc)
     recompute_modules: tuple[str, ...] = ("act", "core_attn")  # what "selective" recomputes (module doc)
+    # a frozen base (LoRA / QLoRA; `adapter_saved_bytes`): the PEFT names of the adapted linears (None:
+    # every weight is trained and every GEMM keeps its input), the bytes per element of the input an
+    # adapted module keeps, whether each module keeps its own copy, and the adapter rank
+    adapted: tuple[str, ...] | None = None
+    adapter_input_bytes: float = 2.0
+    adapter_copies: bool = False
+    adapter_rank: int = 0
+    expand_kv: bool = False  # K and V expanded to every query head before attention (torchtune)
+    dora: bool = False  # DoRA's magnitude gradient keeps the base and adapter outputs (`dora_saved_bytes`)
 
     @property
     def tokens(self) -> int:
@@ -148,7 +158,12 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     nb = ctx.norm_bytes
     modules = _modules(ctx, recompute)
     total = t * h * nb / rep  # norm input (the block input)
-    if "layernorm" not in modules:
+    frozen = ctx.adapted is not None and model.attention != "mla"
+    if frozen:
+        total += adapter_saved_bytes(ctx, ("q_proj", "k_proj", "v_proj"), h) + adapter_saved_bytes(ctx, ("o_proj",), h, shared=True)
+        kv_out = model.kv_heads * (model.qk_head_dim + model.v_dim) / 2 / ctx.tp
+        total += dora_saved_bytes(ctx, {"q_proj": heads * model.qk_head_dim, "k_proj": kv_out, "v_proj": kv_out, "o_proj": h})
+    elif "layernorm" not in modules:
         total += t * h * ctx.gemm_input_bytes / ctx.gathered_input_divisor  # norm output = QKV input
     if model.attention == "mla":
         assert model.kv_lora_rank and model.qk_rope_head_dim
@@ -158,7 +173,7 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
         total += ((ql + model.kv_lora_rank) * (nb + ab) + model.qk_rope_head_dim * ab) * t / rep
         kv_heads = heads
     else:
-        kv_heads = max(model.kv_heads / ctx.tp, 1.0)
+        kv_heads = heads if ctx.expand_kv else max(model.kv_heads / ctx.tp, 1.0)
     q = heads * model.qk_head_dim
     kv = kv_heads * (model.qk_head_dim + model.v_dim)
     if not ("mla_up_proj" in modules and model.attention == "mla"):
@@ -174,6 +189,34 @@ def attention_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str) ->
     return total
 
 
+def adapter_saved_bytes(ctx: ActivationContext, modules: tuple[str, ...], width: float, shared: bool = False) -> float:
+    """Bytes a frozen base keeps of the input that `modules` (one input of `width` features per
+    token) read: a frozen linear keeps nothing (no weight gradient; its input gradient needs only
+    the weight), an adapted one keeps its input for A's gradient and A's rank-r output for B's
+    (`cost_models.stacks`): PEFT a float32 copy per module (`adapter_copies`), torchtune and the
+    runtime the compute-dtype input once for the modules that read it. `shared`: the input is
+    already kept by another op (the attention output feeding o_proj), so only a copy adds to it."""
+    assert ctx.adapted is not None
+    n = sum(1 for m in modules if m in ctx.adapted)
+    if not n:
+        return 0.0
+    t = ctx.tokens
+    per_token = n * ctx.adapter_rank * ctx.adapter_input_bytes  # A's outputs
+    if ctx.adapter_copies:
+        per_token += n * width * ctx.adapter_input_bytes
+    elif not shared:
+        per_token += width * ctx.act_bytes
+    return t * per_token
+
+
+def dora_saved_bytes(ctx: ActivationContext, outputs: dict[str, float]) -> float:
+    """What DoRA keeps beyond LoRA per adapted module (`finetune.DORA_SAVED_BYTES` per token and
+    output feature); `outputs`: output features of each module."""
+    if not ctx.dora or ctx.adapted is None:
+        return 0.0
+    return ctx.tokens * DORA_SAVED_BYTES * sum(w for m, w in outputs.items() if m in ctx.adapted)
+
+
 def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: int) -> float:
     """Saved bytes of the MLP or MoE block of layer `index` (including its input norm)."""
     t, ab, h = ctx.tokens, ctx.act_bytes, model.hidden_size
@@ -185,6 +228,14 @@ def mlp_bytes(model: ModelSpec, ctx: ActivationContext, recompute: str, index: i
     total = t * h * ctx.norm_bytes / rep  # norm input
     if model.norm_placement == "sandwich":  # Gemma 2/3: the post-MLP norm saves its input too
         total += t * h * ctx.norm_bytes / rep
+    if ctx.adapted is not None and not model.is_moe_layer(index) and not act_recomputed:
+        # a frozen dense MLP: the gate / up / down adapters keep their inputs; the product feeds a
+        # frozen down projection unless it is adapted (`adapter_saved_bytes`)
+        first = adapter_saved_bytes(ctx, ("gate_proj", "up_proj") if model.gated_mlp else ("up_proj",), h)
+        f = model.ffn_hidden_size / ctx.tp
+        down = adapter_saved_bytes(ctx, ("down_proj",), f)
+        dora = dora_saved_bytes(ctx, {"gate_proj": f, "up_proj": f, "down_proj": h})
+        return total + first + down + dora + t * f * (full_w - 1) * ab
     if "layernorm" not in modules:
         total += t * h * ctx.gemm_input_bytes / ctx.gathered_input_divisor  # norm output = first GEMM's input
     # one of the saved f-wide tensors is the second GEMM's input (kept in FP8 under FP8 training)
@@ -294,7 +345,7 @@ def layer_activation_bytes(model: ModelSpec, index: int, ctx: ActivationContext,
     return attention_bytes(model, ctx, recompute) + mlp_bytes(model, ctx, recompute, index)
 
 
-LOGIT_BYTES = {"eager": 14, "loss_parallel": 10, "vocab_parallel": 6, "fused": 2}
+LOGIT_BYTES = {"eager": 14, "loss_parallel": 10, "vocab_parallel": 6, "fused": 2, "chunked": 2.5, "fused_linear": 0}
 """Peak bytes per logit of the loss. eager PyTorch (`F.cross_entropy(logits.float(), ...)`): at the
 start of the backward, the bf16 logits, the float32 log-softmax saved for backward, the float32
 gradient nll_loss returns and the float32 gradient of log-softmax are alive together (2 + 4 + 4 + 4;
@@ -304,7 +355,12 @@ bf16 logits, the float32 log-softmax it saves and one float32 gradient (2 + 4 + 
 local logit with a fake 4-rank TP mesh and the live-storage tracker). Megatron's vocab-parallel cross-entropy: bf16 logits
 and one float32 copy overwritten in place with the softmax gradient (2 + 4). A fused, chunked
 kernel (flash-attn's / Liger's cross-entropy, llm-foundry's default) writes the gradient into the
-bf16 logits (2)."""
+bf16 logits (2). torchtune's chunked loss (`CEWithChunkedOutputLoss`, 8 chunks; the recipes compile it
+with the model): the model returns the bf16 logits of all chunks and each chunk's compiled float32
+loss keeps its per-token log-sum-exp, so the bf16 logits and one chunk's gradient (2 + 2 / 8 ... 2.5).
+A fused linear cross-entropy (Liger's `LigerFusedLinearCrossEntropyLoss`, Cut Cross-Entropy) computes
+the LM head and the loss block by block and never holds the logits (0 per logit; the head's input and
+its gradient are counted with the head inputs)."""
 
 
 def logits_bytes(model: ModelSpec, ctx: ActivationContext, cross_entropy: str) -> float:

@@ -42,6 +42,31 @@ class Overlap:
     # ZeRO collectives reach (DeepSpeed ZeRO-3 gathers many small partitions, far below NCCL's peak)
 
 
+@dataclass(frozen=True)
+class StackOverhead:
+    """Host seconds a fine-tuning stack's Python training loop costs (`cost_models.stacks`): per
+    optimizer step (the optimizer's loop over parameters, zero_grad, scheduler, logging), per
+    micro-batch (collate and copy the batch, loss scaling, metrics), and per kernel launched from
+    its eager modules (the launch floor of `cost_models.compute`: op dispatch through Python module
+    calls, PEFT's adapter wrappers among them)."""
+
+    step_s: float = 0.0
+    micro_batch_s: float = 0.0
+    kernel_launch_s: float = 6e-6
+
+
+def _default_stack_overheads() -> dict[str, StackOverhead]:
+    # Priors (fitted by bench/finetune_runs.py --fit on data/calibration/finetune_runs.csv and the H200
+    # runs of data/measurements/h200-2026-11): a PyTorch eager op costs 10-20 us of host time through
+    # Python modules (PyTorch's "performance tuning guide": CPU-bound eager models; torch.compile's
+    # motivation), a Python loop's micro-batch a few ms (Trainer.training_step: _prepare_inputs,
+    # compute_loss, accelerator.backward), a step ~10 ms beside the optimizer's kernels.
+    return {
+        "hf": StackOverhead(step_s=0.01, micro_batch_s=0.005, kernel_launch_s=1.5e-5),
+        "torchtune": StackOverhead(step_s=0.01, micro_batch_s=0.003, kernel_launch_s=1.0e-5),
+    }
+
+
 def _default_overlaps() -> dict[str, Overlap]:
     return {
         # Megatron-Core: --overlap-grad-reduce / --overlap-param-gather (bucket windows), TE
@@ -93,6 +118,9 @@ class Calibration:
     overlaps: dict[str, Overlap] = field(default_factory=_default_overlaps)
     step_overhead_s: float = 0.0
     """Fixed seconds per optimizer step (launch, data loading, logging) not modelled elsewhere."""
+    stack_overheads: dict[str, StackOverhead] = field(default_factory=_default_stack_overheads)
+    """Host overheads of the fine-tuning stacks' loops (`StackOverhead`, `cost_models.stacks`), added to
+    `step_overhead_s` for a layout with a `stack`. Fitted by bench/finetune_runs.py --fit (only these)."""
     kernel_launch_s: float = 6e-6
     """Host seconds to launch one kernel from the training loop: the CUDA launch itself (2-4 us,
     CUDA C++ Best Practices Guide, "kernel launch overhead") plus the framework's dispatch of the
@@ -119,6 +147,9 @@ class Calibration:
     def overlap(self, framework: str) -> Overlap:
         return self.overlaps.get(framework, self.overlaps["megatron"])
 
+    def stack_overhead(self, stack: str) -> StackOverhead:
+        return self.stack_overheads.get(stack) or _default_stack_overheads()[stack]
+
     def to_json(self) -> dict:
         d = asdict(self)
         return d
@@ -133,6 +164,11 @@ class Calibration:
             overlap_fields = {f.name for f in fields(Overlap)}
             kwargs["overlaps"] = {
                 k: Overlap(**{f: x for f, x in v.items() if f in overlap_fields}) for k, v in kwargs["overlaps"].items()
+            }
+        if "stack_overheads" in kwargs:
+            known_fields = {f.name for f in fields(StackOverhead)}
+            kwargs["stack_overheads"] = {
+                k: StackOverhead(**{f: x for f, x in v.items() if f in known_fields}) for k, v in kwargs["stack_overheads"].items()
             }
         return cls(**kwargs)
 

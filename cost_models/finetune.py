@@ -34,10 +34,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 from cost_models.mesh import Scalars
+from cost_models.stacks import adapter_input_bytes
 from model_specs.params import Linear, adapter_params, layer_linears
 from model_specs.spec import ModelSpec, TrainingSpec
 
@@ -47,6 +49,31 @@ ADAPTER_ELEMENTS_IN, ADAPTER_ELEMENTS_OUT = 1, 6
 """HBM elements per token an adapter's forward moves per input feature and per output feature."""
 ADAPTER_BACKWARD_IN, ADAPTER_BACKWARD_OUT = 5, 4
 """The same for its backward (module doc)."""
+FP32_ADAPTER_BYTES = (10.0, 28.0, 20.0, 22.0)
+"""HBM bytes per token an adapter with float32 weights moves over a bf16 base, per input and output
+feature, forward then backward: PEFT's `LoraLayer.forward` casts the input to float32 (read 2, write
+4), A reads it (4), B writes its float32 output (4), `* scaling` reads and writes it (8), the add to
+the bf16 base output promotes to float32 (read 2 + 4, write 4) and `result.to(torch_result_dtype)`
+casts back (read 4, write 2): 10 per input and 28 per output feature. The backward casts the bf16
+output gradient up (6), scales it (8), B reads it for its two gradients (8), A writes its float32
+input gradient (4) and reads the saved input (4), the cast down (6) and the add to the base's input
+gradient (6): 20 per input and 22 per output feature."""
+FP32_ADAPTER_KERNELS = 6
+"""Kernels a float32 PEFT adapter launches in the forward (cast, A, B, scale, add, cast back)."""
+DORA_WEIGHT_BYTES = 26.0
+"""HBM bytes per weight element DoRA's weight norm moves in every forward, per adapted module (PEFT
+`DoraLinearLayer.get_weight_norm` on a bf16 base with float32 adapters): the base weight cast to the
+adapters' dtype (read 2, write 4), B @ A written (4), W + s BA (read 8, write 4) and its row norm
+(read 4). The norm is detached (DoRA paper, Sec. 4.3), so the backward does not repeat it."""
+DORA_OUTPUT_BYTES = (24.0, 24.0)
+"""HBM bytes per token and output feature of DoRA's output combination, forward and backward
+(`(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling` in float32: three
+reads and three writes of the output; the backward's magnitude gradient reads the saved base and
+adapter outputs again)."""
+DORA_SAVED_BYTES = 12.0
+"""Bytes per token and output feature DoRA keeps for backward beyond LoRA's: the float32 base output
+and adapter output its magnitude gradient reads, and the scaled product (measured on CPU with PEFT
+0.21.2 and saved-tensor hooks, q_proj and v_proj adapted: 12 bytes per output feature and token)."""
 DEQUANT_KERNELS = 1
 """Kernels one quantized linear launches per use to dequantize its weight (bitsandbytes)."""
 
@@ -64,14 +91,19 @@ class FineTune:
     base_bytes: float
     compute_bytes: int
     quantized: bool
+    fp32_adapters: bool = False  # PEFT's float32 adapters over a 16-bit base (`cost_models.stacks`)
+    dora: bool = False
 
     @classmethod
-    def of(cls, training: TrainingSpec) -> FineTune | None:
+    def of(cls, training: TrainingSpec, stack: str | None = None) -> FineTune | None:
         if not training.frozen_base:
             return None
+        fp32 = adapter_input_bytes(training, stack)[1]
+        # an FP8-stored base under FP8 compute is read by the FP8 GEMMs as it is: nothing to dequantize
+        quantized = training.method == "qlora" and not (training.quant_format_ == "fp8" and training.precision == "fp8")
         return cls(
             training.lora_rank_, training.lora_modules, training.quantized_weight_bytes, training.param_bytes,
-            training.method == "qlora",
+            quantized, fp32, training.dora,
         )
 
     def adapted(self, linear: Linear) -> bool:
@@ -148,15 +180,25 @@ def adapter_seconds(
         if not ft.adapted(x):
             continue
         fin, fout = _split(x, tp, etp)  # type: ignore[arg-type]
+        through: Any
         if x.expert:
             through = tokens * model.moe_top_k / ep  # type: ignore[operator]
             copies = 1.0  # tokens are spread over the rank's experts
         else:
             through, copies = tokens, float(x.count)
-        fwd = copies * through * (ADAPTER_ELEMENTS_IN * fin + ADAPTER_ELEMENTS_OUT * fout)  # type: ignore[operator]
-        bwd = copies * through * (ADAPTER_BACKWARD_IN * fin + ADAPTER_BACKWARD_OUT * fout)  # type: ignore[operator]
-        total = total + fwd * act_bytes / bandwidth  # type: ignore[operator]
-        backward = backward + bwd * act_bytes / bandwidth  # type: ignore[operator]
+        if ft.fp32_adapters:
+            fi, fo, bi, bo = FP32_ADAPTER_BYTES
+            fwd = copies * through * (fi * fin + fo * fout)  # type: ignore[operator]
+            bwd = copies * through * (bi * fin + bo * fout)  # type: ignore[operator]
+        else:
+            fwd = copies * through * (ADAPTER_ELEMENTS_IN * fin + ADAPTER_ELEMENTS_OUT * fout) * act_bytes  # type: ignore[operator]
+            bwd = copies * through * (ADAPTER_BACKWARD_IN * fin + ADAPTER_BACKWARD_OUT * fout) * act_bytes  # type: ignore[operator]
+        if ft.dora:
+            weight = fin * fout * (copies if not x.expert else _copies(x, ep))  # type: ignore[operator, arg-type]
+            fwd = fwd + DORA_WEIGHT_BYTES * weight + copies * through * DORA_OUTPUT_BYTES[0] * fout  # type: ignore[operator]
+            bwd = bwd + copies * through * DORA_OUTPUT_BYTES[1] * fout  # type: ignore[operator]
+        total = total + fwd / bandwidth  # type: ignore[operator]
+        backward = backward + bwd / bandwidth  # type: ignore[operator]
     return total, backward
 
 
@@ -167,7 +209,9 @@ def adapter_kernels(model: ModelSpec, index: int, ft: FineTune) -> float:
     for x in layer_linears(model, index):
         copies = 1 if x.expert else x.count
         if ft.adapted(x):
-            n += ADAPTER_KERNELS * copies
+            n += (FP32_ADAPTER_KERNELS if ft.fp32_adapters else ADAPTER_KERNELS) * copies
+            if ft.dora:
+                n += 6 * copies  # B @ A, the weight cast, W + s BA, its norm, the two output combinations
         if ft.quantized:
             n += DEQUANT_KERNELS * copies
     return n

@@ -45,12 +45,20 @@ DEFAULT_RECOMPUTE_MODULES: tuple[str, ...] = ("act", "core_attn")
 MEGATRON_DEFAULT_RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn",)
 """Megatron-Core's default for --recompute-granularity selective (`TransformerConfig.recompute_modules`,
 and Korthikanti et al. 2022's selective recompute: the attention core only)."""
-CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused"]
+CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused", "chunked", "fused_linear"]
 NormKernel = Literal["fused", "eager_fp32"]
 ElementwiseKernels = Literal["fused", "eager"]
 CpAttention = Literal["ring", "allgather_mask"]
 AttentionKernel = Literal["fused", "flash2"]
 OffloadDevice = Literal["cpu", "nvme"]
+FinetuneStack = Literal["hf", "torchtune"]
+"""A fine-tuning stack (`cost_models.stacks`): hf = Hugging Face Trainer / accelerate + PEFT (on FSDP or
+DeepSpeed ZeRO, or one GPU), torchtune = torchtune's recipes (FSDP2, or one GPU)."""
+OptimizerState = Literal["full", "paged", "int8", "int8_paged", "int4"]
+"""Adam's moments: full (in the trained weights' dtype), paged (the same in CUDA unified memory:
+bitsandbytes PagedAdamW), int8 (block-wise 8-bit: bitsandbytes AdamW8bit,
+torchao AdamW8bit), int8_paged (bitsandbytes PagedAdamW8bit: in CUDA unified memory, paged to the host
+under pressure), int4 (torchao AdamW4bit)."""
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 """Megatron-Core's default rank order: TP innermost (fastest-varying rank), PP outermost."""
@@ -217,6 +225,33 @@ class Layout(BaseModel):
         "(megatron fused, fsdp and deepspeed flash2); cost_models.compute.attention_rate",
     )
 
+    stack: FinetuneStack | None = Field(
+        None,
+        description="fine-tuning stack run on top of the framework (cost_models.stacks): hf (HF Trainer / "
+        "accelerate + PEFT, framework fsdp or deepspeed) or torchtune (its recipes, framework fsdp); None: the "
+        "framework's own training loop (Megatron-Core, torchtitan, DeepSpeed)",
+    )
+    optimizer_state: OptimizerState = Field(
+        "full",
+        description="Adam's moments: full (the trained weights' dtype), int8, int8_paged (bitsandbytes' paged "
+        "8-bit, in unified memory), int4 (torchao); the quantized ones need a fine-tuning stack",
+    )
+    optimizer_in_backward: bool = Field(
+        False,
+        description="torchtune's optimizer_in_bwd: each parameter is stepped and its gradient freed in its "
+        "post-accumulate-grad hook, so no step-wide gradient buffer exists (needs grad_accum 1)",
+    )
+    optimizer_fused: bool = Field(
+        True,
+        description="a stack's AdamW runs as one fused kernel (torch's fused=True: HF Trainer's default adamw_torch_fused, "
+        "torchtune's configs) or, False, as torch's foreach implementation (torch.optim.AdamW's default on CUDA), "
+        "which passes over the states op by op (cost_models.stacks.FOREACH_ADAMW_PASSES)",
+    )
+    offload_activations: bool = Field(
+        False,
+        description="torchtune's enable_activation_offloading: every tensor saved for backward goes to pinned "
+        "host memory on a side stream after its forward and comes back before its backward",
+    )
     cp_attention: CpAttention = Field(
         "ring",
         description="context-parallel attention: ring (K/V blocks passed around the CP group, no "
@@ -344,6 +379,8 @@ class Layout(BaseModel):
             return self.cross_entropy
         if self.framework == "megatron":
             return "vocab_parallel"
+        if self.stack == "torchtune":  # every torchtune recipe config's loss (cost_models.stacks)
+            return "chunked"
         # PyTorch-native TP keeps the logits vocabulary-sharded under `loss_parallel` (torchtitan)
         return "loss_parallel" if self.framework == "fsdp" and self.tp > 1 else "eager"
 
@@ -511,6 +548,7 @@ def validate_layout(
         v.append(Violation("dp_shard", "hybrid sharding (dp_shard < dp) needs zero_stage >= 1"))
     v += framework_violations(lay)
     v += method_violations(training, lay)
+    v += stack_violations(training, lay)
     if training.frozen_base and not adapted_names(model, training.lora_modules):
         v.append(Violation("training.lora_targets", f"none of {', '.join(training.lora_modules)} is a linear module of {model.name} "
                            f"(it has {', '.join(linear_names(model))})"))
@@ -682,6 +720,11 @@ def method_violations(training: TrainingSpec, lay: Layout) -> list[Violation]:
     them, and Megatron-Core has no bitsandbytes weights. LoRA runs in all three frameworks (PEFT
     under FSDP / DeepSpeed, Megatron-Bridge / NeMo PEFT under Megatron-Core)."""
     v: list[Violation] = []
+    if training.method == "qlora" and training.quant_format_ == "fp8":
+        if lay.framework != "megatron":
+            v.append(Violation("training.quant_format", "an FP8-stored frozen base is Transformer Engine's fp8 parameters "
+                               "(NeMo / Megatron-Core, MLPerf's Llama-2-70B LoRA): framework megatron"))
+        return v
     if training.method != "qlora":
         return v
     if lay.framework == "megatron":
@@ -690,6 +733,77 @@ def method_violations(training: TrainingSpec, lay: Layout) -> list[Violation]:
         v.append(Violation("tp", "qlora's quantized base weights are not tensor-parallel (PEFT + bitsandbytes): use tp=1"))
     if lay.pp > 1:
         v.append(Violation("pp", "qlora's quantized base weights are not pipelined by any framework we export to: use pp=1"))
+    return v
+
+
+def stack_violations(training: TrainingSpec, lay: Layout) -> list[Violation]:
+    """What a fine-tuning stack (`Layout.stack`, `cost_models.stacks`) cannot run, and the techniques
+    only a fine-tuning stack runs, each with the code it was read in.
+
+    - hf (transformers' Trainer, accelerate, PEFT): data parallelism with FSDP (accelerate's FSDP
+      plugin) or DeepSpeed ZeRO under it; Trainer has no tensor, pipeline, context or expert
+      parallelism of its own for training and no optimizer step in the backward; it offloads the
+      checkpointed layer inputs only (`activation_checkpointing_kwargs` "offload", transformers 5).
+    - torchtune (0.6.1): its LoRA / QLoRA / full recipes shard with FSDP2 (`training.shard_model`)
+      over data parallel ranks; optimizer_in_bwd is read by the full fine-tuning recipes only and
+      needs gradient_accumulation_steps 1 (`full_finetune_single_device.py` raises otherwise);
+      enable_activation_offloading needs enable_activation_checkpointing (every recipe raises
+      otherwise).
+    - the quantized and paged optimizers, optimizer-in-backward and activation offloading outside
+      Megatron (`offload_activations`) are the stacks' (bitsandbytes / torchao components they load);
+      Megatron-Core, torchtitan and DeepSpeed's engine are priced without them.
+    - DoRA and trainable embeddings are PEFT's and torchtune's adapters (torchtune's LoRA builders
+      have no trainable embedding: refused there)."""
+    v: list[Violation] = []
+    st = lay.stack
+    if st is None:
+        for name, on in (("optimizer_state", lay.optimizer_state != "full"), ("optimizer_in_backward", lay.optimizer_in_backward),
+                         ("offload_activations", lay.offload_activations)):
+            if on:
+                v.append(Violation(name, f"{name} is a fine-tuning stack's technique (stack hf or torchtune), not "
+                                   f"framework {lay.framework}'s training loop"))
+        if lay.cross_entropy in ("chunked", "fused_linear"):
+            v.append(Violation("cross_entropy", f"the {lay.cross_entropy} loss is a fine-tuning stack's (torchtune's "
+                               "chunked loss, Liger / Cut Cross-Entropy under HF): set stack"))
+        if training.dora or training.trainable_embeddings:
+            v.append(Violation("stack", "DoRA and trainable embeddings are PEFT's / torchtune's adapters: set stack hf or torchtune"))
+        return v
+    allowed = ("fsdp", "deepspeed") if st == "hf" else ("fsdp",)
+    if lay.framework not in allowed:
+        v.append(Violation("framework", f"stack {st} runs on {' or '.join(allowed)}, not {lay.framework}"))
+    for dim in ("tp", "pp", "cp", "ep"):
+        if getattr(lay, dim) > 1:
+            v.append(Violation(dim, f"stack {st} trains with data parallelism (FSDP / ZeRO) only: {dim} must be 1"))
+    if lay.cross_entropy in ("vocab_parallel", "loss_parallel"):
+        v.append(Violation("cross_entropy", f"{lay.cross_entropy} is Megatron's / torchtitan's loss, not stack {st}'s"))
+    if lay.cross_entropy == "fused" and st == "torchtune":
+        v.append(Violation("cross_entropy", "torchtune's loss is chunked (CEWithChunkedOutputLoss) or eager"))
+    if lay.optimizer_in_backward:
+        if st != "torchtune":
+            v.append(Violation("optimizer_in_backward", "HF Trainer steps the optimizer after the backward "
+                               "(optimizer-in-backward is torchtune's optimizer_in_bwd)"))
+        if training.frozen_base:
+            v.append(Violation("optimizer_in_backward", "torchtune's optimizer_in_bwd is its full fine-tuning recipes' "
+                               "(full_finetune_*); the LoRA recipes step after the backward"))
+        if lay.grad_accum_ > 1:
+            v.append(Violation("optimizer_in_backward", "torchtune's optimizer_in_bwd needs gradient_accumulation_steps=1 "
+                               f"(grad_accum is {lay.grad_accum_})"))
+        if lay.offload_optimizer:
+            v.append(Violation("optimizer_in_backward", "optimizer_in_bwd steps on the GPU: not with optimizer offload"))
+    if lay.offload_activations and lay.recompute != "full":
+        v.append(Violation("offload_activations", "activation offloading needs activation checkpointing (recompute full): "
+                           "torchtune's recipes refuse enable_activation_offloading without enable_activation_checkpointing, "
+                           "and HF offloads the checkpointed layer inputs (activation_checkpointing_kwargs offload)"))
+    if lay.framework == "fsdp" and lay.offload_optimizer != lay.offload_params:
+        v.append(Violation("offload_optimizer", f"stack {st} offloads with FSDP's CPU offload (torchtune's fsdp_cpu_offload, "
+                           "Accelerate's fsdp_offload_params): parameters, gradients and optimizer together"))
+    if lay.optimizer_state != "full" and lay.offload_optimizer:
+        v.append(Violation("optimizer_state", "the 8-bit / 4-bit optimizers step on the GPU: not with optimizer offload"))
+    if lay.optimizer_state in ("paged", "int8_paged") and lay.framework == "deepspeed":
+        v.append(Violation("optimizer_state", "DeepSpeed builds its own optimizer from ds_config: a paged bitsandbytes "
+                           "optimizer runs under FSDP or one GPU"))
+    if training.trainable_embeddings and st == "torchtune":
+        v.append(Violation("training.trainable_embeddings", "torchtune's LoRA builders train no embedding beside the adapters"))
     return v
 
 

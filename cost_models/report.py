@@ -31,8 +31,8 @@ def training_dict(model: ModelSpec, training: TrainingSpec) -> dict[str, Any]:
     if training.frozen_base:
         out["lora"] = {"rank": training.lora_rank_, "alpha": training.lora_alpha_, "modules": list(adapted_names(model, training.lora_modules))}
         out["note"] = (
-            "no published LoRA / QLoRA step times are in the calibration set: times come from the same kernel "
-            "models as full training, and the error band is full training's"
+            "LoRA / QLoRA times come from the same kernel models as full training, with the stack's own "
+            "overheads (fitted on published fine-tuning runs, bench.finetune_runs); the error band is full training's"
         )
     if training.quant_format_:
         out["quant_format"] = training.quant_format_

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
-from cost_models import finetune, step_time
+from cost_models import finetune, stacks, step_time
 from cost_models.activations import (
     EAGER_FP32_FROZEN_NORM_BYTES,
     EAGER_FP32_NORM_BYTES,
@@ -302,7 +302,7 @@ def embedding_gradient_times(
     out = store.get(key)
     if out is None:
         out = (0.0, 0.0, 0.0)
-        if not training.frozen_base:
+        if not training.frozen_base or training.trainable_embeddings:
             elsewhere, with_head = (
                 embedding_gradient_time(
                     model, tp, cluster.gpu, framework, training.param_bytes, training.grad_bytes, same, cal
@@ -591,6 +591,15 @@ def _tp_comm(
 def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | None = None) -> ActivationContext:
     fp8_inputs = training.precision == "fp8" and mesh.framework == "megatron"
     eager_rms = mesh.norm_kernel == "eager_fp32" and (model is None or model.norm == "rmsnorm")
+    stack = getattr(mesh, "stack", None)
+    frozen: dict[str, Any] = {}
+    if training.frozen_base:
+        # what an adapted base keeps for backward (`activations.adapter_saved_bytes`, `cost_models.stacks`)
+        width, copies = stacks.adapter_input_bytes(training, stack)
+        frozen = dict(adapted=training.lora_modules, adapter_input_bytes=width, adapter_copies=copies,
+                      adapter_rank=training.lora_rank_, dora=training.dora)
+    if stack is not None and stacks.defaults(stack).expands_kv:
+        frozen["expand_kv"] = True
     return ActivationContext(
         training.seq_len // mesh.cp, mesh.micro_batch, mesh.tp, mesh.sp_, mesh.etp_, training.activation_bytes,
         mesh.framework, gemm_input_bytes=1 if fp8_inputs else training.activation_bytes,
@@ -598,6 +607,7 @@ def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | 
         if eager_rms else training.activation_bytes,
         cp=mesh.cp, cp_attention=getattr(mesh, "cp_attention", "ring") if mesh.cp > 1 else "ring",
         recompute_modules=getattr(mesh, "recompute_modules_", DEFAULT_RECOMPUTE_MODULES),
+        **frozen,
     )
 
 
@@ -619,10 +629,11 @@ def build_table(
     """`mesh` must be resolved (`Layout.resolved`)."""
     pp, tp = mesh.pp, mesh.tp
     ab = training.activation_bytes
+    cal = stacks.stack_calibration(cal, mesh.stack)  # a fine-tuning stack's host cost per kernel
     g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
     actx = activation_context(training, mesh, model)
     pc = count_params(model)
-    ft = FineTune.of(training)
+    ft = FineTune.of(training, mesh.stack)
     sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal, ft)
     (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
      weight_bytes, trainable, peaks) = sums
@@ -639,7 +650,8 @@ def build_table(
         outside[head_rank] += model.vocab_size * model.hidden_size / tp
     dense += outside
     weight_bytes[0] += training.param_bytes * outside
-    if ft is None:
+    trained_outside = ft is None or training.trainable_embeddings  # PEFT's modules_to_save
+    if trained_outside:
         trainable[0] += outside
     # per-job memo (`comm_store`): the head reads only the token count and TP degree of the
     # geometry, the logits only the activation context and the loss kernel
@@ -648,7 +660,7 @@ def build_table(
     head = store.get(head_key)
     if head is None:
         # LM head stays bf16 under FP8; frozen under LoRA / QLoRA
-        head = store[head_key] = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, ft is not None)
+        head = store[head_key] = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, not trained_outside)
     head_fwd, head_bwd = head
     compute[head_rank] += head_fwd + head_bwd
     forward[head_rank] += head_fwd
@@ -658,7 +670,7 @@ def build_table(
     emb_elsewhere, emb_with_head, emb_mtp_copies = embedding_gradient_times(
         model, tp, cluster, mesh.framework, training, cal, store
     )
-    if ft is None:
+    if trained_outside:
         compute[0] += emb_with_head if head_rank == 0 else emb_elsewhere
         embedding_tables[0] += table
     mtp = _priced_mtp(model, partition, ft)
@@ -711,7 +723,9 @@ def build_table(
         tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, etp_per_moe, p2p, boundary,
         mesh.communicator_groups, channels, weight_bytes, trainable,
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
-        peaks[0], peaks[1], peaks[2], *_offloaded(acts, layers, mesh.activation_offload_layers),
+        peaks[0], peaks[1], peaks[2],
+        # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
+        *_offloaded(acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers),
         pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
         embedding_grad_elements=embedding_tables,
     )
@@ -883,6 +897,7 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
     objs = (knobs, t.model, t.training)
     key = (
         id(knobs), id(t.model), id(t.training), m.framework, m.grad_accum_ > 1, m.pp > 1,
+        m.stack, m.optimizer_state, m.optimizer_in_backward,
         m.tp, m.cp, m.ep, m.etp_, t.dense_params.tobytes(), t.expert_params.tobytes(),
         t.weight_bytes.tobytes(), t.trainable.tobytes(),
     )
@@ -907,19 +922,32 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
     # stored weights in bytes (a frozen base at its storage dtype, adapters), trainable elements
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
     D, E = t.trainable[0][None, :], t.trainable[1][None, :]
+    # bytes per trained element under the stack (`stacks.trainable_bytes`): the tables store trained
+    # weights at the compute dtype; a stack's float32 ones add the difference
+    tb = stacks.trainable_bytes(tr, m.stack, m.optimizer_state)
+    WD = WD + (tb.weight - tr.param_bytes) * D if m.stack is not None else WD
+    WE = WE + (tb.weight - tr.param_bytes) * E if m.stack is not None else WE
     params = np.where(zero >= 3, WD / ds, WD) + np.where(zero >= 3, WE / es, WE)
-    if m.framework == "fsdp":
-        # ZeRO-0 under FSDP2 is `replicate` (runtime.parallelize): its unsharded compute-dtype copy of
-        # every block lives beside the stored weights for the whole step (measured on the fake-world
-        # trace of Llama-3-8B over 8 ranks: 0.41 GiB more per layer than ZeRO-3 holds, one bf16 copy)
-        copies = tr.param_bytes * (t.dense_params + t.expert_params)[None, :]
+    if m.framework == "fsdp" and m.stack is None:
+        # ZeRO-0 under FSDP2 is `replicate` (runtime.parallelize): its mixed-precision policy casts the
+        # float32 trained weights to a compute-dtype copy of every block that lives beside them for the
+        # whole step (measured on the fake-world trace of Llama-3-8B over 8 ranks: 0.41 GiB more per
+        # layer than ZeRO-3 holds, one bf16 copy). A frozen base is stored in the compute dtype
+        # already and is not cast: only the trained elements are (measured on one H200: the runtime's
+        # LoRA of a 16-layer Llama-3-8B peaks at 26.0 GiB allocated, 25.96 priced so, 34.4 with the
+        # frozen base copied again)
+        copies = tr.param_bytes * (D + E)
         params = params + np.where(zero == 0, copies, 0.0)
+    elif tb.copy:
+        # a stack's float32 weights under autocast: the cached compute-dtype cast of every trained
+        # weight, from its first use in the forward to the backward (without FSDP's per-layer casts)
+        params = params + np.where(zero == 0, tb.copy * (D + E), 0.0)
     # PyTorch FSDP has no ZeRO-1 of its own: with one micro-batch per step it reduces each layer's
     # unsharded gradient right after that layer's backward, as ZeRO-2 does; with several it keeps
     # the unsharded gradients until the last one (runtime.parallelize)
     grads_sharded_from = 1 if (m.framework == "fsdp" and m.grad_accum_ == 1) else 2
-    grad_bytes = tr.grad_bytes
-    if m.framework == "fsdp" and m.grad_accum_ > 1:
+    grad_bytes = tr.grad_bytes if m.stack is None else tb.gradient
+    if m.framework == "fsdp" and m.grad_accum_ > 1 and m.stack is None:
         # FSDP2 accumulating without reduction keeps each unsharded gradient in its reduce dtype
         # (float32: `FSDPParam.to_accumulated_grad_if_needed`), not the bf16 compute dtype. The
         # runtime accumulates so under ZeRO-0/1, and torch.distributed.pipelining does under every
@@ -932,9 +960,14 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
         grad_bytes = max(tr.grad_bytes, FSDP_ACCUMULATED_GRAD_BYTES)
     grads = np.where(
         zero >= grads_sharded_from,
-        tr.grad_bytes * (D / ds + E / es),
+        (tr.grad_bytes if m.stack is None else tb.gradient) * (D / ds + E / es),
         grad_bytes * (D + E),
     )
+    if m.optimizer_in_backward:
+        # torchtune's optimizer_in_bwd: each parameter is stepped and its gradient freed in its
+        # post-accumulate-grad hook, so the gradients alive are about one layer's (or the embedding's)
+        table = count_params(t.model).embedding / m.tp if (not tr.frozen_base or tr.trainable_embeddings) else 0.0
+        grads = np.minimum(grads, tb.gradient * np.maximum(t.largest_trainable, table)[None, :])
     if m.framework == "fsdp" and m.tp > 1 and m.grad_accum_ > 1:
         # DTensor's backward of the row-wise (vocabulary-sharded) token embedding all-gathers the
         # output gradient and returns a Replicate gradient of the whole vocabulary on every TP rank;
@@ -952,10 +985,11 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
     else:
         embedding_transient = 0.0
     local = np.where(zero >= 1, D / ds, D) + np.where(zero >= 1, E / es, E)  # trainable elements of the rank
-    opt_all = tr.optimizer_bytes * local
-    opt = np.where(offload, 0.0, opt_all)
+    opt_all = tb.optimizer * local
+    # bitsandbytes' paged states live in unified memory: off PyTorch's allocator, paged to the host
+    opt = np.where(offload | tb.paged, 0.0, opt_all)
     # offloaded: the optimizer states and the float32 gradient partition the host optimizer reads
-    off = np.where(offload, opt_all + HOST_GRAD_BYTES * local, 0.0)
+    off = np.where(offload, opt_all + HOST_GRAD_BYTES * local, np.where(tb.paged, opt_all, 0.0))
     # ZeRO-3 parameter offload: the weight shard leaves the GPU too (the gathered layers stay in the
     # layer-phase buffers)
     offload_params = knobs.offload_params[:, None]
@@ -1005,8 +1039,9 @@ def price_memory(
     a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_, m.framework, m.moe_a2a_overlap)
     peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
     acts = peaks.max(axis=0)[mode]
-    if m.activation_offload_layers:
+    if m.activation_offload_layers or m.offload_activations:
         # offloaded layers stay on the GPU only as the two layers being copied out / prefetched back
+        # (Megatron's --cpu-offloading; a stack's, torchtune's OffloadActivations, every layer)
         staging = 2 * np.divide(t.offloaded_acts, np.maximum(t.offloaded_layers, 1.0)[None, :])
         inflight = a_units.max(axis=0)  # micro-batches in flight per rank
         on_host = (t.offloaded_acts * inflight[None, :])[mode]
@@ -1109,8 +1144,8 @@ def price_memory(
             buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
-    reserve = cal.cuda_context_bytes + cal.fragmentation_of(m.framework) * allocated
-    if m.activation_offload_layers:
+    reserve = cal.cuda_context_bytes + stacks.fragmentation(cal, m.framework, m.stack, m.dp_) * allocated
+    if m.activation_offload_layers or m.offload_activations:
         host = host + on_host
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, nvme, knobs=knobs)
 
@@ -1163,7 +1198,7 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
-        m.grad_accum_,
+        m.grad_accum_, m.stack, m.optimizer_state, m.optimizer_fused,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
         t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),

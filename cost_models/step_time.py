@@ -92,6 +92,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cluster_specs.catalog import gpu_generation
+from cost_models import stacks
 from cost_models.calibration import Calibration
 from cost_models.comm import CHANNELS, HOST, INTER, INTRA, Group, collective_cost
 from cost_models.compute import hbm_bandwidth
@@ -409,6 +410,8 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # HBM traffic per local parameter: read and write the optimizer states (fp32 master, m, v: 2 x
     # 12 bytes for AdamW), read the gradient, write the working weight
     moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
+    if m.stack is not None:  # a stack's trained weights are the optimizer's (read and written), no master
+        moved = stacks.optimizer_step_bytes(tr, m.stack, m.optimizer_state, m.optimizer_fused)
     optimizer = np.empty(local.shape + (3,))
     optimizer[..., 0] = local * moved / hbm
     # offloaded (ZeRO-Offload, Ren et al. 2021): the gradient partition goes down the rank's host link,
@@ -648,11 +651,13 @@ def compose(
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
-    parts[10] = cal.step_overhead_s
+    # a fine-tuning stack's loop replaces the framework loops' fitted fixed cost (`cost_models.stacks`)
+    overhead = cal.step_overhead_s if m.stack is None else stacks.stack_overhead_s(cal, m.stack, mb_count)
+    parts[10] = overhead
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
     traffic = channel_traffic(t, knobs, dp, phases, (busy_f, busy_b))  # (J, CHANNELS, pp)
-    busiest = traffic.max(axis=(1, 2)) + cal.step_overhead_s
+    busiest = traffic.max(axis=(1, 2)) + overhead
     excess = np.maximum(0.0, busiest - step)
     parts[7] += excess
     step = step + excess

@@ -425,7 +425,7 @@ MAX_GLOBAL_BATCH_TOKENS = 2**34
 """Most tokens per step (17 billion)."""
 
 Method = Literal["full", "lora", "qlora"]
-QuantFormat = Literal["nf4_double", "nf4", "int8"]
+QuantFormat = Literal["nf4_double", "nf4", "int8", "fp8"]
 LoraTargetPreset = Literal["all-linear", "attention"]
 LORA_ATTENTION_NAMES: tuple[str, ...] = (
     "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
@@ -485,7 +485,31 @@ class TrainingSpec(BaseModel):
     quant_format: QuantFormat | None = Field(
         None,
         description="qlora base-weight storage: nf4_double (4-bit NormalFloat with double-quantized "
-        "constants, the QLoRA default), nf4, or int8 (LLM.int8); default nf4_double",
+        "constants, the QLoRA default; bitsandbytes, torchao's NF4Tensor), nf4, int8 (LLM.int8), or fp8 "
+        "(an FP8-stored frozen base, Transformer Engine's fp8 parameters: MLPerf's Llama-2-70B LoRA); "
+        "default nf4_double",
+    )
+    dora: bool = Field(
+        False,
+        description="lora / qlora: weight-decomposed adapters (DoRA, Liu et al. 2024; PEFT use_dora, torchtune "
+        "use_dora): a trained magnitude per output feature and, every forward, the norm of W + BA per module",
+    )
+    trainable_embeddings: bool = Field(
+        False,
+        description="lora / qlora: the token embedding and the LM head are trained beside the adapters "
+        "(PEFT modules_to_save=[embed_tokens, lm_head]): their gradients and optimizer states are full size",
+    )
+    master_weights: bool | None = Field(
+        None,
+        description="keep the trained weights in float32 (a master copy under mixed precision); False: train "
+        "them in the compute dtype with optimizer states in that dtype (torchtune's default, HF models loaded "
+        "in bf16); default: the stack's (cost_models.stacks)",
+    )
+    mean_tokens_per_sequence: int | None = Field(
+        None, gt=0, le=MAX_SEQ_LEN,
+        description="the sequences are padded, not packed: real tokens per sequence on average (throughput "
+        "counts these; memory is priced at seq_len, the longest padded batch); default: packed, every "
+        "position a real token",
     )
 
     @model_validator(mode="after")
@@ -510,11 +534,17 @@ class TrainingSpec(BaseModel):
         """Adapter fields belong to lora / qlora, the base-weight format to qlora only."""
         if self.method == "full":
             given = [f for f in ("lora_rank", "lora_alpha", "lora_targets") if getattr(self, f) is not None]
+            given += [f for f in ("dora", "trainable_embeddings") if getattr(self, f)]
             if given:
                 raise ValueError(f"{', '.join(given)} apply to method lora or qlora, not full")
+        if self.mean_tokens_per_sequence is not None and self.mean_tokens_per_sequence > self.seq_len:
+            raise ValueError(
+                f"mean_tokens_per_sequence ({self.mean_tokens_per_sequence}) exceeds seq_len ({self.seq_len}), "
+                "the padded length"
+            )
         if self.quant_format is not None and self.method != "qlora":
             raise ValueError(f"quant_format applies to method qlora, not {self.method}")
-        if self.method == "qlora" and self.precision not in ("bf16", "fp16"):
+        if self.method == "qlora" and self.quant_format != "fp8" and self.precision not in ("bf16", "fp16"):
             raise ValueError(
                 f"qlora dequantizes its base weights to a 16-bit compute dtype: precision {self.precision} is not "
                 "supported (bitsandbytes' bnb_4bit_compute_dtype is bf16 or fp16)"
@@ -573,19 +603,27 @@ class TrainingSpec(BaseModel):
         one float32 constant per 256 of them: 8/64 + 32/(64 x 256) bits (Dettmers et al. 2023, QLoRA
         Sec. 3: "0.127 bits per parameter"), 0.5159 bytes in all. int8 (LLM.int8, Dettmers et al.
         2022): one byte per element; its float32 scale per output row (4 / in_features bytes) is left
-        out (< 0.1% for in_features >= 4096). The compute dtype's bytes for a 16-bit base (lora)."""
+        out (< 0.1% for in_features >= 4096). fp8: one byte (E4M3) and a scale per tensor. The compute
+        dtype's bytes for a 16-bit base (lora)."""
         fmt = self.quant_format_
         if fmt == "nf4_double":
             return (4 + 8 / 64 + 32 / (64 * 256)) / 8
         if fmt == "nf4":
             return (4 + 32 / 64) / 8
-        if fmt == "int8":
-            return 1.0
+        if fmt in ("int8", "fp8"):
+            return 1.0  # fp8: one byte per element and one float32 scale per tensor (left out)
         return float(self.param_bytes)
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
+        """Real tokens per step: every position when packed, `mean_tokens_per_sequence` per sequence
+        when padded (what published fine-tuning throughput counts)."""
+        return self.global_batch * (self.mean_tokens_per_sequence or self.seq_len)
+
+    @property
+    def bitsandbytes_base(self) -> bool:
+        """qlora with a 4-bit / 8-bit base (bitsandbytes, torchao NF4): not tensor- or pipeline-parallel."""
+        return self.method == "qlora" and self.quant_format_ != "fp8"
 
     # ---- bytes per parameter (mixed precision, ZeRO paper section 3.1) -------------------------
     @property

@@ -20,7 +20,7 @@ def method_sentences(plan: Plan) -> list[str]:
     return [
         f"Method {tr.method}: frozen {base}, LoRA rank {tr.lora_rank_} (alpha {tr.lora_alpha_:g}) on "
         f"{', '.join(adapted_names(plan.inputs.model, tr.lora_modules))}: {counts.trainable:,} trainable and {counts.frozen:,} frozen parameters. "
-        "No published LoRA step times are in the calibration set: the error band below is full training's."
+        "Fine-tuning runs are checked in bench.finetune_runs, not in the error band below, which is full training's."
     ]
 
 

@@ -14,7 +14,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.layout import AttentionKernel, ElementwiseKernels, Layout, NormKernel, Schedule
+from cost_models.layout import (
+    AttentionKernel,
+    ElementwiseKernels,
+    FinetuneStack,
+    Layout,
+    NormKernel,
+    OptimizerState,
+    Schedule,
+)
 from model_specs.spec import ModelSpec, TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
@@ -44,7 +52,25 @@ class SearchConstraints(BaseModel):
     )
     framework: str = Field("megatron", pattern="^(megatron|fsdp|deepspeed)$")
     cross_entropy: str | None = Field(
-        None, pattern="^(eager|loss_parallel|vocab_parallel|fused)$", description="loss kernel; default by framework"
+        None, pattern="^(eager|loss_parallel|vocab_parallel|fused|chunked|fused_linear)$",
+        description="loss kernel; default by framework (and stack)",
+    )
+    stack: FinetuneStack | None = Field(
+        None,
+        description="fine-tuning stack every layout runs in (Layout.stack): hf (HF Trainer / accelerate + PEFT) or "
+        "torchtune; default for lora / qlora: hf (planner.finetune), none for full training",
+    )
+    optimizer_state: OptimizerState = Field("full", description="Adam's moments for every layout (Layout.optimizer_state)")
+    optimizer_in_backward: bool = Field(False, description="torchtune's optimizer_in_bwd for every layout")
+    offload_activations: bool = Field(False, description="a stack's activation offloading for every layout")
+    search_techniques: bool = Field(
+        True,
+        description="with a stack: also search its memory techniques (activation checkpointing and offloading, 8-bit "
+        "AdamW, optimizer-in-backward, the chunked / fused loss) and keep the fastest plan that fits "
+        "(planner.finetune); False: price the pinned ones only",
+    )
+    allow_8bit_optimizer: bool = Field(
+        True, description="with a stack: 8-bit AdamW may be searched (it changes the numerics of the optimizer)"
     )
     elementwise_kernels: ElementwiseKernels = Field(
         "fused",
@@ -102,6 +128,9 @@ class SearchConstraints(BaseModel):
             raise ValueError(f"fsdp_flat_params (FSDP1) needs framework fsdp, not {self.framework}")
         if not self.megatron_fsdp_gradient_fusion and self.framework != "megatron":
             raise ValueError(f"megatron_fsdp_gradient_fusion=False needs framework megatron, not {self.framework}")
+        explicit = "framework" in self.model_fields_set  # else the stack's own (planner.finetune)
+        if explicit and self.stack is not None and self.framework not in (("fsdp", "deepspeed") if self.stack == "hf" else ("fsdp",)):
+            raise ValueError(f"stack {self.stack} does not run on framework {self.framework}")
         return self
 
 

@@ -366,12 +366,17 @@ class Stack(NamedTuple):
     fsdp_flat_params: bool = False
     megatron_fsdp_gradient_fusion: bool = True
     attention_kernel: AttentionKernel = "fused"
+    stack: str | None = None  # a fine-tuning stack and its techniques (Layout.stack, cost_models.stacks)
+    optimizer_state: str = "full"
+    optimizer_in_backward: bool = False
+    offload_activations: bool = False
 
     @classmethod
     def of(cls, c: SearchConstraints) -> Stack:
         return cls(
             c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel, c.fsdp_flat_params,
             c.megatron_fsdp_gradient_fusion, c.attention_kernel or default_attention_kernel(c.framework),
+            c.stack, c.optimizer_state, c.optimizer_in_backward, c.offload_activations,
         )
 
 
@@ -422,6 +427,9 @@ def to_layout(
         values["megatron_fsdp_gradient_fusion"] = False
     if stack.attention_kernel != default_attention_kernel(stack.framework):
         values["attention_kernel"] = stack.attention_kernel
+    if stack.stack is not None:
+        values.update(stack=stack.stack, optimizer_state=stack.optimizer_state,
+                      optimizer_in_backward=stack.optimizer_in_backward, offload_activations=stack.offload_activations)
     if option.embedding_slot:
         values["account_for_embedding_in_pipeline_split"] = True
     if option.loss_slot:

@@ -16,9 +16,11 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[runtime,api,dev]'
 # The frameworks that check the exports (pyproject.toml, extra exports-check): torch stays 2.13.0,
 # DeepSpeed builds no kernels, torchtitan comes without its training-time dependencies.
-say "installing the frameworks that check the exports (DeepSpeed, accelerate, Megatron-LM, torchtitan)"
+say "installing the frameworks that check the exports (DeepSpeed, accelerate, Megatron-LM, torchtitan, PEFT, torchtune)"
 DS_BUILD_OPS=0 python -m pip install -q -c scripts/torch-constraint.txt -e '.[exports-check]'
 python -m pip install -q -c scripts/torch-constraint.txt --no-deps torchtitan==0.2.2
+# torchtune's recipes, configs and builders, read as source by tests/planner/consumers/check_torchtune.py
+python -m pip install -q -c scripts/torch-constraint.txt --no-deps torchtune==0.6.1
 
 # The web UI test (tests/api/test_ui.py) drives Debian's Chromium through its chromedriver.
 if [[ ! -x "${AUTOPAR_CHROMIUM:-/usr/bin/chromium}" || ! -x "${AUTOPAR_CHROMEDRIVER:-/usr/bin/chromedriver}" ]]; then

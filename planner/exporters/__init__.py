@@ -8,6 +8,9 @@ each, what the target cannot express and what the file does instead. Formats (`E
 - `deepspeed`: DeepSpeed `ds_config.json`
 - `torchtitan`: torchtitan job config (TOML)
 - `accelerate`: Hugging Face Accelerate config for FSDP2 (YAML)
+- `hf`: the Hugging Face fine-tuning stack (YAML: TrainingArguments, PEFT LoraConfig, BitsAndBytesConfig,
+  from_pretrained keywords and the Accelerate config) of a plan priced in stack hf
+- `torchtune`: a torchtune recipe config (YAML) of a plan priced in stack torchtune
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from collections.abc import Callable
 from planner.exporters.accelerate import export_accelerate
 from planner.exporters.common import ExportError, ExportResult, Job, job_of
 from planner.exporters.deepspeed import export_deepspeed
+from planner.exporters.hf import export_hf
 from planner.exporters.megatron import export_megatron
 from planner.exporters.torchrun import export_torchrun
 from planner.exporters.torchtitan import export_torchtitan
+from planner.exporters.torchtune import export_torchtune
 from planner.plan import Candidate, Plan
 
-__all__ = ["EXPORTERS", "ExportError", "ExportResult", "export", "formats"]
+__all__ = ["EXPORTERS", "STACK_FORMATS", "ExportError", "ExportResult", "export", "formats"]
 
 EXPORTERS: dict[str, Callable[[Job], ExportResult]] = {
     "torchrun": export_torchrun,
@@ -30,11 +35,19 @@ EXPORTERS: dict[str, Callable[[Job], ExportResult]] = {
     "deepspeed": export_deepspeed,
     "torchtitan": export_torchtitan,
     "accelerate": export_accelerate,
+    "hf": export_hf,
+    "torchtune": export_torchtune,
 }
 
 
+STACK_FORMATS = ("hf", "torchtune")
+"""The fine-tuning stacks' exports: a plan priced in that stack (`Layout.stack`); the others export
+every plan (`formats`)."""
+
+
 def formats() -> list[str]:
-    return list(EXPORTERS)
+    """The formats every plan exports to (the service lists these); `STACK_FORMATS` beside them."""
+    return [f for f in EXPORTERS if f not in STACK_FORMATS]
 
 
 def export(plan: Plan, fmt: str, candidate: Candidate | None = None) -> ExportResult:

@@ -61,3 +61,36 @@ def test_host_ram_refusal_from_a_cluster_file_over_a_preset(tmp_path) -> None:
     assert "dgx-a100-80g-custom" in out
     assert "fit in GPU memory but not in the node's host RAM" in out
     assert "1051.3 GiB of host RAM per node (8 ranks)" in out and "bytes over the 60.8 GiB usable" in out
+
+
+def _plan(*args: str) -> str:
+    r = runner.invoke(app, ["plan", "--seq-len", "2048", "--global-batch", "16", *args])
+    assert r.exit_code == 0, r.output
+    return r.stdout
+
+
+def test_lora_and_qlora_plan_in_a_stack_on_24_48_and_8x80_gb_and_the_cli_names_it() -> None:
+    """A fine-tuning plan runs in a stack that runs its method (HF Trainer + PEFT by default), and the CLI
+    says which stack and which techniques it chose; its export is the stack's file."""
+    import yaml
+
+    for args in (["--model", "llama3-8b", "--cluster", "rtx4090-pcie-8", "--gpus", "1", "--method", "qlora"],
+                 ["--model", "llama3-8b", "--cluster", "l40s-pcie-8", "--gpus", "1", "--method", "lora"],
+                 ["--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--method", "lora"]):
+        out = _plan(*args)
+        line = next(x for x in out.splitlines() if x.startswith("stack: "))
+        assert line.startswith("stack: hf (Hugging Face Trainer / accelerate + PEFT) on fsdp") and "techniques: " in line
+        exported = yaml.safe_load(_plan(*args, "--export", "hf"))
+        assert {"model", "lora_config", "training_arguments", "accelerate_config"} <= set(exported)
+        assert ("bitsandbytes_config" in exported) == ("qlora" in args)
+    tt = _plan("--model", "llama3-8b", "--cluster", "rtx4090-pcie-8", "--gpus", "1", "--method", "qlora", "--stack", "torchtune",
+               "--export", "torchtune")
+    cfg = yaml.safe_load(tt)
+    assert cfg["model"]["quantize_base"] is True and cfg["model"]["_component_"] == "torchtune.models.llama3_1.lora_llama3_1"
+
+
+def test_a_stack_refuses_what_it_cannot_run_by_name() -> None:
+    r = runner.invoke(app, ["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16",
+                            "--method", "lora", "--stack", "hf", "--optimizer-in-backward", "--zero", "3", "--json"])
+    assert r.exit_code == 2
+    assert "optimizer_in_backward" in json.loads(r.stdout)["error"]

@@ -28,7 +28,7 @@ from cost_models.layout import Layout, validate_layout
 from cost_models.stages import StagePartition, even_partition, megatron_split
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
-from planner.exporters import EXPORTERS, ExportError, export
+from planner.exporters import ExportError, export, formats
 from planner.plan import Candidate, Plan, PlanInputs, SearchStats
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -203,7 +203,7 @@ def plan_name(request: pytest.FixtureRequest) -> str:
 # ---- golden files ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", list(EXPORTERS))
+@pytest.mark.parametrize("fmt", formats())
 def test_golden(plan_name: str, fmt: str) -> None:
     result = export(FIXTURES[plan_name](), fmt)
     path = GOLDEN / f"{plan_name}.{fmt}.{EXT[fmt]}"
@@ -220,7 +220,7 @@ def test_golden(plan_name: str, fmt: str) -> None:
 
 def test_filenames() -> None:
     plan = FIXTURES["llama3-70b"]()
-    names = {fmt: export(plan, fmt).filename for fmt in EXPORTERS}
+    names = {fmt: export(plan, fmt).filename for fmt in formats()}
     assert names == {
         "torchrun": "launch.sh",
         "megatron": "megatron_args.sh",
@@ -431,7 +431,7 @@ def test_nothing_lost_where_the_target_expresses_everything() -> None:
     assert _has(export(fsdp, "megatron").lost, "priced for framework 'fsdp'")
 
 
-@pytest.mark.parametrize("fmt", list(EXPORTERS))
+@pytest.mark.parametrize("fmt", formats())
 def test_what_is_lost_is_written_in_the_file(plan_name: str, fmt: str) -> None:
     """The notes survive a redirect: every lost line is in the file itself (a comment, or the
     `autopar.not_expressible` key of the DeepSpeed JSON)."""
@@ -798,8 +798,8 @@ def test_names_are_data_in_every_export(model: str, cluster: str, gpu: str, tmp_
     documents, with the names (where a file carries them as data) given back exactly."""
     work = tmp_path_factory.mktemp("inject")
     plan = _renamed(model, cluster, gpu)
-    benign = {fmt: export(_BENIGN, fmt) for fmt in EXPORTERS}
-    got = {fmt: export(plan, fmt) for fmt in EXPORTERS}
+    benign = {fmt: export(_BENIGN, fmt) for fmt in formats()}
+    got = {fmt: export(plan, fmt) for fmt in formats()}
     for fmt in ("torchrun", "megatron"):
         subprocess.run(["bash", "-n"], input=got[fmt].text, text=True, check=True)
 

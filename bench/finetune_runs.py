@@ -1,0 +1,441 @@
+"""Published fine-tuning runs (`data/calibration/finetune_runs.csv`) and the H200 LoRA runs of
+2026-11 (`data/measurements/h200-2026-11`) against the cost model, each run priced in its own stack.
+
+    python -m bench.finetune_runs            # the table, the medians, the rows not expressible and why
+    python -m bench.finetune_runs --fit      # also refit Calibration.stack_overheads (only those) into
+                                             # cost_models/data/calibration.json
+
+Every row is priced as the recipe that produced it ran (`RowRecipe`): the stack, its recipe config's
+techniques at the commit the row quotes (the CSV's `notes` name the config; the recipe configs are
+torchtune's `recipes/configs/llama2/*`, `llama3_1/*`, `llama3_2/*` at those commits; NeMo 24.07's
+fine-tuning table; PEFT's MetaMathQA benchmark script), its batch, sequence and parallel layout.
+Nothing here is fitted per row: the recipes say what ran, `--fit` fits the per-stack host overheads
+(`Calibration.stack_overheads`: three host constants per stack) on every row with a throughput, by
+least squares on log tokens/s, and writes them beside the other fitted constants.
+
+What each memory figure measures (`memory_kind`): allocated / active (torch's peak allocated or active
+bytes: compared with the priced total less the allocator reserve), reserved (torch's
+memory_reserved: the priced allocated bytes times the framework's fragmentation), or not stated
+(torchtune's README tables: compared as allocated, and reported apart). A row that ran is a row that
+fits: every row is checked against its GPU's capacity with the priced total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cluster_specs.presets import cluster_from_dict, get_cluster
+from cluster_specs.spec import ClusterSpec
+from cost_models import stacks
+from cost_models.calibration import FITTED_PATH, Calibration, StackOverhead, default_calibration
+from cost_models.estimate import Estimate, estimate
+from cost_models.layout import Layout
+from model_specs.spec import ModelSpec, TrainingSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+CSV = ROOT / "data" / "calibration" / "finetune_runs.csv"
+H200 = ROOT / "data" / "measurements" / "h200-2026-11"
+GIB = 2**30
+
+A6000 = {
+    "name": "RTX-A6000", "vendor": "nvidia",
+    "peak_dense": {"bf16": "154.8 TFLOPS", "fp16": "154.8 TFLOPS", "fp32": "38.7 TFLOPS"},
+    "memory": "48 GB", "memory_bandwidth": "768 GB/s", "sm_count": 84, "gpu_link": "64 GB/s bidirectional",
+    "tdp": "300 W",
+    "source": "NVIDIA RTX A6000 datasheet (309.7 TFLOPS tensor with sparsity: 154.8 dense; 48 GB GDDR6, 768 GB/s, "
+    "84 SMs), https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/quadro-product-literature/"
+    "proviz-print-nvidia-rtx-a6000-datasheet-us-nvidia-1454980-r9-web%20(1).pdf",
+}
+"""The RTX A6000 of torchtune's README rows (not a catalog GPU: a workstation card), as an inline GPU."""
+
+CLUSTERS: dict[str, dict[str, Any] | str] = {
+    "RTX4090-24GB": "rtx4090-pcie-8",
+    "A6000-48GB": {"preset": "l40s-pcie-8", "name": "rtx-a6000-workstation", "gpu": A6000},
+    "A100": "dgx-a100-80g",  # the flags table peaks at 60 GiB and the 70B rows at 70.4 GB: the 80 GB part
+    "A100-80GB": "dgx-a100-80g",
+    "L40S-48GB": "l40s-pcie-8",
+    "H100-80GB": "dgx-h100",
+}
+
+
+def _cluster(family: str) -> ClusterSpec:
+    ref = CLUSTERS[family]
+    return get_cluster(ref) if isinstance(ref, str) else cluster_from_dict(ref)
+
+
+def _model(row: dict[str, str]) -> ModelSpec:
+    """The Llama shape of a row (the CSV's columns, from the model builders it cites). Llama 3.2 3B
+    ties its embeddings (its config.json: tie_word_embeddings true); Llama 2 / 3.1 do not."""
+    name = row["model"]
+    llama3 = "3." in name or "3.1" in name or "3.2" in name or "Llama-3" in name
+    return ModelSpec(
+        name=name.lower().replace(" ", "-"), family="llama", vocab_size=int(row["vocab"]),
+        hidden_size=int(row["hidden"]), num_layers=int(row["layers"]), num_heads=int(row["heads"]),
+        num_kv_heads=int(row["kv_heads"]), ffn_hidden_size=int(row["ffn_hidden"]),
+        tie_embeddings="3.2" in name or "3.2-3B" in name,
+        rope_theta=500000.0 if llama3 else 10000.0,
+    )
+
+
+@dataclass(frozen=True)
+class RowRecipe:
+    """How a published row ran: its stack's recipe config at the row's commit (module doc)."""
+
+    stack: str | None
+    framework: str = "fsdp"
+    zero: int = 0
+    recompute: str = "none"  # "auto": not stated, the fastest mode that fits
+    compile: bool = False
+    loss: str | None = None  # the stack's default when None
+    optimizer_state: str = "full"
+    optimizer_in_backward: bool = False
+    offload_activations: bool = False
+    offload: bool = False  # FSDP CPU offload of parameters, gradients and optimizer
+    targets: tuple[str, ...] | None = None
+    rank: int | None = None
+    tp: int = 1
+    pp: int = 1
+    master_weights: bool | None = None
+    dora: bool = False
+    padded: bool = False  # not packed: time priced at the mean real tokens (module doc)
+    fused_optimizer: bool = True
+    source: str = ""
+    layout_extra: dict[str, Any] = field(default_factory=dict)
+
+
+TT_ATTN_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TT_QVO_MLP = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QV = ("q_proj", "v_proj")
+QKV = ("q_proj", "k_proj", "v_proj")
+_TT24 = "torchtune README 2024-09 (commit 30b8519e): batch 2, packed 2048, torch.compile on; "
+_FLAGS = "torchtune README optimization flags (2024-11): Llama 3.2 3B, batch 2, packed 4096; "
+RECIPES: dict[str, RowRecipe] = {
+    "F001": RowRecipe("torchtune", recompute="full", compile=True, optimizer_state="int8_paged", optimizer_in_backward=True,
+                      source=_TT24 + "8B_full_single_device: PagedAdamW8bit, optimizer_in_bwd, activation checkpointing"),
+    "F002": RowRecipe("torchtune", recompute="full", compile=True, optimizer_state="int8_paged", optimizer_in_backward=True,
+                      source=_TT24 + "8B_full_single_device (the A6000 row restates no setting)"),
+    "F003": RowRecipe("torchtune", recompute="full", compile=True, targets=QV, rank=8, source=_TT24 + "8B_lora_single_device"),
+    "F004": RowRecipe("torchtune", recompute="full", compile=True, targets=QV, rank=8, source=_TT24 + "8B_lora_single_device"),
+    "F005": RowRecipe("torchtune", recompute="full", compile=True, targets=TT_ATTN_MLP, rank=8, source=_TT24 + "8B_qlora_single_device"),
+    "F006": RowRecipe("torchtune", zero=3, recompute="full", compile=True, offload=True,
+                      source=_TT24 + "70B_full: FSDP with fsdp_cpu_offload (parameters, gradients, optimizer on the host)"),
+    "F007": RowRecipe("torchtune", zero=3, recompute="full", compile=True, targets=QKV, rank=16, source=_TT24 + "70B_lora: FSDP"),
+    "F008": RowRecipe("torchtune", zero=3, recompute="full", compile=True, targets=TT_ATTN_MLP, rank=16, source=_TT24 + "405B_qlora: FSDP"),
+    "F022": RowRecipe("torchtune", loss="eager", source=_FLAGS + "baseline + packed (no compile, eager loss, no checkpointing)"),
+    "F023": RowRecipe("torchtune", loss="eager", compile=True, source=_FLAGS + "+ compile"),
+    "F024": RowRecipe("torchtune", compile=True, source=_FLAGS + "+ chunked cross-entropy"),
+    "F025": RowRecipe("torchtune", compile=True, recompute="full", source=_FLAGS + "+ activation checkpointing"),
+    "F026": RowRecipe("torchtune", compile=True, recompute="full", optimizer_in_backward=True, source=_FLAGS + "+ optimizer_in_bwd"),
+    "F027": RowRecipe("torchtune", compile=True, recompute="full", optimizer_in_backward=True, offload_activations=True,
+                      source=_FLAGS + "+ activation offloading"),
+    "F028": RowRecipe("torchtune", compile=True, recompute="full", optimizer_in_backward=True, offload_activations=True,
+                      optimizer_state="int8", source=_FLAGS + "+ 8-bit AdamW"),
+    "F029": RowRecipe("torchtune", compile=True, recompute="full", offload_activations=True, targets=TT_QVO_MLP, rank=64,
+                      source=_FLAGS + "LoRA (3B_lora_single_device: r64, q, v, output + MLP)"),
+    "F030": RowRecipe("torchtune", compile=True, recompute="full", offload_activations=True, targets=TT_QVO_MLP, rank=64,
+                      source=_FLAGS + "QLoRA (3B_qlora_single_device)"),
+    "F040": RowRecipe(None, "megatron", 1, recompute="auto", source="NeMo 24.07 fine-tuning table: SFT, TP1 PP1, FP8, packed 4096"),
+    "F041": RowRecipe(None, "megatron", 1, recompute="auto", pp=4, source="NeMo 24.07: SFT, TP1 PP4"),
+    "F042": RowRecipe(None, "megatron", 1, recompute="auto", tp=4, pp=4, source="NeMo 24.07: SFT, TP4 PP4"),
+    "F043": RowRecipe(None, "megatron", 1, recompute="auto", targets=QKV, rank=32,
+                      source="NeMo 24.07: LoRA, TP1 PP1 (NeMo's LoRA default: adapter_dim 32 on attention_qkv)"),
+    "F044": RowRecipe(None, "megatron", 1, recompute="auto", targets=QKV, rank=32, source="NeMo 24.07: LoRA, TP1 PP1"),
+    "F045": RowRecipe(None, "megatron", 1, recompute="auto", tp=2, pp=4, targets=QKV, rank=32, source="NeMo 24.07: LoRA, TP2 PP4"),
+}
+_PEFT = ("PEFT MetaMathQA benchmark (method_comparison/MetaMathQA: bf16 model, no autocast, no checkpointing, "
+         "torch.optim.AdamW (foreach), batches of 4 bucketed by length, <= 768 tokens): ")
+RECIPES.update({
+    "F047": RowRecipe("hf", fused_optimizer=False, master_weights=False, padded=True, source=_PEFT + "full fine-tuning, bf16 weights and AdamW states"),
+    "F051": RowRecipe("hf", fused_optimizer=False, padded=True, targets=("gate_proj", "up_proj", "down_proj"), rank=10, source=_PEFT + "LoRA r10 MLP"),
+    "F052": RowRecipe("hf", fused_optimizer=False, padded=True, targets=QV, rank=32, dora=True, source=_PEFT + "DoRA r32 q, v"),
+    "F054": RowRecipe("hf", fused_optimizer=False, padded=True, targets=QV, rank=32, source=_PEFT + "LoRA r32 q, v"),
+    "F055": RowRecipe("hf", fused_optimizer=False, padded=True, targets=QV, rank=64, source=_PEFT + "rsLoRA r64 q, v (LoRA's cost)"),
+    "F056": RowRecipe("hf", fused_optimizer=False, padded=True, targets=QV, rank=64, source=_PEFT + "LoRA r64 q, v"),
+})
+
+NOT_EXPRESSIBLE: dict[str, str] = {
+    **{r: "padded Alpaca batches of unstated lengths (torchtune README 2024-04 / 2024-05: the configs @1e56b807 "
+          "train alpaca_cleaned_dataset padded per batch, max_seq_len 512 by default; the table's 'Seq Length = "
+          "2048' is a cap the batches do not reach: F011's 4 x 2048 tokens without checkpointing cannot fit 24 GB)"
+       for r in ("F009", "F010", "F011", "F012", "F013", "F014", "F015", "F016", "F017", "F018", "F019", "F020")},
+    "F021": "padded Alpaca batches of unstated lengths (the flags table's unpacked baseline)",
+    **{r: "sequence length and GPU not stated (torchtune LoRA / QLoRA tutorials, memory only)"
+       for r in ("F031", "F032", "F033", "F034", "F035")},
+    **{r: "batch, sequence length and checkpointing not stated (torchao low-bit optimizer README)"
+       for r in ("F036", "F037", "F038", "F039")},
+    **{r: "PEFT method outside the contract (AdaLoRA, IA3, LoHa, LoKr, LoRA-FA, OFT, prompt tuning, VeRA)"
+       for r in ("F046", "F048", "F049", "F050", "F053", "F057", "F058", "F059")},
+}
+
+
+def _memory_kind(row: dict[str, str]) -> str:
+    kind = row["memory_kind"].lower()
+    if "active" in kind:
+        return "active"
+    if "reserved" in kind and "not stated" not in kind:
+        return "reserved"
+    if "allocated" in kind and "not stated" not in kind:
+        return "allocated"
+    return "not stated" if row["memory_per_gpu_gib"] else "none"
+
+
+def _mean_tokens(row: dict[str, str]) -> int | None:
+    """Real tokens per sequence of a padded row: its tokens/s x train_time over its samples (notes)."""
+    notes = row["notes"]
+    if "train_time" not in notes:
+        return None
+    seconds = float(notes.split("train_time ")[1].split(" s")[0])
+    steps = int(notes.split(" s for ")[1].split(" steps")[0])
+    return round(float(row["tokens_per_s_per_gpu"]) * seconds / (steps * int(row["micro_batch"])))
+
+
+@dataclass
+class PricedRow:
+    row_id: str
+    stack: str
+    layout: Layout
+    est: Estimate
+    time_est: Estimate
+    published_tps: float | None
+    published_gib: float | None
+    memory_kind: str
+    predicted_gib: float
+    capacity_gib: float
+    source: str
+
+    @property
+    def predicted_tps(self) -> float:
+        return self.time_est.tokens_per_s_per_gpu
+
+    @property
+    def tps_ratio(self) -> float | None:
+        return self.predicted_tps / self.published_tps if self.published_tps else None
+
+    @property
+    def memory_ratio(self) -> float | None:
+        return self.predicted_gib / self.published_gib if self.published_gib else None
+
+
+def job_of(row: dict[str, str]) -> tuple[ModelSpec, TrainingSpec, TrainingSpec, ClusterSpec, int, Layout, RowRecipe]:
+    """The model, the training (memory, and time when padded), cluster, GPUs and layout of a row."""
+    rec = RECIPES[row["row_id"]]
+    model = _model(row)
+    gpus = int(row["gpu_count"])
+    mb = int(row["micro_batch"])
+    seq = int(row["seq_len"])
+    dp = gpus // (rec.tp * rec.pp)
+    gbs = int(row["global_batch_seqs"]) if row["global_batch_seqs"] else mb * dp
+    precision = "fp8" if row["precision"] == "FP8" else "bf16"
+    method = row["method"].split(" ")[0]
+    method = {"dora": "lora", "rslora": "lora"}.get(method, method)
+    fields: dict[str, Any] = {"seq_len": seq, "global_batch": gbs, "precision": precision, "method": method}
+    if method != "full":
+        fields.update(lora_rank=rec.rank, lora_targets=list(rec.targets or QV), lora_alpha=2.0 * (rec.rank or 8))
+        if rec.dora:
+            fields["dora"] = True
+    if rec.master_weights is not None:
+        fields["master_weights"] = rec.master_weights
+    training = TrainingSpec(**fields)
+    time_training = training
+    if rec.padded:
+        mean = _mean_tokens(row)
+        training = TrainingSpec(**{**fields, "mean_tokens_per_sequence": mean})
+        # the step's compute at the mean real length (the batch's padding is not priced: module doc)
+        time_training = TrainingSpec(**{**fields, "seq_len": mean})
+    cluster = _cluster(row["gpu_family"])
+    eager = not rec.compile and rec.stack is not None
+    lay = Layout(
+        tp=rec.tp, pp=rec.pp, dp=dp, zero_stage=rec.zero if dp > 1 or rec.zero else 0, micro_batch=mb,
+        recompute="none" if rec.recompute == "auto" else rec.recompute, framework=rec.framework, stack=rec.stack,
+        elementwise_kernels="eager" if eager else "fused", norm_kernel="eager_fp32" if eager else "fused",
+        cross_entropy=rec.loss, optimizer_state=rec.optimizer_state, optimizer_in_backward=rec.optimizer_in_backward,
+        offload_activations=rec.offload_activations, offload_optimizer=rec.offload, offload_params=rec.offload,
+        optimizer_fused=rec.fused_optimizer,
+        **rec.layout_extra,
+    )
+    return model, training, time_training, cluster, gpus, lay, rec
+
+
+def price_row(row: dict[str, str], cal: Calibration | None = None) -> PricedRow:
+    model, training, time_training, cluster, gpus, lay, rec = job_of(row)
+    if rec.recompute == "auto":  # not stated: the fastest recompute mode that fits, as the planner would choose
+        options = [estimate(model, training, cluster, gpus, lay.model_copy(update={"recompute": r}), calibration=cal)
+                   for r in ("none", "selective", "full")]
+        fitting = [e for e in options if e.fits] or options
+        lay = min(fitting, key=lambda e: e.step_s).layout
+    est = estimate(model, training, cluster, gpus, lay, calibration=cal)
+    time_est = est if time_training is training else estimate(model, time_training, cluster, gpus, lay, calibration=cal)
+    if time_training is not training:  # throughput counts the real tokens of the padded step
+        time_est = replace(time_est, tokens_per_step=training.tokens_per_step)
+    kind = _memory_kind(row)
+    worst = est.peak_memory
+    allocated = worst.total - worst.reserve
+    frag = stacks.fragmentation(cal or default_calibration(), est.layout.framework, est.layout.stack, est.layout.dp_)
+    predicted = allocated * (1 + frag) if kind == "reserved" else allocated
+    return PricedRow(
+        row["row_id"], rec.stack or lay.framework, est.layout, est, time_est,
+        float(row["tokens_per_s_per_gpu"]) if row["tokens_per_s_per_gpu"] else None,
+        float(row["memory_per_gpu_gib"]) if row["memory_per_gpu_gib"] else None,
+        kind, predicted / GIB, est.capacity_bytes / GIB, rec.source,
+    )
+
+
+def read_rows(path: Path = CSV) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+# ---- the H200 runs ---------------------------------------------------------------------------------
+def h200_runs(cal: Calibration | None = None) -> list[dict[str, Any]]:
+    """The runtime's LoRA run (`prof_lora16`, priced with its own plan's inputs and layout) and HF +
+    PEFT's (`hf_lora`: the same job on 32 layers in the hf stack: eager kernels, SDPA, bf16 base, no
+    checkpointing, `hf_peer.py`), predicted against measured step time and peak allocated memory."""
+    from planner.plan import Plan
+
+    runs = json.loads((H200 / "runs.json").read_text())
+    plan = Plan.model_validate_json((H200 / "plan_lora_16L.json").read_text())
+    inp = plan.inputs
+    assert plan.best is not None
+    out = []
+    lay = plan.best.layout
+    est = estimate(inp.model, inp.training, inp.cluster, inp.gpus, lay, calibration=cal)
+    prof = runs["prof_lora16"]
+    out.append({"run": "prof_lora16 (runtime, 16 layers)", "est": est, "step_s": prof["step_s"],
+                "allocated_gib": max(prof["peak_memory_bytes_per_rank"]) / GIB})
+    hf = runs["hf_lora"]
+    model = inp.model.model_copy(update={"num_layers": hf["layers"], "name": "llama3-8b"})
+    hf_lay = lay.model_copy(update={"stack": "hf", "elementwise_kernels": "eager", "norm_kernel": "eager_fp32"})
+    est = estimate(model, inp.training, inp.cluster, 1, hf_lay, calibration=cal)
+    out.append({"run": "hf_lora (HF + PEFT, 32 layers)", "est": est, "step_s": hf["step_s"],
+                "allocated_gib": hf["max_allocated"] / GIB})
+    return out
+
+
+# ---- the fit -----------------------------------------------------------------------------------------
+def _with(cal: Calibration, overheads: dict[str, StackOverhead]) -> Calibration:
+    return replace(cal, stack_overheads=overheads)
+
+
+def fit_overheads(rows: list[dict[str, str]], cal: Calibration) -> dict[str, StackOverhead]:
+    """Least squares on log tokens/s of every throughput row and the H200 HF run, per stack: its
+    per-step, per-micro-batch and per-kernel host seconds (bounded, from the priors)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    usable = [r for r in rows if r["row_id"] in RECIPES and r["tokens_per_s_per_gpu"] and RECIPES[r["row_id"]].stack]
+    stacks = ("hf", "torchtune")
+
+    def unpack(x: np.ndarray) -> dict[str, StackOverhead]:
+        return {s: StackOverhead(step_s=x[3 * i], micro_batch_s=x[3 * i + 1], kernel_launch_s=x[3 * i + 2] * 1e-6)
+                for i, s in enumerate(stacks)}
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        c = _with(cal, unpack(x))
+        res = [math.log(price_row(r, c).tps_ratio or 1.0) for r in usable]
+        hf = h200_runs(c)[1]
+        res.append(math.log(hf["est"].step_s / hf["step_s"]))
+        return np.array(res)
+
+    x0 = []
+    for s in stacks:
+        o = cal.stack_overhead(s)
+        x0 += [o.step_s, o.micro_batch_s, o.kernel_launch_s * 1e6]
+    fit = least_squares(residuals, np.array(x0), bounds=([0.0, 0.0, 2.0] * 2, [2.0, 0.5, 100.0] * 2), diff_step=1e-3)
+    return unpack(fit.x)
+
+
+def write_overheads(overheads: dict[str, StackOverhead]) -> None:
+    """Write `Calibration.stack_overheads` into calibration.json, leaving every other field as it is."""
+    from dataclasses import asdict
+
+    data = json.loads(FITTED_PATH.read_text())
+    data["calibration"]["stack_overheads"] = {k: asdict(v) for k, v in overheads.items()}
+    data.setdefault("fitted_elsewhere", {})["stack_overheads"] = (
+        "bench/finetune_runs.py --fit: least squares on log tokens/s of data/calibration/finetune_runs.csv's "
+        "throughput rows priced in their stacks and the H200 HF + PEFT LoRA step (data/measurements/h200-2026-11)"
+    )
+    FITTED_PATH.write_text(json.dumps(data, indent=1) + "\n")
+
+
+# ---- report ------------------------------------------------------------------------------------------
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * (x - 1):+.0f}%"
+
+
+def report(cal: Calibration | None = None) -> dict[str, Any]:
+    rows = read_rows()
+    priced = [price_row(r, cal) for r in rows if r["row_id"] in RECIPES]
+    print(f"{'row':5} {'stack':9} {'GPUs':>4} {'layout':38} {'tok/s pred':>10} {'publ':>7} {'err':>6} "
+          f"{'GiB pred':>8} {'publ':>6} {'err':>6} {'fits':>4}  memory figure")
+    for p in priced:
+        lay = p.layout
+        knobs = f"z{lay.zero_stage} mb{lay.micro_batch} {lay.recompute}"
+        knobs += f" {lay.cross_entropy_}" + (f" {lay.optimizer_state}" if lay.optimizer_state != "full" else "")
+        knobs += " oib" if lay.optimizer_in_backward else ""
+        knobs += " offl" if lay.offload_activations or lay.offload_params else ""
+        knobs += f" tp{lay.tp}pp{lay.pp}" if lay.tp * lay.pp > 1 else ""
+        pub_tps = f"{p.published_tps:7.0f}" if p.published_tps else "      -"
+        pub_mem = f"{p.published_gib:6.1f}" if p.published_gib else "     -"
+        print(f"{p.row_id:5} {p.stack:9} {p.est.gpus:>4} {knobs:38} {p.predicted_tps:10.0f} {pub_tps} {_pct(p.tps_ratio):>6} "
+              f"{p.predicted_gib:8.1f} {pub_mem} {_pct(p.memory_ratio) if p.published_gib else '-':>6} "
+              f"{'yes' if p.est.fits else 'NO':>4}  {p.memory_kind}")
+    tps = [abs(p.tps_ratio - 1) for p in priced if p.tps_ratio]
+    stated = [abs(p.memory_ratio - 1) for p in priced if p.memory_ratio and p.memory_kind in ("allocated", "active", "reserved")]
+    unstated = [abs(p.memory_ratio - 1) for p in priced if p.memory_ratio and p.memory_kind == "not stated"]
+    misfits = [p.row_id for p in priced if not p.est.fits]
+    summary = {
+        "rows_priced": len(priced),
+        "rows_not_expressible": len(NOT_EXPRESSIBLE),
+        "predicted_not_to_fit": misfits,
+        "throughput_median_abs_error": statistics.median(tps) if tps else None,
+        "throughput_rows": len(tps),
+        "memory_median_abs_error_allocated_or_reserved": statistics.median(stated) if stated else None,
+        "memory_rows_allocated_or_reserved": len(stated),
+        "memory_median_abs_error_not_stated": statistics.median(unstated) if unstated else None,
+    }
+    print()
+    print(f"{len(priced)} rows priced; {len(misfits)} predicted not to fit {misfits or ''}")
+    print(f"throughput: median |error| {100 * statistics.median(tps):.1f}% over {len(tps)} rows")
+    print(f"memory (allocated / active / reserved): median |error| {100 * statistics.median(stated):.1f}% "
+          f"over {len(stated)} rows; where not stated (torchtune READMEs): "
+          f"{100 * statistics.median(unstated):.1f}% over {len(unstated)} rows")
+    reasons: dict[str, list[str]] = {}
+    for rid, why in NOT_EXPRESSIBLE.items():
+        reasons.setdefault(why, []).append(rid)
+    print(f"{len(NOT_EXPRESSIBLE)} rows not expressible:")
+    for why, ids in reasons.items():
+        print(f"  {len(ids)}: {why} ({', '.join(ids)})")
+    print()
+    print("H200 LoRA runs (data/measurements/h200-2026-11):")
+    for run in h200_runs(cal):
+        e = run["est"]
+        alloc = (e.peak_memory.total - e.peak_memory.reserve) / GIB
+        print(f"  {run['run']:34} step {e.step_s:.3f} s vs {run['step_s']:.3f} s ({_pct(e.step_s / run['step_s'])}); "
+              f"peak allocated {alloc:.2f} GiB vs {run['allocated_gib']:.2f} GiB ({_pct(alloc / run['allocated_gib'])})")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fit", action="store_true", help="refit Calibration.stack_overheads into calibration.json")
+    args = ap.parse_args(argv)
+    cal = default_calibration()
+    if args.fit:
+        overheads = fit_overheads(read_rows(), cal)
+        for name, o in overheads.items():
+            print(f"fitted {name}: step {o.step_s * 1e3:.1f} ms, micro-batch {o.micro_batch_s * 1e3:.1f} ms, "
+                  f"kernel launch {o.kernel_launch_s * 1e6:.1f} us")
+        write_overheads(overheads)
+        cal = _with(cal, overheads)
+    report(cal)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Fine-tuning stacks (`Layout.stack`): what each stores, saves and launches, read in its code.
+
+A stack is the training loop a user runs on top of a framework: `hf` (transformers' Trainer or
+accelerate with PEFT; FSDP or DeepSpeed ZeRO underneath, or one GPU) and `torchtune` (its recipes;
+FSDP2 or one GPU). The two differ from the frameworks' own loops (Megatron-Core, torchtitan) in the
+dtype of the trained weights and optimizer states, in what their eager modules save for backward,
+in their loss and in how much host work a step and a micro-batch cost. Each default below names
+the code it was read in (transformers 5.24, PEFT 0.21.2, torchtune at bd2a0fc7, torchao 0.18,
+bitsandbytes' `Optimizer8bit`).
+
+Trained weights (`trainable_bytes`): bytes per trained element of the weight, its gradient and
+Adam's two moments, and whether the trained weight also exists as a compute-dtype copy during the
+forward and backward.
+- framework loops (no stack): 2-byte working weight + 2-byte gradient + 12 bytes of fp32 master,
+  m and v (ZeRO paper's 16 bytes; `TrainingSpec.optimizer_bytes`).
+- hf, adapters: PEFT's `get_peft_model(..., autocast_adapter_dtype=True)` (its default) upcasts
+  the bf16 / fp16 adapter weights to float32, so adapters, their gradients and AdamW's moments
+  (`torch.optim.AdamW` keeps `zeros_like(param)`) are float32: 4 + 4 + 8 bytes.
+- hf, full: the weights stay in the dtype they were loaded in. transformers 5's `from_pretrained`
+  loads `dtype="auto"` (the checkpoint's, bf16 for every model priced here) and `bf16=True` in
+  TrainingArguments only turns autocast on, so a full fine-tune trains bf16 weights with bf16
+  moments and no master (2 + 2 + 4) unless the user loads float32 (`master_weights`): then 4 + 4 + 8
+  and autocast's cached bf16 copy of each weight (2 bytes, kept from its first use in the forward
+  to the backward that needs it).
+- torchtune: `dtype: bf16` builds every parameter, adapters included, in bf16 and the optimizer
+  (`torch.optim.AdamW`, or bitsandbytes' / torchao's) keeps its moments in the parameter's dtype:
+  2 + 2 + 4, no master (`master_weights` False: torchtune's recipes have no mixed precision).
+- quantized moments (`Layout.optimizer_state`): block-wise 8-bit, one byte per element and one
+  float32 scale per block of 256 (bitsandbytes `Optimizer8bit` with block_wise, torchao
+  `OptimState8bit.zeros`); 4-bit, half a byte and one float32 scale per block of 128 (torchao
+  `OptimState4bit.zeros`). bitsandbytes' paged states live in CUDA unified memory
+  (`bitsandbytes.functional.get_paged`): PyTorch's allocator never counts them, and what the GPU
+  cannot hold pages out to the host, so they are priced in host memory, and the step moves them
+  over the host link.
+- optimizer in backward (`Layout.optimizer_in_backward`, torchtune's optimizer_in_bwd): the
+  optimizer steps each parameter in its post-accumulate-grad hook and frees its gradient, so at
+  most one parameter's gradient exists at a time.
+
+Saved activations (`adapter_input_bytes`): the frozen base's linears save nothing for backward (no
+weight gradient, and the input gradient needs only the weight); an adapted linear's A saves its
+input. PEFT casts that input to the adapter's dtype in every adapted module (`_cast_input_dtype`
+in `LoraLayer.forward`), so each adapted module keeps its own float32 copy of its input (4 bytes x
+its input width per token) and A's float32 output; torchtune's and the runtime's adapters compute
+in the input's dtype and keep the shared bf16 input once (q, k and v read one tensor). Measured on
+CPU with transformers 5.24 and PEFT 0.21.2 and saved-tensor hooks: each adapted module adds 4 x
+(in + r) bytes per token, exactly. torchtune's attention expands K and V to every query head before
+SDPA (`MultiHeadAttention.forward`: `k.unsqueeze(2).expand(...).flatten(1, 2)`), so SDPA keeps
+them at the query heads' width.
+
+Loss: HF's `ForCausalLMLoss` upcasts the logits to float32 and calls cross-entropy (the eager
+loss); torchtune's configs name `CEWithChunkedOutputLoss` (2024-2025) / `LinearCrossEntropyLoss`
+(2025), which compute the float32 loss one of 8 chunks at a time: `chunked`. Liger's fused linear
+cross-entropy (`use_liger_kernel` in TrainingArguments) and Cut Cross-Entropy never hold the
+whole logits: `fused_linear`.
+
+Defaults that are the stack's and not the user's (each config's own default): recompute (HF's
+`gradient_checkpointing` False; torchtune's `enable_activation_checkpointing` True in every recipe
+config), compile (both off by default: eager kernels, `Layout.elementwise_kernels`).
+
+Host overheads (`stack_overhead_s`): a Python training loop pays per micro-batch (collate and copy
+the batch, the forward's and backward's Python module calls, the loss scaling, the metrics) and
+per step (the optimizer's Python loop over parameters, zero_grad, the scheduler, logging) more
+than Megatron-Core's or torchtitan's loops do. They are fitted (`Calibration.stack_overheads`,
+fitted by `bench/finetune_runs.py --fit`), with priors from the H200 measurements of 2026-11.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cost_models.calibration import Calibration
+from model_specs.spec import TrainingSpec
+
+STACKS = ("hf", "torchtune")
+
+FUSED_ADAMW_PASSES, FOREACH_ADAMW_PASSES = 7, 20
+"""Passes over a trained element's tensors (each one weight-dtype element read or written) of AdamW's
+step: fused (torch's `_fused_adamw`: read weight, gradient, m, v; write weight, m, v) and foreach
+(torch's `_multi_tensor_adamw`, op by op: lerp of m 3, mul and addcmul of v 2 + 3, sqrt and the two
+scalings of the denominator 2 + 2 + 2, addcdiv into the weight 4, weight decay 2)."""
+INT8_BLOCK, INT4_BLOCK = 256, 128
+"""Elements per float32 scale of block-wise 8-bit and 4-bit optimizer states (module doc)."""
+SCALE_BYTES = 4
+
+
+@dataclass(frozen=True)
+class StackDefaults:
+    """What a stack does unless the user says otherwise (module doc, per field)."""
+
+    frameworks: tuple[str, ...]  # frameworks it runs on, its default first
+    adapter_bytes: int  # bytes of a trained adapter element (and of its gradient and each moment)
+    adapter_input_copies: bool  # each adapted module keeps its own float32 copy of its input
+    master_weights: bool  # full fine-tuning keeps float32 trained weights
+    recompute: str  # activation checkpointing unless the user turns it
+    expands_kv: bool  # K and V expanded to the query heads before attention
+    cross_entropy: str  # the loss kernel of its default config
+    export: str  # the exporter that writes its files (planner.exporters)
+
+
+STACK_DEFAULTS: dict[str, StackDefaults] = {
+    "hf": StackDefaults(("fsdp", "deepspeed"), 4, True, False, "none", False, "eager", "hf"),
+    "torchtune": StackDefaults(("fsdp",), 2, False, False, "full", True, "chunked", "torchtune"),
+}
+
+
+def defaults(stack: str) -> StackDefaults:
+    return STACK_DEFAULTS[stack]
+
+
+def moment_bytes(optimizer_state: str, weight_bytes: float) -> float:
+    """Bytes of Adam's two moments per trained element (module doc)."""
+    if optimizer_state in ("int8", "int8_paged"):
+        return 2 * (1 + SCALE_BYTES / INT8_BLOCK)
+    if optimizer_state == "int4":
+        return 2 * (0.5 + SCALE_BYTES / INT4_BLOCK)
+    return 2 * weight_bytes
+
+
+@dataclass(frozen=True)
+class TrainedBytes:
+    """Bytes per trained element under a stack: the stored weight, its gradient, the optimizer's
+    states (`paged`: they live in unified memory, not PyTorch's allocator) and the compute-dtype
+    copy a float32 weight has while the step's forward and backward use it."""
+
+    weight: float
+    gradient: float
+    optimizer: float
+    copy: float
+    paged: bool = False
+
+    @property
+    def total(self) -> float:
+        return self.weight + self.gradient + self.optimizer + self.copy
+
+
+def master_weights(training: TrainingSpec, stack: str | None) -> bool:
+    """Whether the trained weights are float32: the user's `master_weights`, else the stack's
+    default (module doc); adapters under PEFT are float32 whatever the base."""
+    if stack == "hf" and training.frozen_base:
+        return True
+    if training.master_weights is not None:
+        return training.master_weights
+    return defaults(stack).master_weights if stack else training.precision != "fp32"
+
+
+def trainable_bytes(training: TrainingSpec, stack: str | None, optimizer_state: str = "full") -> TrainedBytes:
+    """Bytes per trained element (module doc). Without a stack: the framework loops' mixed-precision
+    Adam (`TrainingSpec.param_bytes`, `grad_bytes`, `optimizer_bytes`)."""
+    if stack is None:
+        return TrainedBytes(training.param_bytes, training.grad_bytes, training.optimizer_bytes, 0.0)
+    fp32 = master_weights(training, stack)
+    if stack == "hf" and training.frozen_base:
+        weight = float(defaults(stack).adapter_bytes)
+    else:
+        weight = 4.0 if fp32 or training.precision == "fp32" else float(training.param_bytes)
+    moments = moment_bytes(optimizer_state, weight) if training.optimizer == "adamw" else 0.0
+    # a float32 weight under autocast (full fine-tuning) is cast once per step and the cast kept
+    copy = float(training.param_bytes) if weight > training.param_bytes and not training.frozen_base else 0.0
+    return TrainedBytes(weight, weight, moments, copy, optimizer_state in ("paged", "int8_paged"))
+
+
+def optimizer_step_bytes(training: TrainingSpec, stack: str, optimizer_state: str, fused: bool) -> float:
+    """HBM bytes a stack's optimizer step moves per trained element (module doc): the fused kernel
+    reads and writes the weight and the moments and reads the gradient once; the foreach one passes
+    `FOREACH_ADAMW_PASSES` times over tensors of the weight's dtype."""
+    tb = trainable_bytes(training, stack, optimizer_state)
+    fused_bytes = 2 * tb.optimizer + tb.gradient + 2 * tb.weight
+    if fused or optimizer_state != "full":  # bitsandbytes' and torchao's 8 / 4-bit steps are single kernels
+        return fused_bytes
+    return fused_bytes * FOREACH_ADAMW_PASSES / FUSED_ADAMW_PASSES
+
+
+def adapter_input_bytes(training: TrainingSpec, stack: str | None) -> tuple[float, bool]:
+    """(bytes per element of the input an adapted module keeps, whether each module keeps its own
+    copy): PEFT's float32 cast per module, or the compute dtype's shared input (module doc)."""
+    if stack is not None and defaults(stack).adapter_input_copies:
+        return float(defaults(stack).adapter_bytes), True
+    return float(training.activation_bytes), False
+
+
+@lru_cache(maxsize=64)
+def stack_calibration(cal: Calibration, stack: str | None) -> Calibration:
+    """`cal` with the stack's host seconds per kernel launch (`Calibration.stack_overheads`): an
+    eager Python stack dispatches every op through its module calls (PEFT's adapter wrappers, HF's
+    modules), which the launch floor of `cost_models.compute` counts kernel by kernel. Memoized, so
+    the pricing caches keyed on the calibration's identity keep hitting."""
+    if stack is None:
+        return cal
+    from dataclasses import replace
+
+    return replace(cal, kernel_launch_s=cal.stack_overhead(stack).kernel_launch_s)
+
+
+def fragmentation(cal: Calibration, framework: str, stack: str | None, dp: int) -> float:
+    """The caching allocator's reserved-over-allocated fraction: FSDP2's (`Calibration.
+    fsdp_fragmentation`, its collectives' buffers of varying sizes) wherever FSDP shards, the plain
+    one (`Calibration.fragmentation`) for a stack on one GPU, which runs without a sharding wrapper."""
+    if stack is not None and dp == 1:
+        return cal.fragmentation
+    return cal.fragmentation_of(framework)
+
+
+def stack_overhead_s(cal: Calibration, stack: str | None, micro_batches: int) -> float:
+    """Seconds a stack's training loop adds to a step on the host: per step and per micro-batch
+    (module doc; fitted constants in `Calibration.stack_overheads`). It takes the place of
+    `Calibration.step_overhead_s`, the framework loops' fixed cost fitted on pre-training runs."""
+    if stack is None:
+        return 0.0
+    o = cal.stack_overhead(stack)
+    return o.step_s + micro_batches * o.micro_batch_s

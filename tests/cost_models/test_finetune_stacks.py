@@ -1,0 +1,151 @@
+"""Fine-tuning stacks and their techniques priced from their code (cost_models.stacks), the frozen
+base counted once, and the H200 LoRA runs of data/measurements/h200-2026-11."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster_specs.presets import get_cluster
+from cost_models import stacks
+from cost_models.activations import ActivationContext, adapter_saved_bytes
+from cost_models.estimate import estimate
+from cost_models.layout import Layout, validate_layout
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+from planner.plan import Plan
+
+GIB = 2**30
+H200 = Path(__file__).resolve().parents[2] / "data" / "measurements" / "h200-2026-11"
+
+
+def _hf(**kw: object) -> Layout:
+    return Layout(framework="fsdp", stack="hf", zero_stage=0, elementwise_kernels="eager", norm_kernel="eager_fp32", **kw)  # type: ignore[arg-type]
+
+
+def test_the_frozen_base_is_counted_once_at_every_zero_stage_on_one_gpu() -> None:
+    """Llama-3-8B LoRA on one H200 stored 29.99 GiB of parameters at ZeRO 0 (the bf16 base twice);
+    QLoRA of Llama-3-70B on one L40S 168.6 GiB at ZeRO 0 against 37.2 at ZeRO 1."""
+    lora = TrainingSpec(seq_len=4096, global_batch=16, method="lora")
+    est = estimate(get_model("llama3-8b"), lora, get_cluster("dgx-h200"), 1, Layout(framework="fsdp", zero_stage=0, recompute="full"))
+    base = 2 * 8.03e9 / GIB
+    assert base < est.memory[0].parameters / GIB < base + 0.2  # the base once, and the adapters' bf16 copy
+    qlora = TrainingSpec(seq_len=512, global_batch=16, method="qlora", lora_rank=64)
+    m, l40s = get_model("llama3-70b"), get_cluster("l40s-pcie-8")
+    for stack in (None, "hf"):
+        params = [estimate(m, qlora, l40s, 1, Layout(framework="fsdp", zero_stage=z, stack=stack, recompute="full")).memory[0].parameters
+                  for z in (0, 1, 3)]
+        assert max(params) - min(params) < 2 * GIB  # at most the adapters' compute-dtype copy apart
+        assert max(params) < 41 * GIB
+
+
+def test_the_runtimes_h200_lora_run_is_priced_within_5_percent() -> None:
+    plan = Plan.model_validate_json((H200 / "plan_lora_16L.json").read_text())
+    assert plan.best is not None
+    inp = plan.inputs
+    est = estimate(inp.model, inp.training, inp.cluster, inp.gpus, plan.best.layout)
+    measured = max(json.loads((H200 / "runs.json").read_text())["prof_lora16"]["peak_memory_bytes_per_rank"])
+    allocated = est.peak_memory.total - est.peak_memory.reserve
+    assert allocated == pytest.approx(measured, rel=0.05)
+
+
+def test_hf_peft_lora_on_the_h200_is_priced_within_5_percent() -> None:
+    """hf_peer.py: Llama-3-8B, PEFT LoRA r16 all-linear, bf16 base, SDPA, mb 1, seq 4096, no checkpointing."""
+    hf = json.loads((H200 / "runs.json").read_text())["hf_lora"]
+    tr = TrainingSpec(seq_len=4096, global_batch=16, method="lora", lora_rank=16)
+    est = estimate(get_model("llama3-8b"), tr, get_cluster("dgx-h200"), 1, _hf(micro_batch=1))
+    assert est.peak_memory.total - est.peak_memory.reserve == pytest.approx(hf["max_allocated"], rel=0.05)
+
+
+def test_peft_keeps_a_float32_input_per_adapted_module_and_torchtune_one_shared_input() -> None:
+    """Measured on CPU with PEFT 0.21.2: each adapted module keeps 4 x (in + r) bytes per token."""
+    tr = TrainingSpec(seq_len=128, global_batch=1, method="lora", lora_rank=8)
+    peft_bytes, copies = stacks.adapter_input_bytes(tr, "hf")
+    ctx = ActivationContext(128, 1, 1, False, 1, 2, "fsdp", adapted=tr.lora_modules, adapter_input_bytes=peft_bytes,
+                            adapter_copies=copies, adapter_rank=8)
+    assert adapter_saved_bytes(ctx, ("q_proj", "k_proj", "v_proj"), 256) == 128 * 3 * 4 * (256 + 8)
+    tt_bytes, tt_copies = stacks.adapter_input_bytes(tr, "torchtune")
+    tt = ActivationContext(128, 1, 1, False, 1, 2, "fsdp", adapted=tr.lora_modules, adapter_input_bytes=tt_bytes,
+                           adapter_copies=tt_copies, adapter_rank=8)
+    assert adapter_saved_bytes(tt, ("q_proj", "k_proj", "v_proj"), 256) == 128 * (2 * 256 + 3 * 2 * 8)
+    frozen_only = ActivationContext(128, 1, 1, False, 1, 2, "fsdp", adapted=("q_proj",))
+    assert adapter_saved_bytes(frozen_only, ("gate_proj", "up_proj"), 256) == 0.0  # frozen linears keep nothing
+
+
+def test_trained_bytes_follow_each_stacks_dtypes() -> None:
+    full, lora = TrainingSpec(seq_len=128, global_batch=1), TrainingSpec(seq_len=128, global_batch=1, method="lora")
+    assert stacks.trainable_bytes(full, None).total == 16  # the framework loops' mixed-precision Adam
+    assert stacks.trainable_bytes(lora, "hf").total == 16  # PEFT's float32 adapters
+    assert stacks.trainable_bytes(full, "torchtune").total == 8  # bf16 weights and moments, no master
+    fp32 = TrainingSpec(seq_len=128, global_batch=1, master_weights=True)
+    assert stacks.trainable_bytes(fp32, "hf").total == 18  # + autocast's bf16 copy
+    int8 = stacks.trainable_bytes(full, "torchtune", "int8")
+    assert int8.optimizer == pytest.approx(2 * (1 + 4 / 256)) and not int8.paged
+    assert stacks.trainable_bytes(full, "torchtune", "int4").optimizer == pytest.approx(2 * (0.5 + 4 / 128))
+    assert stacks.trainable_bytes(full, "torchtune", "int8_paged").paged
+
+
+def test_each_technique_saves_the_memory_it_should() -> None:
+    """torchtune's flags table, one technique at a time: Llama-3.2-3B shape on one A100, batch 2 x 4096."""
+    m = get_model("llama3-8b").model_copy(update={"num_layers": 8})
+    tr = TrainingSpec(seq_len=4096, global_batch=2)
+    a100 = get_cluster("dgx-a100-80g")
+    base = dict(framework="fsdp", stack="torchtune", zero_stage=0, micro_batch=2)
+
+    def mem(**kw: object) -> dict[str, float]:
+        return estimate(m, tr, a100, 1, Layout(**{**base, **kw})).peak_memory.as_dict()  # type: ignore[arg-type]
+
+    eager, chunked = mem(cross_entropy="eager"), mem()
+    assert chunked["logits_bytes"] < 0.25 * eager["logits_bytes"]
+    ac = mem(recompute="full")
+    assert ac["activations_bytes"] < 0.2 * chunked["activations_bytes"]
+    oib = mem(recompute="full", optimizer_in_backward=True)
+    assert oib["gradients_bytes"] < 0.1 * max(ac["gradients_bytes"], 1)
+    off = mem(recompute="full", offload_activations=True)
+    assert off["activations_bytes"] <= ac["activations_bytes"] and off["host_optimizer_bytes"] > 0
+    int8 = mem(recompute="full", optimizer_state="int8")
+    assert int8["optimizer_bytes"] == pytest.approx(ac["optimizer_bytes"] * (1 + 4 / 256) / 2)
+    paged = mem(recompute="full", optimizer_state="int8_paged")
+    assert paged["optimizer_bytes"] == 0 and paged["host_optimizer_bytes"] > 0
+
+
+def test_dora_costs_more_than_lora_and_trainable_embeddings_train_the_tables() -> None:
+    m, cl = get_model("llama3-8b"), get_cluster("l40s-pcie-8")
+    lora = TrainingSpec(seq_len=768, global_batch=4, method="lora", lora_targets=["q_proj", "v_proj"], lora_rank=32)
+    dora = lora.model_copy(update={"dora": True})
+    a, b = estimate(m, lora, cl, 1, _hf(micro_batch=4)), estimate(m, dora, cl, 1, _hf(micro_batch=4))
+    assert b.step_s > a.step_s and b.peak_memory.activations > a.peak_memory.activations
+    emb = lora.model_copy(update={"trainable_embeddings": True})
+    c = estimate(m, emb, cl, 1, _hf(micro_batch=4))
+    tables = 2 * 128256 * 4096  # embedding and LM head, trained in float32 beside PEFT's adapters
+    assert c.peak_memory.optimizer - a.peak_memory.optimizer == pytest.approx(8 * tables, rel=0.01)
+
+
+def test_a_stacks_loop_replaces_the_framework_overhead() -> None:
+    m, cl = get_model("llama3-8b"), get_cluster("l40s-pcie-8")
+    tr = TrainingSpec(seq_len=256, global_batch=8, method="lora")
+    hf = estimate(m, tr, cl, 1, _hf(micro_batch=1))
+    o = hf.time.overhead
+    from cost_models.calibration import default_calibration
+
+    cal = default_calibration()
+    assert o == pytest.approx(cal.stack_overhead("hf").step_s + 8 * cal.stack_overhead("hf").micro_batch_s)
+
+
+@pytest.mark.parametrize(
+    ("layout", "field"),
+    [
+        (dict(stack="torchtune", tp=2), "tp"),
+        (dict(stack="hf", framework="megatron"), "framework"),
+        (dict(stack="hf", optimizer_in_backward=True, framework="fsdp"), "optimizer_in_backward"),
+        (dict(stack="torchtune", framework="fsdp", offload_activations=True), "offload_activations"),
+        (dict(optimizer_state="int8"), "optimizer_state"),
+        (dict(framework="fsdp", cross_entropy="chunked"), "cross_entropy"),
+    ],
+)
+def test_what_a_stack_cannot_run_is_refused_with_its_reason(layout: dict, field: str) -> None:
+    tr = TrainingSpec(seq_len=1024, global_batch=8, method="lora")
+    problems = validate_layout(get_model("llama3-8b"), tr, 2, Layout(**layout))
+    assert field in {v.field for v in problems}, problems
