@@ -54,6 +54,7 @@ from torch import nn
 
 from model_specs.spec import LORA_MLP_NAMES, TrainingSpec
 from runtime.model import Attention, FeedForward, MLAttention, MoE, NotSupportedError, Transformer
+from runtime.weights import SeededInit, is_symbolic
 
 __all__ = ["MLP_TARGETS", "LoRALinear", "apply_lora", "module_map"]
 
@@ -65,7 +66,8 @@ class LoRALinear(nn.Linear):
 
     Made from an existing linear by `LoRALinear.adapt(linear, ...)` (in place: the base weight
     and bias keep their parameter objects and names). `lora_A`: (r, in); `lora_B`: (out, r);
-    `scaling` = alpha / r; `peft_name`: the PEFT module name it answers to."""
+    `scaling` = alpha / r; `peft_name`: the PEFT module name it answers to. The adapters' values
+    come from `init_adapters` (on a model built on the meta device, after its shards exist)."""
 
     lora_A: nn.Parameter
     lora_B: nn.Parameter
@@ -75,13 +77,12 @@ class LoRALinear(nn.Linear):
     @classmethod
     def adapt(cls, linear: nn.Linear, rank: int, alpha: float, peft_name: str) -> LoRALinear:
         """Turn `linear` into a LoRALinear in place (its class is swapped) and return it. The
-        adapters are fp32 on the base weight's device; A draws from the global RNG."""
+        adapters are fp32 on the base weight's device, their values left to `init_adapters`."""
         device = linear.weight.device
         linear.__class__ = cls
         lin: LoRALinear = linear  # type: ignore[assignment]
         lin.lora_A = nn.Parameter(torch.empty(rank, lin.in_features, device=device, dtype=torch.float32))
-        lin.lora_B = nn.Parameter(torch.zeros(lin.out_features, rank, device=device, dtype=torch.float32))
-        nn.init.kaiming_uniform_(lin.lora_A, a=math.sqrt(5))  # PEFT: lora_A as nn.Linear's default
+        lin.lora_B = nn.Parameter(torch.empty(lin.out_features, rank, device=device, dtype=torch.float32))
         lin.scaling = alpha / rank
         lin.peft_name = peft_name
         return lin
@@ -96,6 +97,17 @@ class LoRALinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lora_rank={self.lora_A.shape[0]}, scaling={self.scaling:g}, peft={self.peft_name}"
+
+
+def init_adapters(model: nn.Module, init: SeededInit) -> None:
+    """A uniform on +-1/sqrt(in) (PEFT: `kaiming_uniform_(a=sqrt(5))`, nn.Linear's default, whose
+    bound is gain x sqrt(3 / in) with gain sqrt(2 / (1 + 5))) and B zero, for every adapter of
+    `model`, drawn by `init` (`runtime.weights`: by global name, whatever the layout)."""
+    for m in model.modules():
+        if isinstance(m, LoRALinear):
+            bound = 1.0 / math.sqrt(m.in_features)
+            init.uniform_(m.lora_A, -bound, bound)
+            init.zeros_(m.lora_B)
 
 
 def module_map(module: nn.Module) -> dict[str, str]:
@@ -159,4 +171,6 @@ def apply_lora(model: Transformer, training: TrainingSpec, base_dtype: torch.dty
         )
     if base_dtype is not None:
         _cast_frozen(model, base_dtype)
+    if not is_symbolic(adapted[0].weight):
+        init_adapters(model, SeededInit.of(model))  # a materialised model: draw the adapters now
     return adapted
