@@ -30,7 +30,8 @@ E = routed experts, k = top-k, T = B*S tokens.
 Positional encoding
 - `rope`: rotate-half RoPE (HuggingFace Llama convention), full head width for standard attention,
   `qk_rope_head_dim` for MLA. Base `rope_theta` = `spec.rope_theta` if the spec has one, else
-  10000. No RoPE scaling (YaRN, Llama-3 NTK), which change no shape.
+  10000. No RoPE scaling (YaRN, Llama-3 NTK), which change no shape, except when a checkpoint's
+  config.json asks for linear or llama3 scaling (`RotaryEmbedding`, `runtime.checkpoint`).
 - `learned`: GPT-2 style table of `max_position_embeddings` rows added to the token embedding.
 - `alibi`: implemented exactly (BLOOM slopes, additive bias -slope*(i-j)) as a float attention mask.
 
@@ -160,19 +161,43 @@ class RotaryEmbedding(nn.Module):
 
     Computed on the fly with elementwise ops (no matmul, so FLOP counters see none, and no buffer
     to re-materialise after meta-device construction). Source: Su et al. 2021; HF `LlamaRotaryEmbedding`.
+    `scaling` (HF's `rope_scaling` dict; a checkpoint's, `runtime.checkpoint`): `linear` divides the
+    frequencies by `factor`; `llama3` (Llama 3.1) divides those whose wavelength exceeds
+    original_max_position_embeddings / low_freq_factor by `factor`, keeps those under
+    original / high_freq_factor and blends in between (HF `_compute_llama3_parameters`).
     """
 
-    def __init__(self, dim: int, theta: float = DEFAULT_ROPE_THETA) -> None:
+    def __init__(self, dim: int, theta: float = DEFAULT_ROPE_THETA, scaling: dict | None = None) -> None:
         super().__init__()
         if dim % 2:
             raise NotSupportedError(f"RoPE needs an even width, got {dim}")
         self.dim = dim
         self.theta = theta
+        kind = (scaling or {}).get("rope_type", "default")
+        if kind not in ("default", "linear", "llama3"):
+            raise NotSupportedError(f"RoPE scaling {kind!r} is not implemented (default, linear, llama3)")
+        self.scaling = scaling if kind != "default" else None
+
+    def _scaled(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        sc = self.scaling
+        if sc is None:
+            return inv_freq
+        factor = float(sc["factor"])
+        if sc["rope_type"] == "linear":
+            return inv_freq / factor
+        low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, blended, scaled)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: (S,) integer. Returns cos, sin: (S, dim) fp32."""
         idx = torch.arange(0, self.dim, 2, device=positions.device, dtype=torch.float32)
-        inv_freq = 1.0 / (self.theta ** (idx / self.dim))
+        inv_freq = self._scaled(1.0 / (self.theta ** (idx / self.dim)))
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
@@ -835,7 +860,7 @@ class Transformer(nn.Module):
     takes / returns hidden states (B, S, h).
     """
 
-    def __init__(self, spec: ModelSpec, *, rope_theta: float | None = None) -> None:
+    def __init__(self, spec: ModelSpec, *, rope_theta: float | None = None, rope_scaling: dict | None = None) -> None:
         super().__init__()
         self.spec = spec
         h = spec.hidden_size
@@ -847,7 +872,7 @@ class Transformer(nn.Module):
             theta = rope_theta or float(getattr(spec, "rope_theta", None) or DEFAULT_ROPE_THETA)
             rope_dim = spec.qk_rope_head_dim if spec.attention == "mla" else spec.qk_head_dim
             assert rope_dim
-            self.rope: RotaryEmbedding | None = RotaryEmbedding(rope_dim, theta)
+            self.rope: RotaryEmbedding | None = RotaryEmbedding(rope_dim, theta, rope_scaling)
         else:
             self.rope = None
         block = HybridBlock if spec.is_hybrid else TransformerBlock
@@ -916,6 +941,7 @@ def build_model(
     dtype: torch.dtype | None = None,
     rope_theta: float | None = None,
     norm_eps: float = DEFAULT_NORM_EPS,
+    rope_scaling: dict | None = None,
     seed: int = 0,
 ) -> Transformer:
     """Build and initialise the reference `Transformer` of `spec` on `device` in `dtype`, its
@@ -924,15 +950,16 @@ def build_model(
     `dtype` is applied through the default dtype during construction (it also works inside
     `FakeTensorMode`, where `module.to(dtype)` fails). device="meta" gives a shape-only model:
     nothing is allocated or drawn (the runtime shards it, then materialises its shards:
-    `runtime.parallelize`). `rope_theta` and `norm_eps` override the spec's RoPE base and the
-    norms' epsilon (a checkpoint's config.json: `runtime.checkpoint`).
+    `runtime.parallelize`). `rope_theta`, `rope_scaling` and `norm_eps` override the spec's RoPE
+    base, add a RoPE scaling (`RotaryEmbedding`) and set the norms' epsilon: a checkpoint's
+    config.json gives them (`runtime.checkpoint`); without one the model has no RoPE scaling.
     """
     old = torch.get_default_dtype()
     if dtype is not None:
         torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = Transformer(spec, rope_theta=rope_theta)
+            model = Transformer(spec, rope_theta=rope_theta, rope_scaling=rope_scaling)
     finally:
         torch.set_default_dtype(old)
     if norm_eps != DEFAULT_NORM_EPS:

@@ -85,6 +85,7 @@ class ModelParts:
     chunk_ids: list[int]  # global pipeline chunk index of each chunk
     num_chunks: int  # pp x vpp
     fsdp: bool = False
+    staged_bytes: int = 0  # largest local tensor read from a checkpoint, in its dtype (runtime.checkpoint)
     # modules whose replicated weights get partial gradients per TP rank (their parameters are
     # looked up when reducing: FSDP replaces the parameter objects)
     tp_partial_modules: list[nn.Module] = field(default_factory=list)
@@ -431,7 +432,7 @@ def materialize_parts(
             init_adapters(m, init)  # LoRA adapters: seeded, on a loaded base too
     clock = _tick(timings, "init_s", clock)
     if source is not None:
-        source.load(parts.chunks)
+        parts.staged_bytes = source.load(parts.chunks)
         _tick(timings, "load_s", clock)
 
 
