@@ -42,6 +42,8 @@ parameter's dtype and copies it into place; Mixtral's stacked experts read only 
 Each tensor is read with the file opened and closed around it, so the file pages a read maps are
 released before the next (they count in the process's resident memory while mapped). LoRA adapters
 are not in a base checkpoint: they keep their seeded values (B = 0: the run starts at the base).
+A QLoRA base weight is read whole in the checkpoint's dtype and quantized to NF4 on the rank's
+device (`runtime.quantize.store_`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from torch import nn
 
 from model_specs.hf import from_hf_config
 from model_specs.spec import ModelSpec
+from runtime.quantize import is_quantized, store_
 from runtime.weights import global_names, is_symbolic, local_box
 
 __all__ = ["ARCHITECTURE_FIELDS", "FAMILIES", "CheckpointError", "HFCheckpoint", "Source"]
@@ -323,5 +326,8 @@ class HFCheckpoint:
                     raise CheckpointError(f"{self.directory}: no checkpoint tensor for {name}")
                 data = self.read_box(name, offset, tuple(local.shape))
                 staged = max(staged, data.numel() * data.element_size())
-                local.copy_(data)
+                if is_quantized(local):
+                    store_(local, data.to(local.device))  # QLoRA: quantized on the device, one weight at a time
+                else:
+                    local.copy_(data)
         return staged

@@ -33,10 +33,13 @@ matches no linear at all raises ValueError. The adapted modules and their (in, o
 exactly `model_specs.params.layer_linears`' entries of the same names, so the trainable elements
 equal `model_specs.params.trainable_counts(spec, "lora", modules, rank).trainable` (tested).
 
+Method qlora: the same adapters, and every linear weight of the layers (adapted or not) stored as
+NF4 with double quantization (`runtime.quantize`, torchao's NF4Tensor), quantized one weight at a
+time on the device as its values are drawn or loaded.
+
 Not supported (raise `NotSupportedError`):
-- method qlora: the runtime has no 4-bit storage (bitsandbytes). Training it as lora would run
-  but allocate a 16-bit base where the plan priced a 4-bit one, so it is refused; the same
-  adapters on a 16-bit base are method "lora".
+- qlora with quant_format nf4 or int8 (torchao's NF4 is double-quantized), on a model with routed
+  experts (their 3-D weights are not linears), or with data parallelism (`runtime.parallelize`).
 - MLP targets (gate_proj, up_proj, down_proj) on a model with routed experts: `GroupedExperts`
   holds its experts as 3-D tensors and runs them inside one module, so per-expert adapters have
   no linear to wrap. Attention-only targets (`lora_targets="attention"`) work on MoE models.
@@ -144,10 +147,16 @@ def apply_lora(model: Transformer, training: TrainingSpec, base_dtype: torch.dty
     if not training.frozen_base:
         return []
     if training.method == "qlora":
-        raise NotSupportedError(
-            "method qlora: the reference runtime has no 4-bit base-weight storage (bitsandbytes); "
-            "use method lora for the same adapters on a frozen 16-bit base"
-        )
+        if training.quant_format_ != "nf4_double":
+            raise NotSupportedError(
+                f"method qlora with quant_format {training.quant_format_!r}: the runtime stores the base as NF4 with "
+                "double quantization (torchao's NF4Tensor) only: quant_format nf4_double"
+            )
+        if any(isinstance(m, MoE) for m in model.modules()):
+            raise NotSupportedError(
+                "method qlora on a model with routed experts: GroupedExperts' 3-D weights are not nn.Linear, so they "
+                "would stay 16-bit where the plan priced them as NF4"
+            )
     targets = set(training.lora_modules)
     if targets & set(MLP_TARGETS) and any(isinstance(m, MoE) for m in model.modules()):
         raise NotSupportedError(
@@ -171,6 +180,10 @@ def apply_lora(model: Transformer, training: TrainingSpec, base_dtype: torch.dty
         )
     if base_dtype is not None:
         _cast_frozen(model, base_dtype)
+    if training.method == "qlora":
+        from runtime.quantize import quantize_linears
+
+        quantize_linears(model, base_dtype or adapted[0].weight.dtype)
     if not is_symbolic(adapted[0].weight):
         init_adapters(model, SeededInit.of(model))  # a materialised model: draw the adapters now
     return adapted

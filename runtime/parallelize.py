@@ -50,7 +50,9 @@ is built, before the pipeline cut and every wrapper; the adapters are drawn by g
 every weight, so every layout starts from the same adapters (and a loaded base keeps them). The frozen base is stored in the compute dtype (no fp32 master:
 it is never updated); the adapters stay fp32. FSDP2 / `replicate` shard and gather the whole
 module (frozen base included) and reduce only the adapters' gradients (FSDP2 requires a uniform
-dtype of the trainable parameters only). Not supported: qlora, tp > 1, MLP targets on MoE models.
+dtype of the trainable parameters only). QLoRA stores the layers' linear weights as NF4
+(`runtime.quantize`), quantized weight by weight as they are filled. Not supported: tp > 1, MLP
+targets on MoE models; qlora with data parallelism.
 """
 
 from __future__ import annotations
@@ -132,6 +134,12 @@ def check_supported(run: RunSpec) -> None:
         raise NotSupportedError(
             f"tensor parallel (tp={lay.tp}) with {run.training.method} adapters is not implemented "
             "(the adapters' A and B would need their own column / row plans)"
+        )
+    if run.training.method == "qlora" and lay.dp_ * lay.cp > 1:
+        raise NotSupportedError(
+            f"qlora with data parallelism (dp x cp = {lay.dp_ * lay.cp}) is not implemented: FSDP2 shards torchao's NF4 "
+            "weights, but their to_empty leaves NF4's lookup table on the meta device (torchao 0.18); run it on one "
+            "rank per pipeline stage, or as method lora"
         )
     if lay.pp > 1 and spec.tie_embeddings:
         raise NotSupportedError("tied embeddings across pipeline stages are not implemented")

@@ -25,6 +25,9 @@ A rank's work is its shard plus at most the tiles cut by its edges. Values depen
 name and the device kind (CPU: mt19937, CUDA: Philox; the tile size is per device kind, below),
 never on the layout. Elementwise transforms of a drawn tensor (a log-uniform dt) stay layout-free.
 
+A QLoRA base weight (an NF4 tensor, `runtime.quantize`) is drawn whole in its 16-bit dtype and
+quantized into place, one weight at a time.
+
 A parameter's global name is its name in the whole model (`layers.7.attention.wq.weight`): a
 pipeline chunk keeps the global layer keys, and wrappers' prefixes
 (`_checkpoint_wrapped_module.`) are removed (`global_names`).
@@ -196,6 +199,13 @@ class SeededInit:
         device = local.device
         tr, tc = TILE["cuda" if device.type == "cuda" else "cpu"]
         rows, cols = _matrix(gshape)
+        from runtime.quantize import is_quantized, store_
+
+        if is_quantized(local):  # a QLoRA base weight (never sharded): draw it whole, then quantize it
+            plain = torch.empty(gshape, dtype=local.dtype, device=device)
+            self._fill_box(plain.view(rows, cols), (0, rows, 0, cols), rows, cols, tr, tc, key, fill)
+            store_(local, plain)
+            return
         box = _matrix_box(gshape, tuple(local.shape), offset)
         if box is None or not local.is_contiguous():
             # not a box of the matrix: draw the whole matrix, then take the shard's slice

@@ -119,6 +119,26 @@ def test_lora_on_a_loaded_base_starts_at_the_base(checkpoints: dict[str, Path]) 
     assert trained and all(n.endswith((".lora_A", ".lora_B")) for n in trained)
 
 
+def test_qlora_quantizes_the_loaded_base_on_the_device(tmp_path: Path) -> None:
+    """A QLoRA run from a checkpoint holds each layer linear as NF4 of the checkpoint's weight and
+    computes what transformers computes with those weights round-tripped through NF4."""
+    pytest.importorskip("torchao")
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**COMMON, "hidden_size": 256, "intermediate_size": 512})
+    hf = transformers.LlamaForCausalLM(config).eval()  # every linear a multiple of 64 x 256 elements
+    hf.save_pretrained(tmp_path)
+    run = load_run_spec(_run(tmp_path, {"framework": "fsdp"}, training={"method": "qlora", "precision": "bf16"}))
+    ours = Trainer(run, torch.device("cpu")).parts.chunks[0]
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".layers." in name and name.endswith("proj.weight"):
+                p.copy_(to_nf4(p.detach()).get_original_weight())
+        torch.testing.assert_close(ours(_tokens()), hf(_tokens()).logits, rtol=0, atol=1e-5)
+    assert type(ours.layers["1"].mlp.w2.weight).__name__ == "NF4Tensor"
+
+
 def _copy(src: Path, dst: Path, drop: str | None = None, rename: tuple[str, str] | None = None) -> Path:
     """A one-file copy of checkpoint `src` without tensor `drop`, or with one tensor renamed."""
     from safetensors.torch import save_file
