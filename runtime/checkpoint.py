@@ -62,20 +62,22 @@ from model_specs.spec import ModelSpec
 from runtime.quantize import is_quantized, store_
 from runtime.weights import global_names, is_symbolic, local_box
 
-__all__ = ["ARCHITECTURE_FIELDS", "FAMILIES", "CheckpointError", "HFCheckpoint", "Source"]
+__all__ = ["ARCHITECTURE_FIELDS", "FAMILIES", "CheckpointError", "HFCheckpoint", "Source", "architecture_differences"]
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "phi3")
 """HF model types whose tensor names `_sources` maps onto `runtime.model`."""
 
 ARCHITECTURE_FIELDS = (
-    "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size", "mlp",
+    "vocab_size", "hidden_size", "num_layers", "num_heads", "kv_heads", "qk_head_dim", "ffn_hidden_size", "mlp",
     "norm", "qkv_bias", "attn_out_bias", "mlp_bias", "qk_norm", "qk_norm_scope", "norm_placement",
     "tie_embeddings", "position_embedding", "parallel_residual", "sliding_window", "sliding_window_every",
     "window_kind", "attention", "num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
     "router_bias",
 )
 """ModelSpec fields that must agree between the run and the checkpoint's config.json: they shape a
-tensor or the forward. The RoPE base and scaling come from the checkpoint (`numerics`)."""
+tensor or the forward. Head width and KV heads are compared as resolved (`qk_head_dim`, `kv_heads`):
+transformers 5 writes `head_dim` where a preset leaves it to hidden / heads. The RoPE base and
+scaling come from the checkpoint (`numerics`)."""
 
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
 """Checkpoint tensors that are buffers the model recomputes (older Llama checkpoints saved them)."""
@@ -179,6 +181,17 @@ def _rope_numerics(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def architecture_differences(config: dict[str, Any], spec: ModelSpec) -> list[str]:
+    """The `ARCHITECTURE_FIELDS` in which a config.json (`model_specs.hf.from_hf_config`) and the
+    run's ModelSpec differ, each as "field (checkpoint X, run Y)"; empty when they agree."""
+    ckpt = from_hf_config(config)
+    return [
+        f"{f} (checkpoint {getattr(ckpt, f)!r}, run {getattr(spec, f)!r})"
+        for f in ARCHITECTURE_FIELDS
+        if getattr(ckpt, f) != getattr(spec, f)
+    ]
+
+
 class HFCheckpoint:
     """A checked HuggingFace checkpoint directory (module doc). Build with `HFCheckpoint.open`."""
 
@@ -211,12 +224,7 @@ class HFCheckpoint:
             raise CheckpointError(
                 f"{cfg_path}: model_type {model_type!r}: the runtime maps the tensor names of {', '.join(FAMILIES)} only"
             )
-        ckpt_spec = from_hf_config(config)
-        differ = [
-            f"{f} (checkpoint {getattr(ckpt_spec, f)!r}, run {getattr(spec, f)!r})"
-            for f in ARCHITECTURE_FIELDS
-            if getattr(ckpt_spec, f) != getattr(spec, f)
-        ]
+        differ = architecture_differences(config, spec)
         if differ:
             raise CheckpointError(f"{cfg_path} describes another model than the run's: {'; '.join(differ)}")
         files = cls._weight_files(root)

@@ -516,7 +516,7 @@ def _phases_per_rank(phases: list[dict[str, float]]) -> dict[str, list[float | N
     return {k: [p.get(k) for p in phases] for k in keys}
 
 
-def predicted_host_peak_bytes(run: RunSpec, device: torch.device, staged_bytes: int) -> int:
+def predicted_host_peak_bytes(run: RunSpec, device: torch.device, staged_bytes: int) -> int | None:
     """The cost model's host memory of this run's worst rank (`cost_models.memory.
     meta_build_host_bytes_per_rank`, the process itself left out): on a CPU device the rank's whole
     allocated peak lives in host memory (the estimate of its worst stage without the allocator
@@ -531,7 +531,10 @@ def predicted_host_peak_bytes(run: RunSpec, device: torch.device, staged_bytes: 
         from cost_models.estimate import estimate
         from runtime.fake_world import traced_layout
 
-        est = estimate(run.model, run.training, get_cluster("local-cpu"), run.gpus, traced_layout(run), run.stage_partition)
+        try:
+            est = estimate(run.model, run.training, get_cluster("local-cpu"), run.gpus, traced_layout(run), run.stage_partition)
+        except ValueError:  # a layout the runtime runs but the cost model refuses to price: no prediction
+            return None
         allocated = max(b.total - b.reserve for b in est.memory)
     return int(meta_build_host_bytes_per_rank(allocated, staged_bytes, device_is_host=device.type == "cpu"))
 

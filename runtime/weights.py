@@ -45,10 +45,9 @@ from torch import nn
 __all__ = ["TILE", "SeededInit", "global_names", "is_symbolic", "local_box"]
 
 TILE: dict[str, tuple[int, int]] = {"cpu": (8, 2048), "cuda": (64, 8192)}
-"""Tile (rows, columns) per device kind. CPU: 16 Ki elements, where one `normal_` of that size
-costs about as much as seeding the generator (4.4 ns per element drawn, tile seeding included, on
-the 2-core CI machine, torch 2.13); CUDA: 512 Ki elements, so an 8 B-parameter shard is ~16 k
-kernel launches rather than ~500 k."""
+"""Tile (rows, columns) per device kind. CPU: 16 Ki elements, drawn at 4-10 ns per element with
+the generator's seeding (about 7 us a tile) included, on the 2-core CI machine (torch 2.13); CUDA:
+512 Ki elements, so an 8 B-parameter shard is ~16 k kernel launches rather than ~500 k."""
 
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
 _MASK63 = (1 << 63) - 1

@@ -139,6 +139,25 @@ def test_qlora_quantizes_the_loaded_base_on_the_device(tmp_path: Path) -> None:
     assert type(ours.layers["1"].mlp.w2.weight).__name__ == "NF4Tensor"
 
 
+def test_save_pretrained_llama_3_8b_config_is_the_preset() -> None:
+    """What transformers 5 writes for Llama-3-8B (explicit head_dim, rope_parameters) describes the
+    `llama3-8b` preset a plan names, so a plan of the preset runs from such a checkpoint; its RoPE
+    base and llama3 scaling come from the config."""
+    from model_specs.presets import get_model
+    from runtime.checkpoint import _rope_numerics, architecture_differences
+
+    config = transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}, rope_theta=500000.0,
+    ).to_dict()
+    assert architecture_differences(config, get_model("llama3-8b")) == []
+    numerics = _rope_numerics(config)
+    assert numerics["rope_theta"] == 500000.0 and numerics["rope_scaling"]["rope_type"] == "llama3"
+    assert architecture_differences(config, get_model("llama3-70b"))[:1] == ["hidden_size (checkpoint 4096, run 8192)"]
+
+
 def _copy(src: Path, dst: Path, drop: str | None = None, rename: tuple[str, str] | None = None) -> Path:
     """A one-file copy of checkpoint `src` without tensor `drop`, or with one tensor renamed."""
     from safetensors.torch import save_file
