@@ -25,7 +25,22 @@ fp32 on CPU): `0.55b` is hidden 2048, 16 heads (8 KV), FFN 2048: 0.551 B paramet
 in the embedding and the LM head (the issue's job, planned by `autopar plan --cluster local-cpu
 --gpus 4 --framework fsdp --zero 3 --precision fp32`); `small` is the same with a 32,000-token
 vocabulary (0.156 B), small enough that the whole-model build of older runtimes fits 4 ranks on a
-24 GiB machine. Check `free -g` first: the 0.55b job holds about 4 x 3.5 GiB.
+24 GiB machine. Check `free -g` first.
+
+Measured on the 2-core CI machine under other jobs (load average 6-10, so seconds vary by +-40%
+between runs), 2026-11-28, before = df27df0 (every rank built the whole fp32 model, then sharded):
+
+    0.55b --steps 0   ranks 1 / 2 / 4   start s before 13.6-26.5 / 13.0-29.7 / 28.3-32.5, after
+                                        15.9-24.6 / 14.6-17.9 / 18.4-25.2; peak RSS per rank before
+                                        2.35 / 3.29 / 2.78 GiB, after 2.35 / 1.35 / 0.84 GiB
+    small (2 steps)   ranks 1 / 2 / 4   peak RSS per rank 3.37-3.39 / 3.42 / 2.51 GiB before, 3.39 /
+                                        3.32 / 2.51 after: the training peak, which the build never
+                                        reached for this model, dominates both
+
+The 0.55b job cannot train on 4 ranks of that machine: its ranks allocate 6.0 GiB each at the
+training peak (`python -m runtime.fake_world SPEC --cluster local-cpu --dtype fp32`: FSDP2's root
+group gathers the embedding and the LM head, 0.98 GiB each in fp32, and holds their gradients), so
+`--steps 0` measures its start-up alone.
 """
 
 from __future__ import annotations
