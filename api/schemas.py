@@ -272,6 +272,15 @@ class ProfileUpload(BaseModel):
     step_s: NonNegative | None = None
     peak_memory_bytes_per_rank: list[Annotated[int, Field(ge=0)] | None] = Field(default_factory=list, max_length=1_048_576)
     memory_source: str | None = Field(None, max_length=256)
+    # start-up and host memory (runtime.host): optional, absent from profiles of older runtimes
+    startup_s_per_rank: list[NonNegative | None] = Field(default_factory=list, max_length=1_048_576)
+    startup_phases_s: dict[
+        Annotated[str, Field(max_length=32)], list[NonNegative | None]
+    ] = Field(default_factory=dict, max_length=16)
+    host_peak_rss_bytes_per_rank: list[Annotated[int, Field(ge=0)] | None] = Field(
+        default_factory=list, max_length=1_048_576
+    )
+    host_memory_predicted_bytes: Annotated[int, Field(ge=0)] | None = None
     tokens_per_step: NonNegative | None = None
     tokens_per_s: NonNegative | None = None
     model_flops_per_step: NonNegative | None = None
@@ -299,6 +308,9 @@ class Predicted(BaseModel):
     tokens_per_s: float | None
     mfu: float | None
     peak_bytes_per_stage: list[int]
+    host_peak_bytes: int | None = Field(
+        None, description="host memory of the worst rank the runtime's cost model predicted (absent from older profiles)"
+    )
 
 
 class Measured(BaseModel):
@@ -307,6 +319,12 @@ class Measured(BaseModel):
     mfu: float | None
     peak_memory_bytes_per_rank: list[int | None]
     peak_memory_bytes_max: int | None
+    startup_s_per_rank: list[float | None] = Field(
+        default_factory=list, description="seconds from each rank's start to its first step (absent from older profiles)"
+    )
+    host_peak_rss_bytes_per_rank: list[int | None] = Field(
+        default_factory=list, description="each rank's peak resident host memory (absent from older profiles)"
+    )
 
 
 class PredictionError(BaseModel):

@@ -70,6 +70,7 @@ def plan_profile(plan: dict[str, Any], row: ProfileRow) -> PlanProfileOut:
     predicted = Predicted(
         step_s=est.get("step_s"), tokens_per_s=est.get("tokens_per_s"), mfu=est.get("mfu"),
         peak_bytes_per_stage=[int(s.get("total_bytes", 0)) for s in stages],
+        host_peak_bytes=row.profile.get("host_memory_predicted_bytes"),
     )
     prof = row.profile
     peaks = [p if isinstance(p, int) else None for p in prof.get("peak_memory_bytes_per_rank") or []]
@@ -77,6 +78,8 @@ def plan_profile(plan: dict[str, Any], row: ProfileRow) -> PlanProfileOut:
     measured = Measured(
         step_s=prof.get("step_s"), tokens_per_s=prof.get("tokens_per_s"), mfu=prof.get("mfu"),
         peak_memory_bytes_per_rank=peaks, peak_memory_bytes_max=max(known) if known else None,
+        startup_s_per_rank=list(prof.get("startup_s_per_rank") or []),
+        host_peak_rss_bytes_per_rank=list(prof.get("host_peak_rss_bytes_per_rank") or []),
     )
     worst = max(predicted.peak_bytes_per_stage) if predicted.peak_bytes_per_stage else None
     error = PredictionError(

@@ -518,6 +518,10 @@ def run(
     backend: str = typer.Option("auto", help="auto | gloo | nccl"),
     out: Path = typer.Option(Path("profile.json"), help="Profile JSON written by rank 0"),
     checkpoint_dir: Path | None = typer.Option(None, help="save/resume with torch.distributed.checkpoint"),
+    hf_checkpoint: Path | None = typer.Option(
+        None, help="start from this HuggingFace checkpoint (config.json + safetensors, as save_pretrained "
+        "writes it): each rank reads only the slices it holds"
+    ),
     data_file: Path | None = typer.Option(
         None, "--data", help="tokenized training data: a flat binary file of token ids"
     ),
@@ -559,6 +563,8 @@ def run(
     ]
     if checkpoint_dir is not None:
         argv += ["--checkpoint-dir", str(checkpoint_dir)]
+    if hf_checkpoint is not None:
+        argv += ["--hf-checkpoint", str(hf_checkpoint)]
     if data_file is not None:
         argv += ["--data", str(data_file), "--data-dtype", data_dtype]
     if dry_run:

@@ -182,11 +182,37 @@ def _rel(measured: float | None, predicted: float | None) -> str:
     return f"{100 * (measured - predicted) / predicted:+.1f}%"
 
 
+def _startup_lines(profile: Mapping[str, Any]) -> list[str]:
+    """Start-up seconds and host peak RSS (max over ranks), beside the cost model's host prediction
+    (`host_memory_predicted_bytes`, the process itself not counted); nothing for a profile of an
+    older runtime that has neither."""
+    def known(key: str) -> list[float]:
+        return [v for v in profile.get(key) or [] if isinstance(v, int | float)]
+
+    startup, rss = known("startup_s_per_rank"), known("host_peak_rss_bytes_per_rank")
+    lines = []
+    if startup:
+        phases = {k: max((x for x in v if isinstance(x, int | float)), default=0.0)
+                  for k, v in (profile.get("startup_phases_s") or {}).items() if isinstance(v, list)}
+        detail = ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in phases.items())
+        lines.append(f"start-up: {max(startup):.1f} s from process start to the first step (max over {len(startup)} "
+                     f"ranks{'; slowest rank per phase: ' + detail if detail else ''})")
+    if rss:
+        line = f"host peak RSS: {max(rss) / GIB:.2f} GiB (max over {len(rss)} ranks)"
+        pred = profile.get("host_memory_predicted_bytes")
+        if isinstance(pred, int | float):
+            line += (f" vs {pred / GIB:.2f} GiB predicted per rank (cost model, without the process itself: "
+                     f"{(max(rss) - pred) / GIB:+.2f} GiB)")
+        lines.append(line)
+    return lines
+
+
 def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> list[str]:
     """The lines `autopar run` prints at the end: measured figures, rounded and with units, and
     predicted vs measured step time and peak memory when the input was a Plan (its best layout's
-    Estimate). Memory: predicted = worst pipeline stage's total less the allocator reserve;
-    measured = max over ranks."""
+    Estimate); last, start-up seconds and host peak RSS with the host memory predicted per rank
+    (`_startup_lines`). Memory: predicted = worst pipeline stage's total less the allocator
+    reserve; measured = max over ranks."""
     step_s = profile.get("step_s")
     times = [t for t in profile.get("step_times_s") or [] if isinstance(t, int | float)]
     peaks = [p for p in profile.get("peak_memory_bytes_per_rank") or [] if isinstance(p, int | float)]
@@ -210,7 +236,7 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
     est = ((plan or {}).get("best") or {}).get("estimate") if plan else None
     if not est:
         lines.append("predicted vs measured: the input is a RunSpec, not a Plan: no prediction to compare with")
-        return lines
+        return lines + _startup_lines(profile)
     pred_step = est.get("step_s")
     stages = (est.get("memory") or {}).get("stages") or []
     # allocated memory, as both memory sources measure it (CUDA max_memory_allocated, the CPU
@@ -224,4 +250,4 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
         line += (f"; peak allocated memory {pred_peak / GIB:.2f} GiB (worst stage, without the allocator reserve) "
                  f"vs {meas_peak} ({_rel(peak, pred_peak)})")
     lines.append(line)
-    return lines
+    return lines + _startup_lines(profile)

@@ -1,6 +1,7 @@
 """Cost-model memory against the runtime traced at its planned world size (issue "Run a plan").
 
     python -m bench.fake_world_memory [--only NAME ...] [--json OUT.json] [--steps 2]
+    python -m bench.fake_world_memory --build [--only NAME ...] [--json OUT.json]
 
 For each case, `runtime.fake_world` traces the first rank of every pipeline stage of the runtime
 (fake process group of `gpus` ranks, FakeTensorMode, bf16 parameters and activations) and we print
@@ -11,6 +12,15 @@ allocator reserve (CUDA context, fragmentation) is left out: a CPU trace has nei
 Cases: Llama-3-8B and a Mixtral-style MoE (Mixtral-8x7B) at 64-256 ranks, across ZeRO stages,
 TP/SP, PP schedules, EP and recompute modes; LoRA fine-tuning of Llama-3-8B on 8 ranks. Each
 stage trace is a fresh Python process (5-60 s).
+
+`--build` (BUILD_CASES: Llama-3-70B and Llama-3.1-405B plans, FSDP alone and TP x PP x FSDP): the
+first rank of every pipeline stage builds its parts for real on this CPU (`runtime.fake_world.
+measure_build`: the meta-device model, sharded, then only the local shards materialised and
+initialised) and we print its shard's bytes beside the growth of its peak resident memory and the
+whole model's float32 bytes, which every rank built before sharding until the runtime built on
+the meta device. Each rank holds up to 1.5 GiB here: check `free -g`. FSDP2's set-up is O(FSDP
+group) per parameter on the CPU (its meta chunks, `_chunk_with_empty`): the 1,024-rank FSDP case
+spends most of its seconds there.
 """
 
 from __future__ import annotations
@@ -117,6 +127,38 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
+BUILD_CASES: list[dict[str, Any]] = [
+    {"name": "70b-fsdp256-z3", "model": "llama3-70b", "gpus": 256, "seq": 8192, "gbs": 256, "layout": {"zero_stage": 3}},
+    {"name": "70b-tp8-pp8-dp16", "model": "llama3-70b", "gpus": 1024, "seq": 8192, "gbs": 512,
+     "layout": {"tp": 8, "pp": 8, "zero_stage": 1}},
+    {"name": "405b-fsdp1024-z3", "model": "llama3-405b", "gpus": 1024, "seq": 8192, "gbs": 1024,
+     "layout": {"zero_stage": 3}},
+    {"name": "405b-tp8-pp16-dp8", "model": "llama3-405b", "gpus": 1024, "seq": 8192, "gbs": 512,
+     "layout": {"tp": 8, "pp": 16, "zero_stage": 1}},
+]
+"""Plans whose ranks build their shards in `--build` mode (float32 parameters, the runtime's master copy)."""
+
+
+def run_builds(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from dataclasses import asdict
+
+    from runtime.fake_world import BUILD_HEADER, format_build, measure_builds
+    from runtime.spec import load_run_spec
+
+    rows: list[dict[str, Any]] = []
+    print(f"{'case':22s} {BUILD_HEADER}")
+    for case in cases:
+        spec = run_spec(case)
+        spec["dtype"] = "fp32"
+        for b in measure_builds(load_run_spec(spec)):
+            print(f"{case['name']:22s} {format_build(b)}", flush=True)
+            rows.append({"case": case["name"], **asdict(b)})
+    worst = max(rows, key=lambda r: r["rss_growth_bytes"] - r["local_bytes"])
+    print(f"largest RSS growth beyond the shard: {(worst['rss_growth_bytes'] - worst['local_bytes']) / 2**20:.0f} MiB "
+          f"({worst['case']} stage {worst['stage']}); largest shard {max(r['local_bytes'] for r in rows) / 2**30:.2f} GiB")
+    return rows
+
+
 def run_spec(case: dict[str, Any]) -> dict[str, Any]:
     """The RunSpec dict of a case: bf16 parameters and compute, AdamW, plus the case's `training`
     fields (a LoRA method)."""
@@ -147,7 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="case names to run")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--json", default=None, help="write all rows here")
+    ap.add_argument("--build", action="store_true", help="host memory of the 70B / 405B builds (BUILD_CASES)")
     args = ap.parse_args(argv)
+    if args.build:
+        rows = run_builds([c for c in BUILD_CASES if not args.only or c["name"] in args.only])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=2)
+        return 0
     cases = [c for c in CASES if not args.only or c["name"] in args.only]
     from runtime.fake_world import TABLE_HEADER, format_row, relative_error
 

@@ -119,6 +119,19 @@ def model_loading_bytes_per_node(
     )
 
 
+def meta_build_host_bytes_per_rank(allocated_peak_bytes: float, staged_bytes: float, device_is_host: bool) -> float:
+    """Host RAM one rank holds at its peak when the model is built on the meta device and only its
+    shard is materialised (bytes; the process itself, interpreter, framework and CUDA context, is not
+    counted). On a host device (the CPU runtime's ranks) everything the rank allocates lives in host
+    memory: its allocated peak (`MemoryBreakdown.total` less the reserve), which the start-up's
+    checkpoint staging precedes (one slice beside the parameter shard, before any gradient or
+    optimizer state exists). On a GPU only what start-up stages in host memory on its way to the
+    device: `staged_bytes`, the largest local tensor read from a checkpoint (one at a time), or about
+    nothing for seeded weights drawn on the device. It replaces `loading_bytes_per_node`'s
+    4 bytes x the whole model per rank when every rank builds the model before sharding it."""
+    return allocated_peak_bytes if device_is_host else staged_bytes
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes on the worst rank of one pipeline stage."""

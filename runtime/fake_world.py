@@ -20,6 +20,14 @@ on fake tensors; `MoE.tokens_per_expert` does the same).
 
 prints, per stage, the measured peak next to `cost_models.estimate.estimate(...).memory` and
 writes JSON with `--out`.
+
+Host memory of the build (`measure_build`, `--build`): the same simulated rank builds its model
+parts for real, as `runtime.train` does (the whole model on the meta device, cut and sharded
+there, then `to_empty` on the CPU and seeded values in the local shards only), and reports the
+bytes of its parameter shards beside the growth of the process's peak resident memory during the
+build (VmHWM, reset first through /proc/self/clear_refs) and the whole model's float32 bytes, which
+every rank built before sharding until the runtime built on meta. Only the shards are real memory
+here, so a 70B or 405B plan's rank fits one CPU host when its shard does.
 """
 
 from __future__ import annotations
@@ -41,9 +49,73 @@ from runtime.memory import LiveStorageTracker
 from runtime.spec import RunSpec, load_run_spec
 
 __all__ = [
-    "TABLE_HEADER", "StageMemory", "compare_with_estimate", "format_row", "measure_stage", "measure_stages",
-    "relative_error", "traced_layout",
+    "BUILD_HEADER", "TABLE_HEADER", "BuildMemory", "StageMemory", "compare_with_estimate", "format_build", "format_row",
+    "measure_build", "measure_builds", "measure_stage", "measure_stages", "relative_error", "traced_layout",
 ]
+
+
+@dataclass
+class BuildMemory:
+    stage: int
+    rank: int
+    local_bytes: int  # the rank's parameter shards as materialised (tensor bytes)
+    model_bytes: int  # the whole model in float32: what every rank built before sharding, formerly
+    rss_growth_bytes: int  # peak resident memory during the build less the resident memory before it
+    seconds: float
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def measure_build(run: RunSpec, stage: int) -> BuildMemory:
+    """Build the parts of the first rank of pipeline stage `stage` for real on the CPU (module doc)."""
+    from model_specs.params import count_params
+    from runtime.mesh import build_meshes
+    from runtime.parallelize import build_parts
+    from runtime.weights import local_box
+
+    rank = stage_rank(run, stage)
+    with _fake_group(rank, run.layout.world_size):
+        meshes = build_meshes(run.layout, "cpu")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current resident memory (proc(5))
+        before = _status_kib("VmRSS")
+        t0 = time.perf_counter()
+        parts = build_parts(run, meshes, torch.device("cpu"))
+        seconds = time.perf_counter() - t0
+        peak = _status_kib("VmHWM")
+        local = 0
+        for chunk in parts.chunks:
+            for p in chunk.parameters():
+                t = local_box(p)[0]
+                local += t.numel() * t.element_size()
+    return BuildMemory(stage, rank, local, 4 * count_params(run.model).total, 1024 * (peak - before), seconds)
+
+
+def measure_builds(run: RunSpec, stages: list[int] | None = None) -> list[BuildMemory]:
+    """`measure_build` of each stage (default all), each in a fresh Python process."""
+    out = []
+    for stage in range(run.layout.pp) if stages is None else stages:
+        proc = subprocess.run(
+            [sys.executable, "-m", "runtime.fake_world", "--child", str(stage), "--build", "-"],
+            input=run.model_dump_json(), capture_output=True, text=True, check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"build of stage {stage} failed:\n{proc.stderr[-6000:]}")
+        out.append(BuildMemory(**json.loads(proc.stdout.strip().splitlines()[-1])))
+    return out
+
+
+BUILD_HEADER = f"{'stage':>5s} {'rank':>6s} {'shard GiB':>10s} {'RSS growth GiB':>15s} {'model fp32 GiB':>15s} {'s':>6s}"
+"""Column names of `format_build`."""
+
+
+def format_build(b: BuildMemory) -> str:
+    gib = 2**30
+    return (f"{b.stage:5d} {b.rank:6d} {b.local_bytes / gib:10.3f} {b.rss_growth_bytes / gib:15.3f} "
+            f"{b.model_bytes / gib:15.1f} {b.seconds:6.1f}")
 
 
 @dataclass
@@ -209,13 +281,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="bf16")
     p.add_argument("--out", default=None)
+    p.add_argument("--build", action="store_true", help="host memory of each stage's build (measure_build)")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.child is not None:  # one stage, RunSpec JSON on stdin, StageMemory JSON on stdout
+    if a.child is not None:  # one stage, RunSpec JSON on stdin, StageMemory / BuildMemory JSON on stdout
         run = RunSpec.model_validate_json(sys.stdin.read())
-        print(json.dumps(asdict(measure_stage(run, a.child, a.steps))))
+        torch.set_num_threads(1)
+        result = measure_build(run, a.child) if a.build else measure_stage(run, a.child, a.steps)
+        print(json.dumps(asdict(result)))
         return 0
     run = load_run_spec(a.spec, dtype=a.dtype)
+    if a.build:
+        builds = measure_builds(run)
+        print(BUILD_HEADER, file=sys.stderr)
+        for b in builds:
+            print(format_build(b), file=sys.stderr)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump([asdict(b) for b in builds], f, indent=2)
+        return 0
     rows = compare_with_estimate(run, measure_stages(run, a.steps), a.cluster)
     print(TABLE_HEADER, file=sys.stderr)
     for r in rows:

@@ -3,6 +3,8 @@
     torchrun --nproc_per_node=G -m runtime.launch PLAN_OR_RUNSPEC.json --steps N --out profile.json
 
 Options: `--checkpoint-dir D` (resume from D if it holds a checkpoint; save there at the end),
+`--hf-checkpoint H` (start from the weights of the HuggingFace checkpoint in H: config.json and
+model.safetensors or its sharded index; each rank reads only its slices, runtime.checkpoint),
 `--peak-flops F` (per-GPU peak FLOP/s for MFU; default the plan's cluster GPU, or `--gpu NAME`
 from the catalog at the training precision), `--seed`, `--lr`, `--warmup-steps`, `--dtype`,
 `--backend`, `--no-track-memory` (skip the CPU live-storage tracker), `--threads` (CPU threads per
@@ -35,6 +37,15 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _max(values: list) -> float | None:  # type: ignore[type-arg]
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _gib(value: float | None) -> float | None:
+    return None if value is None else value / 2**30
+
+
 def _progress_writer(path: str):  # type: ignore[no-untyped-def]
     """A step callback that atomically replaces `path` with the progress of the run."""
 
@@ -57,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--out", default="profile.json", help="Profile JSON path (written by rank 0)")
     p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--hf-checkpoint", default=None,
+                   help="HuggingFace checkpoint directory the weights start from (config.json + safetensors)")
     p.add_argument("--peak-flops", type=float, default=None, help="per-GPU peak FLOP/s for MFU")
     p.add_argument("--gpu", default=None, help="catalog GPU whose peak to use for MFU")
     p.add_argument("--seed", type=int, default=None)
@@ -73,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run = load_run_spec(
         a.spec, steps=a.steps, seed=a.seed, lr=a.lr, warmup_steps=a.warmup_steps, dtype=a.dtype, backend=a.backend,
-        data_path=a.data, data_dtype=a.data_dtype,
+        data_path=a.data, data_dtype=a.data_dtype, hf_checkpoint=a.hf_checkpoint,
     )
     peak = a.peak_flops
     if peak is None and a.gpu:
@@ -94,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             last = f"{res.losses[-1]:.4f}" if res.losses else "n/a"
             print(
                 f"autopar runtime: {len(res.losses)} steps, final loss {last}, "
-                f"step {_fmt(profile['step_s'], '.3f')} s, tokens/s {_fmt(profile['tokens_per_s'], ',.0f')}, profile -> {a.out}",
+                f"step {_fmt(profile['step_s'], '.3f')} s, tokens/s {_fmt(profile['tokens_per_s'], ',.0f')}, "
+                f"start-up {_fmt(_max(profile['startup_s_per_rank']), '.1f')} s, "
+                f"host peak RSS {_fmt(_gib(_max(profile['host_peak_rss_bytes_per_rank'])), '.2f')} GiB "
+                f"(max over ranks), profile -> {a.out}",
                 file=sys.stderr,
             )
     finally:

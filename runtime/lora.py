@@ -33,10 +33,13 @@ matches no linear at all raises ValueError. The adapted modules and their (in, o
 exactly `model_specs.params.layer_linears`' entries of the same names, so the trainable elements
 equal `model_specs.params.trainable_counts(spec, "lora", modules, rank).trainable` (tested).
 
+Method qlora: the same adapters, and every linear weight of the layers (adapted or not) stored as
+NF4 with double quantization (`runtime.quantize`, torchao's NF4Tensor), quantized one weight at a
+time on the device as its values are drawn or loaded.
+
 Not supported (raise `NotSupportedError`):
-- method qlora: the runtime has no 4-bit storage (bitsandbytes). Training it as lora would run
-  but allocate a 16-bit base where the plan priced a 4-bit one, so it is refused; the same
-  adapters on a 16-bit base are method "lora".
+- qlora with quant_format nf4 or int8 (torchao's NF4 is double-quantized), on a model with routed
+  experts (their 3-D weights are not linears), or with data parallelism (`runtime.parallelize`).
 - MLP targets (gate_proj, up_proj, down_proj) on a model with routed experts: `GroupedExperts`
   holds its experts as 3-D tensors and runs them inside one module, so per-expert adapters have
   no linear to wrap. Attention-only targets (`lora_targets="attention"`) work on MoE models.
@@ -54,6 +57,7 @@ from torch import nn
 
 from model_specs.spec import LORA_MLP_NAMES, TrainingSpec
 from runtime.model import Attention, FeedForward, MLAttention, MoE, NotSupportedError, Transformer
+from runtime.weights import SeededInit, is_symbolic
 
 __all__ = ["MLP_TARGETS", "LoRALinear", "apply_lora", "module_map"]
 
@@ -65,7 +69,8 @@ class LoRALinear(nn.Linear):
 
     Made from an existing linear by `LoRALinear.adapt(linear, ...)` (in place: the base weight
     and bias keep their parameter objects and names). `lora_A`: (r, in); `lora_B`: (out, r);
-    `scaling` = alpha / r; `peft_name`: the PEFT module name it answers to."""
+    `scaling` = alpha / r; `peft_name`: the PEFT module name it answers to. The adapters' values
+    come from `init_adapters` (on a model built on the meta device, after its shards exist)."""
 
     lora_A: nn.Parameter
     lora_B: nn.Parameter
@@ -75,13 +80,12 @@ class LoRALinear(nn.Linear):
     @classmethod
     def adapt(cls, linear: nn.Linear, rank: int, alpha: float, peft_name: str) -> LoRALinear:
         """Turn `linear` into a LoRALinear in place (its class is swapped) and return it. The
-        adapters are fp32 on the base weight's device; A draws from the global RNG."""
+        adapters are fp32 on the base weight's device, their values left to `init_adapters`."""
         device = linear.weight.device
         linear.__class__ = cls
         lin: LoRALinear = linear  # type: ignore[assignment]
         lin.lora_A = nn.Parameter(torch.empty(rank, lin.in_features, device=device, dtype=torch.float32))
-        lin.lora_B = nn.Parameter(torch.zeros(lin.out_features, rank, device=device, dtype=torch.float32))
-        nn.init.kaiming_uniform_(lin.lora_A, a=math.sqrt(5))  # PEFT: lora_A as nn.Linear's default
+        lin.lora_B = nn.Parameter(torch.empty(lin.out_features, rank, device=device, dtype=torch.float32))
         lin.scaling = alpha / rank
         lin.peft_name = peft_name
         return lin
@@ -96,6 +100,17 @@ class LoRALinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lora_rank={self.lora_A.shape[0]}, scaling={self.scaling:g}, peft={self.peft_name}"
+
+
+def init_adapters(model: nn.Module, init: SeededInit) -> None:
+    """A uniform on +-1/sqrt(in) (PEFT: `kaiming_uniform_(a=sqrt(5))`, nn.Linear's default, whose
+    bound is gain x sqrt(3 / in) with gain sqrt(2 / (1 + 5))) and B zero, for every adapter of
+    `model`, drawn by `init` (`runtime.weights`: by global name, whatever the layout)."""
+    for m in model.modules():
+        if isinstance(m, LoRALinear):
+            bound = 1.0 / math.sqrt(m.in_features)
+            init.uniform_(m.lora_A, -bound, bound)
+            init.zeros_(m.lora_B)
 
 
 def module_map(module: nn.Module) -> dict[str, str]:
@@ -132,10 +147,16 @@ def apply_lora(model: Transformer, training: TrainingSpec, base_dtype: torch.dty
     if not training.frozen_base:
         return []
     if training.method == "qlora":
-        raise NotSupportedError(
-            "method qlora: the reference runtime has no 4-bit base-weight storage (bitsandbytes); "
-            "use method lora for the same adapters on a frozen 16-bit base"
-        )
+        if training.quant_format_ != "nf4_double":
+            raise NotSupportedError(
+                f"method qlora with quant_format {training.quant_format_!r}: the runtime stores the base as NF4 with "
+                "double quantization (torchao's NF4Tensor) only: quant_format nf4_double"
+            )
+        if any(isinstance(m, MoE) for m in model.modules()):
+            raise NotSupportedError(
+                "method qlora on a model with routed experts: GroupedExperts' 3-D weights are not nn.Linear, so they "
+                "would stay 16-bit where the plan priced them as NF4"
+            )
     targets = set(training.lora_modules)
     if targets & set(MLP_TARGETS) and any(isinstance(m, MoE) for m in model.modules()):
         raise NotSupportedError(
@@ -159,4 +180,10 @@ def apply_lora(model: Transformer, training: TrainingSpec, base_dtype: torch.dty
         )
     if base_dtype is not None:
         _cast_frozen(model, base_dtype)
+    if training.method == "qlora":
+        from runtime.quantize import quantize_linears
+
+        quantize_linears(model, base_dtype or adapted[0].weight.dtype)
+    if not is_symbolic(adapted[0].weight):
+        init_adapters(model, SeededInit.of(model))  # a materialised model: draw the adapters now
     return adapted

@@ -30,7 +30,8 @@ E = routed experts, k = top-k, T = B*S tokens.
 Positional encoding
 - `rope`: rotate-half RoPE (HuggingFace Llama convention), full head width for standard attention,
   `qk_rope_head_dim` for MLA. Base `rope_theta` = `spec.rope_theta` if the spec has one, else
-  10000. No RoPE scaling (YaRN, Llama-3 NTK), which change no shape.
+  10000. No RoPE scaling (YaRN, Llama-3 NTK), which change no shape, except when a checkpoint's
+  config.json asks for linear or llama3 scaling (`RotaryEmbedding`, `runtime.checkpoint`).
 - `learned`: GPT-2 style table of `max_position_embeddings` rows added to the token embedding.
 - `alibi`: implemented exactly (BLOOM slopes, additive bias -slope*(i-j)) as a float attention mask.
 
@@ -81,6 +82,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model_specs.spec import ModelSpec
+from runtime.weights import SeededInit
 
 __all__ = [
     "Attention",
@@ -117,6 +119,17 @@ def _norm(spec: ModelSpec, width: int) -> nn.Module:
     return nn.LayerNorm(width, eps=DEFAULT_NORM_EPS)
 
 
+def init_norm(init: SeededInit, norm: nn.Module | None) -> None:
+    """Unit scale (and zero shift for LayerNorm) of a norm, or nothing for None."""
+    if norm is None:
+        return
+    weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+    if weight is not None:
+        init.ones_(weight)
+    if bias is not None:
+        init.zeros_(bias)
+
+
 def _rms(width: int) -> nn.RMSNorm:
     """RMSNorm regardless of `spec.norm` (qk-norm, MLA latent norms: scale only in every family)."""
     return nn.RMSNorm(width, eps=DEFAULT_NORM_EPS)
@@ -148,19 +161,43 @@ class RotaryEmbedding(nn.Module):
 
     Computed on the fly with elementwise ops (no matmul, so FLOP counters see none, and no buffer
     to re-materialise after meta-device construction). Source: Su et al. 2021; HF `LlamaRotaryEmbedding`.
+    `scaling` (HF's `rope_scaling` dict; a checkpoint's, `runtime.checkpoint`): `linear` divides the
+    frequencies by `factor`; `llama3` (Llama 3.1) divides those whose wavelength exceeds
+    original_max_position_embeddings / low_freq_factor by `factor`, keeps those under
+    original / high_freq_factor and blends in between (HF `_compute_llama3_parameters`).
     """
 
-    def __init__(self, dim: int, theta: float = DEFAULT_ROPE_THETA) -> None:
+    def __init__(self, dim: int, theta: float = DEFAULT_ROPE_THETA, scaling: dict | None = None) -> None:
         super().__init__()
         if dim % 2:
             raise NotSupportedError(f"RoPE needs an even width, got {dim}")
         self.dim = dim
         self.theta = theta
+        kind = (scaling or {}).get("rope_type", "default")
+        if kind not in ("default", "linear", "llama3"):
+            raise NotSupportedError(f"RoPE scaling {kind!r} is not implemented (default, linear, llama3)")
+        self.scaling = scaling if kind != "default" else None
+
+    def _scaled(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        sc = self.scaling
+        if sc is None:
+            return inv_freq
+        factor = float(sc["factor"])
+        if sc["rope_type"] == "linear":
+            return inv_freq / factor
+        low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, blended, scaled)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: (S,) integer. Returns cos, sin: (S, dim) fp32."""
         idx = torch.arange(0, self.dim, 2, device=positions.device, dtype=torch.float32)
-        inv_freq = 1.0 / (self.theta ** (idx / self.dim))
+        inv_freq = self._scaled(1.0 / (self.theta ** (idx / self.dim)))
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
@@ -270,6 +307,7 @@ class Attention(nn.Module):
         self.window = spec.sliding_window if spec.uses_sliding_window(layer_id) else None
         self.chunked = spec.window_kind == "chunked"
         self.use_rope = spec.position_embedding == "rope"
+        self.total_heads, self.head_start = self.n_heads, 0  # tensor parallel keeps heads [start, start + n)
         if spec.position_embedding == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(self.n_heads), persistent=False)
         else:
@@ -279,20 +317,18 @@ class Attention(nn.Module):
         self.core = attention_core
         self.run_region = run_region
 
-    def init_weights(self, std: float, out_std: float) -> None:
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
         for lin in (self.wq, self.wk, self.wv):
-            nn.init.normal_(lin.weight, std=std)
-        nn.init.normal_(self.wo.weight, std=out_std)
+            init.normal_(lin.weight, std)
+        init.normal_(self.wo.weight, out_std)
         for lin in (self.wq, self.wk, self.wv, self.wo):
             if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
-        for n in (self.q_norm, self.k_norm):
-            if n is not None:
-                n.reset_parameters()
+                init.zeros_(lin.bias)
+        init_norm(init, self.q_norm)
+        init_norm(init, self.k_norm)
         if self.sinks is not None:
-            nn.init.zeros_(self.sinks)
-        if self.alibi_slopes is not None:
-            self.alibi_slopes.copy_(alibi_slopes(self.n_heads))
+            init.zeros_(self.sinks)
+        _init_alibi(self)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -321,6 +357,16 @@ class Attention(nn.Module):
             sinks=self.sinks,
         )
         return out.transpose(1, 2).reshape(b, s, -1)
+
+
+def _init_alibi(attn: nn.Module) -> None:
+    """Refill the (non-persistent) ALiBi slope buffer of the heads `attn` holds."""
+    slopes = attn.alibi_slopes
+    if slopes is None or _is_symbolic(slopes):
+        return
+    full = alibi_slopes(attn.total_heads)[attn.head_start : attn.head_start + slopes.shape[0]]
+    with torch.no_grad():
+        slopes.copy_(full)
 
 
 class MLAttention(nn.Module):
@@ -356,6 +402,7 @@ class MLAttention(nn.Module):
         self.wkv_b = nn.Linear(self.kv_lora_rank, nh * (self.nope + self.v_dim), bias=False)
         self.wo = nn.Linear(nh * self.v_dim, h, bias=spec.attn_out_bias)
         self.window = spec.sliding_window if spec.uses_sliding_window(layer_id) else None
+        self.total_heads, self.head_start = nh, 0
         if spec.position_embedding == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(nh), persistent=False)
         else:
@@ -364,18 +411,16 @@ class MLAttention(nn.Module):
         self.core = attention_core  # swappable, as in Attention
         self.run_region = run_region
 
-    def init_weights(self, std: float, out_std: float) -> None:
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
         for lin in (self.wq_a, self.wq, self.wkv_a, self.wkv_b):
             if lin is not None:
-                nn.init.normal_(lin.weight, std=std)
-        nn.init.normal_(self.wo.weight, std=out_std)
+                init.normal_(lin.weight, std)
+        init.normal_(self.wo.weight, out_std)
         if self.wo.bias is not None:
-            nn.init.zeros_(self.wo.bias)
-        for n in (self.q_norm, self.kv_norm):
-            if n is not None:
-                n.reset_parameters()
-        if self.alibi_slopes is not None:
-            self.alibi_slopes.copy_(alibi_slopes(self.n_heads))
+            init.zeros_(self.wo.bias)
+        init_norm(init, self.q_norm)
+        init_norm(init, self.kv_norm)
+        _init_alibi(self)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -432,14 +477,14 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(h, width, bias=spec.mlp_bias) if spec.gated_mlp else None
         self.run_region = run_region  # swappable: selective recompute of the activation
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        nn.init.normal_(self.w1.weight, std=std)
-        nn.init.normal_(self.w2.weight, std=out_std)
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
+        init.normal_(self.w1.weight, std)
+        init.normal_(self.w2.weight, out_std)
         if self.w3 is not None:
-            nn.init.normal_(self.w3.weight, std=std)
+            init.normal_(self.w3.weight, std)
         for lin in (self.w1, self.w2, self.w3):
             if lin is not None and lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+                init.zeros_(lin.bias)
 
     def activation(self, g: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
         """act(g) * u (gated) or act(g): the input of w2."""
@@ -465,25 +510,25 @@ class GroupedExperts(nn.Module):
         self.kind = spec.mlp
         self.num_experts = num_experts
         gated = spec.gated_mlp
-        self.w1 = nn.Parameter(torch.empty(num_experts, width, h))
-        self.w2 = nn.Parameter(torch.empty(num_experts, h, width))
-        self.w3 = nn.Parameter(torch.empty(num_experts, width, h)) if gated else None
+        # zeros until `init_weights` (`build_model` initialises every module after construction)
+        self.w1 = nn.Parameter(torch.zeros(num_experts, width, h))
+        self.w2 = nn.Parameter(torch.zeros(num_experts, h, width))
+        self.w3 = nn.Parameter(torch.zeros(num_experts, width, h)) if gated else None
         if spec.mlp_bias:
-            self.b1 = nn.Parameter(torch.empty(num_experts, width))
-            self.b2 = nn.Parameter(torch.empty(num_experts, h))
-            self.b3 = nn.Parameter(torch.empty(num_experts, width)) if gated else None
+            self.b1 = nn.Parameter(torch.zeros(num_experts, width))
+            self.b2 = nn.Parameter(torch.zeros(num_experts, h))
+            self.b3 = nn.Parameter(torch.zeros(num_experts, width)) if gated else None
         else:
             self.b1 = self.b2 = self.b3 = None
-        self.init_weights(INIT_STD, INIT_STD)
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        nn.init.normal_(self.w1, std=std)
-        nn.init.normal_(self.w2, std=out_std)
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
+        init.normal_(self.w1, std)
+        init.normal_(self.w2, out_std)
         if self.w3 is not None:
-            nn.init.normal_(self.w3, std=std)
+            init.normal_(self.w3, std)
         for b in (self.b1, self.b2, self.b3):
             if b is not None:
-                nn.init.zeros_(b)
+                init.zeros_(b)
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x: (N, h) tokens sorted by expert; counts: tokens per expert (sum N). Returns (N, h).
@@ -531,17 +576,17 @@ class MoE(nn.Module):
             nn.Linear(h, 1, bias=False) if spec.shared_expert_gate and self.shared_experts else None
         )
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        nn.init.normal_(self.router.weight, std=std)
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
+        init.normal_(self.router.weight, std)
         if self.router.bias is not None:
-            nn.init.zeros_(self.router.bias)
+            init.zeros_(self.router.bias)
         if self.expert_bias is not None:
-            nn.init.zeros_(self.expert_bias)
-        self.experts.init_weights(std, out_std)
+            init.zeros_(self.expert_bias)
+        self.experts.init_weights(init, std, out_std)
         for ff in self.shared_experts or ():
-            ff.init_weights(std, out_std)
+            ff.init_weights(init, std, out_std)
         if self.shared_gate is not None:
-            nn.init.normal_(self.shared_gate.weight, std=std)
+            init.normal_(self.shared_gate.weight, std)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (T, h). Returns top-k expert indices (T, k) int64 and weights (T, k) fp32 (rows sum to 1)."""
@@ -647,6 +692,13 @@ def ssd_chunked_scan(
     return y.transpose(2, 3).reshape(bsz, nc * chunk, heads, p)[:, :s]
 
 
+def _inverse_softplus_of_log_uniform_dt(u: torch.Tensor) -> torch.Tensor:
+    """softplus^-1(dt) for dt = exp(u (ln 0.1 - ln 1e-3) + ln 1e-3) clamped at 1e-4, u uniform on [0, 1)
+    (HF `NemotronHPreTrainedModel._init_weights`)."""
+    dt = torch.exp(u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
 class Mamba2Mixer(nn.Module):
     """Mamba-2 mixer (Dao & Gu 2024, Sec. 7; transformers `NemotronHMamba2Mixer`; Megatron-Core
     `megatron/core/ssm/mamba_mixer.py`). in_proj (h -> z, x B C, dt: 2 d_inner + 2 G N + H);
@@ -680,21 +732,22 @@ class Mamba2Mixer(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(self.inner))
         self.out_proj = nn.Linear(self.inner, h, bias=spec.mamba_proj_bias)
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        nn.init.normal_(self.in_proj.weight, std=std)
-        nn.init.normal_(self.out_proj.weight, std=out_std)
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
+        init.normal_(self.in_proj.weight, std)
+        init.normal_(self.out_proj.weight, out_std)
         for lin in (self.in_proj, self.out_proj):
             if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
-        nn.init.normal_(self.conv1d.weight, std=std)
+                init.zeros_(lin.bias)
+        init.normal_(self.conv1d.weight, std)
         if self.conv1d.bias is not None:
-            nn.init.zeros_(self.conv1d.bias)
-        self.A_log.copy_(torch.log(torch.arange(1, self.heads + 1, dtype=torch.float32)))  # S4D-real (HF)
-        nn.init.ones_(self.D)
-        nn.init.ones_(self.norm_weight)
-        # dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (HF `_init_weights`)
-        dt = torch.exp(torch.rand(self.heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            init.zeros_(self.conv1d.bias)
+        init.values_(self.A_log, torch.log(torch.arange(1, self.heads + 1, dtype=torch.float32)))  # S4D-real (HF)
+        init.ones_(self.D)
+        init.ones_(self.norm_weight)
+        # dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (HF `_init_weights`): a uniform
+        # draw, then an elementwise map (layout-free)
+        init.uniform_(self.dt_bias, 0.0, 1.0)
+        init.transform_(self.dt_bias, _inverse_softplus_of_log_uniform_dt)
 
     def core(self, zxbcdt: torch.Tensor) -> torch.Tensor:
         """conv, scan, D skip, gate and norm: zxbcdt (B, S, proj) -> normed output (B, S, d_inner)."""
@@ -741,9 +794,9 @@ class HybridBlock(nn.Module):
         else:
             self.mixer = FeedForward(spec, spec.ffn_hidden_size)
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        self.norm.reset_parameters()
-        self.mixer.init_weights(std, out_std)  # type: ignore[operator]
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
+        init_norm(init, self.norm)
+        self.mixer.init_weights(init, std, out_std)  # type: ignore[operator]
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.kind == "attention":
@@ -778,12 +831,11 @@ class TransformerBlock(nn.Module):
         self.moe = spec.is_moe_layer(layer_id)
         self.mlp: nn.Module = MoE(spec) if self.moe else FeedForward(spec, spec.ffn_hidden_size)
 
-    def init_weights(self, std: float, out_std: float) -> None:
+    def init_weights(self, init: SeededInit, std: float, out_std: float) -> None:
         for norm in (self.attention_norm, self.ffn_norm, self.post_attention_norm, self.post_ffn_norm):
-            if norm is not None:
-                norm.reset_parameters()
-        self.attention.init_weights(std, out_std)
-        self.mlp.init_weights(std, out_std)
+            init_norm(init, norm)
+        self.attention.init_weights(init, std, out_std)  # type: ignore[operator]
+        self.mlp.init_weights(init, std, out_std)  # type: ignore[operator]
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.parallel_residual:
@@ -808,7 +860,7 @@ class Transformer(nn.Module):
     takes / returns hidden states (B, S, h).
     """
 
-    def __init__(self, spec: ModelSpec, *, rope_theta: float | None = None) -> None:
+    def __init__(self, spec: ModelSpec, *, rope_theta: float | None = None, rope_scaling: dict | None = None) -> None:
         super().__init__()
         self.spec = spec
         h = spec.hidden_size
@@ -820,7 +872,7 @@ class Transformer(nn.Module):
             theta = rope_theta or float(getattr(spec, "rope_theta", None) or DEFAULT_ROPE_THETA)
             rope_dim = spec.qk_rope_head_dim if spec.attention == "mla" else spec.qk_head_dim
             assert rope_dim
-            self.rope: RotaryEmbedding | None = RotaryEmbedding(rope_dim, theta)
+            self.rope: RotaryEmbedding | None = RotaryEmbedding(rope_dim, theta, rope_scaling)
         else:
             self.rope = None
         block = HybridBlock if spec.is_hybrid else TransformerBlock
@@ -829,23 +881,28 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(h, spec.vocab_size, bias=False)
         if spec.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self, std: float = INIT_STD) -> None:
+    def init_weights(self, init: SeededInit | None = None, std: float = INIT_STD) -> None:
         """Normal(0, std) weights (GPT-2 / Megatron), output projections (wo, w2) scaled by
-        1/sqrt(2 * num_layers), zero biases and sinks, unit norm scales."""
+        1/sqrt(2 * num_layers), zero biases and sinks, unit norm scales. Values are drawn by
+        `init` (`runtime.weights.SeededInit`: from a seed and each parameter's global name, so the
+        shard of a sharded or cut model gets the slice of what the whole model gets; default seed
+        0 and this module's names). Works on pipeline chunks and sharded (DTensor) parameters
+        alike; blocks wrapped for activation checkpointing are unwrapped."""
+        init = init or SeededInit.of(self)
         out_std = std / math.sqrt(2 * self.spec.num_layers)
         if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight, std=std)
+            init.normal_(self.tok_embeddings.weight, std)
         if self.pos_embeddings is not None:
-            nn.init.normal_(self.pos_embeddings.weight, std=std)
+            init.normal_(self.pos_embeddings.weight, std)
         for layer in self.layers.values():
-            layer.init_weights(std, out_std)  # type: ignore[operator]
-        if self.norm is not None:
-            self.norm.reset_parameters()  # type: ignore[operator]
-        if self.output is not None and not self.spec.tie_embeddings:
-            nn.init.normal_(self.output.weight, std=std)
+            block = getattr(layer, "_checkpoint_wrapped_module", layer)
+            block.init_weights(init, std, out_std)  # type: ignore[operator]
+        init_norm(init, self.norm)
+        tied = self.tok_embeddings is not None and self.output is not None and self.output.weight is self.tok_embeddings.weight
+        if self.output is not None and not tied:
+            init.normal_(self.output.weight, std)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, S) int64 (or hidden states (B, S, h) on a stage without embeddings);
@@ -883,17 +940,38 @@ def build_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     rope_theta: float | None = None,
+    norm_eps: float = DEFAULT_NORM_EPS,
+    rope_scaling: dict | None = None,
+    seed: int = 0,
 ) -> Transformer:
-    """Build and initialise the reference `Transformer` of `spec` on `device` in `dtype`.
+    """Build and initialise the reference `Transformer` of `spec` on `device` in `dtype`, its
+    values drawn from `seed` and each parameter's name (`Transformer.init_weights`).
 
     `dtype` is applied through the default dtype during construction (it also works inside
-    `FakeTensorMode`, where `module.to(dtype)` fails). Use device="meta" for a shape-only model.
+    `FakeTensorMode`, where `module.to(dtype)` fails). device="meta" gives a shape-only model:
+    nothing is allocated or drawn (the runtime shards it, then materialises its shards:
+    `runtime.parallelize`). `rope_theta`, `rope_scaling` and `norm_eps` override the spec's RoPE
+    base, add a RoPE scaling (`RotaryEmbedding`) and set the norms' epsilon: a checkpoint's
+    config.json gives them (`runtime.checkpoint`); without one the model has no RoPE scaling.
     """
     old = torch.get_default_dtype()
     if dtype is not None:
         torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            return Transformer(spec, rope_theta=rope_theta)
+            model = Transformer(spec, rope_theta=rope_theta, rope_scaling=rope_scaling)
     finally:
         torch.set_default_dtype(old)
+    if norm_eps != DEFAULT_NORM_EPS:
+        set_norm_eps(model, norm_eps)
+    if not _is_symbolic(next(model.parameters())):
+        model.init_weights(SeededInit.of(model, seed))
+    return model
+
+
+def set_norm_eps(model: nn.Module, eps: float) -> None:
+    """Set the epsilon of every RMSNorm / LayerNorm of `model` (HF configs carry theirs:
+    `rms_norm_eps`, `layer_norm_epsilon`, ...), the Mamba mixers' gated norms included."""
+    for m in model.modules():
+        if isinstance(m, nn.RMSNorm | nn.LayerNorm | Mamba2Mixer):
+            m.eps = eps

@@ -1,8 +1,14 @@
 """Turn the reference model into this rank's parallel model parts for a RunSpec.
 
-Order (torchtitan's): build the full model from the seed (so every layout starts from the same
-weights as a single-process run), cut this pipeline rank's chunks, then per chunk apply tensor /
-sequence parallel, expert parallel, context parallel, activation recompute and finally FSDP2.
+Order (torchtitan's): build the whole model on the meta device (no storage), cut this pipeline
+rank's chunks, then per chunk apply tensor / sequence parallel, expert parallel, context parallel,
+activation recompute and finally FSDP2, all on meta; then materialise: `to_empty` gives each
+chunk's local shards storage on the rank's device, and only they are filled, from the seed
+(`runtime.weights.SeededInit`: each parameter's values come from the seed and its global name,
+tile by tile, so every layout starts from the same weights as a single-process run) or from a
+HuggingFace checkpoint (`runtime.checkpoint`: each rank reads the slices it owns). A rank's host
+memory is its shard, never the model (the whole-model fp32 build on every rank this replaces
+needed 4 bytes x the model's parameters per rank before sharding).
 
 Tensor parallel (DTensor `parallelize_module`, Megatron-style):
 - attention wq/wk/wv column-parallel, wo row-parallel; MLP w1/w3 column-parallel, w2 row-parallel;
@@ -39,18 +45,21 @@ so ZeRO-2/3 behave like ZeRO-1 there except for the resharding choice.
 Mixed precision: parameters stay in fp32 (the master copy); with dtype bf16 FSDP2 casts them
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`), or autocast does without FSDP.
 
-LoRA (`training.method` "lora", `runtime.lora`): applied to the full model right after it is
-built (adapters drawn from the seeded RNG, so every layout starts from the same adapters), before
-the pipeline cut and every wrapper. The frozen base is stored in the compute dtype (no fp32 master:
+LoRA (`training.method` "lora", `runtime.lora`): applied to the whole meta model right after it
+is built, before the pipeline cut and every wrapper; the adapters are drawn by global name like
+every weight, so every layout starts from the same adapters (and a loaded base keeps them). The frozen base is stored in the compute dtype (no fp32 master:
 it is never updated); the adapters stay fp32. FSDP2 / `replicate` shard and gather the whole
 module (frozen base included) and reduce only the adapters' gradients (FSDP2 requires a uniform
-dtype of the trainable parameters only). Not supported: qlora, tp > 1, MLP targets on MoE models.
+dtype of the trainable parameters only). QLoRA stores the layers' linear weights as NF4
+(`runtime.quantize`), quantized weight by weight as they are filled. Not supported: tp > 1, MLP
+targets on MoE models; qlora with data parallelism.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -59,13 +68,14 @@ from torch import nn
 from cost_models.pipeline import interleaving_group
 from runtime.context_parallel import apply_context_parallel, cp_positions
 from runtime.expert_parallel import apply_expert_parallel, expert_params
-from runtime.lora import apply_lora
+from runtime.lora import apply_lora, init_adapters
 from runtime.mesh import Meshes
 from runtime.model import MLAttention, MoE, NotSupportedError, Transformer, build_model
 from runtime.recompute import apply_recompute
 from runtime.spec import RunSpec
+from runtime.weights import SeededInit, global_names
 
-__all__ = ["ModelParts", "apply_fsdp", "apply_tp", "build_parts", "check_supported"]
+__all__ = ["ModelParts", "apply_fsdp", "apply_tp", "build_parts", "check_supported", "materialize_parts"]
 
 
 @dataclass
@@ -77,6 +87,7 @@ class ModelParts:
     chunk_ids: list[int]  # global pipeline chunk index of each chunk
     num_chunks: int  # pp x vpp
     fsdp: bool = False
+    staged_bytes: int = 0  # largest local tensor read from a checkpoint, in its dtype (runtime.checkpoint)
     # modules whose replicated weights get partial gradients per TP rank (their parameters are
     # looked up when reducing: FSDP replaces the parameter objects)
     tp_partial_modules: list[nn.Module] = field(default_factory=list)
@@ -123,6 +134,12 @@ def check_supported(run: RunSpec) -> None:
         raise NotSupportedError(
             f"tensor parallel (tp={lay.tp}) with {run.training.method} adapters is not implemented "
             "(the adapters' A and B would need their own column / row plans)"
+        )
+    if run.training.method == "qlora" and lay.dp_ * lay.cp > 1:
+        raise NotSupportedError(
+            f"qlora with data parallelism (dp x cp = {lay.dp_ * lay.cp}) is not implemented: FSDP2 shards torchao's NF4 "
+            "weights, but their to_empty leaves NF4's lookup table on the meta device (torchao 0.18); run it on one "
+            "rank per pipeline stage, or as method lora"
         )
     if lay.pp > 1 and spec.tie_embeddings:
         raise NotSupportedError("tied embeddings across pipeline stages are not implemented")
@@ -230,6 +247,7 @@ def apply_tp(model: Transformer, tp_mesh, sp: bool) -> list[nn.Module]:
         if attn.alibi_slopes is not None:
             h = attn.alibi_slopes.shape[0] // tp
             attn.alibi_slopes = attn.alibi_slopes[rank * h : (rank + 1) * h].clone()
+            attn.head_start = rank * h  # the slopes are refilled for these heads after `to_empty`
         for norm in (attn.q_norm, attn.k_norm):
             if norm is not None:
                 partial.append(norm)
@@ -313,47 +331,47 @@ def apply_fsdp(model: Transformer, meshes: Meshes, zero_stage: int, mp_dtype: to
 
 
 def build_parts(
-    run: RunSpec, meshes: Meshes, device: torch.device, fake_mode: contextlib.AbstractContextManager | None = None
+    run: RunSpec,
+    meshes: Meshes,
+    device: torch.device,
+    fake_mode: contextlib.AbstractContextManager | None = None,
+    *,
+    materialize: bool = True,
+    timings: dict[str, float] | None = None,
 ) -> ModelParts:
-    """This rank's parallel model chunks for `run` (see module doc). With `fake_mode` (a
-    FakeTensorMode, for memory tracing) the model is built inside it and parallelized outside."""
+    """This rank's parallel model chunks for `run` (see module doc).
+
+    `fake_mode` (a FakeTensorMode, for memory tracing): the shards are materialised inside it
+    (fake storage, no values). `materialize=False` leaves every parameter on the meta device
+    (shapes and placements only: what a rank would hold, at no cost). `run.hf_checkpoint`: the
+    base weights come from that HuggingFace checkpoint (`runtime.checkpoint`) instead of the seed.
+    `timings` (when given) receives the seconds of each phase: build (meta model, cut, wrappers),
+    materialise (`to_empty`), init (seeded values) and load (checkpoint reads)."""
     check_supported(run)
+    clock = time.perf_counter()
     lay = run.layout
     part = run.stage_partition
-    torch.manual_seed(run.seed)
     n_chunks = lay.pp * lay.vpp
     # The partition places the chunks: chunk c on rank c % pp (looped), or as a V (zbv, dualpipev:
     # rank c, then 2pp - 1 - c, so rank 0 holds the embedding and the LM head).
     mine = [c for c, r in enumerate(part.chunk_ranks) if r == meshes.pp_rank]
     ranges = part.chunk_ranges()
+    source = None
+    if run.hf_checkpoint is not None:
+        from runtime.checkpoint import HFCheckpoint
+
+        source = HFCheckpoint.open(run.hf_checkpoint, run.model)
+    numerics = source.numerics if source is not None else {}
+    # The whole model on the meta device (no storage). LoRA freezes the base (stored in the
+    # compute dtype) and adds the adapters before any cut or wrapper.
+    full = build_model(run.model, device="meta", dtype=torch.float32, **numerics)
+    apply_lora(full, run.training, base_dtype=compute_dtype(run, device))
     chunks: list[Transformer] = []
-
-    def full_model() -> Transformer:
-        # Built on the CPU (same initial weights whatever the device); sharding (DTensor, FSDP2)
-        # moves the shards to the mesh's device, `.to(device)` below the rest.
-        full = build_model(run.model, device="cpu", dtype=torch.float32)
-        # LoRA: freeze the base (stored in the compute dtype) and add the adapters to the whole
-        # model, from the seeded RNG, before any cut or wrapper: every layout starts alike.
-        apply_lora(full, run.training, base_dtype=compute_dtype(run, device))
-        return full
-
-    with fake_mode or contextlib.nullcontext():
-        full = full_model()
-        for i, c in enumerate(mine):
-            if i == len(mine) - 1:  # the last of the rank's chunks takes the model itself
-                m = full
-            elif fake_mode is not None:
-                # A deep copy of a fake parameter does not share its storage with its own views
-                # (torch 2.13: `copy.deepcopy(p).view(-1).untyped_storage()` is another storage),
-                # so FSDP2's flat view of each shard (`FSDPParam.reset_sharded_param`) was counted
-                # a second time by the live-storage tracker: +1.0 MB (+14%) on a 7.2 MB zbv rank of
-                # tests/runtime/test_parallel_layouts.py. Fake weights have no values to copy:
-                # build the model again (the earlier chunks are copied before `full` is cut).
-                m = full_model()
-            else:
-                m = copy.deepcopy(full)
-            chunks.append(_cut_chunk(m, ranges[c], first=c == 0, last=c == n_chunks - 1) if lay.pp > 1 else m)
-        del full
+    for i, c in enumerate(mine):
+        # a deep copy of a meta model copies no storage; the last chunk takes the model itself
+        m = full if i == len(mine) - 1 else copy.deepcopy(full)
+        chunks.append(_cut_chunk(m, ranges[c], first=c == 0, last=c == n_chunks - 1) if lay.pp > 1 else m)
+    del full
 
     rank_layers = part.rank_layers(meshes.pp_rank)
     if lay.recompute == "full" and lay.recompute_layers is not None:
@@ -378,7 +396,67 @@ def build_parts(
         apply_recompute(m, lay.recompute, recomputed if lay.recompute == "full" else None)
         if use_fsdp:
             apply_fsdp(m, meshes, lay.zero_stage, mp_dtype, pp=lay.pp > 1)
-        elif device.type != "cpu":
-            m.to(device)
     parts.fsdp = use_fsdp
+    _tick(timings, "build_s", clock)
+    if materialize:
+        materialize_parts(parts, run, device, fake_mode, source, timings)
     return parts
+
+
+def _tick(timings: dict[str, float] | None, key: str, since: float) -> float:
+    now = time.perf_counter()
+    if timings is not None:
+        timings[key] = timings.get(key, 0.0) + now - since
+    return now
+
+
+def materialize_parts(
+    parts: ModelParts,
+    run: RunSpec,
+    device: torch.device,
+    fake_mode: contextlib.AbstractContextManager | None = None,
+    source=None,  # type: ignore[no-untyped-def]  # runtime.checkpoint.HFCheckpoint | None
+    timings: dict[str, float] | None = None,
+) -> None:
+    """Give the meta chunks' local shards storage on `device` (`to_empty`; inside `fake_mode`
+    when given: fake storage, nothing filled) and fill them: the seeded values of
+    `runtime.weights` for every parameter and buffer, then the checkpoint's base weights when
+    `source` is given (the adapters keep their seeded values: a LoRA run starts at the base)."""
+    clock = time.perf_counter()
+    with fake_mode or contextlib.nullcontext():
+        for m in parts.chunks:
+            m.to_empty(device=device)
+            _retie(m)
+    clock = _tick(timings, "materialize_s", clock)
+    if fake_mode is not None:
+        return
+    init = SeededInit(run.seed, global_names(parts.chunks))
+    with torch.no_grad():
+        for m in parts.chunks:
+            if source is None:
+                m.init_weights(init)
+            else:  # every weight comes from the checkpoint (which refuses a missing one)
+                _init_buffers(m)
+            init_adapters(m, init)  # LoRA adapters: seeded, on a loaded base too
+    clock = _tick(timings, "init_s", clock)
+    if source is not None:
+        parts.staged_bytes = source.load(parts.chunks)
+        _tick(timings, "load_s", clock)
+
+
+def _retie(model: Transformer) -> None:
+    """Tied embeddings stay one parameter after `to_empty` (which converts each module's
+    parameters in turn)."""
+    if model.spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
+        model.output.weight = model.tok_embeddings.weight
+
+
+def _init_buffers(model: Transformer) -> None:
+    """The buffers a checkpoint does not hold (ALiBi slopes), for a model whose weights it loads."""
+    from runtime.model import _init_alibi
+
+    for layer in model.layers.values():
+        block = getattr(layer, "_checkpoint_wrapped_module", layer)
+        attn = getattr(block, "attention", None) or getattr(block, "mixer", None)
+        if attn is not None and getattr(attn, "alibi_slopes", None) is not None:
+            _init_alibi(attn)

@@ -55,6 +55,12 @@ class RunSpec(BaseModel):
     data_dtype: Literal["uint16", "uint32", "int32", "int64"] = Field(
         "uint16", description="element type of the token file"
     )
+    hf_checkpoint: str | None = Field(
+        None,
+        description="a HuggingFace checkpoint directory (config.json, model.safetensors or its sharded index) "
+        "the weights start from; each rank reads only the slices it holds (runtime.checkpoint). Default: "
+        "seeded random weights",
+    )
     plan_id: str | None = None
     peak_flops_per_s: float | None = Field(None, gt=0, description="per-GPU peak for MFU")
 

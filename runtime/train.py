@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from runtime.host import peak_rss_bytes, seconds_since_start
 from runtime.memory import LiveStorageTracker, peak_memory_bytes, reset_peak_memory
 from runtime.mesh import Meshes, build_meshes
 from runtime.parallelize import ModelParts, build_parts, compute_dtype, tp_reduce_partial_grads
@@ -131,6 +132,10 @@ class TrainResult:
     step_times_s: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None
     start_step: int = 0
+    startup_s: float | None = None  # this process's start to the first step (runtime.host)
+    startup_phases_s: dict[str, float] = field(default_factory=dict)  # build, materialize, init, load
+    host_peak_rss_bytes: int | None = None  # this process's peak resident memory at the end
+    staged_bytes: int = 0  # the largest local tensor read from a checkpoint, in its dtype (0: seeded)
 
 
 class Trainer:
@@ -142,14 +147,18 @@ class Trainer:
         device: torch.device,
         meshes: Meshes | None = None,
         fake_mode: contextlib.AbstractContextManager | None = None,
+        timings: dict[str, float] | None = None,
     ):
-        """`fake_mode`: a FakeTensorMode to build the model in (memory tracing with a fake process
-        group, `runtime.fake_world`); pipeline stages then get static shapes."""
+        """`fake_mode`: a FakeTensorMode to materialise the model in (memory tracing with a fake
+        process group, `runtime.fake_world`); pipeline stages then get static shapes. `timings`
+        receives the seconds of each build phase (`runtime.parallelize.build_parts`)."""
         self.run = run
         self.device = device
         self.fake = fake_mode is not None
         self.meshes = meshes or build_meshes(run.layout, device.type)
-        self.parts: ModelParts = build_parts(run, self.meshes, device, fake_mode)
+        self.parts: ModelParts = build_parts(run, self.meshes, device, fake_mode, timings=timings)
+        # what start-up stages in host memory: the largest local tensor read from a checkpoint
+        self.staged_bytes = self.parts.staged_bytes
         self.dtype = compute_dtype(run, device)
         opt_cls = torch.optim.AdamW if run.training.optimizer == "adamw" else torch.optim.SGD
         kw: dict[str, Any] = {"lr": run.lr, "weight_decay": run.weight_decay}
@@ -397,12 +406,16 @@ def train(
     steps = run.steps if steps is None else steps
     tracker = LiveStorageTracker() if track_memory and device.type == "cpu" else None
     with tracker or contextlib.nullcontext():
-        trainer = Trainer(run, device)
         res = TrainResult()
+        trainer = Trainer(run, device, timings=res.startup_phases_s)
         ckpt = Path(checkpoint_dir) if checkpoint_dir else None
         if ckpt is not None and _has_checkpoint(ckpt):
+            t0 = time.perf_counter()
             trainer.load(ckpt)
+            res.startup_phases_s["resume_s"] = time.perf_counter() - t0
         res.start_step = trainer.step_index
+        res.staged_bytes = trainer.staged_bytes
+        res.startup_s = seconds_since_start()
         reset_peak_memory(device, tracker)
         while trainer.step_index < steps:
             if device.type == "cuda":
@@ -416,6 +429,7 @@ def train(
             if on_step is not None:
                 on_step(trainer.step_index, steps, loss, res.step_times_s[-1])
         res.peak_memory_bytes = peak_memory_bytes(device, tracker)
+        res.host_peak_rss_bytes = peak_rss_bytes()
         if ckpt is not None:
             trainer.save(ckpt)
         if trainer_hook is not None:
@@ -451,10 +465,12 @@ def make_profile(run: RunSpec, res: TrainResult, device: torch.device, peak_flop
     from cost_models.finetune import FineTune, adapter_params_per_token
     from cost_models.flops import step_flops
 
-    peaks: list[int | None] = [res.peak_memory_bytes]
+    mine = (res.peak_memory_bytes, res.startup_s, res.host_peak_rss_bytes, res.startup_phases_s, res.staged_bytes)
+    ranks: list[Any] = [mine]
     if dist.is_initialized():
-        peaks = [None] * dist.get_world_size()
-        dist.all_gather_object(peaks, res.peak_memory_bytes)
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+    peaks = [r[0] for r in ranks]
     timed = res.step_times_s[run.warmup_steps :] or res.step_times_s
     step_s = sum(timed) / len(timed) if timed else None
     tokens = run.training.global_batch * run.training.seq_len
@@ -478,6 +494,10 @@ def make_profile(run: RunSpec, res: TrainResult, device: torch.device, peak_flop
         "step_s": step_s,
         "peak_memory_bytes_per_rank": peaks,
         "memory_source": "cuda.max_memory_allocated" if device.type == "cuda" else "live-storage tracker (CPU)",
+        "startup_s_per_rank": [r[1] for r in ranks],
+        "startup_phases_s": _phases_per_rank([r[3] for r in ranks]),
+        "host_peak_rss_bytes_per_rank": [r[2] for r in ranks],
+        "host_memory_predicted_bytes": predicted_host_peak_bytes(run, device, max(r[4] for r in ranks)),
         "tokens_per_step": tokens,
         "tokens_per_s": tps,
         "model_flops_per_step": flops,
@@ -488,6 +508,35 @@ def make_profile(run: RunSpec, res: TrainResult, device: torch.device, peak_flop
         "losses": res.losses,
         "environment": environment(device, backend),
     }
+
+
+def _phases_per_rank(phases: list[dict[str, float]]) -> dict[str, list[float | None]]:
+    """{phase: [seconds of each rank]} from each rank's {phase: seconds}."""
+    keys = sorted({k for p in phases for k in p})
+    return {k: [p.get(k) for p in phases] for k in keys}
+
+
+def predicted_host_peak_bytes(run: RunSpec, device: torch.device, staged_bytes: int) -> int | None:
+    """The cost model's host memory of this run's worst rank (`cost_models.memory.
+    meta_build_host_bytes_per_rank`, the process itself left out): on a CPU device the rank's whole
+    allocated peak lives in host memory (the estimate of its worst stage without the allocator
+    reserve, priced as the runtime executes it: `runtime.fake_world.traced_layout` on the
+    local-cpu preset); on a GPU what start-up stages there, `staged_bytes` (the largest local
+    tensor as read from a checkpoint; a seeded start stages one tile at a time, negligible)."""
+    from cost_models.memory import meta_build_host_bytes_per_rank
+
+    allocated = 0.0
+    if device.type == "cpu":
+        from cluster_specs.presets import get_cluster
+        from cost_models.estimate import estimate
+        from runtime.fake_world import traced_layout
+
+        try:
+            est = estimate(run.model, run.training, get_cluster("local-cpu"), run.gpus, traced_layout(run), run.stage_partition)
+        except ValueError:  # a layout the runtime runs but the cost model refuses to price: no prediction
+            return None
+        allocated = max(b.total - b.reserve for b in est.memory)
+    return int(meta_build_host_bytes_per_rank(allocated, staged_bytes, device_is_host=device.type == "cpu"))
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> None:

@@ -9,6 +9,9 @@ Each rank writes `OUTDIR/<name>/rank<r>.pt` (or `rank<r>.error` with the traceba
 the parameters its pipeline chunks hold, "peak_memory_bytes": int | None, "seconds": float}`.
 With `resume_at = k`, the case trains k steps, saves a distributed checkpoint, builds a fresh
 trainer from it and trains to `steps`; `losses` then holds steps k..steps-1 of the resumed job.
+With `logits = {"seed": s, "batch": b}`, the case trains nothing: it builds the model (from the
+run's `hf_checkpoint`, say) and writes the logits of b sequences of seq_len tokens drawn from seed
+s (`"logits"`: (b, seq_len, vocab) on the ranks of the last pipeline stage, None elsewhere).
 
 From a test: `launch(cases, nproc, out_dir)` runs such a job under torchrun (gloo, one CPU thread
 per rank) and `load_results(out_dir, name, nproc)` reads one case back (raising on a rank error).
@@ -34,6 +37,37 @@ from runtime.spec import load_run_spec
 from runtime.train import Trainer, init_distributed, train
 
 
+def forward_logits(trainer: Trainer, tokens: torch.Tensor) -> torch.Tensor | None:
+    """Logits of `tokens` (B, S) through this rank's chunks, without a schedule: each pipeline
+    chunk receives its input from the rank of the previous one and sends its output on (point to
+    point over the pp group). Full-vocabulary logits on the last stage's ranks, None elsewhere."""
+    parts, meshes = trainer.parts, trainer.meshes
+    placement = trainer.run.stage_partition.chunk_ranks
+    group = meshes["pp"].get_group() if trainer.run.layout.pp > 1 else None
+    b, s = tokens.shape
+    hidden = (b, s, trainer.run.model.hidden_size)
+    out = None
+    with torch.no_grad():
+        for c in range(parts.num_chunks):
+            if c not in parts.chunk_ids:
+                continue
+            chunk = parts.chunks[parts.chunk_ids.index(c)]
+            if c == 0:
+                x = tokens
+            elif placement[c - 1] == placement[c]:
+                x = out
+            else:
+                x = torch.empty(hidden, dtype=trainer.dtype)
+                dist.recv(x, src=dist.get_global_rank(group, placement[c - 1]), group=group)
+            y = chunk(x)
+            if c == parts.num_chunks - 1:
+                return y.full_tensor() if hasattr(y, "full_tensor") else y
+            if placement[c + 1] != placement[c]:
+                dist.send(y.contiguous(), dst=dist.get_global_rank(group, placement[c + 1]), group=group)
+            out = y
+    return None
+
+
 def run_case(case: dict[str, Any], out_dir: Path, track_memory: bool = False) -> None:
     t0 = time.perf_counter()
     run = load_run_spec(case["run"])
@@ -41,6 +75,14 @@ def run_case(case: dict[str, Any], out_dir: Path, track_memory: bool = False) ->
     device = init_distributed(run)
     rank = dist.get_rank() if dist.is_initialized() else 0
     params: dict[str, torch.Tensor] = {}
+    if "logits" in case:
+        g = torch.Generator().manual_seed(int(case["logits"]["seed"]))
+        tokens = torch.randint(0, run.model.vocab_size, (int(case["logits"]["batch"]), run.training.seq_len), generator=g)
+        logits = forward_logits(Trainer(run, device), tokens)
+        dest = out_dir / case["name"]
+        dest.mkdir(parents=True, exist_ok=True)
+        torch.save({"logits": logits, "seconds": time.perf_counter() - t0}, dest / f"rank{rank}.pt")
+        return
 
     def grab(trainer: Trainer) -> None:
         params.update(trainer.full_parameters())

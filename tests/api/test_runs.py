@@ -14,6 +14,8 @@ PROFILE: dict[str, Any] = {
     "plan_id": None, "step_times_s": [0.5, 0.2, 0.2], "step_s": 0.2, "peak_memory_bytes_per_rank": [1000, 1200, None, 900],
     "tokens_per_s": 5120.0, "mfu": 0.05, "environment": {"torch": "2.13.0", "backend": "gloo"}, "losses": [4.1, 4.0],
     "preflight": {"bus_bandwidth_bytes_per_s": 1.5e9, "collective": "all_reduce", "bytes": 1 << 20, "ranks": 4},
+    "startup_s_per_rank": [12.5, 13.0, None, 12.0], "startup_phases_s": {"build_s": [0.5, 0.5, None, 0.4]},
+    "host_peak_rss_bytes_per_rank": [3000, 3100, None, 2900], "host_memory_predicted_bytes": 2800,
 }
 
 
@@ -108,6 +110,9 @@ def test_full_cycle_with_profile_predicted_beside_measured(server: Any, user: ht
     assert p["predicted"]["step_s"] == predicted["step_s"] and p["measured"]["step_s"] == 0.2
     assert abs(p["error"]["step_s_rel"] - (0.2 - predicted["step_s"]) / predicted["step_s"]) < 1e-12
     assert p["measured"]["peak_memory_bytes_max"] == 1200
+    assert p["measured"]["startup_s_per_rank"] == [12.5, 13.0, None, 12.0]
+    assert p["measured"]["host_peak_rss_bytes_per_rank"] == [3000, 3100, None, 2900]
+    assert p["predicted"]["host_peak_bytes"] == 2800
     assert len(p["predicted"]["peak_bytes_per_stage"]) == predicted["partition"]["pp"]
 
 

@@ -256,6 +256,9 @@ def test_run_dry_run_prints_a_torchrun_line(tmp_path) -> None:
     r = runner.invoke(app, ["run", str(plan), "--dry-run", "--data", str(tmp_path / "tokens.bin")])
     assert r.exit_code == 0, r.output
     assert r.stdout.strip().endswith(f"--data {tmp_path / 'tokens.bin'} --data-dtype uint16")
+    r = runner.invoke(app, ["run", str(plan), "--dry-run", "--hf-checkpoint", str(tmp_path / "llama")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().endswith(f"--hf-checkpoint {tmp_path / 'llama'}")
 
 
 # ---- a CLI without dead ends ---------------------------------------------------------------------

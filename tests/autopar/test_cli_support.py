@@ -50,6 +50,19 @@ def test_summary_rounds_and_sets_prediction_beside_measurement() -> None:
     )
 
 
+def test_summary_ends_with_start_up_and_host_memory() -> None:
+    profile = {
+        **PROFILE, "startup_s_per_rank": [12.34, 15.06, None], "host_peak_rss_bytes_per_rank": [3 * GIB, int(3.5 * GIB)],
+        "startup_phases_s": {"build_s": [0.5, 0.75], "init_s": [2.0, 1.5]}, "host_memory_predicted_bytes": 3 * GIB,
+    }
+    startup, rss = run_summary(profile, PLAN)[-2:]
+    assert startup == ("start-up: 15.1 s from process start to the first step (max over 2 ranks; slowest rank per "
+                       "phase: build 0.8 s, init 2.0 s)")
+    assert rss == ("host peak RSS: 3.50 GiB (max over 2 ranks) vs 3.00 GiB predicted per rank (cost model, without "
+                   "the process itself: +0.50 GiB)")
+    assert run_summary(profile, None)[-1] == rss
+
+
 def test_summary_of_a_runspec_says_there_is_no_prediction() -> None:
     lines = run_summary({"step_times_s": [], "step_s": None}, None)
     assert lines == ["measured: 0 steps", "predicted vs measured: the input is a RunSpec, not a Plan: no prediction to compare with"]

@@ -160,7 +160,9 @@ def test_full_training_is_untouched() -> None:
 @pytest.mark.parametrize(
     ("model", "training", "match"),
     [
-        ("tiny", {"method": "qlora", "precision": "bf16"}, "qlora"),
+        ("tiny", {"method": "qlora", "quant_format": "int8"}, "nf4_double"),
+        ("tiny", {"method": "qlora"}, r"layers\.0\.attention\.wk\.weight has 4096 elements, not a multiple of 64 x 256"),
+        ("tiny-moe", {"method": "qlora", "lora_targets": "attention"}, "routed experts"),
         ("tiny-moe", {}, "routed experts"),
         ("tiny-moe", {"lora_targets": ("up_proj",)}, "routed experts"),
     ],
@@ -170,6 +172,65 @@ def test_unsupported_combinations_raise(model: str, training: dict[str, Any], ma
     tr = TrainingSpec(seq_len=32, global_batch=8, **{"method": "lora", **training})
     with pytest.raises(NotSupportedError, match=match):
         apply_lora(m, tr)
+
+
+# ---- QLoRA: the base's linears in NF4 (runtime/quantize.py) ------------------------------------------
+
+TINY_256 = _variant(hidden_size=256, num_heads=4, num_kv_heads=2, ffn_hidden_size=512)
+"""Every linear a multiple of 64 x 256 elements (NF4 blocks and their double-quantization groups)."""
+
+
+NF4_DOUBLE = TrainingSpec(seq_len=32, global_batch=4, method="qlora")  # the cost model's bytes per element
+
+
+def _qlora_run(method: str = "qlora", **layout: Any):  # type: ignore[no-untyped-def]
+    return load_run_spec({"model": TINY_256.model_dump(), "gpus": 1, "layout": {"framework": "fsdp", **layout},
+                          "training": {"seq_len": 32, "global_batch": 4, "method": method, "lora_rank": 8,
+                                       "optimizer": "adamw"}, "seed": 2})
+
+
+def test_qlora_base_is_the_lora_base_in_nf4() -> None:
+    """The runtime quantizes each seeded base weight into place: the same values as the lora run's
+    base, through NF4, at the cost model's bytes per element; everything else is the lora run's."""
+    pytest.importorskip("torchao")
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    from runtime.quantize import is_quantized
+    from runtime.train import Trainer
+
+    lora = dict(Trainer(_qlora_run("lora"), torch.device("cpu")).parts.chunks[0].named_parameters())
+    qlora = dict(Trainer(_qlora_run(), torch.device("cpu")).parts.chunks[0].named_parameters())
+    assert lora.keys() == qlora.keys()
+    quantized = {n for n, p in qlora.items() if is_quantized(p)}
+    assert quantized == {n for n in lora if n.startswith("layers.") and n.endswith(".weight") and lora[n].dim() == 2}
+    for n, p in qlora.items():
+        if n in quantized:
+            assert torch.equal(p.get_original_weight(), to_nf4(lora[n].detach()).get_original_weight()), n
+            stored = sum(getattr(p, k).numel() * getattr(p, k).element_size()
+                         for k in ("quantized_data", "quantized_scalers", "quantization_factor"))
+            assert stored / p.numel() == pytest.approx(NF4_DOUBLE.quantized_weight_bytes, rel=1e-3)
+        else:
+            assert torch.equal(p, lora[n]), n
+
+
+def test_qlora_trains_and_resumes_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("torchao")
+    from runtime.train import train
+
+    run = _qlora_run()
+    whole = train(run, steps=4)
+    assert whole.losses[-1] < whole.losses[0]
+    train(run, steps=2, checkpoint_dir=tmp_path)
+    resumed = train(run, steps=4, checkpoint_dir=tmp_path)
+    assert resumed.start_step == 2 and resumed.losses == whole.losses[2:]
+
+
+def test_qlora_with_data_parallelism_is_refused() -> None:
+    from runtime.parallelize import check_supported
+
+    run = load_run_spec({**_qlora_run().model_dump(mode="json"), "gpus": 2, "layout": {"framework": "fsdp"}})
+    with pytest.raises(NotSupportedError, match="qlora with data parallelism"):
+        check_supported(run)
 
 
 def test_targets_the_model_lacks_raise() -> None:
