@@ -194,7 +194,7 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
     tps, mfu = profile.get("tokens_per_s"), profile.get("mfu")
     losses = profile.get("losses") or []
     warm = profile.get("warmup_steps", 0)
-    parts = [f"measured: {len(times)} steps"]
+    parts = [f"measured: {len(times)} step" + ("s" if len(times) != 1 else "")]
     if step_s is not None:
         spread = f", median {statistics.median(times[warm:] or times):.3f} s" if times else ""
         parts.append(f"step {step_s:.3f} s (mean after {warm} warm-up step{'s' if warm != 1 else ''}{spread})")
@@ -203,7 +203,8 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
     if mfu is not None:
         parts.append(f"MFU {100 * mfu:.1f}%")
     if peak is not None:
-        parts.append(f"peak memory {peak / GIB:.2f} GiB (max over {len(peaks)} ranks, {profile.get('memory_source', 'measured')})")
+        over = f"{len(peaks)} rank" + ("s" if len(peaks) != 1 else "")
+        parts.append(f"peak memory {peak / GIB:.2f} GiB (max over {over}, {profile.get('memory_source', 'measured')})")
     if losses:
         parts.append(f"final loss {losses[-1]:.4f}")
     lines = [", ".join(parts)]
