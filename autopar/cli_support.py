@@ -220,7 +220,11 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
     pred = f"step {pred_step:.3f} s" if pred_step is not None else "step n/a"
     meas = f"{step_s:.3f} s" if step_s is not None else "n/a"
     line = f"predicted vs measured: step {pred.removeprefix('step ')} vs {meas} ({_rel(step_s, pred_step)})"
-    if pred_peak is not None:
+    gpu = (((plan or {}).get("inputs") or {}).get("cluster") or {}).get("gpu") or {}
+    if pred_peak is not None and "CPU" in str(profile.get("memory_source", "")) and gpu.get("vendor", "cpu") != "cpu":
+        line += (f"; peak memory not compared: measured by the CPU live-storage tracker, the plan predicts "
+                 f"{gpu.get('name', 'GPU')} memory")
+    elif pred_peak is not None:
         meas_peak = f"{peak / GIB:.2f} GiB" if peak is not None else "n/a"
         line += (f"; peak allocated memory {pred_peak / GIB:.2f} GiB (worst stage, without the allocator reserve) "
                  f"vs {meas_peak} ({_rel(peak, pred_peak)})")
