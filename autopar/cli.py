@@ -415,7 +415,10 @@ def plan(
         "--no-...: price it as NeMo 2.3 / 2.4 run it, fusion off (a gradient copy per micro-batch)",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
-    export: str | None = typer.Option(None, help="megatron | deepspeed | torchtitan | torchrun | accelerate"),
+    export: str | None = typer.Option(
+        None, help="write the best layout as a launch file: megatron | deepspeed | torchtitan (0.2.x TOML) | "
+        "torchtitan-0.3 (0.3 config module) | torchrun | accelerate"
+    ),
 ) -> None:
     """Search every hybrid layout, rank by step time, explain the choice."""
     from pydantic import ValidationError
@@ -454,17 +457,26 @@ def plan(
     problems = plan_problems(spec, training, cl, n, constraints)
     if problems:
         _refuse("; ".join(f"{_flag(p.loc)}: {p.message}" for p in problems))
+    if export is not None:
+        from planner.exporters import formats
+
+        if export.strip().lower() not in formats():
+            _refuse(f"--export: unknown format {export!r}; choose one of: {', '.join(formats())}")
     from autopar.render import SearchProgress, print_plan
 
     with SearchProgress(enabled=not as_json and sys.stderr.isatty()) as progress:
         result = search(spec, training, cl, n, constraints, progress=progress.update)
     if export:
+        from planner.exporters import ExportError
         from planner.exporters import export as export_plan
 
         if result.best is None:
             typer.echo("error: no layout fits; nothing to export", err=True)
             raise typer.Exit(3)
-        exported = export_plan(result, export)
+        try:
+            exported = export_plan(result, export)
+        except ExportError as exc:
+            _refuse(f"--export {export}: {exc}")
         typer.echo(exported.text)
         for item in exported.lost:
             typer.echo(f"# not expressible in {export}: {item}", err=True)

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cost_models.error_band import above_published_ceiling
-from planner.explain import counted
+from planner.explain import counted, outside_band
 
 GIB = 2**30
 
@@ -105,7 +105,7 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
         console.print(
             f"error band ({band['regime']}, {band['holdout_rows']} hold-out runs, 10th-90th percentile): "
             f"{band['tokens_per_s_per_gpu_low']:,.1f}-{band['tokens_per_s_per_gpu_high']:,.1f} tokens/s/GPU, "
-            f"MFU {100 * band['mfu_low']:.1f}-{100 * band['mfu_high']:.1f}%"
+            f"MFU {100 * band['mfu_low']:.1f}-{100 * band['mfu_high']:.1f}%" + outside_band(band)
         )
 
 

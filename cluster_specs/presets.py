@@ -98,7 +98,7 @@ def _convert(
         field, parse = quantities.get(key, (key, by_field.get(key)))
         if field in out:
             raise ValueError(f"{where}{key!r} given twice (as {field!r})")
-        if parse is None:
+        if parse is None or value is None:  # None: an optional field left unset (a dumped spec writes it)
             out[field] = value
         elif key in quantities:  # a short key: vendor units, the unit required
             out[field] = _with_unit(key, field, parse, value, where)

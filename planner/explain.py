@@ -20,7 +20,7 @@ def counted(n: int, word: str) -> str:
     return f"{n:,} {_plural(n, word)}"
 
 
-def _outside_band(band: dict) -> str:
+def outside_band(band: dict) -> str:
     """Why the prediction itself lies outside its band, when it does: the band is measured /
     predicted over held-out runs, and need not contain 1."""
     q10, q90 = band["measured_over_predicted_q10"], band["measured_over_predicted_q90"]
@@ -87,6 +87,13 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
     # what the config reader left out (a vision tower) or read as cost-free: said first, not buried
     out += [f"Model {plan.inputs.model.name}: {note}." for note in plan.inputs.model.notes]
     out += method_sentences(plan)
+    if plan.inputs.training.precision == "fp8":
+        out.append(
+            "Precision fp8: FP8 GEMMs are priced at one rate fitted on published FP8 runs "
+            "(cost_models/data/calibration.json), whatever their scaling recipe; each export names the recipe it "
+            "runs (Megatron-Core's delayed or blockwise scaling, torchao's row-wise in torchtitan, tensor-wise in "
+            "Accelerate)."
+        )
     out.append(
         f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned:,} pruned by the step-time bound, "
         f"{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU."
@@ -145,7 +152,7 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
             f"{band['measured_over_predicted_q90']:.2f}x their prediction: MFU {100 * band['mfu_low']:.1f}-"
             f"{100 * band['mfu_high']:.1f}%, {band['tokens_per_s_per_gpu_low']:,.0f}-"
             f"{band['tokens_per_s_per_gpu_high']:,.0f} tokens/s/GPU."
-            + _outside_band(band)
+            + outside_band(band)
         )
     if above_published_ceiling(est):
         ceiling = est["published_mfu_ceiling"]
@@ -171,6 +178,5 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
         gap = alt.estimate["step_s"] / step - 1
         if gap >= 0:
             out.append(f"Runner-up is {100 * gap:.1f}% slower.")
-        else:
-            out.append(f"Runner-up is predicted {100 * -gap:.1f}% faster, a tie within the model's resolution.")
+        # a faster runner-up means the tie-break chose this one: its sentence (planner.search) follows
     return out

@@ -41,6 +41,8 @@ def _refused(args: list[str], *needles: str) -> str:
         (["--gpus", "8", "--ep", "2"], ["--ep: ep=2 on llama3-8b: expert parallelism needs an MoE model"]),
         (["--gpus", "8", "--cp", "2", "--framework", "deepspeed"], ["DeepSpeed has no context-parallel dimension"]),
         (["--gpus", "8", "--headroom", "1.5"], ["--headroom: Input should be less than 1"]),
+        (["--gpus", "8", "--export", "slurm"], ["--export: unknown format 'slurm'; choose one of: torchrun"]),
+        (["--gpus", "8", "--global-batch", "12", "--pp", "2", "--export", "accelerate"], ["--export accelerate:"]),
     ],
 )
 def test_plan_refuses_bad_sizes_and_pins_by_option(extra: list[str], needles: list[str]) -> None:
@@ -119,6 +121,14 @@ def test_help_is_readable_at_100_columns(command: str) -> None:
     assert r.exit_code == 0, r.output
     assert "<bool>" not in r.output and "…" not in r.output
     assert max(len(line) for line in r.output.splitlines()) <= 100
+
+
+def test_export_help_names_every_format() -> None:
+    from planner.exporters import formats
+
+    r = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(r.output.split("--export", 1)[1].split("--help", 1)[0].split())  # the option's wrapped help
+    assert all(f" {fmt} " in f" {text.replace('|', ' ')} " for fmt in formats()), text
 
 
 def test_every_option_has_help() -> None:

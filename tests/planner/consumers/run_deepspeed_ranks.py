@@ -17,6 +17,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+PLAIN_INITIALIZE = [
+    "import deepspeed",
+    "engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), "
+    "config='ds_config.json')",
+]
+"""What a file without `autopar.initialize` lines is run with: the plain call its DeepSpeed docs show."""
+
 
 def rank_main(rank: int, world: int, config_path: str, port: int, out: str) -> None:
     warnings.filterwarnings("ignore")
@@ -41,7 +48,8 @@ def rank_main(rank: int, world: int, config_path: str, port: int, out: str) -> N
     namespace: dict[str, Any] = {"model": model}
     result: dict[str, Any]
     try:
-        exec("\n".join(config["autopar"]["initialize"]), namespace)  # noqa: S102 - the file's lines as written
+        lines = config.get("autopar", {}).get("initialize") or PLAIN_INITIALIZE  # files before they named them
+        exec("\n".join(lines), namespace)  # noqa: S102 - the file's lines as written
         engine = namespace["engine"]
         micro = config["train_micro_batch_size_per_gpu"]
         for _ in range(engine.gradient_accumulation_steps()):
