@@ -114,6 +114,7 @@ function methodLabel(training, short = false) {
   const base = m === "qlora" ? ` ${training.quant_format || "nf4_double"}` : "";
   return `${name}${rank}${base}`;
 }
+const gpusText = (n) => `${n} GPU${n === 1 ? "" : "s"}`;
 const perGpu = (tokensPerS, gpus) => (tokensPerS === null || tokensPerS === undefined || !gpus ? null : tokensPerS / gpus);
 function tieNote(cands) {
   // the CLI's note under its table: row 1 chosen over faster rows by the planner's tie-break
@@ -290,7 +291,7 @@ async function planPage(id) {
   const plan = record.plan;
   const inp = plan.inputs;
   const best = plan.best;
-  let html = `<h1>Plan #${record.id}: ${esc(inp.model.name)} on ${inp.gpus} GPUs of ${esc(inp.cluster.name)}</h1>
+  let html = `<h1>Plan #${record.id}: ${esc(inp.model.name)} on ${gpusText(inp.gpus)} of ${esc(inp.cluster.name)}</h1>
     <p class="muted">seq ${inp.training.seq_len}, global batch ${inp.training.global_batch} sequences, ${esc(inp.training.precision)},
       method <span id="plan-method">${esc(methodLabel(inp.training))}</span>, framework ${esc(inp.constraints.framework)};
       created ${when(record.created_at)}; calibration: ${esc(plan.calibration)}.
@@ -515,7 +516,7 @@ async function runPage(id) {
       ["loss", p && p.loss !== null && p.loss !== undefined ? num(p.loss, 3) : "–"], ["attempt", `${run.attempt} of ${run.max_attempts}`],
       ["exit code", run.exit_code ?? "–"]])}
     ${run.failure_reason ? `<p class="error">${esc(run.failure_reason)}</p>` : ""}
-    <p class="muted">${esc(record.model)} on ${record.gpus} GPUs; ${run.steps} steps, backend ${esc(run.launch.backend)}; created ${when(run.created_at)}
+    <p class="muted">${esc(record.model)} on ${gpusText(record.gpus)}; ${run.steps} steps, backend ${esc(run.launch.backend)}; created ${when(run.created_at)}
       ${run.finished_at ? `, finished ${when(run.finished_at)}` : ""}${TERMINAL.has(run.status) ? "" : " · refreshed every 2 s"}</p>
     <h2>Predicted vs measured</h2>`;
   html += mine.length ? profileTable(mine, record.plan) + `<div class="grid2">

@@ -257,7 +257,7 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     assert _chart_drawn(browser, "chart-miss")["points"][0] == 1
 
     text = _open(browser, f"{url}/ui/plans/{site.qlora}", "05a-plan-page-qlora-cpu-run")
-    assert "method QLoRA r8 nf4_double" in text
+    assert "method QLoRA r8 nf4_double" in text and "tiny on 1 GPU of dgx-h100" in text
     # measured by the CPU tracker, predicted for an H100: not an error of the model
     assert "not compared: CPU run, H100-80GB plan" in text and "%" not in browser.find_element(
         "css selector", ".memory-not-compared").text

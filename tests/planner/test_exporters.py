@@ -8,7 +8,6 @@ and review the diff."""
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
@@ -19,6 +18,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
@@ -603,13 +603,19 @@ def test_bad_partition_is_rejected() -> None:
 # ---- the frameworks' own parsers accept the files ---------------------------------------------------
 
 CONSUMERS = Path(__file__).parent / "consumers"
-harness = importlib.import_module("autopar_consumer_harness") if "autopar_consumer_harness" in sys.modules else None
-if harness is None:
-    _spec = importlib.util.spec_from_file_location("autopar_consumer_harness", CONSUMERS / "harness.py")
-    assert _spec is not None and _spec.loader is not None
-    harness = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = harness
-    _spec.loader.exec_module(harness)
+
+
+def _load_harness() -> ModuleType:
+    """tests/planner/consumers/harness.py, imported by path (test directories are no packages here)."""
+    spec = importlib.util.spec_from_file_location("autopar_consumer_harness", CONSUMERS / "harness.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+harness = _load_harness()
 
 
 def _consumer_results(fmt: str, tmp_path: Path, script: str | None = None, environment: str | None = None

@@ -1,34 +1,23 @@
 """Running a consumer check: write each plan's export (and the files it names beside it), run a
 `check_*.py` script of this directory on the manifest in a subprocess, and return what the
 framework read back, per plan. Used by tests/planner/test_exporters.py and bench/export_consumers.py,
-and meant for any exporter's tests (load it with `load()`: the test modules are imported by path).
+and meant for any exporter's tests (import it by path: `importlib.util.spec_from_file_location`, as
+test_exporters.py does, since pytest's importlib mode gives test directories no package).
 
 A check script prints one `RESULT {json}` line per manifest entry: `{"name", "ok", "error", "values"}`."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-
-
-def load() -> ModuleType:
-    """This module, imported by path (pytest's importlib mode gives test directories no package)."""
-    spec = importlib.util.spec_from_file_location("autopar_consumer_harness", __file__)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def torchtitan_03_path() -> Path:
