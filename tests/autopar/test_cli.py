@@ -176,10 +176,11 @@ def test_plan_with_eager_kernels_says_so_and_exports_without_compile() -> None:
 
 
 def test_plan_without_combined_1f1b_for_an_older_megatron_core() -> None:
-    """--no-moe-a2a-overlap: DeepSeek-V3's plan on 512 H100 uses combined 1F1B by default; without it
-    (a Megatron-Core from before August 2025) no candidate does, and the best is slower."""
-    args = ["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "512", "--seq-len", "4096",
-            "--global-batch", "4096", "--top", "3", "--json"]
+    """--no-moe-a2a-overlap: gpt-oss-120b's plan on 64 H100 uses combined 1F1B by default; without it
+    (a Megatron-Core from before August 2025) no candidate does, and the best is slower. (DeepSeek-V3's
+    MTP module keeps combined 1F1B to pipelined layouts, tests/planner/test_combined_1f1b_mtp.py.)"""
+    args = ["plan", "--model", "gpt-oss-120b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "4096",
+            "--global-batch", "512", "--top", "3", "--json"]
     default = json.loads(runner.invoke(app, args).stdout)
     older = json.loads(runner.invoke(app, [*args, "--no-moe-a2a-overlap"]).stdout)
     assert default["best"]["layout"]["moe_a2a_overlap"]
