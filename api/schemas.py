@@ -71,6 +71,7 @@ class PlanSummary(BaseModel):
     seq_len: int
     global_batch: int = Field(description="sequences per step")
     precision: str
+    method: str = Field("full", description="training method: full | lora | qlora")
     feasible: bool
     step_s: float | None = Field(description="predicted seconds per optimizer step (best layout)")
     tokens_per_s: float | None = Field(description="predicted tokens per second (best layout)")

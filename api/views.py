@@ -22,7 +22,8 @@ from planner.plan import Plan
 def plan_summary(row: PlanRow) -> PlanSummary:
     return PlanSummary(
         id=row.id, created_at=row.created_at, model=row.model_name, cluster=row.cluster_name, gpus=row.gpus,
-        seq_len=row.seq_len, global_batch=row.global_batch, precision=row.precision, feasible=row.feasible,
+        seq_len=row.seq_len, global_batch=row.global_batch, precision=row.precision,
+        method=((row.plan or {}).get("inputs", {}).get("training", {}).get("method") or "full"), feasible=row.feasible,
         step_s=row.step_s, tokens_per_s=row.tokens_per_s, mfu=row.mfu, calibration=row.calibration,
     )
 

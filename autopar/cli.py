@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Auto-parallelism planner for LLM training.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Auto-parallelism planner for LLM training.",
+    rich_markup_mode=None,  # click's own help layout: whole option names at any width (COLUMNS=100 included)
+    context_settings={"max_content_width": 120},  # help follows the terminal (COLUMNS) up to 120 columns
+)
 
 
 def _model_ref(model: str) -> Any:
@@ -53,14 +57,64 @@ def _need_global_batch(global_batch: int | None, global_batch_tokens: int | None
         raise typer.Exit(2)
 
 
-def _gpus(gpus: int | None, nodes: int | None, cluster_ref: Any) -> int:
-    if gpus:
-        return gpus
-    if nodes:
-        from cost_models.jobs import resolve_cluster
+FLAGS = {
+    "gpus": "--gpus", "nodes": "--nodes", "precision": "--precision", "memory_headroom": "--headroom",
+    "zero_stage": "--zero", "max_zero_stage": "--max-zero", "seq_len": "--seq-len", "global_batch": "--global-batch",
+    "global_batch_tokens": "--global-batch-tokens", "grad_dtype": "--grad-dtype", "lora_rank": "--lora-rank",
+    "lora_alpha": "--lora-alpha", "lora_targets": "--lora-targets", "quant_format": "--quant-format",
+    "micro_batch": "--micro-batch", "recompute_layers": "--recompute-layers", "dp_shard": "--dp-shard",
+    "elementwise_kernels": "--elementwise-kernels", "attention_kernel": "--attention-kernel",
+}
+"""Field names of TrainingSpec / SearchConstraints / Layout as the CLI spells their options (the
+rest are `--` + the name with dashes: `tp` -> `--tp`)."""
 
-        return nodes * resolve_cluster(cluster_ref).gpus_per_node
-    raise typer.BadParameter("give --gpus or --nodes")
+
+def _flag(loc: tuple[str, ...] | list[Any]) -> str:
+    """The CLI option of a field path (`("training", "precision")` -> `--precision`)."""
+    name = str(loc[-1]) if loc else "job"
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _refuse(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _gpu_count(gpus: int | None, nodes: int | None, gpus_per_node: Any) -> int:
+    """--gpus, or --nodes x the cluster's GPUs per node: at least 1 (exits 2 naming the option)."""
+    if gpus is not None and nodes is not None:
+        _refuse("give --gpus or --nodes, not both")
+    if gpus is None and nodes is None:
+        _refuse("give the job's size: --gpus N (GPUs) or --nodes N (whole nodes of the cluster)")
+    if gpus is not None:
+        if gpus < 1:
+            _refuse(f"--gpus: {gpus} GPUs: a job needs at least 1 GPU")
+        return gpus
+    assert nodes is not None
+    if nodes < 1:
+        _refuse(f"--nodes: {nodes} nodes: a job needs at least 1 node")
+    return nodes * int(gpus_per_node() if callable(gpus_per_node) else gpus_per_node)
+
+
+def _gpus(gpus: int | None, nodes: int | None, cluster_ref: Any) -> int:
+    def per_node() -> int:
+        from cost_models.jobs import JobError, _resolve, resolve_cluster
+
+        try:
+            return int(_resolve("cluster", resolve_cluster, cluster_ref).gpus_per_node)
+        except JobError as exc:
+            _refuse(str(exc))
+
+    return _gpu_count(gpus, nodes, per_node)
+
+
+def _validation_message(exc: Any) -> str:
+    """A pydantic ValidationError as `--option: reason` lines (the CLI's spelling of each field)."""
+    parts = []
+    for err in exc.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{_flag(err['loc'])}: {msg}" if err["loc"] else msg)
+    return "; ".join(parts)
 
 
 def _int_or_auto(option: str, value: str) -> int | str:
@@ -121,12 +175,12 @@ def evaluate(
         None, help="lora / qlora: all-linear (default) | attention | comma-separated PEFT module names (q_proj,v_proj)"
     ),
     quant_format: str | None = typer.Option(None, help="qlora: nf4_double (default) | nf4 | int8"),
-    tp: int = 1,
-    pp: int = 1,
-    dp: int | None = None,
-    cp: int = 1,
-    ep: int = 1,
-    etp: int | None = None,
+    tp: int = typer.Option(1, help="tensor-parallel degree (with sequence parallelism unless --no-sp)"),
+    pp: int = typer.Option(1, help="pipeline-parallel degree (stages)"),
+    dp: int | None = typer.Option(None, help="data-parallel degree (default: GPUs / (tp x pp x cp))"),
+    cp: int = typer.Option(1, help="context-parallel degree (sequence split over ranks)"),
+    ep: int = typer.Option(1, help="expert-parallel degree (MoE models)"),
+    etp: int | None = typer.Option(None, help="expert tensor-parallel degree (MoE; default: tp)"),
     vpp: str = typer.Option("1", help="virtual stages per pipeline rank, or auto"),
     zero: str = typer.Option("1", help="ZeRO stage 0-3 (3 = FSDP), or auto"),
     dp_shard: int | None = typer.Option(None, help="sharding group (< dp: hybrid sharding)"),
@@ -143,7 +197,9 @@ def evaluate(
     schedule: str | None = typer.Option(
         None, help="gpipe | 1f1b | interleaved_1f1b | zero_bubble, zbv, dualpipev, looped_bfs (fsdp; zbv, dualpipev: vpp 2) | auto"
     ),
-    offload_optimizer: bool = False,
+    offload_optimizer: bool = typer.Option(
+        False, help="optimizer states and step in host memory (ZeRO-Offload; or NVMe with --offload-device nvme)"
+    ),
     offload_params: bool = typer.Option(False, help="ZeRO-3: weight shards in host memory (or NVMe)"),
     offload_device: str = typer.Option("cpu", help="where offloaded states live: cpu | nvme (DeepSpeed ZeRO-3)"),
     hpz: int = typer.Option(1, min=1, help="ZeRO++ zero_hpz_partition_size (DeepSpeed ZeRO-3; 1 = off)"),
@@ -204,8 +260,6 @@ def evaluate(
     ),
 ) -> None:
     """Price one layout: memory per stage, step time breakdown, tokens/s and MFU."""
-    from cost_models.jobs import run_job
-
     if jobs is not None:
         _run_jobs(jobs, workers)
         return
@@ -255,9 +309,10 @@ def evaluate(
     }
     if partition is not None:
         job["partition"] = _partition(partition)
+    from planner.inputs import run_checked_job
     from planner.partitioner import cp_sat_partitioner
 
-    result = run_job(job, cp_sat_partitioner)
+    result = run_checked_job(job, cp_sat_partitioner)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
@@ -283,7 +338,7 @@ def _partition(text: str) -> str | list[int]:
 
 def _job_line(numbered: tuple[int, str]) -> str | None:
     """One `--jobs` line -> its JSON result line (None for a blank line). Never raises."""
-    from cost_models.jobs import run_job
+    from planner.inputs import run_checked_job as run_job
     from planner.partitioner import cp_sat_partitioner
 
     lineno, line = numbered
@@ -429,14 +484,15 @@ def plan(
     ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
     export: str | None = typer.Option(
-        None, help="megatron | deepspeed | torchtitan | torchrun | accelerate | hf (TrainingArguments + PEFT + accelerate "
+        None, help="write the best layout as a launch file: megatron | deepspeed | torchtitan (0.2.x TOML) | "
+        "torchtitan-0.3 (0.3 config module) | torchrun | accelerate | hf (TrainingArguments + PEFT + accelerate "
         "config) | torchtune (recipe config)"
     ),
 ) -> None:
     """Search every hybrid layout, rank by step time, explain the choice."""
     from pydantic import ValidationError
 
-    from cost_models.jobs import JobError, _resolve, format_validation_error, resolve_cluster, resolve_model
+    from cost_models.jobs import JobError, _resolve, resolve_cluster, resolve_model
     from model_specs.spec import TrainingSpec
     from planner.finetune import search_finetune as search
     from planner.plan import SearchConstraints
@@ -470,14 +526,20 @@ def plan(
             **pinned,
         )
     except ValidationError as exc:
-        typer.echo(f"error: {format_validation_error(exc)}", err=True)
-        raise typer.Exit(2) from exc
+        _refuse(_validation_message(exc))
     except JobError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    n = gpus or (nodes * cl.gpus_per_node if nodes else 0)
-    if not n:
-        raise typer.BadParameter("give --gpus or --nodes")
+        _refuse(str(exc))
+    n = _gpu_count(gpus, nodes, cl.gpus_per_node)
+    from planner.inputs import plan_problems
+
+    problems = plan_problems(spec, training, cl, n, constraints)
+    if problems:
+        _refuse("; ".join(f"{_flag(p.loc)}: {p.message}" for p in problems))
+    if export is not None:
+        from planner.exporters import formats
+
+        if export.strip().lower() not in formats():
+            _refuse(f"--export: unknown format {export!r}; choose one of: {', '.join(formats())}")
     from autopar.render import SearchProgress, print_plan
 
     with SearchProgress(enabled=not as_json and sys.stderr.isatty()) as progress:
@@ -491,12 +553,16 @@ def plan(
         typer.echo(f"stack: {lay.stack} ({STACK_NAMES[lay.stack]}) on {lay.framework}, ZeRO-{lay.zero_stage}; "
                    f"techniques: {', '.join(chosen) or 'none'}; export it with --export {lay.stack}")
     if export:
+        from planner.exporters import ExportError
         from planner.exporters import export as export_plan
 
         if result.best is None:
             typer.echo("error: no layout fits; nothing to export", err=True)
             raise typer.Exit(3)
-        exported = export_plan(result, export)
+        try:
+            exported = export_plan(result, export)
+        except ExportError as exc:
+            _refuse(f"--export {export}: {exc}")
         typer.echo(exported.text)
         for item in exported.lost:
             typer.echo(f"# not expressible in {export}: {item}", err=True)

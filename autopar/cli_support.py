@@ -220,7 +220,7 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
     tps, mfu = profile.get("tokens_per_s"), profile.get("mfu")
     losses = profile.get("losses") or []
     warm = profile.get("warmup_steps", 0)
-    parts = [f"measured: {len(times)} steps"]
+    parts = [f"measured: {len(times)} step" + ("s" if len(times) != 1 else "")]
     if step_s is not None:
         spread = f", median {statistics.median(times[warm:] or times):.3f} s" if times else ""
         parts.append(f"step {step_s:.3f} s (mean after {warm} warm-up step{'s' if warm != 1 else ''}{spread})")
@@ -229,7 +229,8 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
     if mfu is not None:
         parts.append(f"MFU {100 * mfu:.1f}%")
     if peak is not None:
-        parts.append(f"peak memory {peak / GIB:.2f} GiB (max over {len(peaks)} ranks, {profile.get('memory_source', 'measured')})")
+        over = f"{len(peaks)} rank" + ("s" if len(peaks) != 1 else "")
+        parts.append(f"peak memory {peak / GIB:.2f} GiB (max over {over}, {profile.get('memory_source', 'measured')})")
     if losses:
         parts.append(f"final loss {losses[-1]:.4f}")
     lines = [", ".join(parts)]
@@ -245,7 +246,11 @@ def run_summary(profile: Mapping[str, Any], plan: Mapping[str, Any] | None) -> l
     pred = f"step {pred_step:.3f} s" if pred_step is not None else "step n/a"
     meas = f"{step_s:.3f} s" if step_s is not None else "n/a"
     line = f"predicted vs measured: step {pred.removeprefix('step ')} vs {meas} ({_rel(step_s, pred_step)})"
-    if pred_peak is not None:
+    gpu = (((plan or {}).get("inputs") or {}).get("cluster") or {}).get("gpu") or {}
+    if pred_peak is not None and "CPU" in str(profile.get("memory_source", "")) and gpu.get("vendor", "cpu") != "cpu":
+        line += (f"; peak memory not compared: measured by the CPU live-storage tracker, the plan predicts "
+                 f"{gpu.get('name', 'GPU')} memory")
+    elif pred_peak is not None:
         meas_peak = f"{peak / GIB:.2f} GiB" if peak is not None else "n/a"
         line += (f"; peak allocated memory {pred_peak / GIB:.2f} GiB (worst stage, without the allocator reserve) "
                  f"vs {meas_peak} ({_rel(peak, pred_peak)})")

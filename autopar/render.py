@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cost_models.error_band import above_published_ceiling
+from planner.explain import counted, outside_band
 
 GIB = 2**30
 
@@ -42,7 +43,7 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
     lay = result["layout"]
     console.print(
         f"[bold]{m['name']}[/] ({m['params'] / 1e9:.2f} B params, {m['active_params'] / 1e9:.2f} B active) on "
-        f"{result['gpus']} GPUs of {result['cluster']}"
+        f"{counted(result['gpus'], 'GPU')} of {result['cluster']}"
     )
     console.print(
         "layout: " + " ".join(
@@ -67,10 +68,9 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
     if host and (host["bytes_per_node"] or not host["fits"]):
         over = host["bytes_per_node"] - host["capacity_bytes_per_node"]
         tail = "[green]fits[/]" if host["fits"] else f"[red]does not fit[/], {over:,} bytes ({gib(over)}) over"
-        console.print(
-            f"host memory: {gib(host['bytes_per_node'])} per node of offloaded state ({host['ranks_per_node']} ranks) "
-            f"of {gib(host['capacity_bytes_per_node'])}: {tail}"
-        )
+        from planner.explain import host_memory_sentence
+
+        console.print(f"{host_memory_sentence(host).removesuffix('.')}: {tail}")
     nvme = result.get("nvme")
     if nvme and nvme["bytes_per_node"]:
         over = nvme["bytes_per_node"] - nvme["capacity_bytes_per_node"]
@@ -94,12 +94,18 @@ def print_evaluation(result: dict[str, Any], console: Console | None = None, hea
         f"{result['model_flops_per_s_per_gpu'] / 1e12:,.1f} model TFLOP/s/GPU, MFU {100 * result['mfu']:.1f}% "
         f"(HFU {100 * result['hfu']:.1f}%), bubble {100 * result['bubble_fraction']:.1f}%"
     )
+    if result["hfu"] < result["mfu"]:
+        console.print(
+            "HFU below MFU: MFU counts model FLOPs by the Megatron convention (3 x forward, attention over all s x s "
+            "pairs), HFU the FLOPs the GPU runs (causal attention, recompute included); with little recompute the "
+            "convention's unmasked attention counts more than the hardware runs"
+        )
     band = result.get("error_band")
     if band:
         console.print(
             f"error band ({band['regime']}, {band['holdout_rows']} hold-out runs, 10th-90th percentile): "
             f"{band['tokens_per_s_per_gpu_low']:,.1f}-{band['tokens_per_s_per_gpu_high']:,.1f} tokens/s/GPU, "
-            f"MFU {100 * band['mfu_low']:.1f}-{100 * band['mfu_high']:.1f}%"
+            f"MFU {100 * band['mfu_low']:.1f}-{100 * band['mfu_high']:.1f}%" + outside_band(band)
         )
 
 
@@ -110,6 +116,59 @@ def _mfu_with_band(e: dict) -> str:
     mfu = f"{100 * e['mfu']:.1f}%"
     text = f"{mfu} ({100 * band['mfu_low']:.0f}-{100 * band['mfu_high']:.0f})" if band else mfu
     return text + ("!" if above_published_ceiling(e) else "")
+
+
+def ranking_notes(shown: list) -> tuple[str, list[str]]:
+    """The table's title and the notes under it: why row 1 is first when a row below it is predicted
+    faster (the planner's tie-break, `planner.search.choose_among_ties`), and what the MFU band is and
+    why a prediction can sit outside it (`cost_models.error_band`)."""
+    best = shown[0].estimate
+    faster = [i + 1 for i, c in enumerate(shown) if i and c.estimate["step_s"] < best["step_s"]]
+    notes: list[str] = []
+    if faster:
+        title = "best layouts (#1 chosen by the tie-break below, then by predicted step time)"
+        gap = max(best["step_s"] / shown[i - 1].estimate["step_s"] - 1 for i in faster)
+        band = best.get("error_band")
+        resolution = (
+            f"{100 * 0.25 * (band['measured_over_predicted_q90'] - band['measured_over_predicted_q10']) / 2:.1f}%, "
+            "a quarter of the error band" if band else "the model's resolution"
+        )
+        notes.append(
+            f"* #1 is predicted up to {100 * gap:.1f}% slower than {_rows_text(faster)}: within the model's resolution "
+            f"({resolution}), a tie, broken towards fewer moving parts (lower cp, fewer virtual stages, the default "
+            "rank order) and more memory headroom."
+        )
+    else:
+        title = "best layouts (ranked by predicted step time)"
+    bands = [c.estimate.get("error_band") for c in shown]
+    if any(bands):
+        notes.append(
+            "MFU (band): the prediction, then the 10th-90th percentile of what held-out published runs of its regime "
+            "measured relative to their own predictions, applied to this one."
+        )
+        first = next(b for b in bands if b)
+        q10, q90 = first["measured_over_predicted_q10"], first["measured_over_predicted_q90"]
+        if q10 > 1:
+            notes.append(
+                f"The prediction sits below its band: those runs all measured at least {q10:.2f}x their prediction "
+                "(the model is conservative in this regime)."
+            )
+        elif q90 < 1:
+            notes.append(
+                f"The prediction sits above its band: those runs measured at most {q90:.2f}x their prediction "
+                "(the model is optimistic in this regime)."
+            )
+    if any(above_published_ceiling(c.estimate) for c in shown):
+        notes.append("!: above every published run of its regime (see below).")
+    return title, notes
+
+
+def _rows_text(rows: list[int]) -> str:
+    if len(rows) == 1:
+        return f"row {rows[0]}"
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return f"rows {rows[0]}-{rows[-1]}"
+    return "rows " + ", ".join(map(str, rows))
 
 
 MEMORY_COLUMNS = [
@@ -178,17 +237,20 @@ def print_plan(plan: object, console: Console | None = None, rows: int | None = 
     inp = plan.inputs
     kernels = "" if inp.constraints.elementwise_kernels == "fused" else ", eager kernels (one per PyTorch op)"
     console.print(
-        f"[bold]{inp.model.name}[/] on {inp.gpus} GPUs of {inp.cluster.name}, seq {inp.training.seq_len}, "
+        f"[bold]{inp.model.name}[/] on {counted(inp.gpus, 'GPU')} of {inp.cluster.name}, seq {inp.training.seq_len}, "
         f"global batch {inp.training.global_batch} sequences, {inp.training.precision}{kernels}"
     )
     if plan.best is not None:
-        table = Table(title="best layouts (ranked by predicted step time)")
-        for col in ("#", "layout", "step s", "tokens/s/GPU", "MFU", "peak GiB"):
+        shown = [plan.best, *plan.alternatives][:rows]
+        title, notes = ranking_notes(shown)
+        table = Table(title=title, caption="\n".join(notes), caption_justify="left")
+        for col in ("#", "layout", "step s", "tokens/s/GPU", "MFU (band)", "peak GiB"):
             table.add_column(col, justify="right" if col != "layout" else "left")
-        for i, cand in enumerate([plan.best, *plan.alternatives][:rows]):
+        for i, cand in enumerate(shown):
             e = cand.estimate
+            mark = "*" if i == 0 and any(c.estimate["step_s"] < e["step_s"] for c in shown[1:]) else ""
             table.add_row(
-                str(i + 1),
+                f"{i + 1}{mark}",
                 describe(cand.layout) + (f" (and {cand.equivalent_count} equivalent)" if cand.equivalent_count else ""),
                 f"{e['step_s']:.3f}", f"{e['tokens_per_s_per_gpu']:,.0f}",
                 _mfu_with_band(e), f"{e['memory']['peak_bytes'] / GIB:.1f}",

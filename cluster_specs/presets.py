@@ -39,7 +39,7 @@ from cluster_specs.catalog import get_gpu, gpu_from_entry, matmul_reference, nor
 from cluster_specs.spec import ClusterSpec, GPUSpec
 
 # short key -> (field, parser); a field name given directly goes through the same parser.
-_Quantity = tuple[str, Callable[[object], float]]
+_Quantity = tuple[str, Callable[[object], Any]]
 _INTRA: dict[str, _Quantity] = {
     "bus_bandwidth": ("bus_bandwidth_bytes_per_s", units.bytes_per_s),
     "latency": ("latency_s", units.seconds),
@@ -58,27 +58,108 @@ _TOP: dict[str, _Quantity] = {
 }
 
 
-def _convert(data: Mapping[str, Any], quantities: dict[str, _Quantity]) -> dict[str, Any]:
-    by_field = {field: parse for field, parse in quantities.values()}
+UNITS_ACCEPTED: dict[Callable[[object], Any], str] = {
+    units.n_bytes: "B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)",
+    units.bytes_per_s: "Gb/s, Mb/s, Tb/s (bits) or MB/s, GB/s, TB/s, GiB/s (bytes), one direction",
+    units.seconds: "s, ms, us, ns",
+    units.watts: "W, kW",
+    units.flops_per_s: "TFLOPS, PFLOPS, GFLOPS",
+}
+"""The units a short (vendor-unit) key takes, named when a value comes without one."""
+
+
+def _with_unit(key: str, field: str, parse: Callable[[object], Any], value: object, where: str = "") -> Any:
+    """`parse(value)` for a short key, which must carry its unit: a bare number other than 0 is refused
+    (512 could be bytes or GiB), naming the field, the units it takes and the SI field that takes plain
+    numbers."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value != 0:
+        raise ValueError(
+            f"{where}{key}: {value!r} has no unit; write it with one, e.g. '{value} {_EXAMPLE_UNIT.get(parse, 'GB')}' "
+            f"(units: {UNITS_ACCEPTED.get(parse, 'see README, Cluster files')}), or give {field} as a plain number "
+            "in SI units"
+        )
+    return parse(value)
+
+
+_EXAMPLE_UNIT: dict[Callable[[object], Any], str] = {
+    units.n_bytes: "GiB", units.bytes_per_s: "GB/s", units.seconds: "us", units.watts: "W", units.flops_per_s: "TFLOPS",
+}
+
+
+def _convert(
+    data: Mapping[str, Any], quantities: dict[str, _Quantity], where: str = "",
+    si: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> dict[str, Any]:
+    """Short keys (vendor units, unit required) and SI field names (numbers, or unit strings read by
+    `si`'s parser; default: the short key's) to the fields of a spec."""
+    by_field = dict(si) if si is not None else {field: parse for field, parse in quantities.values()}
     out: dict[str, Any] = {}
     for key, value in data.items():
         field, parse = quantities.get(key, (key, by_field.get(key)))
         if field in out:
-            raise ValueError(f"{key!r} given twice (as {field!r})")
-        out[field] = parse(value) if parse else value
+            raise ValueError(f"{where}{key!r} given twice (as {field!r})")
+        if parse is None or value is None:  # None: an optional field left unset (a dumped spec writes it)
+            out[field] = value
+        elif key in quantities:  # a short key: vendor units, the unit required
+            out[field] = _with_unit(key, field, parse, value, where)
+        else:  # an SI field name: a plain number in SI units, or a unit string
+            out[field] = parse(value)
     return out
 
 
+def _peaks(value: object) -> dict[str, float]:
+    """`peak_dense` / `peak_flops_per_s`: a mapping of precision -> FLOP/s (unit strings or numbers)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping of precision -> peak (e.g. {{bf16: 989.4 TFLOPS}}), not {value!r}")
+    return {str(p): units.flops_per_s(v) for p, v in value.items()}
+
+
+def _peaks_with_unit(value: object) -> dict[str, float]:
+    if isinstance(value, Mapping):
+        for p, v in value.items():
+            _with_unit(f"peak_dense.{p}", "peak_flops_per_s", units.flops_per_s, v, "gpu.")
+    return _peaks(value)
+
+
+_CATALOG_REQUIRED = {"peak_dense", "memory", "memory_bandwidth", "gpu_link", "source"}
+"""The keys of a whole catalog entry (`cluster_specs.catalog.gpu_from_entry` requires them)."""
+
+_GPU: dict[str, _Quantity] = {
+    "memory": ("memory_bytes", units.n_bytes),
+    "memory_bandwidth": ("memory_bandwidth_bytes_per_s", units.bytes_per_s),
+    "gpu_link": ("link_bandwidth_bytes_per_s", lambda v: units.bytes_per_s(v, require_direction=True)),
+    "tdp": ("tdp_w", units.watts),
+    "peak_dense": ("peak_flops_per_s", _peaks_with_unit),
+}
+"""A `gpu:` mapping's short keys, in the catalog's vendor units (data/gpus.yaml); the GPUSpec field
+names beside them take SI numbers or unit strings, as a cluster's fields do."""
+
+_GPU_SI: dict[str, Callable[[Any], Any]] = {
+    "memory_bytes": units.n_bytes,
+    "memory_bandwidth_bytes_per_s": units.bytes_per_s,
+    "link_bandwidth_bytes_per_s": units.bytes_per_s,
+    "tdp_w": units.watts,
+    "peak_flops_per_s": _peaks,
+}
+"""SI field names of a `gpu:` mapping that also read unit strings."""
+
+
 def _gpu(value: Any) -> GPUSpec:
+    """A cluster's `gpu`: a catalog name, a whole catalog entry (data/gpus.yaml style: its measured
+    matmul share kept), or a mapping of GPUSpec fields with the catalog's short keys in vendor units
+    (`memory: 96 GiB`, `memory_bandwidth: 3.35 TB/s`, `gpu_link: 900 GB/s bidirectional`, `peak_dense:
+    {bf16: 989.4 TFLOPS}`, `tdp: 700 W`) beside SI field names (numbers or unit strings)."""
     if isinstance(value, GPUSpec):
         return value
     if isinstance(value, str):
         return get_gpu(value)
     if isinstance(value, Mapping):
-        if "peak_dense" in value:  # catalog style, vendor units
-            entry = dict(value)
-            return gpu_from_entry(str(entry.pop("name", "custom")), entry, matmul_reference())
-        return GPUSpec(**value)
+        entry = dict(value)
+        name = str(entry.pop("name", "custom"))
+        si_fields = {field for field, _ in _GPU.values()}
+        if set(entry) >= _CATALOG_REQUIRED and not set(entry) & si_fields:
+            return gpu_from_entry(name, entry, matmul_reference())
+        return GPUSpec(name=name, **_convert(entry, _GPU, where="gpu.", si=_GPU_SI))
     raise TypeError(f"gpu must be a catalog name, a mapping or a GPUSpec, not {type(value).__name__}")
 
 

@@ -494,6 +494,7 @@ def validate_layout(
     elif ep > 1:
         v.append(Violation("ep", f"ep={ep} needs a mixture-of-experts model; {model.name} is dense"))
     v += hybrid_violations(model, lay)
+    v += mtp_violations(model, training, lay)
     if pp > model.num_layers:
         v.append(Violation("pp", f"pp={pp} exceeds the {model.num_layers} layers"))
     if lay.vpp > 1 and pp == 1:
@@ -658,6 +659,22 @@ def framework_violations(lay: Layout) -> list[Violation]:
             v.append(Violation("account_for_embedding_in_pipeline_split",
                                f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
     return v
+
+
+def mtp_violations(model: ModelSpec, training: TrainingSpec, lay: Layout) -> list[Violation]:
+    """Megatron-Core's rules for combined 1F1B beside multi-token prediction (megatron-core 0.16.1,
+    TransformerConfig.__post_init__: 'MTP layernum only supports 1 when enabling
+    overlap_moe_expert_parallel_comm', and 'Pipeline model parallel size must be larger than 1 when
+    enabling overlap_moe_expert_parallel_comm with MTP layer'). A frozen base trains no MTP module."""
+    mtp = 0 if training.frozen_base else model.mtp_layers
+    if not lay.moe_a2a_overlap or not mtp:
+        return []
+    if mtp > 1:
+        return [Violation("moe_a2a_overlap", f"combined 1F1B runs with one MTP module, not {mtp} (Megatron-Core's rule)")]
+    if lay.pp == 1:
+        return [Violation("moe_a2a_overlap", "combined 1F1B with an MTP module needs pipeline parallelism, pp > 1 "
+                          "(Megatron-Core's rule)")]
+    return []
 
 
 def hybrid_violations(model: ModelSpec, lay: Layout) -> list[Violation]:

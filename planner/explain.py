@@ -8,6 +8,50 @@ from planner.plan import Plan
 GIB = 2**30
 
 
+def _plural(n: int, word: str) -> str:
+    """`word` for one, its plural otherwise ("GPU", "GPUs", "processes")."""
+    if n == 1:
+        return word
+    return word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s")
+
+
+def counted(n: int, word: str) -> str:
+    """A count with its noun in the right number: "1 GPU", "8 GPUs", "1,024 ranks"."""
+    return f"{n:,} {_plural(n, word)}"
+
+
+def outside_band(band: dict) -> str:
+    """Why the prediction itself lies outside its band, when it does: the band is measured /
+    predicted over held-out runs, and need not contain 1."""
+    q10, q90 = band["measured_over_predicted_q10"], band["measured_over_predicted_q90"]
+    if q10 > 1:
+        return (f" The prediction lies below the band: those runs all measured at least {q10:.2f}x their prediction "
+                "(the model is conservative in this regime).")
+    if q90 < 1:
+        return (f" The prediction lies above the band: those runs measured at most {q90:.2f}x their prediction "
+                "(the model is optimistic in this regime).")
+    return ""
+
+
+def host_memory_sentence(host: dict) -> str:
+    """The host RAM a node needs, named by what it holds (`Estimate.host_bytes_per_node` is the larger
+    of the offloaded state of the node's ranks and the loading peak, `memory.loading_bytes_per_node`)."""
+    ranks = int(host["ranks_per_node"])
+    offloaded = int(host.get("offloaded_bytes_per_node") or 0)
+    loading = int(host.get("loading_bytes_per_node") or 0)
+    total, capacity = int(host["bytes_per_node"]), int(host["capacity_bytes_per_node"])
+    procs = f"{ranks} {_plural(ranks, 'process')}"
+    if offloaded >= loading and offloaded:
+        what = (f"offloaded state of the node's {ranks} {_plural(ranks, 'rank')}; the loading peak, "
+                f"{loading / GIB:.1f} GiB, is lower")
+    elif offloaded:
+        what = (f"loading peak, the node's {procs} building the model; the offloaded state, "
+                f"{offloaded / GIB:.1f} GiB, is lower")
+    else:
+        what = f"loading peak, the node's {procs} building the model; nothing is offloaded"
+    return f"Host memory: {total / GIB:.1f} GiB per node of {capacity / GIB:.1f} GiB ({what})."
+
+
 def method_sentences(plan: Plan) -> list[str]:
     """The training method when it is not full training: what is frozen, what is trained."""
     tr = plan.inputs.training
@@ -43,6 +87,13 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
     # what the config reader left out (a vision tower) or read as cost-free: said first, not buried
     out += [f"Model {plan.inputs.model.name}: {note}." for note in plan.inputs.model.notes]
     out += method_sentences(plan)
+    if plan.inputs.training.precision == "fp8":
+        out.append(
+            "Precision fp8: FP8 GEMMs are priced at one rate fitted on published FP8 runs "
+            "(cost_models/data/calibration.json), whatever their scaling recipe; each export names the recipe it "
+            "runs (Megatron-Core's delayed or blockwise scaling, torchao's row-wise in torchtitan, tensor-wise in "
+            "Accelerate)."
+        )
     out.append(
         f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned:,} pruned by the step-time bound, "
         f"{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU."
@@ -55,10 +106,21 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
                 f"{cm.worst_stage}, {cm.over_by_bytes:,} bytes ({cm.over_by_bytes / GIB:.2f} GiB) over the "
                 f"{cm.usable_bytes / GIB:.2f} GiB usable."
             )
+        elif s.generated == 0:
+            pins = ", ".join(
+                f"{k}={v}" for k, v in plan.inputs.constraints.model_dump(include={"tp", "pp", "cp", "ep", "dp"}).items()
+                if v is not None
+            )
+            out.append(
+                f"Nothing was searched: no layout of {plan.inputs.gpus:,} {_plural(plan.inputs.gpus, 'GPU')} has the "
+                f"pinned degrees ({pins or 'none pinned'}), so there is no rejection to show."
+            )
         else:
             out.append("No layout is valid for this model on this many GPUs (see the rejections).")
-        if plan.rejections:
-            top = plan.rejections[0]
+        # the reason most layouts failed: "dominated" entries are layouts skipped for a better twin, not failures
+        failures = [r for r in plan.rejections if not r.reason.startswith("dominated")]
+        if failures:
+            top = failures[0]
             out.append(f"Most common rejection ({top.count:,}x): {top.reason}; e.g. {top.example}.")
         out += host_sentences(plan)
         return out
@@ -75,10 +137,7 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
     )
     host = est.get("host_memory") or {}
     if host.get("bytes_per_node"):
-        out.append(
-            f"Host memory: {host['bytes_per_node'] / GIB:.1f} GiB per node of {host['capacity_bytes_per_node'] / GIB:.1f} GiB "
-            f"(offloaded state of {host['ranks_per_node']} ranks)."
-        )
+        out.append(host_memory_sentence(host))
     nvme = est.get("nvme") or {}
     if nvme.get("bytes_per_node"):
         out.append(
@@ -93,6 +152,7 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
             f"{band['measured_over_predicted_q90']:.2f}x their prediction: MFU {100 * band['mfu_low']:.1f}-"
             f"{100 * band['mfu_high']:.1f}%, {band['tokens_per_s_per_gpu_low']:,.0f}-"
             f"{band['tokens_per_s_per_gpu_high']:,.0f} tokens/s/GPU."
+            + outside_band(band)
         )
     if above_published_ceiling(est):
         ceiling = est["published_mfu_ceiling"]
@@ -118,6 +178,5 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
         gap = alt.estimate["step_s"] / step - 1
         if gap >= 0:
             out.append(f"Runner-up is {100 * gap:.1f}% slower.")
-        else:
-            out.append(f"Runner-up is predicted {100 * -gap:.1f}% faster, a tie within the model's resolution.")
+        # a faster runner-up means the tie-break chose this one: its sentence (planner.search) follows
     return out

@@ -263,21 +263,26 @@ def pipeline_options(model: ModelSpec, training: TrainingSpec, mesh: Mesh, mb: i
             out += [PipeOption(1, "looped_bfs")]
             out += [PipeOption(o.vpp, "looped_bfs") for o in interleaved if not (o.embedding_slot or o.loss_slot)]
     if c.allow_moe_a2a_overlap:
-        out += combined_1f1b_options(model, mesh, training.global_batch // (mb * mesh.dp), c.framework, out)
+        out += combined_1f1b_options(
+            model, mesh, training.global_batch // (mb * mesh.dp), c.framework, out, 0 if training.frozen_base else model.mtp_layers
+        )
     if c.schedule:
         out = [o for o in out if o.schedule == c.schedule]
     return out
 
 
 def combined_1f1b_options(
-    model: ModelSpec, mesh: Mesh, micro_batches: int, framework: str, options: list[PipeOption]
+    model: ModelSpec, mesh: Mesh, micro_batches: int, framework: str, options: list[PipeOption], mtp_layers: int = 0
 ) -> list[PipeOption]:
     """Megatron-Core's combined 1F1B (`--overlap-moe-expert-parallel-comm`: one micro-batch's
     all-to-alls beside another's compute) of the options that may run it, by Megatron-Core's
-    rules (`layout.framework_violations`): an MoE model with ep > 1, at least two micro-batches, and
-    with pp > 1 only on interleaved schedules. Full recompute is refused with it (the search drops
-    those settings)."""
+    rules (`layout.framework_violations`, `layout.mtp_violations`): an MoE model with ep > 1, at
+    least two micro-batches, with pp > 1 only on interleaved schedules, and with trained
+    multi-token-prediction modules (`mtp_layers`) only one of them and only with pp > 1. Full
+    recompute is refused with it (the search drops those settings)."""
     if framework != "megatron" or not model.is_moe or mesh.ep == 1 or micro_batches < 2:
+        return []
+    if mtp_layers > 1 or (mtp_layers and mesh.pp == 1):
         return []
     runs = ("1f1b",) if mesh.pp == 1 else ("interleaved_1f1b",)
     return [o._replace(a2a_overlap=True) for o in options if o.schedule in runs and not o.a2a_overlap]

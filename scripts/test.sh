@@ -21,6 +21,15 @@ DS_BUILD_OPS=0 python -m pip install -q -c scripts/torch-constraint.txt -e '.[ex
 python -m pip install -q -c scripts/torch-constraint.txt --no-deps torchtitan==0.2.2
 # torchtune's recipes, configs and builders, read as source by tests/planner/consumers/check_torchtune.py
 python -m pip install -q -c scripts/torch-constraint.txt --no-deps torchtune==0.6.1
+# torchtitan 0.3.0 reads a Python config module instead of 0.2's TOML: it goes into a directory of its
+# own (the check runs it with that directory first on PYTHONPATH), reinstalled when its pins change.
+TT03=.venv/torchtitan-0.3
+if ! cmp -s scripts/torchtitan-0.3.txt "$TT03/autopar-requirements.txt"; then
+    say "installing torchtitan 0.3.0 and its config loader's imports into $TT03"
+    rm -rf "$TT03"
+    python -m pip install -q --no-deps --target "$TT03" -r scripts/torchtitan-0.3.txt
+    cp scripts/torchtitan-0.3.txt "$TT03/autopar-requirements.txt"
+fi
 
 # The web UI test (tests/api/test_ui.py) drives Debian's Chromium through its chromedriver.
 if [[ ! -x "${AUTOPAR_CHROMIUM:-/usr/bin/chromium}" || ! -x "${AUTOPAR_CHROMEDRIVER:-/usr/bin/chromedriver}" ]]; then

@@ -31,6 +31,7 @@ from api.schemas import (
 from api.views import plan_profile, plan_record, plan_summary
 from cost_models.jobs import Job
 from planner.exporters import ExportError, export, formats
+from planner.inputs import InputProblem, evaluation_problems, plan_problems
 from planner.plan import Plan
 
 router = APIRouter(
@@ -39,6 +40,14 @@ router = APIRouter(
 
 ExportFormat = Enum("ExportFormat", {f: f for f in formats()}, type=str)  # type: ignore[misc]
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+def refuse_input_problems(problems: list[InputProblem]) -> None:
+    """422 with every problem `planner.inputs` finds, each at its field's path in the body."""
+    if problems:
+        err = ApiError(422, "; ".join(str(p) for p in problems), ["body", *problems[0].loc], "value_error")
+        err.items = [{"loc": ["body", *p.loc], "msg": p.message, "type": "value_error"} for p in problems]
+        raise err
 
 
 def _check_gpus(gpus: int, limit: int) -> None:
@@ -80,6 +89,7 @@ async def create_plan(
         response.status_code = 200
         return earlier
     model, cluster, calibration = resolved
+    refuse_input_problems(plan_problems(model, body.training, cluster, body.gpus, body.constraints))
     plan: Plan = await pool.run(
         lambda: run_search(model, body.training, cluster, body.gpus, body.constraints, calibration, metrics)
     )
@@ -295,6 +305,7 @@ def evaluate(
         model = resolve_model_ref(session, job.model, ["body", "model"])
         cluster = resolve_cluster_ref(session, job.cluster, ["body", "cluster"])
         calibration = calibration_for(session, cluster.name)
+    refuse_input_problems(evaluation_problems(job.training, cluster, job.gpus))
     result = run_evaluation(job, model, cluster, calibration, metrics)
     if not store:
         return EvaluationOut(id=None, result=result)

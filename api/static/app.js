@@ -1,6 +1,7 @@
 /* autopar web UI: one script, no build step. It reads location.pathname, fetches the JSON API and
- * draws the page; charts are Chart.js (vendored, /static/vendor/chartjs). Units: memory in GiB
- * (2^30 bytes), times in seconds, throughput in tokens/s. When a page has finished drawing,
+ * draws the page; charts are Chart.js (vendored, /static/vendor/chartjs). Units as `autopar plan`
+ * prints them: memory in GiB (2^30 bytes), times in seconds, throughput in tokens/s per GPU (the
+ * whole job's tokens/s beside it where both are shown). When a page has finished drawing,
  * <body data-ready="1"> is set (the browser test waits for it). */
 "use strict";
 
@@ -102,6 +103,29 @@ function describe(l) {
   if (l.offload_optimizer) parts.push("offload");
   return parts.join(" ");
 }
+function methodLabel(training, short = false) {
+  // full training, or the frozen-base methods as `autopar plan` names them (LoRA / QLoRA; with the whole
+  // TrainingSpec, the adapter rank and the base's format too)
+  const m = (training && training.method) || "full";
+  if (m === "full") return "full";
+  const name = m === "qlora" ? "QLoRA" : "LoRA";
+  if (short) return name;
+  const rank = training.lora_rank ? ` r${training.lora_rank}` : "";
+  const base = m === "qlora" ? ` ${training.quant_format || "nf4_double"}` : "";
+  return `${name}${rank}${base}`;
+}
+const gpusText = (n) => `${n} GPU${n === 1 ? "" : "s"}`;
+const perGpu = (tokensPerS, gpus) => (tokensPerS === null || tokensPerS === undefined || !gpus ? null : tokensPerS / gpus);
+function tieNote(cands) {
+  // the CLI's note under its table: row 1 chosen over faster rows by the planner's tie-break
+  const best = cands[0].estimate.step_s;
+  const faster = cands.map((c, i) => [i + 1, c.estimate.step_s]).filter(([i, s]) => i > 1 && s < best);
+  if (!faster.length) return "";
+  const gap = Math.max(...faster.map(([, s]) => best / s - 1));
+  return `<p class="muted" id="tie-note">* #1 is predicted up to ${num(100 * gap, 1)}% slower than row${faster.length > 1 ? "s" : ""}
+    ${faster.map(([i]) => i).join(", ")}: within the model's resolution (a quarter of the error band), a tie, broken towards
+    fewer moving parts (lower cp, fewer virtual stages, the default rank order) and more memory headroom.</p>`;
+}
 function runLength(values) {
   // [4, 4, 4, 3] -> "4 ×3, 3": layers per pipeline chunk, in pipeline order
   const out = [];
@@ -155,8 +179,9 @@ async function plansPage() {
       <td><a href="/ui/plans/${p.id}">#${p.id}</a></td><td>${when(p.created_at)}</td>
       <td>${esc(p.model)}</td><td>${esc(p.cluster)}</td><td class="num">${p.gpus}</td>
       <td class="num">${p.seq_len}</td><td class="num">${p.global_batch}</td><td>${esc(p.precision)}</td>
+      <td class="method">${esc(methodLabel({ method: p.method }, true))}</td>
       <td>${p.feasible ? '<span class="good">fits</span>' : '<span class="bad">no layout fits</span>'}</td>
-      <td class="num">${num(p.step_s, 3)}</td><td class="num">${num(p.tokens_per_s, 0)}</td><td class="num">${pct(p.mfu)}</td>
+      <td class="num">${num(p.step_s, 3)}</td><td class="num">${num(perGpu(p.tokens_per_s, p.gpus), 0)}</td><td class="num">${pct(p.mfu)}</td>
       <td class="muted">${esc(p.calibration)}</td></tr>`).join("");
   const opt = (v, label, cur) => `<option value="${v}" ${cur === v ? "selected" : ""}>${label}</option>`;
   const prev = new URLSearchParams(q); prev.set("offset", Math.max(0, offset - limit));
@@ -167,16 +192,16 @@ async function plansPage() {
       <label>cluster<input name="cluster" value="${esc(q.get("cluster") || "")}" size="14"></label>
       <label>GPUs<input name="gpus" type="number" min="1" value="${esc(q.get("gpus") || "")}" style="width:6rem"></label>
       <label>fits<select name="feasible">${opt("", "any", q.get("feasible") || "")}${opt("true", "fits", q.get("feasible"))}${opt("false", "does not fit", q.get("feasible"))}</select></label>
-      <label>sort<select name="sort">${[["-created_at", "newest"], ["created_at", "oldest"], ["-tokens_per_s", "most tokens/s"], ["tokens_per_s", "fewest tokens/s"], ["-mfu", "highest MFU"], ["mfu", "lowest MFU"]].map(([v, l]) => opt(v, l, sort)).join("")}</select></label>
+      <label>sort<select name="sort">${[["-created_at", "newest"], ["created_at", "oldest"], ["-tokens_per_s", "most tokens/s (whole job)"], ["tokens_per_s", "fewest tokens/s (whole job)"], ["-mfu", "highest MFU"], ["mfu", "lowest MFU"]].map(([v, l]) => opt(v, l, sort)).join("")}</select></label>
       <button type="submit">Filter</button>
       <button type="button" id="compare" disabled>Compare selected</button>
     </form>
     <p class="muted">${page.total} plan(s); showing ${page.items.length ? offset + 1 : 0}–${offset + page.items.length}.
       ${offset > 0 ? `<a href="?${prev}">previous</a>` : ""} ${offset + limit < page.total ? `<a href="?${next}">next</a>` : ""}</p>
     <table id="plans"><thead><tr><th></th><th>plan</th>${sortHeader("created_at", "created", "")}<th>model</th><th>cluster</th><th class="num">GPUs</th>
-      <th class="num">seq</th><th class="num">global batch</th><th>precision</th><th>fits</th>
-      <th class="num">step s</th>${sortHeader("tokens_per_s", "tokens/s")}${sortHeader("mfu", "MFU")}<th>calibration</th></tr></thead>
-      <tbody>${rows || '<tr><td colspan="14" class="muted">No plans yet: POST /v1/plans (see /docs).</td></tr>'}</tbody></table>`;
+      <th class="num">seq</th><th class="num">global batch</th><th>precision</th><th>method</th><th>fits</th>
+      <th class="num">step s</th><th class="num">tokens/s/GPU</th>${sortHeader("mfu", "MFU")}<th>calibration</th></tr></thead>
+      <tbody>${rows || '<tr><td colspan="15" class="muted">No plans yet: POST /v1/plans (see /docs).</td></tr>'}</tbody></table>`;
   document.getElementById("filters").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const u = new URLSearchParams();
@@ -266,17 +291,21 @@ async function planPage(id) {
   const plan = record.plan;
   const inp = plan.inputs;
   const best = plan.best;
-  let html = `<h1>Plan #${record.id}: ${esc(inp.model.name)} on ${inp.gpus} GPUs of ${esc(inp.cluster.name)}</h1>
+  let html = `<h1>Plan #${record.id}: ${esc(inp.model.name)} on ${gpusText(inp.gpus)} of ${esc(inp.cluster.name)}</h1>
     <p class="muted">seq ${inp.training.seq_len}, global batch ${inp.training.global_batch} sequences, ${esc(inp.training.precision)},
-      framework ${esc(inp.constraints.framework)}; created ${when(record.created_at)}; calibration: ${esc(plan.calibration)}.
+      method <span id="plan-method">${esc(methodLabel(inp.training))}</span>, framework ${esc(inp.constraints.framework)};
+      created ${when(record.created_at)}; calibration: ${esc(plan.calibration)}.
       <a href="/ui/plans?pick=${record.id}">compare with…</a></p>
     <ul class="why">${plan.why.map((w) => `<li>${esc(w)}</li>`).join("")}</ul>`;
   if (best) {
     const e = best.estimate;
     const l = best.layout;
+    const band = e.error_band;
     html += cards([
-      ["step time", `${num(e.step_s, 3)} s`], ["throughput", `${num(e.tokens_per_s, 0)} tokens/s`],
-      ["per GPU", `${num(e.tokens_per_s_per_gpu, 0)} tokens/s`], ["MFU", pct(e.mfu)],
+      ["step time", `${num(e.step_s, 3)} s`], ["throughput", `${num(e.tokens_per_s_per_gpu, 0)} tokens/s/GPU`],
+      ["whole job", `${num(e.tokens_per_s, 0)} tokens/s`],
+      ["MFU", pct(e.mfu) + (band ? ` <span class="muted">(${num(100 * band.mfu_low, 0)}-${num(100 * band.mfu_high, 0)})</span>` : "")],
+      ["method", esc(methodLabel(inp.training))],
       ["peak memory", `${gib(e.memory.peak_bytes)} of ${gib(usableBytes(plan))} GiB usable`], ["pipeline bubble", pct(e.bubble_fraction)],
     ]);
     html += `<h2>Layout</h2>${table(
@@ -300,10 +329,13 @@ async function planPage(id) {
       </div>
       <h2>Best and runner-up layouts</h2>${table(
         ["#", "layout", "step s", "tokens/s/GPU", "MFU", "peak GiB", "bubble"],
-        [best, ...plan.alternatives].map((c, i) => [i + 1, esc(describe(c.layout)), num(c.estimate.step_s, 3), num(c.estimate.tokens_per_s_per_gpu, 0),
+        [best, ...plan.alternatives].map((c, i, all) => [i === 0 && tieNote(all) ? "1*" : i + 1, esc(describe(c.layout)), num(c.estimate.step_s, 3), num(c.estimate.tokens_per_s_per_gpu, 0),
           pct(c.estimate.mfu), gib(c.estimate.memory.peak_bytes), pct(c.estimate.bubble_fraction)]),
         { numeric: [0, 2, 3, 4, 5, 6] },
-      )}`;
+      )}${tieNote([best, ...plan.alternatives])}
+      <p class="muted">MFU in brackets: the 10th-90th percentile of what held-out published runs of the regime measured relative to
+        their own predictions, applied to this one (it need not contain the prediction: a regime whose runs all beat their
+        prediction puts the prediction below it).</p>`;
   } else if (plan.closest_miss) {
     const miss = plan.closest_miss;
     html += `<h2>Closest miss</h2>
@@ -313,12 +345,14 @@ async function planPage(id) {
         <div class="chart"><canvas id="chart-miss"></canvas></div></div></div>`;
   }
   if (plan.rejections.length) {
-    html += `<h2>Rejected layouts</h2>${table(["count", "reason", "example"],
-      plan.rejections.map((r) => [num(r.count, 0), esc(r.reason), esc(r.example)]), { numeric: [0] })}`;
+    const rejected = plan.rejections.reduce((n, r) => n + r.count, 0);
+    html += `<details id="rejections"><summary><h2>Rejected layouts</h2> <span class="muted">${num(rejected, 0)} layouts,
+      ${plan.rejections.length} reason${plan.rejections.length === 1 ? "" : "s"} (click to show)</span></summary>${table(["count", "reason", "example"],
+      plan.rejections.map((r) => [num(r.count, 0), esc(r.reason), esc(r.example)]), { numeric: [0] })}</details>`;
   }
   html += `<h2>Predicted vs measured</h2>`;
   html += profiles.items.length
-    ? profileTable(profiles.items)
+    ? profileTable(profiles.items, plan)
     : `<p class="muted">No run has reported a profile for this plan yet.</p>`;
   html += `<h2>Runs of this plan</h2>`;
   if (runs) {
@@ -351,15 +385,27 @@ async function planPage(id) {
   ready();
 }
 
-function profileTable(items) {
+function memoryComparable(p, plan) {
+  // a CPU run's live-storage tracker against a GPU plan's prediction measures another device: no error to show
+  const source = (p.profile.profile && p.profile.profile.memory_source) || "";
+  const vendor = plan && plan.inputs.cluster.gpu.vendor;
+  return !(source.includes("CPU") && vendor && vendor !== "cpu");
+}
+function profileTable(items, plan) {
+  const gpus = plan ? plan.inputs.gpus : null;
   return table(
-    ["run", "attempt", "step s (pred / meas)", "step error", "tokens/s (pred / meas)", "MFU (pred / meas)", "peak GiB (worst stage pred / max rank meas)", "memory error"],
-    items.map((p) => [
-      `<a href="/ui/runs/${p.profile.run_id}">#${p.profile.run_id}</a>`, p.profile.attempt,
-      `${num(p.predicted.step_s, 3)} / ${num(p.measured.step_s, 3)}`, signedPct(p.error.step_s_rel),
-      `${num(p.predicted.tokens_per_s, 0)} / ${num(p.measured.tokens_per_s, 0)}`, `${pct(p.predicted.mfu)} / ${pct(p.measured.mfu)}`,
-      `${gib(Math.max(...p.predicted.peak_bytes_per_stage, 0))} / ${gib(p.measured.peak_memory_bytes_max)}`, signedPct(p.error.peak_memory_rel),
-    ]),
+    ["run", "attempt", "step s (pred / meas)", "step error", "tokens/s/GPU (pred / meas)", "MFU (pred / meas)", "peak GiB (worst stage pred / max rank meas)", "memory error"],
+    items.map((p) => {
+      const comparable = memoryComparable(p, plan);
+      return [
+        `<a href="/ui/runs/${p.profile.run_id}">#${p.profile.run_id}</a>`, p.profile.attempt,
+        `${num(p.predicted.step_s, 3)} / ${num(p.measured.step_s, 3)}`, signedPct(p.error.step_s_rel),
+        `${num(perGpu(p.predicted.tokens_per_s, gpus), 0)} / ${num(perGpu(p.measured.tokens_per_s, gpus), 0)}`, `${pct(p.predicted.mfu)} / ${pct(p.measured.mfu)}`,
+        `${gib(Math.max(...p.predicted.peak_bytes_per_stage, 0))} / ${gib(p.measured.peak_memory_bytes_max)}`,
+        comparable ? signedPct(p.error.peak_memory_rel)
+          : `<span class="muted memory-not-compared" title="measured by the CPU live-storage tracker, predicted for ${esc(plan.inputs.cluster.gpu.name)}">not compared: CPU run, ${esc(plan.inputs.cluster.gpu.name)} plan</span>`,
+      ];
+    }),
     { numeric: [1, 3] },
   );
 }
@@ -378,9 +424,11 @@ async function comparePage() {
   const rows = [
     ["model", (r) => esc(r.model)], ["cluster", (r) => esc(r.cluster)], ["GPUs", (r) => r.gpus],
     ["seq × global batch", (r) => `${r.seq_len} × ${r.global_batch}`], ["precision", (r) => esc(r.precision)],
+    ["method", (r) => esc(methodLabel(r.plan.inputs.training))],
     ["layout", (r) => (r.plan.best ? esc(describe(r.plan.best.layout)) : '<span class="bad">no layout fits</span>')],
-    ["step s", (r) => num(r.step_s, 3)], ["tokens/s", (r) => num(r.tokens_per_s, 0)],
-    ["tokens/s per GPU", (r) => (r.plan.best ? num(r.plan.best.estimate.tokens_per_s_per_gpu, 0) : "–")], ["MFU", (r) => pct(r.mfu)],
+    ["step s", (r) => num(r.step_s, 3)],
+    ["tokens/s/GPU", (r) => (r.plan.best ? num(r.plan.best.estimate.tokens_per_s_per_gpu, 0) : "–")],
+    ["tokens/s (whole job)", (r) => num(r.tokens_per_s, 0)], ["MFU", (r) => pct(r.mfu)],
     ["peak GiB / usable GiB", (r) => (r.plan.best ? `${gib(r.plan.best.estimate.memory.peak_bytes)} / ${gib(usableBytes(r.plan))}` : "–")],
     ["pipeline bubble", (r) => (r.plan.best ? pct(r.plan.best.estimate.bubble_fraction) : "–")], ["calibration", (r) => esc(r.calibration)],
   ];
@@ -468,10 +516,10 @@ async function runPage(id) {
       ["loss", p && p.loss !== null && p.loss !== undefined ? num(p.loss, 3) : "–"], ["attempt", `${run.attempt} of ${run.max_attempts}`],
       ["exit code", run.exit_code ?? "–"]])}
     ${run.failure_reason ? `<p class="error">${esc(run.failure_reason)}</p>` : ""}
-    <p class="muted">${esc(record.model)} on ${record.gpus} GPUs; ${run.steps} steps, backend ${esc(run.launch.backend)}; created ${when(run.created_at)}
+    <p class="muted">${esc(record.model)} on ${gpusText(record.gpus)}; ${run.steps} steps, backend ${esc(run.launch.backend)}; created ${when(run.created_at)}
       ${run.finished_at ? `, finished ${when(run.finished_at)}` : ""}${TERMINAL.has(run.status) ? "" : " · refreshed every 2 s"}</p>
     <h2>Predicted vs measured</h2>`;
-  html += mine.length ? profileTable(mine) + `<div class="grid2">
+  html += mine.length ? profileTable(mine, record.plan) + `<div class="grid2">
       <div class="panel"><h2>Step times</h2><div class="chart"><canvas id="chart-run-steps"></canvas></div></div>
       <div class="panel"><h2>Peak memory per rank</h2><div class="chart"><canvas id="chart-run-memory"></canvas></div></div></div>`
     : `<p class="muted">${TERMINAL.has(run.status) ? "This run reported no profile." : "The profile arrives when the run ends."}</p>`;
@@ -495,6 +543,9 @@ async function runPage(id) {
     });
     const ranks = prof.measured.peak_memory_bytes_per_rank;
     const predictedWorst = Math.max(...prof.predicted.peak_bytes_per_stage, 0);
+    // the GPU prediction is drawn only against memory measured on that kind of device
+    const lines = memoryComparable(prof, record.plan)
+      ? [{ value: predictedWorst / GIB, label: `predicted ${num(predictedWorst / GIB, 2)} GiB (worst stage)`, dash: [6, 4] }] : [];
     chart("chart-run-memory", {
       type: "bar",
       data: {
@@ -503,8 +554,8 @@ async function runPage(id) {
       },
       plugins: [hlines],
       options: {
-        scales: { y: axis("GiB", { beginAtZero: true, suggestedMax: (predictedWorst / GIB) * 1.1 }) },
-        plugins: { hlines: { lines: [{ value: predictedWorst / GIB, label: `predicted ${num(predictedWorst / GIB, 2)} GiB (worst stage)`, dash: [6, 4] }] } },
+        scales: { y: axis("GiB", { beginAtZero: true, suggestedMax: lines.length ? (predictedWorst / GIB) * 1.1 : undefined }) },
+        plugins: { hlines: { lines } },
       },
     });
   }

@@ -6,11 +6,15 @@ each, what the target cannot express and what the file does instead. Formats (`E
 - `torchrun`: multi-node launch of our runtime (`python -m runtime.launch plan.json`)
 - `megatron`: Megatron-LM / Megatron-Core `pretrain_gpt.py` arguments (bash array)
 - `deepspeed`: DeepSpeed `ds_config.json`
-- `torchtitan`: torchtitan job config (TOML)
-- `accelerate`: Hugging Face Accelerate config for FSDP2 (YAML)
+- `torchtitan`: torchtitan 0.2.x job config (TOML, `--job.config_file`)
+- `torchtitan-0.3`: torchtitan 0.3 config module (Python, `--module autopar_torchtitan --config autopar`)
+- `accelerate`: Hugging Face Accelerate config, FSDP2 or DeepSpeed plugin (YAML)
 - `hf`: the Hugging Face fine-tuning stack (YAML: TrainingArguments, PEFT LoraConfig, BitsAndBytesConfig,
   from_pretrained keywords and the Accelerate config) of a plan priced in stack hf
 - `torchtune`: a torchtune recipe config (YAML) of a plan priced in stack torchtune
+
+Each file names the framework release it is written for and checked against, and how to launch it;
+tests/planner/consumers/ feeds each to that release's own parser and validation.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from planner.exporters.hf import export_hf
 from planner.exporters.megatron import export_megatron
 from planner.exporters.torchrun import export_torchrun
 from planner.exporters.torchtitan import export_torchtitan
+from planner.exporters.torchtitan_module import export_torchtitan_module
 from planner.exporters.torchtune import export_torchtune
 from planner.plan import Candidate, Plan
 
@@ -34,6 +39,7 @@ EXPORTERS: dict[str, Callable[[Job], ExportResult]] = {
     "megatron": export_megatron,
     "deepspeed": export_deepspeed,
     "torchtitan": export_torchtitan,
+    "torchtitan-0.3": export_torchtitan_module,
     "accelerate": export_accelerate,
     "hf": export_hf,
     "torchtune": export_torchtune,

@@ -4,13 +4,19 @@
   replicate x shard, tensor and context parallelism). Accelerate has no pipeline or expert
   parallelism, and FSDP2 shards weights and gradients (ZeRO-2/3), so those parts of a plan are
   reported as lost, in the file's own comments.
+  Accelerate forms replicate x shard data-parallel ranks (the folded pp ranks among them), so the
+  file's launch lines give train.py's DataLoader batch size and the accumulation
+  (`ACCELERATE_GRADIENT_ACCUMULATION_STEPS` on the launch line) that make the plan's global batch
+  over those ranks: folding pp=2 into the shard group with the plan's own accumulation would double
+  the batch.
 - DeepSpeed (plans priced with `framework: deepspeed`): `distributed_type: DEEPSPEED`. Without
-  pipeline parallelism the plugin reads `deepspeed_config_file: ds_config.json`, the plan's DeepSpeed
-  export (`autopar export ... --format deepspeed`), so ZeRO stage, CPU / NVMe offload, ZeRO++ and
-  AutoTP are exactly that file's; the precision is the file's too (Accelerate refuses
+  pipeline or tensor parallelism the plugin reads `deepspeed_config_file: ds_config.json`, the plan's
+  DeepSpeed export (`autopar plan ... --export deepspeed`), so ZeRO stage, CPU / NVMe offload and
+  ZeRO++ are exactly that file's; the precision is the file's too (Accelerate refuses
   `mixed_precision` beside a config file and reads `bf16.enabled` / `fp16.enabled`). Accelerate drives
-  DeepSpeed's engine without its pipeline module, so a pipelined plan cannot use that file (its
-  batch counts pp as a separate dimension): it gets the plugin's own keys instead (`zero_stage`,
+  DeepSpeed's engine without its pipeline module, and hands `deepspeed.initialize` no model-parallel
+  unit, so DeepSpeed counts every rank as data-parallel: a plan with pp or tp > 1 cannot use that
+  file (its batch counts them apart). It gets the plugin's own keys instead (`zero_stage`,
   `offload_*_device`, `gradient_accumulation_steps`), with the pp and tp ranks folded into data
   parallelism, and says so.
 
@@ -34,6 +40,7 @@ from planner.exporters.common import (
     Job,
     comment_block,
     deepspeed_only_notes,
+    fp8_note,
     framework_note,
     mtp_note,
     nodes_note,
@@ -67,6 +74,8 @@ DECODER_LAYERS = {
     "llama4_text": "Llama4TextDecoderLayer",
 }
 MIXED = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "no"}
+RELEASE = "1.15.0"
+"""The Accelerate release the file is written for and checked against (tests/planner/consumers/)."""
 
 FUSED_KERNELS_NOTE = (
     "fused elementwise kernels: a Transformers model runs its norms, rotary and activation op by op "
@@ -121,12 +130,23 @@ def _losses(job: Job, lost: list[str]) -> None:
         lost.append(f"model family {job.model.family}: set fsdp_transformer_layer_cls_to_wrap to its decoder layer class")
 
 
-def _fsdp_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[str]]:
+def _fsdp_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
     """The FSDP2 plugin and Accelerate's N-D parallelism config (the pp dimension folds into the
-    shard group: Accelerate has no pipeline parallelism), and what the launch needs beside it (nothing)."""
+    shard group: Accelerate has no pipeline parallelism), what train.py needs beside it (its
+    DataLoader's batch size and the accumulation, so that micro x accumulation x the data-parallel
+    ranks Accelerate forms is the plan's global batch), and the launch line's environment."""
     lay = job.lay
     _losses(job, lost)
     lost += framework_note(job, "fsdp", "Accelerate (FSDP2)")
+    lost += fp8_note(job, "Accelerate", "torchao float8 through Accelerate's AO backend (tensor-wise dynamic scaling)")
+    dp = job.dp * lay.pp  # Accelerate's data-parallel ranks: replicate x shard, the pp ranks folded in
+    micro, accum = _split_batch(job, dp, lost, f"with the {lay.pp} pipeline ranks folded into data parallelism")
+    launch = [
+        f"train.py's DataLoader batch_size: {micro} (sequences per GPU per micro-batch); gradient accumulation "
+        f"{accum} (ACCELERATE_GRADIENT_ACCUMULATION_STEPS below, or Accelerator(gradient_accumulation_steps={accum})):",
+        f"  {micro} x {accum} x {dp} data-parallel ranks = global batch {job.training.global_batch} sequences"
+        + (f" (the {lay.cp} context-parallel ranks of a replica share its sequences)" if lay.cp > 1 else ""),
+    ]
     return {
         "distributed_type": "FSDP",
         "fsdp_config": {
@@ -147,16 +167,17 @@ def _fsdp_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[str]]:
             "parallelism_config_dp_shard_size": job.dp_shard * lay.pp,
             "parallelism_config_tp_size": lay.tp,
         },
-    }, []
+    }, launch, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(accum)}
 
 
-def _deepspeed_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """Accelerate's DeepSpeed plugin: the plan's ds_config.json when it has no pipeline, else the
-    plugin's own keys with pp and tp folded into data parallelism (module docstring); and what the
-    launch needs beside the file (ds_config.json, train.py's DataLoader batch size)."""
+def _deepspeed_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """Accelerate's DeepSpeed plugin: the plan's ds_config.json when it has neither pipeline nor
+    tensor parallelism, else the plugin's own keys with pp and tp folded into data parallelism
+    (module docstring); what the launch needs beside the file (ds_config.json, train.py's DataLoader
+    batch size), and the launch line's environment (none)."""
     lay = job.lay
     zero3_init = lay.zero_stage == 3 and lay.zero_init
-    if lay.pp == 1:
+    if lay.pp == 1 and lay.tp == 1:
         ds_config = export_deepspeed(job)
         lost += [_for_transformers(note) for note in ds_config.lost]  # what ds_config.json itself cannot say
         micro = json.loads(ds_config.text)["train_micro_batch_size_per_gpu"]
@@ -172,7 +193,7 @@ def _deepspeed_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[s
             f"  autopar plan <the same arguments> --export deepspeed > {ds_config.filename}",
             "  or GET /v1/plans/ID/export/deepspeed with Accept: application/octet-stream",
             f"train.py's DataLoader batch_size: {micro} (the file's train_micro_batch_size_per_gpu)",
-        ]
+        ], {}
     micro, accum = _folded_batch(job, lost)
     _folded_losses(job, lost)
     nvme = lay.offload_device == "nvme" and lay.zero_stage == 3
@@ -197,21 +218,26 @@ def _deepspeed_plugin(job: Job, lost: list[str]) -> tuple[dict[str, Any], list[s
     lost += framework_note(job, "deepspeed", "Accelerate (DeepSpeed)")
     precision = "bf16" if job.training.precision == "fp8" else MIXED[job.training.precision]
     keys = {"deepspeed_config": ds, "distributed_type": "DEEPSPEED", "mixed_precision": precision}
-    return keys, [f"train.py's DataLoader batch_size: {micro} (micro-batch per GPU; every GPU data-parallel)"]
+    return keys, [
+        f"train.py's DataLoader batch_size: {micro} (micro-batch per GPU; every GPU data-parallel): "
+        f"{micro} x {accum} x {job.gpus} = global batch {job.training.global_batch} sequences"
+    ], {}
 
 
 def _folded_losses(job: Job, lost: list[str]) -> None:
     """What the plugin's own keys cannot say: every parallelism but data and ZeRO, and the kernels."""
     lay = job.lay
-    lost.append(
-        f"pipeline parallelism (pp={lay.pp}): Accelerate drives DeepSpeed's engine without its pipeline module; "
-        f"the {lay.pp} pipeline ranks of each replica become data-parallel ranks under ZeRO-{lay.zero_stage} "
-        "(each holds every layer: more memory than planned)"
-    )
+    if lay.pp > 1:
+        lost.append(
+            f"pipeline parallelism (pp={lay.pp}): Accelerate drives DeepSpeed's engine without its pipeline module; "
+            f"the {lay.pp} pipeline ranks of each replica become data-parallel ranks under ZeRO-{lay.zero_stage} "
+            "(each holds every layer: more memory than planned)"
+        )
     if lay.tp > 1:
         lost.append(
-            f"tensor parallelism (tp={lay.tp}): DeepSpeed's AutoTP is set only in a config file, whose batch "
-            "would count the pipeline; the tp ranks become data-parallel ranks"
+            f"tensor parallelism (tp={lay.tp}): Accelerate 1.15 hands deepspeed.initialize no model-parallel unit, so "
+            "DeepSpeed would count every rank as data-parallel and refuse the plan's batch in ds_config.json; the tp "
+            "ranks become data-parallel ranks (each holds whole layers: more memory than planned)"
         )
     if lay.cp > 1:
         lost.append(f"context parallelism (cp={lay.cp}): the cp ranks become data-parallel ranks on whole sequences")
@@ -237,27 +263,33 @@ def _for_transformers(note: str) -> str:
 
 
 def _folded_batch(job: Job, lost: list[str]) -> tuple[int, int]:
-    """(micro-batch, accumulation) for every rank as a data-parallel rank: global batch =
-    micro x accumulation x GPUs, the plan's micro-batch or the closest smaller one that divides."""
+    """(micro-batch, accumulation) for every rank as a data-parallel rank (`_split_batch` over all GPUs)."""
+    return _split_batch(job, job.gpus, lost, f"with all {job.gpus} ranks data-parallel")
+
+
+def _split_batch(job: Job, dp: int, lost: list[str], why: str) -> tuple[int, int]:
+    """(micro-batch, accumulation) with micro x accumulation x `dp` = the plan's global batch: the
+    plan's micro-batch or the closest smaller one that divides (said in `lost` when it differs)."""
     lay, tr = job.lay, job.training
     for micro in range(lay.micro_batch, 0, -1):
-        if tr.global_batch % (micro * job.gpus) == 0:
+        if tr.global_batch % (micro * dp) == 0:
+            accum = tr.global_batch // (micro * dp)
             if micro != lay.micro_batch:
                 lost.append(
-                    f"micro-batch {lay.micro_batch}: with all {job.gpus} ranks data-parallel the global batch "
-                    f"{tr.global_batch} splits as micro-batch {micro} x accumulation {tr.global_batch // (micro * job.gpus)}"
+                    f"micro-batch {lay.micro_batch}: {why} the global batch {tr.global_batch} splits as "
+                    f"micro-batch {micro} x accumulation {accum} x {dp} ranks"
                 )
-            return micro, tr.global_batch // (micro * job.gpus)
+            return micro, accum
     raise ExportError(
-        f"global batch {tr.global_batch} does not split over {job.gpus} data-parallel ranks: Accelerate's DeepSpeed "
-        "plugin has no pipeline, so every GPU is a data-parallel rank; export deepspeed or megatron instead"
+        f"global batch {tr.global_batch} does not split over {dp} data-parallel ranks ({why}): Accelerate has no "
+        "pipeline parallelism; export megatron, deepspeed or torchtitan instead"
     )
 
 
 def export_accelerate(job: Job) -> ExportResult:
     lost = nodes_note(job)
     deepspeed = job.lay.framework == "deepspeed"
-    plugin, launch = _deepspeed_plugin(job, lost) if deepspeed else _fsdp_plugin(job, lost)
+    plugin, launch, env = _deepspeed_plugin(job, lost) if deepspeed else _fsdp_plugin(job, lost)
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -278,8 +310,9 @@ def export_accelerate(job: Job) -> ExportResult:
             *summary_lines(job),
             *launch,
             "On every node (NODE_RANK 0 .. num_machines - 1, MASTER_ADDR the first node's address):",
-            "  accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK "
-            "--main_process_ip $MASTER_ADDR train.py",
+            "  " + "".join(f"{k}={v} " for k, v in env.items()) + "accelerate launch --config_file "
+            "accelerate_config.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR train.py",
+            f"Written for Accelerate {RELEASE}, whose launcher and plugins accept it.",
         ]
     )
     notes = comment_block(notes_lines("Accelerate", lost) + peft_lines(job))

@@ -19,6 +19,7 @@ from cost_models.compute import trained_mtp_layers
 from cost_models.layout import Layout
 from cost_models.stages import StagePartition, even_partition
 from model_specs.spec import ModelSpec, TrainingSpec
+from planner.explain import counted
 from planner.plan import Candidate, Plan
 
 RDZV_PORT = 29500
@@ -134,12 +135,11 @@ def job_of(plan: Plan, candidate: Candidate | None = None) -> Job:
             f"partition {list(chunks)} does not cut {inp.model.num_layers} layers into pp x vpp = "
             f"{lay.pp} x {lay.vpp} chunks"
         )
-    if cand.placement is not None:
-        per_node = cand.placement.gpus_per_node
-        nodes = cand.placement.nodes
-    else:
-        per_node = min(inp.cluster.gpus_per_node, inp.gpus)
-        nodes = math.ceil(inp.gpus / per_node)
+    # processes per node: the cluster's GPUs per node, or all the job's GPUs when it fills less than one
+    # node (the placement records the node's size: a 1-GPU plan on an 8-GPU node launches 1 process)
+    node_size = cand.placement.gpus_per_node if cand.placement is not None else inp.cluster.gpus_per_node
+    per_node = min(node_size, inp.gpus)
+    nodes = math.ceil(inp.gpus / per_node)
     chosen = plan if cand is plan.best else plan.model_copy(update={"best": cand})
     return Job(
         inp.model, inp.training, inp.cluster, inp.gpus, lay, chunks, cand.estimate, nodes, per_node,
@@ -178,7 +178,7 @@ def summary_lines(job: Job) -> list[str]:
         knobs.append("optimizer offloaded to CPU")
     lines = [
         f"{job.model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name}): "
-        f"{job.nodes} node(s) x {job.gpus_per_node} GPUs",
+        f"{counted(job.nodes, 'node')} x {counted(job.gpus_per_node, 'GPU')}",
         "layout: " + " ".join(dims),
         "knobs: " + ", ".join(knobs),
         f"training: seq_len {job.training.seq_len}, global batch {job.training.global_batch} sequences, "
@@ -311,8 +311,9 @@ def mtp_note(job: Job, target: str) -> list[str]:
     if not n:
         return []
     return [
-        f"multi-token prediction ({n} module(s) of {job.model.name}): {target} trains without them; the plan "
-        "priced their block, projection and extra output-head pass on the head rank, so this run is faster"
+        f"multi-token prediction ({counted(n, 'module')} of {job.model.name}): {target} trains without "
+        f"{'it' if n == 1 else 'them'}; the plan priced {'its' if n == 1 else 'their'} block, projection and extra "
+        "output-head pass on the head rank, so this run is faster"
     ]
 
 
@@ -343,3 +344,15 @@ def peft_lines(job: Job) -> list[str]:
     lora = ", ".join(f"{k}={v!r}" for k, v in cfg["lora_config"].items())
     lines.append(f"  model = peft.get_peft_model(model, peft.LoraConfig({lora}))")
     return lines
+
+
+def fp8_note(job: Job, target: str, recipe: str) -> list[str]:
+    """What an FP8 plan's price assumed and what the file runs: one fitted FP8 GEMM rate
+    (`cost_models.calibration`, fitted on published FP8 runs whatever their scaling recipe), and the
+    target's recipe, which the file names."""
+    if job.training.precision != "fp8":
+        return []
+    return [
+        f"FP8 scaling recipe: this file runs {recipe}; the plan priced FP8 GEMMs at one rate fitted on published "
+        "FP8 runs (cost_models/data/calibration.json), not per recipe"
+    ]

@@ -15,8 +15,21 @@ batch and micro-batch and divides the accumulation by cp when it can; otherwise 
 micro-batch that divides, and the note says so. DeepSpeed's pipeline engine takes ZeRO-0/1 only,
 so a pipelined plan with ZeRO-2/3 is written as ZeRO-1 with a note.
 
+Release and initialization: written for DeepSpeed 0.19.8. DeepSpeed checks the batch against its
+data-parallel size, which it reads from the model-parallel unit (`mpu`) handed to
+`deepspeed.initialize`, or takes as the whole world without one. So the file says how to call it
+(`autopar.initialize`, Python lines): with AutoTP (tp > 1, no pipeline) DeepSpeed's own TP x DP
+groups are built first (`deepspeed.utils.groups._init_tp_mesh_device`, which the engine itself calls
+when it shards the model; HF's integration calls it the same way) and passed as `mpu`, without
+which 8 ranks at tp 2 fail "train_batch_size is not equal to micro_batch_per_gpu *
+gradient_acc_step * world_size"; a pipelined plan builds a `PipelineModule` over a
+`PipeModelDataParallelTopology` of the plan's pp x tp x dp, whose grid is the engine's `mpu`. AutoTP
+does not shard a `PipelineModule` (the engine would replace the pipeline grid with its TP groups), so
+a pipelined plan's tensor parallelism is the topology's model-parallel axis: tensor-parallel layers
+in the LayerSpecs (Megatron-DeepSpeed's), said in the notes.
+
 JSON has no comments: what the file cannot express is listed in its own `autopar` key
-(`summary`, `not_expressible`), which DeepSpeed ignores.
+(`summary`, `release`, `initialize`, `not_expressible`), which DeepSpeed ignores.
 """
 
 from __future__ import annotations
@@ -179,6 +192,48 @@ def _batch(job: Job, lost: list[str]) -> tuple[int, int, int]:
     return batch, lay.micro_batch, 1
 
 
+RELEASE = "DeepSpeed 0.19.8"
+"""The release the file is written for and checked against (tests/planner/consumers/check_deepspeed.py)."""
+
+
+TRAINED = "[p for p in model.parameters() if p.requires_grad]"
+"""The parameters DeepSpeed's optimizer steps: the trained ones (all of them, or a PEFT model's adapters)."""
+
+
+def initialize_lines(job: Job, filename: str = "ds_config.json") -> list[str]:
+    """How the training script calls DeepSpeed with this file (Python lines, `model` and its layers
+    are the script's): the model-parallel unit that gives DeepSpeed the plan's data-parallel size."""
+    lay = job.lay
+    dp = deepspeed_dp(job)
+    if lay.pp > 1:
+        ckpt = ", activation_checkpoint_interval=1" if lay.recompute == "full" else ""
+        return [
+            "import deepspeed",
+            "from deepspeed.pipe import PipelineModule",
+            "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology",
+            "deepspeed.init_distributed()",
+            f"topology = PipeModelDataParallelTopology(num_pp={lay.pp}, num_mp={lay.tp}, num_dp={dp})",
+            f"model = PipelineModule(layers=layer_specs, topology=topology, partition_method='uniform'{ckpt})",
+            f"engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters={TRAINED}, "
+            f"config='{filename}')",
+        ]
+    if lay.tp > 1:
+        return [
+            "import deepspeed",
+            "from deepspeed.utils import groups",
+            "deepspeed.init_distributed()",
+            f"groups._init_tp_mesh_device(tensor_model_parallel_size={lay.tp})  # DeepSpeed's TP x DP groups: "
+            f"{dp} data-parallel ranks",
+            f"engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters={TRAINED}, "
+            f"config='{filename}', mpu=groups)",
+        ]
+    return [
+        "import deepspeed",
+        f"engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters={TRAINED}, "
+        f"config='{filename}')",
+    ]
+
+
 def export_deepspeed(job: Job) -> ExportResult:
     lost: list[str] = mtp_note(job, "DeepSpeed (a Transformers model)")
     lay, tr = job.lay, job.training
@@ -195,9 +250,18 @@ def export_deepspeed(job: Job) -> ExportResult:
         config["fp16"] = {"enabled": True}
     if tr.precision != "fp32":
         config["data_types"] = {"grad_accum_dtype": tr.grad_dtype}  # the gradient buffers the plan priced
+    # the optimizer the plan priced (Adam's two float32 states per trained parameter, `cost_models.memory`);
+    # DeepSpeed builds it from this section (AdamW, DeepSpeedCPUAdam when offloaded); lr and schedule: the script's
+    config["optimizer"] = {"type": "AdamW"}
     config["zero_optimization"] = _zero_section(job, lost)
-    if lay.tp > 1:
+    if lay.tp > 1 and lay.pp == 1:
         config["tensor_parallel"] = {"autotp_size": lay.tp}
+    elif lay.tp > 1:
+        lost.append(
+            f"tensor parallelism (tp={lay.tp}) with DeepSpeed's pipeline engine: AutoTP does not shard a "
+            "PipelineModule; the topology's num_mp axis needs tensor-parallel layers in the LayerSpecs "
+            "(Megatron-DeepSpeed's)"
+        )
     pipeline = _pipeline_section(job, lost)
     if pipeline is not None:
         config["pipeline"] = pipeline
@@ -207,7 +271,9 @@ def export_deepspeed(job: Job) -> ExportResult:
     config["wall_clock_breakdown"] = False
     config["autopar"] = {
         "summary": summary_lines(job),
+        "release": RELEASE,
         "deepspeed_data_parallel_size": deepspeed_dp(job),
+        "initialize": initialize_lines(job),
         "not_expressible": lost,
     }
     peft = peft_config(job)

@@ -38,6 +38,7 @@ from planner.exporters.common import (
     Job,
     comment_block,
     deepspeed_only_notes,
+    fp8_note,
     framework_note,
     method_note,
     notes_lines,
@@ -113,11 +114,11 @@ def _model_args(m: ModelSpec, seq_len: int, lost: list[str], dispatcher: str = "
                 "flex token dispatcher: priced with DeepEP's deduplicated dispatch; enable DeepEP as your "
                 "Megatron-Core version spells it (--moe-enable-deepep, or --moe-flex-dispatcher-backend deepep)"
             )
-        if m.moe_router_groups:
-            lost.append(
-                f"group-limited routing ({m.moe_router_groups} groups, a token reaches {m.moe_router_group_topk}): "
-                "set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them"
-            )
+        if m.moe_router_groups:  # group-limited routing (DeepSeek-V3: 8 groups, a token reaches 4)
+            args += [
+                ("--moe-router-num-groups", str(m.moe_router_groups)),
+                ("--moe-router-group-topk", str(m.moe_router_group_topk)),
+            ]
     if mtp:
         args.append(("--mtp-num-layers", str(mtp)))
     for flag, what in (
@@ -301,6 +302,12 @@ def _parallel_args(job: Job, lost: list[str]) -> list[Arg]:
         args.append(("--overlap-grad-reduce",))
         if lay.zero_stage >= 1:
             args.append(("--overlap-param-gather",))
+    if lay.offload_params:
+        lost.append(
+            "parameter offload (ZeRO-3 weight shards in host memory): Megatron-Core offloads the optimizer "
+            "(--optimizer-cpu-offload) and activations, not parameters; the weight shards stay on the GPU "
+            "(more GPU memory than planned)"
+        )
     if lay.offload_optimizer:
         # validate_args: the CPU-offloaded (hybrid device) optimizer runs on the precision-aware path
         args += [
@@ -402,6 +409,13 @@ def _kernel_args(job: Job, lost: list[str]) -> list[Arg]:
     return args
 
 
+def fp8_recipe(job: Job) -> str:
+    """Megatron-Core's --fp8-recipe for the plan: its default, delayed (tensor-wise) scaling, unless the plan
+    recomputes layernorm or moe_act, which Megatron-Core refuses under delayed scaling
+    (TransformerConfig.__post_init__): then blockwise, DeepSeek-V3's fine-grained scaling."""
+    return "blockwise" if {"layernorm", "moe_act"} & set(_recompute_modules(job)) else "delayed"
+
+
 def _precision_args(job: Job) -> list[Arg]:
     tr = job.training
     args: list[Arg] = []
@@ -410,11 +424,7 @@ def _precision_args(job: Job) -> list[Arg]:
     elif tr.precision == "fp16":
         args.append(("--fp16",))
     if tr.precision == "fp8":
-        args += [("--fp8-format", "hybrid")]
-        if {"layernorm", "moe_act"} & set(_recompute_modules(job)):
-            # Megatron-Core refuses moe_act / layernorm recompute under its default delayed scaling
-            # (TransformerConfig.__post_init__); blockwise is DeepSeek-V3's fine-grained scaling
-            args += [("--fp8-recipe", "blockwise")]
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", fp8_recipe(job))]
     if tr.precision != "fp32" and tr.grad_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))  # bf16 gradient buffers, as the plan priced them
     return args
@@ -457,6 +467,8 @@ def export_megatron(job: Job) -> ExportResult:
     ]
     lost += framework_note(job, "megatron", "Megatron-LM")
     lost += deepspeed_only_notes(job, "Megatron-LM")
+    recipe = fp8_recipe(job)
+    lost += fp8_note(job, "Megatron-LM", f"Megatron-Core's {recipe} scaling (--fp8-recipe {recipe})")
     lines = [
         "#!/usr/bin/env bash",
         comment_block(["Megatron-LM arguments written by autopar", *summary_lines(job)]),
@@ -467,6 +479,8 @@ def export_megatron(job: Job) -> ExportResult:
                 "  source megatron_args.sh",
                 f"  torchrun --nnodes {job.nodes} --nproc-per-node {job.gpus_per_node} --rdzv-backend c10d "
                 '--rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...',
+                "Written for Megatron-LM core_v0.16.1 (megatron-core 0.16.1), whose parse_args and validate_args "
+                "accept it at this world size.",
             ]
         ),
         comment_block(notes_lines("Megatron-LM", lost)),

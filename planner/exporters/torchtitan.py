@@ -1,4 +1,8 @@
-"""torchtitan job config (TOML), for torchtitan 0.2.x's `--job.config_file` (`JobConfig`).
+"""torchtitan job config (TOML), for torchtitan 0.2.x's `--job.config_file` (`JobConfig`; checked with
+0.2.2). torchtitan 0.3 reads no TOML: it builds its config from a Python function (`--module M --config
+F`, `torchtitan.config.manager.ConfigManager`) with `--section.key value` overrides on the command line;
+the file's header gives that command for 0.3.0 (the model's own config function, and the overrides of
+the keys 0.3.0 still has), and lists the keys 0.3.0 no longer reads.
 
 Data parallelism maps onto FSDP2 / HSDP / DDP: `data_parallel_shard_degree` = dp_shard and
 `data_parallel_replicate_degree` = dp / dp_shard for ZeRO-2/3 (ZeRO-2 keeps parameters gathered
@@ -18,6 +22,7 @@ string. What torchtitan cannot express is listed in the file's comments.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import tomli_w
@@ -29,6 +34,7 @@ from planner.exporters.common import (
     Job,
     comment_block,
     deepspeed_only_notes,
+    fp8_note,
     framework_note,
     method_note,
     mtp_note,
@@ -62,11 +68,22 @@ FLAVORS: dict[str, dict[tuple[int, int], str]] = {
 CP_ROTATE = {"ring": "alltoall", "allgather_mask": "allgather"}
 
 
+FLAVOR_TRAITS: dict[str, dict[str, int]] = {
+    # what every flavor of a module shares beyond its (hidden, layers) key: torchtitan 0.2.2's llama3 models
+    # are Llama 3 (GQA with 8 KV heads, the 128,256-token vocabulary: TransformerModelArgs, models/llama3/__init__.py),
+    # which LLaMA-65B's 8192 x 80 shape is not
+    "llama3": {"kv_heads": 8, "vocab_size": 128256},
+}
+
+
 def flavor_of(model: ModelSpec) -> tuple[str | None, str | None]:
     """(torchtitan model module, flavor) for `model`, None where torchtitan has none."""
     name = MODEL_NAMES.get(model.family)
     if name is None:
         return None, None
+    traits = FLAVOR_TRAITS.get(name, {})
+    if any(getattr(model, field) != value for field, value in traits.items()):
+        return name, None
     return name, FLAVORS.get(name, {}).get((model.hidden_size, model.num_layers))
 
 
@@ -151,24 +168,22 @@ def _activation_checkpoint(job: Job, lost: list[str]) -> dict[str, Any]:
     return {"mode": "full"}
 
 
-def export_torchtitan(job: Job) -> ExportResult:
+@dataclass
+class TitanJob:
+    """What both torchtitan exports (0.2's TOML, 0.3's config module) write, and what neither can say."""
+
+    name: str | None  # torchtitan model module (llama3, deepseek_v3, ...), None where it has none
+    flavor: str | None  # key of that module's config table, None where it has none
+    training: dict[str, Any]
+    compiled: bool
+    lost: list[str]
+
+
+def titan_job(job: Job) -> TitanJob:
+    """The values and notes common to every torchtitan release the exports target."""
     lost: list[str] = method_note(job, "torchtitan", "Use the accelerate or deepspeed export (PEFT), or torchtune's LoRA recipes.")
-    lost += mtp_note(job, "torchtitan")
     lay, tr, model = job.lay, job.training, job.model
     name, flavor = flavor_of(model)
-    if name is None:
-        lost.append(
-            f"model family {model.family}: no torchtitan model of that family; [model] names the family "
-            "and the preset, register them with torchtitan before use"
-        )
-    elif flavor is None:
-        lost.append(
-            f"{model.name}: no {name} flavor with hidden size {model.hidden_size} and {model.num_layers} layers; "
-            f"[model] flavor names the preset, add it to torchtitan's {name} config table before use"
-        )
-    model_table: dict[str, Any] = {"name": name or model.family, "flavor": flavor or model.name}
-    if tr.precision == "fp8":
-        model_table["converters"] = ["quantize.linear.float8"]
     # With pipelining torchtitan splits the local batch into micro-batches; without, it
     # accumulates gradients until the global batch is reached.
     local = lay.micro_batch * lay.grad_accum_ if lay.pp > 1 else lay.micro_batch
@@ -202,23 +217,86 @@ def export_torchtitan(job: Job) -> ExportResult:
     compiled = lay.elementwise_kernels == "fused" or async_tp
     if async_tp and lay.elementwise_kernels == "eager":
         lost.append("eager elementwise kernels: async tensor parallelism needs torch.compile, which fuses them")
-    tables = [
-        ("job", {"description": f"autopar: {model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name})"}),
-        ("model", model_table),
-        ("training", training),
-        ("parallelism", _parallelism(job, lost)),
-        ("activation_checkpoint", _activation_checkpoint(job, lost)),
-        ("compile", {"enable": True, "components": ["model", "loss"]} if compiled else {"enable": False}),
-    ]
+    return TitanJob(name, flavor, training, compiled, lost)
+
+
+def _tail_notes(job: Job, lost: list[str]) -> None:
+    """Notes both releases add after their own (framework, FSDP1, DeepSpeed-only features, FP8 recipe)."""
     lost += framework_note(job, "fsdp", "torchtitan")
-    if lay.fsdp_flat_params:
+    if job.lay.fsdp_flat_params:
         lost.append("FSDP1 flat parameters: torchtitan runs FSDP2, whose per-layer copies of the gathered weights "
                     "make the step slower than priced")
     lost += deepspeed_only_notes(job, "torchtitan")
+    lost += fp8_note(job, "torchtitan", "torchao float8 with row-wise scaling (recipe_name rowwise)")
+
+
+def moe_fp8_blocked(job: Job) -> str | None:
+    """Why torchtitan 0.2's float8 grouped-GEMM converter cannot take the routed experts of an FP8 MoE
+    plan (its Float8GroupedMMConverter asserts pipeline and context parallel degree 1), None when it can."""
+    lay = job.lay
+    if job.training.precision != "fp8" or not job.model.is_moe:
+        return None
+    if lay.pp > 1 or lay.cp > 1:
+        which = "pipeline" if lay.pp > 1 else "context"
+        return (
+            f"FP8 routed experts: torchtitan 0.2's float8 grouped-GEMM converter (quantize.grouped_mm.float8) refuses "
+            f"{which} parallelism (Float8GroupedMMConverter asserts its degree is 1), so the experts run bf16 GEMMs and "
+            "only nn.Linear layers are FP8; the plan priced the experts in FP8, so this run is slower (torchtitan 0.3's "
+            "Float8GroupedExpertsConverter has no such limit: the torchtitan-0.3 export)"
+        )
+    return None
+
+
+RELEASE = "0.2.2"
+"""The torchtitan release the TOML is checked against (tests/planner/consumers/check_torchtitan.py)."""
+
+
+def export_torchtitan(job: Job) -> ExportResult:
+    tt = titan_job(job)
+    lost = tt.lost
+    lost += mtp_note(job, "torchtitan")
+    tr, model = job.training, job.model
+    name, flavor = tt.name, tt.flavor
+    if name is None:
+        lost.append(
+            f"model family {model.family}: no torchtitan model of that family; [model] names the family "
+            "and the preset, register them with torchtitan before use"
+        )
+    elif flavor is None:
+        lost.append(
+            f"{model.name}: no {name} flavor with hidden size {model.hidden_size} and {model.num_layers} layers; "
+            f"[model] flavor names the preset, add it to torchtitan's {name} config table before use"
+        )
+    model_table: dict[str, Any] = {"name": name or model.family, "flavor": flavor or model.name}
+    moe_blocked = moe_fp8_blocked(job)
+    if tr.precision == "fp8":
+        model_table["converters"] = ["quantize.linear.float8"]
+        if model.is_moe and moe_blocked is None:
+            model_table["converters"].append("quantize.grouped_mm.float8")
+    if moe_blocked:
+        lost.append(moe_blocked)
+    tables = [
+        ("job", {"description": f"autopar: {model.name} on {job.gpus} x {job.cluster.gpu.name} ({job.cluster.name})"}),
+        ("model", model_table),
+        ("training", tt.training),
+        ("parallelism", _parallelism(job, lost)),
+        ("activation_checkpoint", _activation_checkpoint(job, lost)),
+        ("compile", {"enable": True, "components": ["model", "loss"]} if tt.compiled else {"enable": False}),
+    ]
+    _tail_notes(job, lost)
     doc: dict[str, Any] = dict(tables)
     if tr.precision == "fp8":
         doc["quantize"] = {"linear": {"float8": {"recipe_name": "rowwise"}}}
-    text = comment_block(["torchtitan job config written by autopar", *summary_lines(job)]) + "\n"
+        if model.is_moe and moe_blocked is None:
+            doc["quantize"]["grouped_mm"] = {"float8": {"fqns": ["experts"]}}
+    launch = [
+        f"For torchtitan 0.2.x (checked with {RELEASE}'s ConfigManager); on every node:",
+        f"  torchrun --nnodes {job.nodes} --nproc-per-node {job.gpus_per_node} --rdzv-backend c10d "
+        '--rdzv-endpoint "$MASTER_ADDR:29500" -m torchtitan.train --job.config_file torchtitan.toml',
+        "torchtitan 0.3 reads no TOML (its config is a Python function: --module M --config F): export "
+        "torchtitan-0.3 instead (autopar plan ... --export torchtitan-0.3).",
+    ]
+    text = comment_block(["torchtitan job config written by autopar", *summary_lines(job), *launch]) + "\n"
     text += comment_block(notes_lines("torchtitan", lost)) + "\n\n"
     text += tomli_w.dumps(doc, multiline_strings=False)
     return ExportResult(text, "torchtitan.toml", lost, "application/toml")

@@ -64,6 +64,12 @@ class Site:
         self.impossible = self.plan({
             "model": "llama3-405b", "cluster": "rtx4090-pcie-8", "gpus": 8, "training": {"seq_len": 4096, "global_batch": 64},
         })
+        # a QLoRA plan for one H100, whose run reports from a CPU machine: the live-storage tracker's memory
+        # is not the H100's, and the UI does not call the difference an error
+        self.qlora = self.plan({
+            "model": "tiny", "cluster": "dgx-h100", "gpus": 1,
+            "training": {"seq_len": 128, "global_batch": 4, "method": "qlora", "lora_rank": 8},
+        })
         r = self.agent.post("/v1/agents", json={"name": "ui-agent", "cluster": self.cluster, "hostname": "node-0"})
         assert r.status_code == 201, r.text
         self.agent_id = r.json()["id"]
@@ -77,6 +83,15 @@ class Site:
             "agent_id": self.agent_id, "attempt": 1, "status": "succeeded", "log_tail": "step 4/4 loss 5.9\n", "exit_code": 0,
         })
         assert r.status_code == 200, r.text
+        self.cpu_run = self.queue(4, self.qlora)
+        self.lease()
+        r = self.agent.put(f"/v1/runs/{self.cpu_run}/profile", json={**PROFILE, "memory_source": "live-storage tracker (CPU)"},
+                           params={"agent_id": self.agent_id, "attempt": 1})
+        assert r.status_code == 201, r.text
+        r = self.agent.post(f"/v1/runs/{self.cpu_run}/finish", json={
+            "agent_id": self.agent_id, "attempt": 1, "status": "succeeded", "log_tail": "step 4/4\n", "exit_code": 0,
+        })
+        assert r.status_code == 200, r.text
         self.live_run = self.queue(10)
         self.lease()
         self.heartbeat(self.live_run, 2, 10)
@@ -86,8 +101,8 @@ class Site:
         assert r.status_code == 201, r.text
         return int(r.json()["id"])
 
-    def queue(self, steps: int) -> int:
-        r = self.user.post(f"/v1/plans/{self.tiny}/runs", json={"cluster": self.cluster, "steps": steps})
+    def queue(self, steps: int, plan: int | None = None) -> int:
+        r = self.user.post(f"/v1/plans/{plan or self.tiny}/runs", json={"cluster": self.cluster, "steps": steps})
         assert r.status_code == 201, r.text
         return int(r.json()["id"])
 
@@ -191,19 +206,30 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     url = site.url
     text = _open(browser, f"{url}/", "01-plan-list")
     rows = browser.find_elements("css selector", "#plans tbody tr")
-    assert len(rows) == 3 and "llama3-70b" in text and "no layout fits" in text
+    assert len(rows) == 4 and "llama3-70b" in text and "no layout fits" in text
+    # the CLI's units: tokens/s per GPU (the whole job's only in the sort menu, so named); the method of each plan
+    headers = [th.text for th in browser.find_elements("css selector", "#plans thead th")]
+    assert "tokens/s/GPU" in headers and "method" in headers and "tokens/s" not in headers
+    summaries = {p["id"]: p for p in site.user.get("/v1/plans", params={"limit": 10}).json()["items"]}
+    for row in rows:
+        plan = summaries[int(row.find_element("css selector", "a").text.lstrip("#"))]
+        cells = [td.text for td in row.find_elements("css selector", "td")]
+        per_gpu = f"{plan['tokens_per_s'] / plan['gpus']:,.0f}" if plan["tokens_per_s"] else "–"
+        assert cells[headers.index("tokens/s/GPU")] == per_gpu, (cells, plan)
+        assert cells[headers.index("method")] == ("QLoRA" if plan["id"] == site.qlora else "full"), cells
 
     order = lambda: [r.find_element("css selector", "a").text for r in browser.find_elements("css selector", "#plans tbody tr")]  # noqa: E731
-    browser.find_element("css selector", "a[data-sort=tokens_per_s]").click()  # sort by predicted tokens/s, descending
-    _wait(browser, lambda: "sort=-tokens_per_s" in browser.current_url, "the sorted list")
-    _open(browser, browser.current_url, "01b-plan-list-by-throughput")
-    assert order() == [f"#{site.big}", f"#{site.tiny}", f"#{site.impossible}"]  # no throughput: last
-    browser.find_element("css selector", "a[data-sort=tokens_per_s]").click()  # again: ascending
-    _wait(browser, lambda: "sort=tokens_per_s" in browser.current_url, "the re-sorted list")
-    _open(browser, browser.current_url, "01c-plan-list-by-throughput-ascending")
-    assert order() == [f"#{site.tiny}", f"#{site.big}", f"#{site.impossible}"]
+    by_mfu = [f"#{p['id']}" for p in site.user.get("/v1/plans", params={"sort": "-mfu"}).json()["items"]]
+    browser.find_element("css selector", "a[data-sort=mfu]").click()  # sort by predicted MFU, descending
+    _wait(browser, lambda: "sort=-mfu" in browser.current_url, "the sorted list")
+    _open(browser, browser.current_url, "01b-plan-list-by-mfu")
+    assert order() == by_mfu and by_mfu[-1] == f"#{site.impossible}"  # no MFU: last
+    browser.find_element("css selector", "a[data-sort=mfu]").click()  # again: ascending
+    _wait(browser, lambda: "sort=mfu" in browser.current_url, "the re-sorted list")
+    _open(browser, browser.current_url, "01c-plan-list-by-mfu-ascending")
+    assert order() == [*by_mfu[:-1][::-1], f"#{site.impossible}"]
 
-    _open(browser, f"{url}/ui/plans?model=tiny&sort=-tokens_per_s", "02-plan-list-filtered")
+    _open(browser, f"{url}/ui/plans?model=tiny&cluster=local-cpu&sort=-tokens_per_s", "02-plan-list-filtered")
     rows = browser.find_elements("css selector", "#plans tbody tr")
     assert len(rows) == 1 and "tiny" in rows[0].text
 
@@ -216,13 +242,29 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     links = [a.get_attribute("href") for a in browser.find_elements("css selector", "a.export")]
     assert links == [f"{url}/v1/plans/{site.big}/export/{f}" for f in formats()]
     assert "Rejected layouts" in text and "usable" in text
+    # the rejections are folded away (the page was 8,833 px tall with their table open); one click opens them
+    rejections = browser.find_element("id", "rejections")
+    assert rejections.get_attribute("open") is None
+    assert not rejections.find_element("css selector", "table").is_displayed()
+    height = browser.execute_script("return document.body.scrollHeight")
+    rejections.find_element("css selector", "summary").click()
+    assert rejections.find_element("css selector", "table").is_displayed()
+    assert browser.execute_script("return document.body.scrollHeight") > height
+    assert "tokens/s/GPU" in text and "method full" in text and "MFU in brackets" in text
 
     text = _open(browser, f"{url}/ui/plans/{site.impossible}", "04-plan-page-no-fit")
     assert "No layout fits" in text and "Closest miss" in text and "GiB usable per GPU" in text
     assert _chart_drawn(browser, "chart-miss")["points"][0] == 1
 
+    text = _open(browser, f"{url}/ui/plans/{site.qlora}", "05a-plan-page-qlora-cpu-run")
+    assert "method QLoRA r8 nf4_double" in text and "tiny on 1 GPU of dgx-h100" in text
+    # measured by the CPU tracker, predicted for an H100: not an error of the model
+    assert "not compared: CPU run, H100-80GB plan" in text and "%" not in browser.find_element(
+        "css selector", ".memory-not-compared").text
+
     text = _open(browser, f"{url}/ui/plans/{site.tiny}", "05-plan-page-measured")
     assert f"#{site.done_run}" in text and "Predicted vs measured" in text
+
 
     # the compare view, reached the way a user does: "compare with..." on a plan, tick another, press the button
     browser.find_element("link text", "compare with…").click()
@@ -237,7 +279,7 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     _wait(browser, lambda: "/ui/compare" in browser.current_url, "the compare page")
     text = _open(browser, browser.current_url, "07-compare")
     headers = browser.find_elements("css selector", "#compare-table thead th")
-    assert len(headers) == 3 and "tokens/s per GPU" in text
+    assert len(headers) == 3 and "tokens/s/GPU" in text and "tokens/s (whole job)" in text and "method" in text
     for canvas in ("chart-compare-time", "chart-compare-memory"):
         assert _chart_drawn(browser, canvas)["points"][0] == 2  # one bar per plan
     assert len(_chart_drawn(browser, "chart-compare-pareto")["points"]) == 2  # one front per plan
@@ -255,7 +297,7 @@ def test_pages_render_draw_charts_and_log_no_errors(site: Site, browser: Any) ->
     # the site's profile ran on the preset: stored, but presets keep the global calibration
     note = browser.find_element("id", "calibration-note").text
     assert "is a cluster preset" in note and "POST /v1/clusters" in note
-    assert re.search(r"profiles stored\s+1\b", text) and re.search(r"profiles\s+0\b", text), text
+    assert re.search(r"profiles stored\s+2\b", text) and re.search(r"profiles\s+0\b", text), text  # both runs on local-cpu
 
 
 def test_run_pages_show_live_progress_and_predicted_vs_measured(site: Site, browser: Any) -> None:
@@ -265,13 +307,13 @@ def test_run_pages_show_live_progress_and_predicted_vs_measured(site: Site, brow
     browser.execute_script("localStorage.setItem('autopar.token', arguments[0])", site.user_token)
 
     text = _open(browser, f"{url}/ui/runs", "11-runs")
-    assert len(browser.find_elements("css selector", "#app tbody tr")) == 2 and "refreshed every 2 s" in text
+    assert len(browser.find_elements("css selector", "#app tbody tr")) == 3 and "refreshed every 2 s" in text
     browser.find_element("css selector", "#run-filters select[name=status]").send_keys("succeeded")
     browser.find_element("css selector", "#run-filters button").click()
     _wait(browser, lambda: "status=succeeded" in browser.current_url, "the filtered runs")
     _open(browser, browser.current_url, "11b-runs-succeeded")
     rows = browser.find_elements("css selector", "#app tbody tr")
-    assert len(rows) == 1 and f"#{site.done_run}" in rows[0].text
+    assert len(rows) == 2 and {f"#{site.done_run}", f"#{site.cpu_run}"} == {r.text.split()[0] for r in rows}
 
     text = _open(browser, f"{url}/ui/plans/{site.tiny}", "11c-plan-page-with-runs")
     assert "Runs of this plan" in text and f"#{site.live_run}" in text and "2/10 steps" in text
@@ -281,6 +323,10 @@ def test_run_pages_show_live_progress_and_predicted_vs_measured(site: Site, brow
     assert "0.210" in text  # measured step time, rounded
     steps = _chart_drawn(browser, "chart-run-steps")
     assert steps["points"] == [4, 4]
+    _chart_drawn(browser, "chart-run-memory")
+
+    text = _open(browser, f"{url}/ui/runs/{site.cpu_run}", "12b-run-cpu-of-a-gpu-plan")
+    assert "not compared: CPU run, H100-80GB plan" in text
     _chart_drawn(browser, "chart-run-memory")
 
     text = _open(browser, f"{url}/ui/runs/{site.live_run}", "13-run-live-before")

@@ -172,14 +172,15 @@ def test_plan_with_eager_kernels_says_so_and_exports_without_compile() -> None:
     assert r.exit_code == 0, r.output
     assert "[compile]" in r.stdout and "enable = false" in r.stdout.split("[compile]")[1].split("[")[0]
     r = runner.invoke(app, [*args[:-1], "compiled"])
-    assert r.exit_code == 2 and "elementwise_kernels" in r.output
+    assert r.exit_code == 2 and "--elementwise-kernels: Input should be" in r.output
 
 
 def test_plan_without_combined_1f1b_for_an_older_megatron_core() -> None:
-    """--no-moe-a2a-overlap: DeepSeek-V3's plan on 512 H100 uses combined 1F1B by default; without it
-    (a Megatron-Core from before August 2025) no candidate does, and the best is slower."""
-    args = ["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "512", "--seq-len", "4096",
-            "--global-batch", "4096", "--top", "3", "--json"]
+    """--no-moe-a2a-overlap: gpt-oss-120b's plan on 64 H100 uses combined 1F1B by default; without it
+    (a Megatron-Core from before August 2025) no candidate does, and the best is slower. (DeepSeek-V3's
+    MTP module keeps combined 1F1B to pipelined layouts, tests/planner/test_combined_1f1b_mtp.py.)"""
+    args = ["plan", "--model", "gpt-oss-120b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "4096",
+            "--global-batch", "512", "--top", "3", "--json"]
     default = json.loads(runner.invoke(app, args).stdout)
     older = json.loads(runner.invoke(app, [*args, "--no-moe-a2a-overlap"]).stdout)
     assert default["best"]["layout"]["moe_a2a_overlap"]

@@ -87,3 +87,14 @@ def test_cluster_file_errors_say_what_is_wrong(tmp_path: Path) -> None:
     minimal = tmp_path / "rack.yaml"
     minimal.write_text("gpu: H100-80GB\ngpus_per_node: 8\nintra_node: {kind: nvswitch, bus_bandwidth: 368 GB/s}\n")
     assert read_cluster_file(minimal)["name"] == "rack"  # the file's stem names it
+
+
+def test_summary_does_not_compare_a_cpu_run_with_a_gpu_prediction() -> None:
+    """A plan for H100 run on a CPU machine: the live-storage tracker measures host tensors, not the H100's
+    memory, so no percentage; on a CPU plan (local-cpu) the same tracker is compared."""
+    cpu = {**PROFILE, "memory_source": "live-storage tracker (CPU)"}
+    h100 = {**PLAN, "inputs": {"cluster": {"gpu": {"name": "H100-80GB", "vendor": "nvidia"}}}}
+    versus = run_summary(cpu, h100)[1]
+    assert versus.endswith("peak memory not compared: measured by the CPU live-storage tracker, the plan predicts H100-80GB memory")
+    local = {**PLAN, "inputs": {"cluster": {"gpu": {"name": "cpu", "vendor": "cpu"}}}}
+    assert run_summary(cpu, local)[1].endswith("vs 3.30 GiB (+10.0%)")

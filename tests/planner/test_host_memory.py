@@ -61,7 +61,8 @@ def test_evaluation_prints_the_host_memory_verdict() -> None:
     assert result["host_memory"]["fits"] is False and not result["fits"]
     out = io.StringIO()
     print_evaluation(result, Console(file=out, width=200))
-    assert "host memory: 1,051.33 GiB per node of offloaded state (8 ranks) of 64.00 GiB: does not fit, 1,060,139,827,200 bytes" in out.getvalue()
+    assert ("Host memory: 1051.3 GiB per node of 64.0 GiB (offloaded state of the node's 8 ranks; the loading peak, "
+            "25.5 GiB, is lower): does not fit, 1,060,139,827,200 bytes") in out.getvalue()
 
 
 def test_search_and_estimate_agree_on_the_loading_peak() -> None:

@@ -79,6 +79,9 @@ def check(arguments: object, entry: dict) -> dict:
         "rope_scaling_factor": args.rope_scaling_factor,
         "config": type(config).__name__,
         "microbatch_group": config.microbatch_group_size_per_vp_stage,
+        "router_groups": config.moe_router_num_groups,
+        "router_group_topk": config.moe_router_group_topk,
+        "fp8_recipe": getattr(args, "fp8_recipe", None) if args.fp8 else None,
     }
 
 

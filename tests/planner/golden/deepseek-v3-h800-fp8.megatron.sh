@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM arguments written by autopar
-# deepseek-v3 on 2048 x H800-80GB (dgx-h800): 256 node(s) x 8 GPUs
+# deepseek-v3 on 2048 x H800-80GB (dgx-h800): 256 nodes x 8 GPUs
 # layout: dp=128 tp=1 pp=16 ep=64 etp=1
 # knobs: ZeRO-1, micro-batch 1 x 120 accumulation, recompute full, 1f1b schedule
 # training: seq_len 4096, global batch 15360 sequences, fp8
@@ -9,8 +9,9 @@
 # Add data, tokenizer (vocabulary size 129280), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
 #   torchrun --nnodes 256 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Written for Megatron-LM core_v0.16.1 (megatron-core 0.16.1), whose parse_args and validate_args accept it at this world size.
 # Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
-# - group-limited routing (8 groups, a token reaches 4): set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them
+# - FP8 scaling recipe: this file runs Megatron-Core's delayed scaling (--fp8-recipe delayed); the plan priced FP8 GEMMs at one rate fitted on published FP8 runs (cost_models/data/calibration.json), not per recipe
 MEGATRON_ARGS=(
     # model
     --num-layers 61
@@ -42,6 +43,8 @@ MEGATRON_ARGS=(
     --moe-layer-freq '([0]*3+[1]*58)'
     --moe-grouped-gemm
     --moe-token-dispatcher-type alltoall
+    --moe-router-num-groups 8
+    --moe-router-group-topk 4
     --mtp-num-layers 1
     # parallelism
     --tensor-model-parallel-size 1
@@ -63,5 +66,6 @@ MEGATRON_ARGS=(
     # precision
     --bf16
     --fp8-format hybrid
+    --fp8-recipe delayed
     --grad-reduce-in-bf16
 )

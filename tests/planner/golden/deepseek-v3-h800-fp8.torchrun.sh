@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# deepseek-v3 on 2048 x H800-80GB (dgx-h800): 256 node(s) x 8 GPUs
+# deepseek-v3 on 2048 x H800-80GB (dgx-h800): 256 nodes x 8 GPUs
 # layout: dp=128 tp=1 pp=16 ep=64 etp=1
 # knobs: ZeRO-1, micro-batch 1 x 120 accumulation, recompute full, 1f1b schedule
 # training: seq_len 4096, global batch 15360 sequences, fp8

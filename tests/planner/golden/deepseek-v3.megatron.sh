@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM arguments written by autopar
-# deepseek-v3 on 1024 x H100-80GB (dgx-h100): 128 node(s) x 8 GPUs
+# deepseek-v3 on 1024 x H100-80GB (dgx-h100): 128 nodes x 8 GPUs
 # layout: dp=8 tp=8 pp=16 ep=8 etp=8
 # knobs: ZeRO-1, micro-batch 1 x 128 accumulation, sequence parallel, recompute full, 1f1b schedule
 # training: seq_len 4096, global batch 1024 sequences, bf16
@@ -9,8 +9,8 @@
 # Add data, tokenizer (vocabulary size 129280), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
 #   torchrun --nnodes 128 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
-# Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
-# - group-limited routing (8 groups, a token reaches 4): set --moe-router-num-groups / --moe-router-group-topk as your Megatron-Core version spells them
+# Written for Megatron-LM core_v0.16.1 (megatron-core 0.16.1), whose parse_args and validate_args accept it at this world size.
+# Everything the plan priced is expressed in this Megatron-LM file.
 # tensor/context parallelism: one CUDA hardware queue, so communication kernels are
 # scheduled before the GEMMs they overlap with (validate_args, Hopper and earlier)
 export CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -45,6 +45,8 @@ MEGATRON_ARGS=(
     --moe-layer-freq '([0]*3+[1]*58)'
     --moe-grouped-gemm
     --moe-token-dispatcher-type alltoall
+    --moe-router-num-groups 8
+    --moe-router-group-topk 4
     --mtp-num-layers 1
     # parallelism
     --tensor-model-parallel-size 8

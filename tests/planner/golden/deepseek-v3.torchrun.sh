@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# deepseek-v3 on 1024 x H100-80GB (dgx-h100): 128 node(s) x 8 GPUs
+# deepseek-v3 on 1024 x H100-80GB (dgx-h100): 128 nodes x 8 GPUs
 # layout: dp=8 tp=8 pp=16 ep=8 etp=8
 # knobs: ZeRO-1, micro-batch 1 x 128 accumulation, sequence parallel, recompute full, 1f1b schedule
 # training: seq_len 4096, global batch 1024 sequences, bf16

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama-65b on 1 x L40S (l40s-pcie-8): 1 node(s) x 1 GPUs
+# llama-65b on 1 x L40S (l40s-pcie-8): 1 node x 1 GPU
 # layout: dp=1 tp=1 pp=1
 # knobs: ZeRO-2, micro-batch 2 x 8 accumulation, recompute full, optimizer offloaded to CPU
 # training: seq_len 512, global batch 16 sequences, bf16

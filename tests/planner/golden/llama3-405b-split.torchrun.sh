@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-405b on 512 x H100-80GB (dgx-h100): 64 node(s) x 8 GPUs
+# llama3-405b on 512 x H100-80GB (dgx-h100): 64 nodes x 8 GPUs
 # layout: dp=8 tp=8 pp=8 vpp=8
 # knobs: ZeRO-1, micro-batch 1 x 64 accumulation, sequence parallel, interleaved_1f1b schedule
 # training: seq_len 8192, global batch 512 sequences, bf16

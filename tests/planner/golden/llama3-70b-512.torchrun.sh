@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-70b on 512 x H100-80GB (dgx-h100): 64 node(s) x 8 GPUs
+# llama3-70b on 512 x H100-80GB (dgx-h100): 64 nodes x 8 GPUs
 # layout: dp=16 tp=4 pp=4 vpp=5 cp=2
 # knobs: ZeRO-1, micro-batch 1 x 32 accumulation, sequence parallel, interleaved_1f1b schedule
 # training: seq_len 8192, global batch 512 sequences, bf16

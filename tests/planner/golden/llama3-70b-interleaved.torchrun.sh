@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-70b on 128 x H100-80GB (dgx-h100): 16 node(s) x 8 GPUs
+# llama3-70b on 128 x H100-80GB (dgx-h100): 16 nodes x 8 GPUs
 # layout: dp=4 tp=8 pp=4 vpp=5
 # knobs: ZeRO-1, micro-batch 1 x 128 accumulation, sequence parallel, recompute full, interleaved_1f1b schedule
 # training: seq_len 8192, global batch 512 sequences, bf16

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-70b on 16 x A100-80GB (dgx-a100-80g): 2 node(s) x 8 GPUs
+# llama3-70b on 16 x A100-80GB (dgx-a100-80g): 2 nodes x 8 GPUs
 # layout: dp=16 tp=1 pp=1
 # knobs: ZeRO-3, micro-batch 1 x 2 accumulation, recompute full, optimizer offloaded to CPU
 # training: seq_len 4096, global batch 32 sequences, bf16

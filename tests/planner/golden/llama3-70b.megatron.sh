@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM arguments written by autopar
-# llama3-70b on 64 x H100-80GB (dgx-h100): 8 node(s) x 8 GPUs
+# llama3-70b on 64 x H100-80GB (dgx-h100): 8 nodes x 8 GPUs
 # layout: dp=2 tp=8 pp=4
 # knobs: ZeRO-1, micro-batch 1 x 256 accumulation, sequence parallel, recompute selective, 1f1b schedule
 # training: seq_len 8192, global batch 512 sequences, bf16
@@ -9,6 +9,7 @@
 # Add data, tokenizer (vocabulary size 128256), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
 #   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Written for Megatron-LM core_v0.16.1 (megatron-core 0.16.1), whose parse_args and validate_args accept it at this world size.
 # Everything the plan priced is expressed in this Megatron-LM file.
 # tensor/context parallelism: one CUDA hardware queue, so communication kernels are
 # scheduled before the GEMMs they overlap with (validate_args, Hopper and earlier)

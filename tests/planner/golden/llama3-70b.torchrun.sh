@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-70b on 64 x H100-80GB (dgx-h100): 8 node(s) x 8 GPUs
+# llama3-70b on 64 x H100-80GB (dgx-h100): 8 nodes x 8 GPUs
 # layout: dp=2 tp=8 pp=4
 # knobs: ZeRO-1, micro-batch 1 x 256 accumulation, sequence parallel, recompute selective, 1f1b schedule
 # training: seq_len 8192, global batch 512 sequences, bf16

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM arguments written by autopar
-# llama3-8b on 16 x H100-80GB (dgx-h100): 2 node(s) x 8 GPUs
+# llama3-8b on 16 x H100-80GB (dgx-h100): 2 nodes x 8 GPUs
 # layout: dp=4 tp=2 pp=2
 # knobs: ZeRO-1, micro-batch 2 x 8 accumulation, sequence parallel, recompute full, 1f1b schedule
 # training: seq_len 4096, global batch 64 sequences, bf16
@@ -9,6 +9,7 @@
 # Add data, tokenizer (vocabulary size 128256), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
 #   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Written for Megatron-LM core_v0.16.1 (megatron-core 0.16.1), whose parse_args and validate_args accept it at this world size.
 # Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
 # - eager cross entropy: Megatron computes the loss vocabulary-parallel (fp32), or fused with --cross-entropy-loss-fusion; the file keeps Megatron's default
 # - priced for framework 'deepspeed': the step time assumed that framework's overlap and kernels; re-plan with --framework megatron for Megatron-LM's own

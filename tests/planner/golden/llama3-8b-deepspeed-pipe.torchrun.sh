@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-8b on 16 x H100-80GB (dgx-h100): 2 node(s) x 8 GPUs
+# llama3-8b on 16 x H100-80GB (dgx-h100): 2 nodes x 8 GPUs
 # layout: dp=4 tp=2 pp=2
 # knobs: ZeRO-1, micro-batch 2 x 8 accumulation, sequence parallel, recompute full, 1f1b schedule
 # training: seq_len 4096, global batch 64 sequences, bf16

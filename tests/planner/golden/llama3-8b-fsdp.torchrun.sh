@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-8b on 8 x H100-80GB (dgx-h100): 1 node(s) x 8 GPUs
+# llama3-8b on 8 x H100-80GB (dgx-h100): 1 node x 8 GPUs
 # layout: dp=8 tp=1 pp=1
 # knobs: ZeRO-3, micro-batch 2 x 4 accumulation, recompute full
 # training: seq_len 8192, global batch 64 sequences, bf16

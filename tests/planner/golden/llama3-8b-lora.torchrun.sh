@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-8b on 16 x H100-80GB (dgx-h100): 2 node(s) x 8 GPUs
+# llama3-8b on 16 x H100-80GB (dgx-h100): 2 nodes x 8 GPUs
 # layout: dp=16 tp=1 pp=1
 # knobs: ZeRO-3, micro-batch 1 x 2 accumulation, recompute full
 # training: seq_len 4096, global batch 32 sequences, bf16

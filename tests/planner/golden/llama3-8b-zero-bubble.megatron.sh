@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM arguments written by autopar
-# llama3-8b on 32 x H100-80GB (dgx-h100): 4 node(s) x 8 GPUs
+# llama3-8b on 32 x H100-80GB (dgx-h100): 4 nodes x 8 GPUs
 # layout: dp=8 tp=2 pp=2 vpp=2
 # knobs: ZeRO-2, micro-batch 1 x 8 accumulation, sequence parallel, recompute selective, zero_bubble schedule
 # training: seq_len 8192, global batch 64 sequences, bf16
@@ -9,6 +9,7 @@
 # Add data, tokenizer (vocabulary size 128256), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
 #   torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Written for Megatron-LM core_v0.16.1 (megatron-core 0.16.1), whose parse_args and validate_args accept it at this world size.
 # Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
 # - tensor / context parallelism beside Megatron-FSDP: FSDP needs CUDA_DEVICE_MAX_CONNECTIONS > 1, their overlap needs 1 before Blackwell (validate_args); the step time, priced for fsdp, hid part of it
 # - zero-bubble schedule (ZB1P): Megatron runs (interleaved) 1F1B, whose bubble is three times larger

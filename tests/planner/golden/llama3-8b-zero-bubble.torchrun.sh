@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# llama3-8b on 32 x H100-80GB (dgx-h100): 4 node(s) x 8 GPUs
+# llama3-8b on 32 x H100-80GB (dgx-h100): 4 nodes x 8 GPUs
 # layout: dp=8 tp=2 pp=2 vpp=2
 # knobs: ZeRO-2, micro-batch 1 x 8 accumulation, sequence parallel, recompute selective, zero_bubble schedule
 # training: seq_len 8192, global batch 64 sequences, bf16

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM arguments written by autopar
-# mixtral-8x7b on 64 x H100-80GB (dgx-h100): 8 node(s) x 8 GPUs
+# mixtral-8x7b on 64 x H100-80GB (dgx-h100): 8 nodes x 8 GPUs
 # layout: dp=16 tp=1 pp=4 vpp=2 ep=8 etp=1
 # knobs: ZeRO-1, micro-batch 1 x 8 accumulation, recompute selective, dualpipev schedule
 # training: seq_len 4096, global batch 128 sequences, bf16
@@ -9,6 +9,7 @@
 # Add data, tokenizer (vocabulary size 32000), optimizer and checkpoint arguments, then on every node:
 #   source megatron_args.sh
 #   torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+# Written for Megatron-LM core_v0.16.1 (megatron-core 0.16.1), whose parse_args and validate_args accept it at this world size.
 # Not expressible in Megatron-LM (the plan priced it; this file does what each line says):
 # - dualpipev (V-shape) schedule: Megatron runs interleaved 1F1B with chunks looped over the ranks
 # - eager cross entropy: Megatron computes the loss vocabulary-parallel (fp32), or fused with --cross-entropy-loss-fusion; the file keeps Megatron's default

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# mixtral-8x7b on 64 x H100-80GB (dgx-h100): 8 node(s) x 8 GPUs
+# mixtral-8x7b on 64 x H100-80GB (dgx-h100): 8 nodes x 8 GPUs
 # layout: dp=16 tp=1 pp=4 vpp=2 ep=8 etp=1
 # knobs: ZeRO-1, micro-batch 1 x 8 accumulation, recompute selective, dualpipev schedule
 # training: seq_len 4096, global batch 128 sequences, bf16

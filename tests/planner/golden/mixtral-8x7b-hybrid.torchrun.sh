@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # autopar launch script (torchrun)
-# mixtral-8x7b on 64 x H100-80GB (dgx-h100): 8 node(s) x 8 GPUs
+# mixtral-8x7b on 64 x H100-80GB (dgx-h100): 8 nodes x 8 GPUs
 # layout: dp=8 (shard 4 x replicate 2) tp=2 pp=2 cp=2 ep=4 etp=2
 # knobs: ZeRO-3, micro-batch 1 x 64 accumulation, sequence parallel, recompute full (2 layers per stage), gpipe schedule, optimizer offloaded to CPU
 # training: seq_len 8192, global batch 512 sequences, fp8
