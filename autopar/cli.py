@@ -536,10 +536,10 @@ def plan(
     if problems:
         _refuse("; ".join(f"{_flag(p.loc)}: {p.message}" for p in problems))
     if export is not None:
-        from planner.exporters import formats
+        from planner.exporters import EXPORTERS
 
-        if export.strip().lower() not in formats():
-            _refuse(f"--export: unknown format {export!r}; choose one of: {', '.join(formats())}")
+        if export.strip().lower() not in EXPORTERS:
+            _refuse(f"--export: unknown format {export!r}; choose one of: {', '.join(EXPORTERS)}")
     from autopar.render import SearchProgress, print_plan
 
     with SearchProgress(enabled=not as_json and sys.stderr.isatty()) as progress:
