@@ -20,9 +20,6 @@ from model_specs.hf import from_hf_config
 from model_specs.presets import PRESETS, list_models
 from model_specs.spec import ModelSpec
 
-MAX_LAYERS = 1024
-"""Largest model depth the service plans (the deepest preset has 126 layers)."""
-
 
 def _invalid(loc: Sequence[str | int], msg: str, type: str = "value_error") -> ApiError:
     return ApiError(422, msg, loc, type)
@@ -68,8 +65,6 @@ def model_from_fields(spec: dict[str, Any], loc: Sequence[str | int], name: str 
         raise ApiError.from_validation(exc, [*loc, "hf_config"] if "hf_config" in spec else loc) from exc
     except Exception as exc:  # from_hf_config reads arbitrary user JSON: every failure is the input's
         raise _invalid([*loc, "hf_config"], f"cannot read this config.json: {type(exc).__name__}: {exc}") from exc
-    if model.num_layers > MAX_LAYERS:
-        raise _invalid([*loc, "num_layers"], f"{model.num_layers} layers: this service plans at most {MAX_LAYERS}")
     return model
 
 
