@@ -9,7 +9,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster_specs.spec import ClusterSpec, GPUSpec
+from cluster_specs.spec import MAX_GPUS_PER_NODE, ClusterSpec, GPUSpec
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Plan, SearchConstraints
 
@@ -139,7 +139,10 @@ RunStatus = Literal["queued", "leased", "running", "succeeded", "failed", "cance
 class Launch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    nproc_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node (default: the plan's GPUs)")
+    nproc_per_node: int | None = Field(
+        None, ge=1, le=MAX_GPUS_PER_NODE,
+        description="processes torchrun starts on the agent's node: the plan's GPUs (the default; another count is refused)",
+    )
     backend: Literal["auto", "gloo", "nccl"] = "auto"
 
 
@@ -191,6 +194,10 @@ class RunOut(BaseModel):
     updated_at: datetime
     finished_at: datetime | None
     attempts: list[RunAttemptOut]
+    notes: list[str] = Field(
+        default_factory=list,
+        description="what queueing could not check (an unregistered cluster's GPUs, a spec other than the plan's)",
+    )
 
 
 class AgentCreate(BaseModel):

@@ -18,6 +18,22 @@ from api.schemas import (
 )
 from planner.plan import Plan
 
+SUMMARY_COLUMNS = (
+    PlanRow.id, PlanRow.created_at, PlanRow.model_name, PlanRow.cluster_name, PlanRow.gpus, PlanRow.seq_len,
+    PlanRow.global_batch, PlanRow.precision, PlanRow.feasible, PlanRow.step_s, PlanRow.tokens_per_s, PlanRow.mfu,
+    PlanRow.calibration,
+)
+"""The columns of a plan's summary: a list selects these and never the plan JSON."""
+
+
+def summary_of(r: Any) -> PlanSummary:
+    """The summary of a row of `SUMMARY_COLUMNS`."""
+    return PlanSummary(
+        id=r.id, created_at=r.created_at, model=r.model_name, cluster=r.cluster_name, gpus=r.gpus, seq_len=r.seq_len,
+        global_batch=r.global_batch, precision=r.precision, feasible=r.feasible, step_s=r.step_s,
+        tokens_per_s=r.tokens_per_s, mfu=r.mfu, calibration=r.calibration,
+    )
+
 
 def plan_summary(row: PlanRow) -> PlanSummary:
     return PlanSummary(
@@ -39,7 +55,7 @@ def run_out(run: RunRow) -> RunOut:
         attempt=run.attempt, agent_id=run.agent_id, lease_deadline=run.lease_deadline,
         cancel_requested=run.cancel_requested, progress=run.progress,  # type: ignore[arg-type]
         failure_reason=run.failure_reason, exit_code=run.exit_code, log_tail=run.log_tail,
-        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
+        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at, notes=run.notes or [],
         attempts=[
             RunAttemptOut(
                 attempt=a.attempt, agent_id=a.agent_id, leased_at=a.leased_at, ended_at=a.ended_at,
