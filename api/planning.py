@@ -2,17 +2,21 @@
 
 Why processes: the search is CPU-bound pure Python + numpy (no torch); threads of one process
 share its interpreter lock, so a thread pool plans on one core however many it has. The pool
-starts `workers` processes (default: the machine's cores) from a `forkserver` that has imported
-the planner once, so a worker that is replaced starts in milliseconds; each keeps its pricing
-memos (`cost_models.interning`) across jobs. A worker dies with the server (PR_SET_PDEATHSIG on
-the forkserver's children; the forkserver exits when the server's end of its pipe closes).
+starts `workers` processes (default: the cores the server may run on) that run any job, and one
+more that runs only small jobs, from a `forkserver` that has imported the planner once, so a worker
+that is replaced starts in milliseconds; each keeps its pricing memos (`cost_models.interning`)
+across jobs. A worker dies with the server (PR_SET_PDEATHSIG on the forkserver's children; the
+forkserver exits when the server's end of its pipe closes).
 
-Queue (`PlannerPool.submit`): first in, first out, at most `max_pending` jobs queued or running
-(beyond that: 503 with Retry-After). A job's size is the work estimate the route computed before
-queueing (`planner.budget.estimate_work`, layouts): a *large* job (over `SMALL_LAYOUTS`) runs only
-on workers 1..n-1 when there are two or more, so worker 0 is always free for small jobs, and at
-most `max_pending_large` large jobs are queued or running (503 beyond, Retry-After = the time
-budget). A tiny plan behind four slow ones waits for no slow one.
+Queue (`PlannerPool.submit`). A job's size is the work estimate the route computed before queueing
+(`planner.budget.estimate_work`, layouts); a *large* job enumerates over `SMALL_LAYOUTS`. Small jobs
+go first, oldest first (each is short), and a large job that has waited `PROMOTE_S` goes ahead of
+younger small ones; the small-job worker never takes a large one, so a tiny plan behind four slow
+ones waits for none of them (the operating system shares the cores between it and the others). Bounds, each a 503 with
+Retry-After: at most `max_pending` jobs queued or running; a large job is refused when the large
+jobs already waiting would take the workers longer than one time budget to start (their count x
+the running mean of large jobs' seconds / `workers`), or when `max_pending_large` (if set) are
+queued or running. Retry-After is the work ahead over the workers that do it.
 
 Time budget: a job may run `time_budget_s` seconds. The search checks it cooperatively (its
 `progress` callback runs once per (mesh, micro-batch) pair and raises `Stopped` past the deadline
@@ -57,6 +61,9 @@ SMALL_LAYOUTS = 2**17
 a second (tiny on 4 ranks: 23 layouts; Llama-3-8B on 8 H100: 10,770; Llama-3-70B on 1,024 H100,
 343,278 layouts, took 0.6 s on one core of this machine, `bench.plan_speed`) and may run on every
 worker; a larger one never takes the last one."""
+PROMOTE_S = 10.0
+"""Seconds a large job waits before it goes ahead of small ones queued after it: small jobs first
+(each is short) without starving the large ones."""
 GRACE_S = 5.0
 """Seconds a worker gets, past its deadline or its cancellation, to stop on its own before it is
 killed (a search stops within one (mesh, micro-batch) pair, milliseconds)."""
@@ -261,10 +268,11 @@ class _Slot:
             if not self.process.is_alive():
                 self._replace()
                 return ("crash", f"the planner worker died (exit code {self.process.exitcode})", now - started)
-            if stop_at is None and (job.cancelled.is_set() or now - started > budget):
-                why = job.why_cancelled if job.cancelled.is_set() else "budget"
-                self.stop_flag.value = 1
-                stop_at = now
+            if stop_at is None and job.cancelled.is_set():
+                why, stop_at = job.why_cancelled, now
+                self.stop_flag.value = 1  # the search stops at its next progress call
+            elif stop_at is None and now - started > budget:
+                why, stop_at = "budget", now  # the search stops itself at its own deadline
             if stop_at is not None and now - stop_at > GRACE_S:
                 self._replace()
                 return ("killed", why, now - started)
@@ -277,7 +285,7 @@ class PlannerPool:
     ):
         self.workers = max(1, workers)
         self.max_pending = max(1, max_pending)
-        self.max_pending_large = max(1, max_pending_large if max_pending_large is not None else 2 * self.workers)
+        self.max_pending_large = None if max_pending_large is None else max(1, max_pending_large)
         self.time_budget_s = float(time_budget_s)
         self.metrics = metrics
         self.stopping = False
@@ -287,8 +295,9 @@ class PlannerPool:
         self._queue: list[_Job] = []
         self._running = 0
         self._large = 0
-        self._mean_s = 1.0  # running mean of job seconds, for Retry-After
-        self._slots = [_Slot(self, i, may_run_large=self.workers == 1 or i > 0) for i in range(self.workers)]
+        self._mean_s = {False: 1.0, True: 10.0}  # running mean of small and large job seconds (Retry-After)
+        # slot 0 runs small jobs only; slots 1..workers run any job
+        self._slots = [_Slot(self, i, may_run_large=i > 0) for i in range(self.workers + 1)]
 
     # ---- the server's side ------------------------------------------------------------------------
     def submit(self, kind: str, payload: tuple[Any, ...], layouts: int) -> _Job:
@@ -298,16 +307,21 @@ class PlannerPool:
             pending = len(self._queue) + self._running
             if pending >= self.max_pending:
                 self.metrics.planner_rejected.inc()
-                wait = max(1, math.ceil(len(self._queue) * self._mean_s / self.workers))
+                wait = self._retry_after(sum(self._mean_s[j.large] for j in self._queue), self.workers)
                 raise ApiError(503, f"{pending} planner jobs already queued or running; retry in {wait} s", [],
                                "planner_busy", {"Retry-After": str(wait)})
-            if large and self._large >= self.max_pending_large:
-                self.metrics.planner_rejected.inc()
-                wait = max(1, math.ceil(self.time_budget_s))
-                raise ApiError(
-                    503, f"{self._large} large searches (over {SMALL_LAYOUTS:,} layouts each) already queued or running; "
-                    f"retry in {wait} s", [], "planner_busy", {"Retry-After": str(wait)},
-                )
+            if large:
+                waiting = sum(1 for j in self._queue if j.large)
+                start_in = waiting * self._mean_s[True] / self.workers  # seconds until this one would start
+                capped = self.max_pending_large is not None and self._large >= self.max_pending_large
+                if capped or start_in > self.time_budget_s:
+                    self.metrics.planner_rejected.inc()
+                    ahead = max(start_in - self.time_budget_s, self._mean_s[True] / self.workers)
+                    wait = self._retry_after(ahead, 1)
+                    raise ApiError(
+                        503, f"{self._large} large searches (over {SMALL_LAYOUTS:,} layouts each) already queued or "
+                        f"running; retry in {wait} s", [], "planner_busy", {"Retry-After": str(wait)},
+                    )
             job = _Job(kind, payload, layouts, large)
             self._queue.append(job)
             self._large += large
@@ -332,6 +346,10 @@ class PlannerPool:
                     await waiter
                 raise ApiError(499, "the client closed the request; the job was cancelled and nothing stored", [],
                                "client_closed")
+
+    def _retry_after(self, seconds_of_work: float, workers: int) -> int:
+        """Retry-After (whole seconds, 1 to the time budget) for `seconds_of_work` spread over `workers`."""
+        return int(min(max(1, math.ceil(seconds_of_work / workers)), math.ceil(self.time_budget_s)))
 
     def cancel(self, job: _Job, why: str) -> None:
         """Cancel a job: dropped if still queued, else stopped by its dispatcher."""
@@ -362,18 +380,21 @@ class PlannerPool:
 
     # ---- the dispatchers' side ----------------------------------------------------------------------
     def _take(self, slot: _Slot) -> _Job | None:
-        """The oldest queued job `slot` may run (blocks; None when the pool stops)."""
+        """The next job `slot` may run (blocks; None when the pool stops): the oldest small job, or a
+        large one that has waited `PROMOTE_S` (then the oldest such), else the oldest large one."""
         with self._cond:
             while True:
                 if self.stopping:
                     return None
-                for job in self._queue:
-                    if slot.may_run_large or not job.large:
-                        self._queue.remove(job)
-                        self._running += 1
-                        self._gauge()
-                        self.metrics.planner_queue_seconds.observe(time.monotonic() - job.queued_at)
-                        return job
+                now = time.monotonic()
+                runnable = [j for j in self._queue if slot.may_run_large or not j.large]
+                if runnable:
+                    job = min(runnable, key=lambda j: (j.large and now - j.queued_at < PROMOTE_S, j.queued_at))
+                    self._queue.remove(job)
+                    self._running += 1
+                    self._gauge()
+                    self.metrics.planner_queue_seconds.observe(now - job.queued_at)
+                    return job
                 self._cond.wait()
 
     def _done(self, job: _Job) -> None:
@@ -390,7 +411,7 @@ class PlannerPool:
         """Turn a worker's outcome into the job's result or exception."""
         kind, *rest = outcome
         seconds = float(rest[-1]) if rest else 0.0
-        self._mean_s = 0.9 * self._mean_s + 0.1 * seconds
+        self._mean_s[job.large] = 0.8 * self._mean_s[job.large] + 0.2 * seconds
         if job.kind == "search":
             self.metrics.search_seconds.observe(seconds)
         if job.future.done():  # cancelled while queued: nothing to report

@@ -52,14 +52,16 @@ class Settings:
     max_body_bytes: int = field(default_factory=lambda: _int("AUTOPAR_MAX_BODY_BYTES", 1 << 20))
     """Largest accepted request body in bytes (default 1 MiB); larger gives 413."""
     plan_workers: int = field(default_factory=lambda: _int("AUTOPAR_PLAN_WORKERS", cores()))
-    """Worker processes that run planner searches and evaluations (default: one per core)."""
+    """Worker processes that run planner searches and evaluations (default: one per core), besides
+    the one that runs only small jobs (`api.planning`)."""
     max_pending_plans: int = field(default_factory=lambda: _int("AUTOPAR_MAX_PENDING_PLANS", 256))
     """Planner jobs queued or running at once; more gives 503 with Retry-After."""
     max_pending_large_plans: int | None = field(
         default_factory=lambda: _int("AUTOPAR_MAX_PENDING_LARGE_PLANS", 0) or None
     )
-    """Large searches (over `api.planning.SMALL_LAYOUTS` layouts) queued or running at once
-    (default: 2 per worker); more gives 503 with Retry-After."""
+    """Large searches (over `api.planning.SMALL_LAYOUTS` layouts) queued or running at once (default:
+    no fixed cap; a large search is refused when those waiting would take the workers more than one
+    time budget to start); more gives 503 with Retry-After."""
     plan_time_budget_s: float = field(default_factory=lambda: _float("AUTOPAR_PLAN_TIME_BUDGET_S", 60.0))
     """Seconds a search or evaluation may run; then it is stopped and nothing is stored (422)."""
     max_plan_layouts: int = field(default_factory=lambda: _int("AUTOPAR_MAX_PLAN_LAYOUTS", 2**24))

@@ -58,7 +58,7 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-LARGE = {"model": "llama3-70b", "cluster": "dgx-h100", "gpus": 512, "seq_len": 8192, "batch": 256}
+LARGE: dict[str, Any] = {"model": "llama3-70b", "cluster": "dgx-h100", "gpus": 512, "seq_len": 8192, "batch": 256}
 """The large job of the mix (its global batch cycles over 1-4 x `batch`)."""
 
 

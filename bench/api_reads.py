@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import insert, select
+from sqlalchemy import Table, insert, select
 
 from api.local_server import LocalServer
 
@@ -41,6 +41,11 @@ BIG_PLAN = {"model": "llama3-70b", "cluster": "dgx-h100", "gpus": 1024, "trainin
 PLAN_COLUMNS = ("created_at", "created_by", "model_name", "cluster_name", "gpus", "seq_len", "global_batch", "precision",
                 "feasible", "step_s", "tokens_per_s", "mfu", "calibration", "plan")
 """Columns of `plans` written (every one exists since migration 0001)."""
+
+
+def _table(model: Any) -> Table:
+    table: Table = model.__table__
+    return table
 
 
 def _rss_mib(pid: int) -> float:
@@ -70,7 +75,7 @@ def _copy_plans(database_url: str, template_id: int, n: int) -> None:
     from api.models import PlanRow
 
     db = Database(database_url)
-    table = PlanRow.__table__
+    table = _table(PlanRow)
     with db.read_session() as s:
         row = s.execute(select(*(table.c[c] for c in PLAN_COLUMNS)).where(table.c.id == template_id)).one()
     base = dict(zip(PLAN_COLUMNS, row, strict=True))
@@ -93,22 +98,22 @@ def _copy_profiles(database_url: str, plan: dict[str, Any], cluster: str, n: int
     now = datetime.now(UTC)
     with db.write_session() as s:
         token_id = s.execute(select(ApiToken.id).limit(1)).scalar_one()
-        agent_id = s.execute(insert(AgentRow.__table__).values(
+        agent_id = s.execute(insert(_table(AgentRow)).values(
             name="bench", cluster=cluster, hostname="bench", token_id=token_id, registered_at=now, last_seen_at=now,
-        ).returning(AgentRow.__table__.c.id)).scalar_one()
-        table = PlanRow.__table__
+        ).returning(_table(AgentRow).c.id)).scalar_one()
+        table = _table(PlanRow)
         base = dict(zip(PLAN_COLUMNS, s.execute(select(*(table.c[c] for c in PLAN_COLUMNS))
                                                 .where(table.c.id == plan["id"])).one(), strict=True))
         for i in range(n):
             plan_id = s.execute(insert(table).values(**{**base, "created_at": now}).returning(table.c.id)).scalar_one()
-            run_id = s.execute(insert(RunRow.__table__).values(
+            run_id = s.execute(insert(_table(RunRow)).values(
                 plan_id=plan_id, cluster=cluster, status="succeeded", steps=5, max_attempts=3, lease_seconds=60,
                 launch={"nproc_per_node": None, "backend": "gloo"}, attempt=1, agent_id=agent_id,
                 cancel_requested=False, created_at=now, updated_at=now, finished_at=now, created_by=token_id,
-            ).returning(RunRow.__table__.c.id)).scalar_one()
+            ).returning(_table(RunRow).c.id)).scalar_one()
             step = 2.0 * plan["step_s"] * rng.uniform(0.95, 1.05)
             profile = {"step_s": step, "step_times_s": [step] * 5, "tokens_per_s": 1.0 / step}
-            s.execute(insert(ProfileRow.__table__).values(
+            s.execute(insert(_table(ProfileRow)).values(
                 run_id=run_id, plan_id=plan_id, cluster=cluster, attempt=1, agent_id=agent_id, created_at=now,
                 step_s=step, profile=profile,
             ))

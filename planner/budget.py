@@ -124,8 +124,8 @@ def estimate_work(
                     (mesh.pp, o.vpp, o.embedding_slot, o.loss_slot, o.schedule)
                     for o in pipeline_options(model, training, mesh, mb, c)
                 ]
-                for key in options:
-                    partitions.setdefault(key, mesh.pp * layers + INDEX_BYTES_PER_LAYER * layers)
+                for shape in options:
+                    partitions.setdefault(shape, mesh.pp * layers + INDEX_BYTES_PER_LAYER * layers)
             tables += len(options)
             layouts += len(options) * grid
             if options:

@@ -1,9 +1,9 @@
-"""Issue 34's planner findings against a server with a small pool (2 workers, a 3 s time budget, at
-most 2 large searches pending): a search past its time budget stores nothing, a tiny plan is
-answered while large searches hold the pool, a third large one gets 503 with Retry-After, and a
-client that leaves cancels its search. The slow job is a DeepSeek-V3 variant with 4,096 experts on
-131,072 H100: within the work budget (4.1M layouts) but nothing fits, so nothing is pruned (about
-half a minute of search on one core)."""
+"""Issue 34's planner findings against a server with a small pool (2 workers and the one for small
+jobs, a 3 s time budget, at most 2 large searches pending): a search past its time budget stores
+nothing, a tiny plan is answered while large searches hold the pool, a third large one gets 503 with
+Retry-After, and a client that leaves cancels its search. The slow job is a DeepSeek-V3 variant with
+4,096 experts on 131,072 H100: within the work budget (4.1M layouts) but nothing fits, so nothing is
+pruned (about half a minute of search on one core)."""
 
 from __future__ import annotations
 
