@@ -147,7 +147,12 @@ def profile_pairs(session: Session, cluster_name: str, registered: dict[str, Any
            session.execute(_scope(cluster_name).order_by(ProfileRow.id.desc()).limit(MAX_PROFILES)).all()]
     ids.reverse()
     _load_pairs(session, ids)
-    spec = ClusterSpec(**registered) if registered is not None else None
+    spec = None
+    if registered is not None:
+        try:
+            spec = ClusterSpec(**registered)
+        except ValueError:  # stored before today's bounds and outside them: no plan can be priced for it
+            return []
     db = _db_key(session)
     pairs: list[ProfilePair] = []
     for pid, _run in ids:

@@ -242,3 +242,21 @@ def test_what_queueing_cannot_check_is_said_in_the_runs_notes(user: httpx.Client
     [note] = r.json()["notes"]
     assert "host_memory_bytes differ" in note and "does not calibrate it" in note
     assert user.get(f"/v1/runs/{r.json()['id']}").json()["notes"] == [note]
+
+
+def test_a_team_spec_stored_before_the_bounds_is_refused_by_name(server: Any, user: httpx.Client) -> None:
+    """A team cluster stored with a bandwidth the bounds now refuse: a 422 naming it and the field,
+    never a 500."""
+    from api.models import TeamCluster
+    from cluster_specs.presets import get_cluster
+
+    name = f"old-{uuid.uuid4().hex[:8]}"
+    spec = get_cluster("local-cpu").model_dump(mode="json")
+    spec["intra_node"]["bus_bandwidth_bytes_per_s"] = 1e-300
+    with server.db.write_session() as s:
+        s.add(TeamCluster(name=name, spec=spec))
+    r = user.post("/v1/plans", json={**PLAN_BODY, "cluster": name})
+    assert r.status_code == 422, r.text
+    [err] = r.json()["detail"]
+    assert err["loc"] == ["body", "cluster"] and err["type"] == "stale_team_spec"
+    assert f"team cluster {name!r}" in err["msg"] and "intra_node.bus_bandwidth_bytes_per_s" in err["msg"]
