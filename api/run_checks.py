@@ -27,6 +27,7 @@ from api.errors import ApiError, conflict
 from api.models import TeamCluster
 from api.resolve import preset_cluster
 from api.schemas import RunCreate
+from api.views import stored_plan
 from cluster_specs.spec import ClusterSpec
 
 DESCRIPTIVE = frozenset({"name", "description", "source"})
@@ -56,6 +57,7 @@ def _differences(priced: ClusterSpec, target: ClusterSpec) -> list[str]:
 
 def check_run(session: Session, plan_id: int, plan: dict[str, Any], body: RunCreate) -> list[str]:
     """Raise (422 / 409) when the run cannot be what the plan priced; return the notes to store."""
+    stored_plan(plan_id, plan)  # a plan stored before the bounds and outside them is a 409
     inputs = plan.get("inputs") or {}
     gpus = int(inputs.get("gpus") or 0)
     priced = ClusterSpec(**inputs["cluster"])

@@ -97,20 +97,28 @@ class EvaluationOut(BaseModel):
 
 
 # ---- presets and team specs ---------------------------------------------------------------------
+STALE_SPEC = (
+    "a team spec stored before the service bounded its sizes and outside the bounds now: it can no longer be "
+    "used (spec and counts are null); store it again under a new name with the field in bounds"
+)
+
+
 class ModelOut(BaseModel):
     name: str
     source: Literal["preset", "team"]
-    params_total: int
-    params_active: int
-    spec: ModelSpec
+    params_total: int | None = Field(description="null for a stale team spec (`stale`)")
+    params_active: int | None
+    spec: ModelSpec | None
+    stale: str | None = Field(None, description=f"why the stored spec is unusable: {STALE_SPEC}")
 
 
 class ClusterOut(BaseModel):
     name: str
     source: Literal["preset", "team"]
-    gpu: str
-    gpus_per_node: int
-    spec: ClusterSpec
+    gpu: str | None = Field(description="null for a stale team spec (`stale`)")
+    gpus_per_node: int | None
+    spec: ClusterSpec | None
+    stale: str | None = Field(None, description=f"why the stored spec is unusable: {STALE_SPEC}")
 
 
 class ModelCreate(BaseModel):

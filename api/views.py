@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
+from api.errors import ApiError
 from api.models import PlanRow, ProfileRow, RunRow
 from api.schemas import (
     Measured,
@@ -43,8 +46,22 @@ def plan_summary(row: PlanRow) -> PlanSummary:
     )
 
 
+def stored_plan(plan_id: int, data: dict[str, Any]) -> Plan:
+    """A stored Plan; one stored before the service bounded its sizes, whose inputs are outside the
+    bounds now, is a 409 naming the field (it can be neither served as a Plan nor run)."""
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ApiError(
+            409, f"plan {plan_id} was stored before the service bounded its sizes and its {field} is outside them "
+            f"now ({first['msg']}): plan the job again with the field in bounds", ["path", "plan_id"], "stale_plan",
+        ) from exc
+
+
 def plan_record(row: PlanRow) -> PlanRecord:
-    return PlanRecord(**plan_summary(row).model_dump(), plan=Plan.model_validate(row.plan))
+    return PlanRecord(**plan_summary(row).model_dump(), plan=stored_plan(row.id, row.plan))
 
 
 def run_out(run: RunRow) -> RunOut:

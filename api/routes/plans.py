@@ -28,7 +28,7 @@ from api.schemas import (
     PlanRequest,
     PlanSummary,
 )
-from api.views import SUMMARY_COLUMNS, plan_profile, plan_record, plan_summary, summary_of
+from api.views import SUMMARY_COLUMNS, plan_profile, plan_record, plan_summary, stored_plan, summary_of
 from cost_models.jobs import Job
 from planner.budget import Budget, estimate_work
 from planner.exporters import ExportError, export, formats
@@ -246,7 +246,7 @@ def export_plan(
     media type (text/x-shellscript, application/json for DeepSpeed's ds_config.json,
     application/toml, application/yaml), text/plain or application/octet-stream give the file."""
     with db.read_session() as session:
-        plan = Plan.model_validate(_plan_row(session, plan_id).plan)
+        plan = stored_plan(plan_id, _plan_row(session, plan_id).plan)
     if plan.best is None:
         raise conflict(f"plan {plan_id} has no layout that fits: nothing to export ({'; '.join(plan.why[:1])})",
                        ["path", "plan_id"])

@@ -260,3 +260,29 @@ def test_a_team_spec_stored_before_the_bounds_is_refused_by_name(server: Any, us
     [err] = r.json()["detail"]
     assert err["loc"] == ["body", "cluster"] and err["type"] == "stale_team_spec"
     assert f"team cluster {name!r}" in err["msg"] and "intra_node.bus_bandwidth_bytes_per_s" in err["msg"]
+    # lists and the spec itself still answer, saying why it is unusable
+    one = user.get(f"/v1/clusters/{name}")
+    assert one.status_code == 200 and one.json()["spec"] is None, one.text
+    assert one.json()["stale"].startswith("intra_node.bus_bandwidth_bytes_per_s")
+    listed = user.get("/v1/clusters", params={"source": "team", "limit": 200})
+    assert listed.status_code == 200 and name in {c["name"] for c in listed.json()["items"]}, listed.text
+
+
+def test_a_plan_stored_before_the_bounds_is_a_409_not_a_500(server: Any, user: httpx.Client, tiny_plan: dict[str, Any]) -> None:
+    from sqlalchemy import insert
+
+    from api.models import PlanRow
+
+    stale = tiny_plan["plan"]
+    stale = {**stale, "inputs": {**stale["inputs"], "cluster": {**stale["inputs"]["cluster"], "gpus_per_node": 4096}}}
+    with server.db.write_session() as s:
+        plan_id = s.execute(insert(PlanRow.__table__).values(  # type: ignore[arg-type]
+            model_name="tiny", cluster_name="local-cpu", gpus=4, seq_len=128, global_batch=8, precision="bf16",
+            feasible=True, calibration="", plan=stale,
+        ).returning(PlanRow.__table__.c.id)).scalar_one()
+    for r in (user.get(f"/v1/plans/{plan_id}"), user.get(f"/v1/plans/{plan_id}/export/torchrun"),
+              user.post(f"/v1/plans/{plan_id}/runs", json={"cluster": "local-cpu"})):
+        assert r.status_code == 409, r.text
+        [err] = r.json()["detail"]
+        assert err["type"] == "stale_plan" and "inputs.cluster.gpus_per_node" in err["msg"], err
+    assert user.get("/v1/plans", params={"limit": 200}).status_code == 200
