@@ -4,11 +4,20 @@ The child is started from an argv list (never a shell, never a string built from
 every element is either a constant, a path the agent made, or a validated integer / enum from the
 leased run (`LaunchSpec.from_run`). It runs in its own session, hence its own process group, so
 `stop()` reaches torchrun and every worker it forked with one `killpg`. Its stdout and stderr go
-to `child.log` in the attempt's work dir; `child.pid` records the group id there (a supervisor,
-or the end-to-end test acting as a node crash, can find the tree). The tree dies with the agent:
-torchrun and every runtime worker ask for SIGKILL when their parent dies
-(`set_parent_death_signal`), and an agent that starts reaps the groups an earlier one left in its
-work dir (`reap_leftovers`).
+to `child.log` in the attempt's work dir.
+
+What the agent kills is only ever what it started. `child.json` in the attempt dir records the
+child (`ChildRecord`: its pid = process group id, its start time in clock ticks since boot, field
+22 of /proc/<pid>/stat, the boot it started in, and the agent process that started it: a random
+id, its pid and start time). While the agent waits on its child the leader's pid cannot be
+reused: the agent looks at the exit without reaping it (waitid WNOWAIT), kills the group's
+stragglers while the exited leader still holds the group id, and only then reaps it and deletes
+`child.json`. The tree dies with the agent: torchrun and every runtime worker ask for SIGKILL when
+their parent dies (`set_parent_death_signal`); an agent that starts reaps what an earlier one left
+in its work dir (`reap_leftovers`): only processes of a recorded group, started no earlier than
+the recorded leader in the same boot, each verified through a pidfd (a handle that cannot come to
+mean another process) before it is signalled, and never the children of an agent that is still
+running. A record that matches no process is deleted.
 """
 
 from __future__ import annotations
@@ -26,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster_specs.spec import MAX_GPUS_PER_NODE
 from runtime.process import set_parent_death_signal
 
 BACKENDS = ("auto", "gloo", "nccl")
 MAX_STEPS = 1_000_000  # the API's bound on a run's `steps`
-MAX_NPROC = 1024  # the API's bound on `launch.nproc_per_node`
+MAX_NPROC = MAX_GPUS_PER_NODE  # the API's bound on `launch.nproc_per_node`: one process per GPU of a node
 LOG_TAIL_BYTES = 64 * 1024  # the contract's limit on log_tail
 SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A run id the agent uses as a directory name (ints, uuids): the one rule for leases and launches."""
@@ -60,14 +70,17 @@ class LaunchSpec:
         backend = launch.get("backend") or "auto"
         if backend not in BACKENDS:
             raise LaunchError(f"launch.backend must be one of {BACKENDS}, got {backend!r}")
+        gpus = _int_in((plan.get("inputs") or {}).get("gpus"), "the plan's inputs.gpus", 1, MAX_NPROC)
         nproc = launch.get("nproc_per_node")
         if nproc is None:
-            nproc = (plan.get("inputs") or {}).get("gpus") or plan.get("gpus")
-        return cls(
-            steps=_int_in(run.get("steps", 10), "steps", 1, MAX_STEPS),
-            nproc_per_node=_int_in(nproc, "nproc_per_node", 1, MAX_NPROC),
-            backend=backend,
-        )
+            nproc = gpus
+        nproc = _int_in(nproc, "nproc_per_node", 1, MAX_NPROC)
+        if nproc != gpus:
+            raise LaunchError(
+                f"launch.nproc_per_node {nproc} is not the plan's {gpus} GPUs: the agent starts one process per GPU "
+                "the plan was priced for, on this node"
+            )
+        return cls(steps=_int_in(run.get("steps", 10), "steps", 1, MAX_STEPS), nproc_per_node=nproc, backend=backend)
 
 
 def torchrun_prefix(nproc: int) -> list[str]:
@@ -99,64 +112,235 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def reap_leftovers(workdir: Path) -> list[int]:
-    """Kill the process groups that earlier agent processes left in `workdir` (each attempt dir
-    records its tree's group id in `child.pid`): called when an agent starts, before it leases
-    anything. Returns the groups that were still alive."""
+@dataclass(frozen=True)
+class ProcessId:
+    """A process as the kernel knows it for its lifetime: its pid and its start time (clock ticks
+    after boot, /proc/<pid>/stat field 22) in one boot (/proc/sys/kernel/random/boot_id). A pid is
+    reused after the process is gone; the pair is not."""
+
+    pid: int
+    start_ticks: int
+    boot_id: str
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessId | None:
+        stat = proc_stat(pid)
+        return None if stat is None else cls(pid, stat.start_ticks, boot_id())
+
+    def alive(self) -> bool:
+        stat = proc_stat(self.pid)
+        return stat is not None and stat.state != "Z" and stat.start_ticks == self.start_ticks and (
+            self.boot_id == boot_id())
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    state: str
+    pgrp: int
+    start_ticks: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The fields of /proc/<pid>/stat the agent reads, or None when there is no such process. The
+    command name (field 2) may hold spaces and parentheses: fields are counted after its last ')'."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    rest = text.rsplit(")", 1)[1].split()
+    # rest[0] is field 3 (state), rest[2] field 5 (pgrp), rest[19] field 22 (starttime)
+    return ProcStat(pid, rest[0], int(rest[2]), int(rest[19]))
+
+
+_BOOT_ID: str | None = None
+
+
+def boot_id() -> str:
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            _BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            _BOOT_ID = "unknown"
+    return _BOOT_ID
+
+
+@dataclass(frozen=True)
+class ChildRecord:
+    """`child.json`: the child tree's leader (pid = process group id) and the agent that started it."""
+
+    leader: ProcessId
+    agent_id: str
+    agent: ProcessId | None
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({
+            "pid": self.leader.pid, "pgid": self.leader.pid, "start_ticks": self.leader.start_ticks,
+            "boot_id": self.leader.boot_id, "agent_id": self.agent_id,
+            "agent_pid": self.agent.pid if self.agent else None,
+            "agent_start_ticks": self.agent.start_ticks if self.agent else None,
+        }))
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: Path) -> ChildRecord | None:
+        try:
+            d = json.loads(path.read_text())
+            leader = ProcessId(int(d["pid"]), int(d["start_ticks"]), str(d["boot_id"]))
+            agent = None
+            if d.get("agent_pid") is not None:
+                agent = ProcessId(int(d["agent_pid"]), int(d["agent_start_ticks"]), leader.boot_id)
+            return cls(leader, str(d["agent_id"]), agent)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+RECORD = "child.json"
+"""The child record's file name in an attempt dir."""
+LEGACY_PID_FILE = "child.pid"
+"""What agents before issue 34 wrote: a bare process group id, which cannot be verified."""
+
+
+def members(record: ChildRecord) -> list[int]:
+    """Pids of the recorded tree still running: processes of its group that started no earlier
+    than its leader, in the same boot. The kernel keeps a number in use as a pid while any process
+    has it as its process group id, so: if a process holds the leader's pid with another start
+    time, the number was free, our group is empty, and that group is someone else's (nothing is
+    ours); otherwise (the leader, or nobody, holds the pid) the group's members are our tree."""
+    lead = record.leader
+    if lead.boot_id != boot_id():
+        return []
+    holder = proc_stat(lead.pid)
+    if holder is not None and holder.start_ticks != lead.start_ticks:
+        return []
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = proc_stat(int(entry.name))
+        if stat is not None and stat.pgrp == lead.pid and stat.state != "Z" and stat.start_ticks >= lead.start_ticks:
+            out.append(stat.pid)
+    return out
+
+
+def kill_verified(pid: int, pgrp: int, not_before: int, sig: int = signal.SIGKILL) -> bool:
+    """Send `sig` to `pid` through a pidfd, after checking (with the pidfd open, so the pid cannot
+    change hands) that it is still in group `pgrp` and started no earlier than `not_before`."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return False
+    try:
+        stat = proc_stat(pid)
+        if stat is None or stat.pgrp != pgrp or stat.start_ticks < not_before:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except (ProcessLookupError, OSError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def reap_leftovers(workdir: Path, rounds: int = 5) -> list[int]:
+    """Kill what earlier agent processes left running in `workdir` (module docstring) and delete
+    their records; called when an agent starts, before it leases anything. Returns the process
+    groups that still had processes. A record of an agent that is still running is left alone (two
+    agents sharing a work dir each keep their own), and a legacy `child.pid` (a bare number) is
+    deleted without killing anything: nothing says the group is still the one it named."""
     killed = []
-    for pid_file in sorted(workdir.glob("run-*/attempt-*/child.pid")):
-        try:
-            pgid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
+    for legacy in sorted(workdir.glob(f"run-*/attempt-*/{LEGACY_PID_FILE}")):
+        with contextlib.suppress(OSError):
+            legacy.unlink()
+    for path in sorted(workdir.glob(f"run-*/attempt-*/{RECORD}")):
+        record = ChildRecord.read(path)
+        if record is None:
+            with contextlib.suppress(OSError):
+                path.unlink()
             continue
-        if pgid <= 1:
-            continue
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-            killed.append(pgid)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if record.agent is not None and record.agent.alive():
+            continue  # its agent is running: its child is its own business
+        hit = False
+        for _ in range(rounds):  # members may fork while we look: until none is left
+            found = members(record)
+            if not found:
+                break
+            for pid in found:
+                hit |= kill_verified(pid, record.leader.pid, record.leader.start_ticks)
+            time.sleep(0.05)
+        if hit:
+            killed.append(record.leader.pid)
+        with contextlib.suppress(OSError):
+            path.unlink()
     return killed
 
 
 class Child:
-    """A running process tree in its own process group, logging to `log_path`."""
+    """A running process tree in its own process group, logging to `log_path`, recorded in
+    `child.json` (`ChildRecord`) until it is gone."""
 
-    def __init__(self, argv: list[str], workdir: Path, log_name: str = "child.log"):
+    def __init__(self, argv: list[str], workdir: Path, log_name: str = "child.log", agent_id: str = "unknown"):
         self.workdir = workdir
         self.log_path = workdir / log_name
+        self.record_path = workdir / RECORD
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(  # argv list, shell=False: nothing is interpreted
             argv, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=child_env(), start_new_session=True, preexec_fn=set_parent_death_signal,
         )
         self.pgid = self.proc.pid  # a session leader's pid is its process group id
-        (workdir / "child.pid").write_text(str(self.pgid))
+        self.returncode: int | None = None
+        leader = ProcessId.of(self.proc.pid)  # not reaped yet: /proc/<pid> is there, zombie or not
+        if leader is not None:
+            ChildRecord(leader, agent_id, ProcessId.of(os.getpid())).write(self.record_path)
+
+    def _exited(self) -> bool:
+        """Whether the leader has exited, without reaping it (its pid, and so the group id, stays
+        reserved until `_reap`)."""
+        if self.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def _reap(self) -> int:
+        """Kill the group's stragglers (the exited leader still holds the group id), reap the
+        leader, delete the record."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, signal.SIGKILL)
+            self.returncode = self.proc.wait()
+            with contextlib.suppress(OSError):
+                self.record_path.unlink()
+        return self.returncode
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        return self._reap() if self._exited() else None
 
     def wait(self, timeout: float | None = None) -> int | None:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
+        """The exit code once the leader exits within `timeout` seconds (stragglers killed), else None."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._exited():
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02 if deadline is None else min(0.02, max(0.0, deadline - time.monotonic())))
+        return self._reap()
 
     def stop(self, grace_s: float = 5.0) -> int:
-        """SIGTERM the whole group (torchrun forwards it to its workers), SIGKILL it after `grace_s`."""
+        """SIGTERM the whole group (torchrun forwards it to its workers), SIGKILL it after `grace_s`;
+        the group is signalled only while its leader is unreaped, so the id is still ours."""
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
+            if self._exited():
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            code = self.wait(wait)
-            if code is not None:
-                break
-        code = self.proc.wait()
-        # stragglers that outlived the leader (workers re-parented to init) get the KILL too
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signal.SIGKILL)
-        return code
+            deadline = time.monotonic() + wait
+            while not self._exited() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return self._reap()
 
     def close(self) -> None:
         self._log.close()
@@ -202,12 +386,9 @@ def run_to_completion(argv: list[str], workdir: Path, log_name: str, timeout_s: 
     """Run a short child (the pre-flight) in its own group; stop it after `timeout_s`."""
     child = Child(argv, workdir, log_name)
     try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = child.wait(0.2)
-            if code is not None:
-                return code
-        child.stop(grace_s=2.0)
-        return None
+        code = child.wait(timeout_s)
+        if code is None:
+            child.stop(grace_s=2.0)
+        return code
     finally:
         child.close()

@@ -1,8 +1,9 @@
 """What a lease answer must hold before the agent acts on it (`Lease.parse`).
 
 The server is trusted to authenticate, not to be well formed: a lease with a missing field, a
-string where a number belongs, `true` for a step count, a run id that is not a plain id or a plan
-that is not an object is refused, never half-executed. When the answer still names the run and the
+string where a number belongs, `true` for a step count, a run id that is not a plain id, a plan
+that is not a Plan (`LeasedPlan`), or a plan naming a file outside the attempt's directory
+(`files_outside`) is refused, never half-executed. When the answer still names the run and the
 attempt (`LeaseIdentity`), the agent finishes that attempt as failed with the reason, so the run
 does not wait out its lease; when it does not, the agent can only log it (the lease then expires
 on the server and the run is re-queued or fails after `max_attempts`).
@@ -10,9 +11,10 @@ on the server and the run is re-queued or fails after `max_attempts`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationError, field_validator
 
 from agent.launcher import MAX_NPROC, MAX_STEPS, SAFE_ID
 
@@ -69,6 +71,18 @@ class LeaseIdentity(BaseModel):
     attempt: Annotated[StrictInt, Field(ge=1)]
 
 
+class LeasedPlan(BaseModel):
+    """What makes the leased `plan` a Plan (`planner.plan.Plan`): its `inputs` and its `best`
+    candidate, objects. The runtime reads a JSON with both as a Plan and takes only the plan's
+    fields from it (`runtime.spec.run_spec_from_plan`); anything else it would read as a RunSpec,
+    whose `data_path` names a file to read and whose values would come back in the profile."""
+
+    model_config = ConfigDict(extra="allow")
+
+    inputs: dict[str, Any]
+    best: dict[str, Any]
+
+
 class Lease(BaseModel):
     """A lease answer (POST /v1/runs/lease, 200): the run, its Plan (kept as data) and the attempt."""
 
@@ -77,6 +91,12 @@ class Lease(BaseModel):
     run: LeasedRun
     plan: dict[str, Any]
     attempt: Annotated[StrictInt, Field(ge=1)]
+
+    @field_validator("plan")
+    @classmethod
+    def _a_plan(cls, plan: dict[str, Any]) -> dict[str, Any]:
+        LeasedPlan.model_validate(plan)
+        return plan
 
     @property
     def run_id(self) -> str:
@@ -89,6 +109,34 @@ class Lease(BaseModel):
             return cls.model_validate(answer)
         except ValidationError as exc:
             raise LeaseRefused(describe(exc), identity_of(answer)) from None
+
+
+FILE_FIELDS = ("data_path", "checkpoint_dir")
+"""Keys under which a run's JSON names a file or directory the runtime reads (`runtime.spec.RunSpec`
+`data_path`; `runtime.launch`'s checkpoint dir): a lease may name one only inside the attempt's
+own directory. (The other files of a run, plan.json, profile.json, progress.json, are paths the
+agent makes itself.)"""
+
+
+def files_outside(value: Any, attempt_dir: Path, path: str = "plan") -> list[str]:
+    """'plan.x.data_path: /etc/passwd' for every `FILE_FIELDS` value anywhere in `value` that is
+    not a path inside `attempt_dir` (relative paths are read from there, as the runtime runs in it;
+    `..` and links are resolved first)."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        for key, child in value.items():
+            where = f"{path}.{key}"
+            if key in FILE_FIELDS and child is not None:
+                if not isinstance(child, str) or "\x00" in child:
+                    out.append(f"{where}: {str(child)[:200]!r} is not a path")
+                elif not (attempt_dir / child).resolve().is_relative_to(attempt_dir.resolve()):
+                    out.append(f"{where}: {child[:200]!r} is outside the agent's work dir")
+            else:
+                out += files_outside(child, attempt_dir, where)
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            out += files_outside(child, attempt_dir, f"{path}.{i}")
+    return out
 
 
 def identity_of(answer: Any) -> tuple[str, int] | None:

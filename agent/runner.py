@@ -4,7 +4,9 @@ docs/architecture.md, "Service and runner agent").
 One attempt of a run, in the agent's work dir `WORKDIR/run-<id>/attempt-<n>/`:
     plan.json          the leased Plan, written as data (the runtime reads it; nothing interprets it)
     child.log          stdout + stderr of torchrun and its workers (the log tail sent on finish)
-    child.pid          process group of the running child tree
+    child.json         the running child tree: its leader's pid (= process group) and start time,
+                       and the agent process that started it (`agent.launcher.ChildRecord`);
+                       deleted once the tree is gone
     progress.json      step progress, rewritten by the runtime after every step
     preflight.json     the pre-flight all-reduce result (when asked for)
     profile.json       the runtime's Profile
@@ -14,7 +16,9 @@ One attempt of a run, in the agent's work dir `WORKDIR/run-<id>/attempt-<n>/`:
 
 While the child runs, a heartbeat thread posts progress every lease/3 seconds; an answer with
 `cancel_requested` or a 409 (the lease is no longer this attempt's) stops the child's whole
-process group. A lost lease is not reported further: the run belongs to another attempt now.
+process group. A lost lease is not reported further: the run belongs to another attempt now. A
+401 or 403 (the agent's token was revoked) stops the child too, and the agent: nothing it does
+for that token will be accepted any more.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from agent.launcher import (
     reap_leftovers,
     runtime_argv,
 )
-from agent.lease import Lease, LeaseRefused
+from agent.lease import Lease, LeaseRefused, files_outside
 
 log = logging.getLogger("autopar.agent")
 
@@ -88,7 +92,7 @@ class Heartbeat(threading.Thread):
         self.interval_s = interval_s
         self.progress_file, self.steps = progress_file, steps
         self.message = "starting"
-        self.stop_reason: str | None = None  # "cancelled" | "lease_lost"
+        self.stop_reason: str | None = None  # "cancelled" | "lease_lost" | "unauthorized"
         self.beats = 0
         self._halt = threading.Event()
         self.first_done = threading.Event()
@@ -113,6 +117,9 @@ class Heartbeat(threading.Thread):
                 self.stop_reason = "cancelled"
         elif r.status_code in (404, 409):
             self.stop_reason = "lease_lost"
+        elif r.status_code in (401, 403):
+            log.error("heartbeat: HTTP %s %s: the token was revoked; stopping the run", r.status_code, r.text[:200])
+            self.stop_reason = "unauthorized"
         else:
             log.warning("heartbeat: HTTP %s %s", r.status_code, r.text[:200])
 
@@ -156,6 +163,8 @@ class Agent:
         self.client = client or ApiClient(cfg.server, cfg.token, retry=cfg.retry)
         self.agent_id: Any = None
         self.terminate = threading.Event()  # set by SIGTERM / SIGINT: stop the child, report, exit
+        self.revoked = False  # the server refused the token (401 / 403): stop and exit with 1
+        self.uid = uuid.uuid4().hex  # this agent process, in the records of the children it starts
 
     # ---- loop ------------------------------------------------------------------------------------
     def register(self) -> Any:
@@ -199,6 +208,9 @@ class Agent:
                 continue
             if leased is not None:
                 self.execute(leased)
+            if self.revoked:
+                log.error("the server refused this agent's token (revoked?): exiting")
+                return 1
             if self.cfg.once:
                 return 0
             if leased is None:
@@ -213,6 +225,9 @@ class Agent:
             lease = Lease.parse(leased)
         except LeaseRefused as exc:
             return self._refuse(exc)
+        outside = files_outside(lease.plan, self.cfg.workdir / f"run-{lease.run_id}" / f"attempt-{lease.attempt}")
+        if outside:
+            return self._refuse(LeaseRefused("; ".join(outside), (lease.run_id, lease.attempt)))
         outcome = self._run_attempt(lease)
         log.info("run %s attempt %d: %s", lease.run_id, lease.attempt, outcome)
         return outcome
@@ -254,6 +269,11 @@ class Agent:
             hb.stop()
         reason = reason or hb.stop_reason
         tail = log_tail(adir / "child.log")
+        if reason == "unauthorized":
+            self.revoked = True
+            (adir / "outcome.json").write_text(json.dumps({"outcome": "token_refused", "exit_code": code}))
+            log.error("run %s attempt %d: the token was refused; child stopped, nothing reported", run_id, attempt)
+            return "token_refused"
         if reason == "lease_lost":
             (adir / "outcome.json").write_text(json.dumps({"outcome": "lease_lost", "exit_code": code}))
             log.warning("run %s attempt %d: lease lost; child stopped, nothing reported", run_id, attempt)
@@ -295,7 +315,7 @@ class Agent:
     ) -> tuple[int | None, str | None]:
         """Run a child until it exits, the heartbeat says stop, the agent is terminated, or the
         timeout passes. Returns (exit code, stop reason or None)."""
-        child = Child(argv, adir, log_name)
+        child = Child(argv, adir, log_name, agent_id=self.uid)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
@@ -324,6 +344,9 @@ class Agent:
             outcome["finish_http"] = r.status_code
             if r.status_code == 409:
                 status = "lease_lost"
+            elif r.status_code in (401, 403):
+                self.revoked = True
+                log.error("finish: HTTP %s %s", r.status_code, r.text[:300])
             elif r.status_code != 200:
                 log.error("finish: HTTP %s %s", r.status_code, r.text[:300])
         except ServerUnavailable as exc:

@@ -1,8 +1,10 @@
 """The FastAPI application: `create_app(settings)`; `autopar serve` runs it under uvicorn.
 
 On start it migrates the database (Alembic, scripts inside the package), opens the planner pool and
-starts the lease reaper; every request body is capped at `max_body_bytes` (413 beyond), and NUL
-characters, lone surrogates and non-finite numbers are refused before any route runs (422)."""
+starts the lease reaper; every request body is capped at `max_body_bytes` (413 beyond) and read by
+`api.jsonbody` before any route runs: NUL characters, lone surrogates, numbers that overflow to
+infinity, integers beyond 64 bits and nesting deeper than `api.jsonbody.MAX_DEPTH` are a 422 with
+the value's path."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import runs as lifecycle
+from api.calibration import CalibrationReports
 from api.db import Database
 from api.errors import install_handlers
+from api.jsonbody import unsafe_json
 from api.metrics import Metrics
 from api.planning import PlannerPool
 from api.routes import calibration, plans, runs, specs, system
@@ -102,47 +106,10 @@ def unsafe_query(query_string: bytes) -> tuple[list[str | int], str] | None:
 
 
 def _is_json(headers: dict[bytes, bytes]) -> bool:
-    return b"json" in headers.get(b"content-type", b"").lower()
-
-
-def unsafe_json(body: bytes) -> tuple[list[str | int], str] | None:
-    """(path, reason) of the first value no database column can hold faithfully: a NUL character
-    (PostgreSQL text refuses it), a lone surrogate (not UTF-8), NaN or an infinity (not JSON, and a
-    NaN measurement poisons every average); None when the body is clean or not JSON at all (the
-    route's own validation answers that)."""
-    import json
-
-    class NonFinite(str):
-        """NaN / Infinity as parsed, so the walk can name where it was."""
-
-    try:
-        data = json.loads(body or b"null", parse_constant=NonFinite)
-    except ValueError:
-        return None
-
-    def walk(x: object, path: list[str | int]) -> tuple[list[str | int], str] | None:
-        if isinstance(x, NonFinite):
-            return ["body", *path], f"{x} is not a number JSON allows"
-        if isinstance(x, str):
-            if "\x00" in x:
-                return ["body", *path], "NUL characters are not allowed in text"
-            try:
-                x.encode("utf-8")
-            except UnicodeEncodeError:
-                return ["body", *path], "lone surrogates are not text (not valid UTF-8)"
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                hit = walk(k, path) or walk(v, [*path, k])
-                if hit:
-                    return hit
-        elif isinstance(x, list):
-            for i, v in enumerate(x):
-                hit = walk(v, [*path, i])
-                if hit:
-                    return hit
-        return None
-
-    return walk(data, [])
+    """Whether FastAPI will read the body as JSON: no Content-Type at all (FastAPI then parses it
+    as JSON) or a JSON media type."""
+    kind = headers.get(b"content-type")
+    return kind is None or b"json" in kind.lower()
 
 
 async def _error(send: Send, status: int, msg: str, loc: list, type_: str | None = None) -> None:
@@ -210,8 +177,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(db.migrate)
-        pool = PlannerPool(settings.plan_workers, settings.max_pending_plans, metrics)
+        pool = await run_in_threadpool(
+            lambda: PlannerPool(
+                settings.plan_workers, settings.max_pending_plans, metrics,
+                time_budget_s=settings.plan_time_budget_s, max_pending_large=settings.max_pending_large_plans,
+            )
+        )
         app.state.pool = pool
+        app.state.reports = CalibrationReports(db, pool.submit)
         reaper = None
         if settings.reaper_interval_s > 0:
             reaper = asyncio.create_task(_reaper(db, metrics, settings.reaper_interval_s))
@@ -222,7 +195,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 reaper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reaper
-            pool.shutdown()
+            app.state.reports.stop()
+            await run_in_threadpool(pool.shutdown)
             db.dispose()
 
     app = FastAPI(

@@ -8,6 +8,7 @@ from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.auth import Principal, principal_for
+from api.calibration import CalibrationReports
 from api.db import Database
 from api.errors import forbidden, unauthorized
 from api.metrics import Metrics
@@ -31,6 +32,11 @@ def get_metrics(request: Request) -> Metrics:
 def get_pool(request: Request) -> PlannerPool:
     pool: PlannerPool = request.app.state.pool
     return pool
+
+
+def get_reports(request: Request) -> CalibrationReports:
+    reports: CalibrationReports = request.app.state.reports
+    return reports
 
 
 def get_settings(request: Request) -> Settings:
@@ -77,6 +83,7 @@ User = Annotated[Principal, Depends(user)]
 Agent = Annotated[Principal, Depends(agent)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 Pool = Annotated[PlannerPool, Depends(get_pool)]
+Reports = Annotated[CalibrationReports, Depends(get_reports)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 IdempotencyKey = Annotated[
     str | None,

@@ -59,6 +59,25 @@ class Metrics:
         self.planner_errors = Counter(
             "autopar_planner_errors", "searches or evaluations that raised on their input", registry=self.registry
         )
+        self.planner_over_budget = Counter(
+            "autopar_planner_over_budget", "planner jobs stopped at their time budget (nothing stored)",
+            registry=self.registry,
+        )
+        self.planner_cancelled = Counter(
+            "autopar_planner_cancelled", "planner jobs cancelled because their client disconnected",
+            registry=self.registry,
+        )
+        self.planner_refused = Counter(
+            "autopar_planner_refused", "plan requests refused before the search by their work budget",
+            registry=self.registry,
+        )
+        self.planner_worker_restarts = Counter(
+            "autopar_planner_worker_restarts", "planner worker processes killed and replaced", registry=self.registry
+        )
+        self.planner_queue_seconds = Histogram(
+            "autopar_planner_queue_seconds", "seconds a planner job waited for a worker",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=self.registry,
+        )
         self.leases = Counter("autopar_leases", "runs leased to agents", registry=self.registry)
         self.lease_expirations = Counter(
             "autopar_lease_expirations", "leases that passed their deadline", ["outcome"], registry=self.registry

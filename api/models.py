@@ -93,7 +93,8 @@ class PlanRow(Base):
     calibration: Mapped[str] = mapped_column(String(256), default="")
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     request_sha256: Mapped[str | None] = mapped_column(String(64))
-    plan: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # ~125 KB of JSON per row: loaded only when a route reads it (lists select the summary columns)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSONType, deferred=True)
 
 
 class TeamModel(Base):
@@ -170,6 +171,7 @@ class RunRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     idempotency_key: Mapped[str | None] = mapped_column(String(128))  # per token (migration 0003)
     request_sha256: Mapped[str | None] = mapped_column(String(64))
+    notes: Mapped[list[str] | None] = mapped_column(JSONType)  # what queueing could not check (migration 0004)
 
     attempts: Mapped[list[RunAttempt]] = relationship(
         back_populates="run", order_by="RunAttempt.attempt", cascade="all, delete-orphan"

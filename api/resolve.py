@@ -20,9 +20,6 @@ from model_specs.hf import from_hf_config
 from model_specs.presets import PRESETS, list_models
 from model_specs.spec import ModelSpec
 
-MAX_LAYERS = 1024
-"""Largest model depth the service plans (the deepest preset has 126 layers)."""
-
 
 def _invalid(loc: Sequence[str | int], msg: str, type: str = "value_error") -> ApiError:
     return ApiError(422, msg, loc, type)
@@ -68,8 +65,6 @@ def model_from_fields(spec: dict[str, Any], loc: Sequence[str | int], name: str 
         raise ApiError.from_validation(exc, [*loc, "hf_config"] if "hf_config" in spec else loc) from exc
     except Exception as exc:  # from_hf_config reads arbitrary user JSON: every failure is the input's
         raise _invalid([*loc, "hf_config"], f"cannot read this config.json: {type(exc).__name__}: {exc}") from exc
-    if model.num_layers > MAX_LAYERS:
-        raise _invalid([*loc, "num_layers"], f"{model.num_layers} layers: this service plans at most {MAX_LAYERS}")
     return model
 
 
@@ -86,6 +81,21 @@ def cluster_from_fields(spec: dict[str, Any], loc: Sequence[str | int], name: st
         raise _invalid(loc, str(exc)) from exc
 
 
+def _stored(kind: Any, spec: dict[str, Any], what: str, name: str, loc: Sequence[str | int]) -> Any:
+    """A team spec as stored; one stored before today's bounds (`model_specs`, `cluster_specs`) and
+    outside them is refused by name, with the field and the bound, instead of failing the request."""
+    try:
+        return kind(**spec)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise _invalid(
+            loc, f"team {what} {name!r} was stored before the service bounded its sizes and is outside them now "
+            f"({field}: {first['msg']}); store it again under a new name (POST /v1/{what}s) with the field in bounds",
+            "stale_team_spec",
+        ) from exc
+
+
 def resolve_model_ref(session: Session, ref: str | dict[str, Any], loc: Sequence[str | int]) -> ModelSpec:
     if isinstance(ref, dict):
         return model_from_fields(ref, loc)
@@ -94,7 +104,7 @@ def resolve_model_ref(session: Session, ref: str | dict[str, Any], loc: Sequence
         return spec
     row = session.scalar(select(TeamModel).where(TeamModel.name == ref))
     if row is not None:
-        return ModelSpec(**row.spec)
+        return _stored(ModelSpec, row.spec, "model", ref, loc)
     raise _invalid(
         loc, f"unknown model {ref!r}: not a preset ({', '.join(list_models())}) nor a team model (GET /v1/models)",
         "unknown_model",
@@ -109,7 +119,7 @@ def resolve_cluster_ref(session: Session, ref: str | dict[str, Any], loc: Sequen
         return spec
     row = session.scalar(select(TeamCluster).where(TeamCluster.name == ref))
     if row is not None:
-        return ClusterSpec(**row.spec)
+        return _stored(ClusterSpec, row.spec, "cluster", ref, loc)
     raise _invalid(
         loc,
         f"unknown cluster {ref!r}: not a preset ({', '.join(list_clusters())}) nor a team cluster (GET /v1/clusters)",

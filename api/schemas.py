@@ -9,7 +9,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster_specs.spec import ClusterSpec, GPUSpec
+from cluster_specs.spec import MAX_GPUS_PER_NODE, ClusterSpec, GPUSpec
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Plan, SearchConstraints
 
@@ -98,20 +98,28 @@ class EvaluationOut(BaseModel):
 
 
 # ---- presets and team specs ---------------------------------------------------------------------
+STALE_SPEC = (
+    "a team spec stored before the service bounded its sizes and outside the bounds now: it can no longer be "
+    "used (spec and counts are null); store it again under a new name with the field in bounds"
+)
+
+
 class ModelOut(BaseModel):
     name: str
     source: Literal["preset", "team"]
-    params_total: int
-    params_active: int
-    spec: ModelSpec
+    params_total: int | None = Field(description="null for a stale team spec (`stale`)")
+    params_active: int | None
+    spec: ModelSpec | None
+    stale: str | None = Field(None, description=f"why the stored spec is unusable: {STALE_SPEC}")
 
 
 class ClusterOut(BaseModel):
     name: str
     source: Literal["preset", "team"]
-    gpu: str
-    gpus_per_node: int
-    spec: ClusterSpec
+    gpu: str | None = Field(description="null for a stale team spec (`stale`)")
+    gpus_per_node: int | None
+    spec: ClusterSpec | None
+    stale: str | None = Field(None, description=f"why the stored spec is unusable: {STALE_SPEC}")
 
 
 class ModelCreate(BaseModel):
@@ -140,7 +148,10 @@ RunStatus = Literal["queued", "leased", "running", "succeeded", "failed", "cance
 class Launch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    nproc_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node (default: the plan's GPUs)")
+    nproc_per_node: int | None = Field(
+        None, ge=1, le=MAX_GPUS_PER_NODE,
+        description="processes torchrun starts on the agent's node: the plan's GPUs (the default; another count is refused)",
+    )
     backend: Literal["auto", "gloo", "nccl"] = "auto"
 
 
@@ -192,6 +203,10 @@ class RunOut(BaseModel):
     updated_at: datetime
     finished_at: datetime | None
     attempts: list[RunAttemptOut]
+    notes: list[str] = Field(
+        default_factory=list,
+        description="what queueing could not check (an unregistered cluster's GPUs, a spec other than the plan's)",
+    )
 
 
 class AgentCreate(BaseModel):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
+from api.errors import ApiError
 from api.models import PlanRow, ProfileRow, RunRow
 from api.schemas import (
     Measured,
@@ -18,6 +21,22 @@ from api.schemas import (
 )
 from planner.plan import Plan
 
+SUMMARY_COLUMNS = (
+    PlanRow.id, PlanRow.created_at, PlanRow.model_name, PlanRow.cluster_name, PlanRow.gpus, PlanRow.seq_len,
+    PlanRow.global_batch, PlanRow.precision, PlanRow.feasible, PlanRow.step_s, PlanRow.tokens_per_s, PlanRow.mfu,
+    PlanRow.calibration,
+)
+"""The columns of a plan's summary: a list selects these and never the plan JSON."""
+
+
+def summary_of(r: Any) -> PlanSummary:
+    """The summary of a row of `SUMMARY_COLUMNS`."""
+    return PlanSummary(
+        id=r.id, created_at=r.created_at, model=r.model_name, cluster=r.cluster_name, gpus=r.gpus, seq_len=r.seq_len,
+        global_batch=r.global_batch, precision=r.precision, feasible=r.feasible, step_s=r.step_s,
+        tokens_per_s=r.tokens_per_s, mfu=r.mfu, calibration=r.calibration,
+    )
+
 
 def plan_summary(row: PlanRow) -> PlanSummary:
     return PlanSummary(
@@ -28,8 +47,22 @@ def plan_summary(row: PlanRow) -> PlanSummary:
     )
 
 
+def stored_plan(plan_id: int, data: dict[str, Any]) -> Plan:
+    """A stored Plan; one stored before the service bounded its sizes, whose inputs are outside the
+    bounds now, is a 409 naming the field (it can be neither served as a Plan nor run)."""
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ApiError(
+            409, f"plan {plan_id} was stored before the service bounded its sizes and its {field} is outside them "
+            f"now ({first['msg']}): plan the job again with the field in bounds", ["path", "plan_id"], "stale_plan",
+        ) from exc
+
+
 def plan_record(row: PlanRow) -> PlanRecord:
-    return PlanRecord(**plan_summary(row).model_dump(), plan=Plan.model_validate(row.plan))
+    return PlanRecord(**plan_summary(row).model_dump(), plan=stored_plan(row.id, row.plan))
 
 
 def run_out(run: RunRow) -> RunOut:
@@ -40,7 +73,7 @@ def run_out(run: RunRow) -> RunOut:
         attempt=run.attempt, agent_id=run.agent_id, lease_deadline=run.lease_deadline,
         cancel_requested=run.cancel_requested, progress=run.progress,  # type: ignore[arg-type]
         failure_reason=run.failure_reason, exit_code=run.exit_code, log_tail=run.log_tail,
-        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
+        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at, notes=run.notes or [],
         attempts=[
             RunAttemptOut(
                 attempt=a.attempt, agent_id=a.agent_id, leased_at=a.leased_at, ended_at=a.ended_at,

@@ -6,11 +6,49 @@ TFLOPS) are converted once, when the catalog is loaded (`cluster_specs.catalog`)
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+
+# ---- bounds on what a cluster may claim (the API and the CLI read the same specs) --------------
+MIN_BANDWIDTH_BYTES_PER_S = 1e6
+"""Slowest bandwidth a spec may give, bytes/s (1 MB/s, below 10 Mb/s Ethernet's 1.25 MB/s): a rate
+near zero prices a collective at ~1e300 s, which overflows to infinity in the step-time sums."""
+MAX_BANDWIDTH_BYTES_PER_S = 1e15
+"""Fastest bandwidth a spec may give, bytes/s (1 PB/s: 125 x the fastest figure in the catalog,
+B200's 8 TB/s of HBM3e, `data/gpus.yaml`)."""
+MIN_PEAK_FLOPS_PER_S = 1e9
+"""Slowest peak a GPU may claim, FLOP/s (1 GFLOP/s; the catalog's slowest device, the nominal CPU
+rank of `local-cpu`, has 1.5e11)."""
+MAX_PEAK_FLOPS_PER_S = 1e18
+"""Fastest peak a GPU may claim, FLOP/s (200 x the catalog's fastest, GB200's 5e15 FP8)."""
+MAX_LATENCY_S = 1.0
+"""Longest per-step latency of a fabric, seconds (the catalog's slowest is 8e-5 s)."""
+MAX_GPUS_PER_NODE = 1024
+"""Most GPUs a node or NVLink domain may have: every tensor-parallel degree and ZeRO group the
+planner tries divides the domain, and the runner agent starts one process per GPU of a node. The
+largest announced NVLink domain is NVL576 (NVIDIA Rubin Ultra, GTC 2025); 1024 leaves room."""
+MAX_DEVICE_MEMORY_BYTES = 2**44
+"""Most memory one GPU may claim (16 TiB; the catalog's largest is B300's 288 GB)."""
+
+
+def _bandwidth_or_zero(value: float) -> float:
+    """0 (the resource is absent: no NIC, no NVMe, no GPU link) or a bandwidth within the bounds."""
+    if value and not MIN_BANDWIDTH_BYTES_PER_S <= value <= MAX_BANDWIDTH_BYTES_PER_S:
+        raise ValueError(
+            f"{value:g} bytes/s is outside [{MIN_BANDWIDTH_BYTES_PER_S:g}, {MAX_BANDWIDTH_BYTES_PER_S:g}] "
+            "(give 0 when there is none)"
+        )
+    return value
+
+
+Bandwidth = Annotated[float, Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S, allow_inf_nan=False)]
+"""A bandwidth that must exist, bytes/s."""
+OptionalBandwidth = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_bandwidth_or_zero)]
+"""A bandwidth that is 0 when the resource is absent, bytes/s."""
+Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_S, allow_inf_nan=False)]
 
 
 MAX_MATMUL_SHARE = 1.5
@@ -28,10 +66,10 @@ class GPUSpec(BaseModel):
     peak_flops_per_s: dict[str, float] = Field(
         description="dense peak per precision: bf16, fp16, fp8, fp32 (TF32 for NVIDIA)"
     )
-    memory_bytes: int = Field(gt=0, description="device memory (HBM/GDDR) in bytes")
-    memory_bandwidth_bytes_per_s: float = Field(gt=0)
-    link_bandwidth_bytes_per_s: float = Field(
-        ge=0, description="GPU-to-GPU fabric bandwidth per GPU, one direction (NVLink/xGMI/PCIe)"
+    memory_bytes: int = Field(gt=0, le=MAX_DEVICE_MEMORY_BYTES, description="device memory (HBM/GDDR) in bytes")
+    memory_bandwidth_bytes_per_s: Bandwidth
+    link_bandwidth_bytes_per_s: OptionalBandwidth = Field(
+        description="GPU-to-GPU fabric bandwidth per GPU, one direction (NVLink/xGMI/PCIe)"
     )
     tdp_w: float | None = None
     sm_count: int | None = Field(
@@ -84,6 +122,12 @@ class GPUSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_matmul_share(self) -> GPUSpec:
+        for precision, peak in self.peak_flops_per_s.items():
+            if not MIN_PEAK_FLOPS_PER_S <= peak <= MAX_PEAK_FLOPS_PER_S:
+                raise ValueError(
+                    f"peak_flops_per_s[{precision!r}] = {peak:g} is outside "
+                    f"[{MIN_PEAK_FLOPS_PER_S:g}, {MAX_PEAK_FLOPS_PER_S:g}] FLOP/s"
+                )
         for precision, share in self.matmul_share.items():
             if precision not in self.peak_flops_per_s:
                 raise ValueError(f"matmul_share names {precision!r}, which has no peak (has {sorted(self.peak_flops_per_s)})")
@@ -123,11 +167,10 @@ class IntraNodeFabric(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: IntraNodeKind
-    bus_bandwidth_bytes_per_s: float = Field(
-        gt=0,
+    bus_bandwidth_bytes_per_s: Bandwidth = Field(
         description="achievable NCCL bus bandwidth (nccl-tests busbw, ring) of a collective over the whole domain",
     )
-    latency_s: float = Field(default=3e-6, ge=0, description="per ring/tree step")
+    latency_s: Latency = Field(default=3e-6, description="per ring/tree step")
     source: str = Field(default="", description="where the figures come from")
 
 
@@ -138,9 +181,8 @@ class InterNodeNetwork(BaseModel):
 
     kind: InterNodeKind = "infiniband"
     nics_per_node: int = Field(default=8, ge=0)
-    nic_bandwidth_bytes_per_s: float = Field(
+    nic_bandwidth_bytes_per_s: OptionalBandwidth = Field(
         default=50e9,
-        ge=0,
         description="per NIC, one direction: the line rate (NCCL reaches ~90%, left to calibration)",
     )
     rail_optimized: bool = True
@@ -148,7 +190,7 @@ class InterNodeNetwork(BaseModel):
     nodes_per_leaf: int = Field(
         default=32, ge=1, description="nodes under one leaf switch (one scalable unit)"
     )
-    latency_s: float = Field(default=5e-6, ge=0, description="per hop step between nodes")
+    latency_s: Latency = Field(default=5e-6, description="per hop step between nodes")
     source: str = Field(default="", description="where the figures come from")
 
 
@@ -162,10 +204,10 @@ class ClusterSpec(BaseModel):
 
     name: str = "custom"
     gpu: GPUSpec
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE)
     intra_node: IntraNodeFabric
     nvlink_domain_size: int | None = Field(
-        default=None, gt=0, description="GPUs in one NVLink domain; defaults to gpus_per_node (72 for NVL72)"
+        default=None, gt=0, le=MAX_GPUS_PER_NODE, description="GPUs in one NVLink domain; defaults to gpus_per_node (72 for NVL72)"
     )
     placement_segment_nodes: int | None = Field(
         default=None,
@@ -176,12 +218,11 @@ class ClusterSpec(BaseModel):
     )
     inter_node: InterNodeNetwork = InterNodeNetwork()
     host_memory_bytes: int = Field(default=2 * 1024**4, gt=0, description="CPU memory per node, for offload")
-    host_to_device_bytes_per_s: float = Field(
-        default=50e9, gt=0, description="PCIe bandwidth from host memory to one GPU, one direction"
+    host_to_device_bytes_per_s: Bandwidth = Field(
+        default=50e9, description="PCIe bandwidth from host memory to one GPU, one direction"
     )
-    host_memory_bandwidth_bytes_per_s: float = Field(
+    host_memory_bandwidth_bytes_per_s: Bandwidth = Field(
         default=409.6e9,
-        gt=0,
         description="peak DRAM bandwidth of the node's CPU sockets in bytes/s (sockets x memory channels x "
         "MT/s x 8 bytes; the CPU's rated channel speed): bounds the CPU optimizer step and the offload copies",
     )
@@ -196,15 +237,13 @@ class ClusterSpec(BaseModel):
         description="local NVMe capacity per node usable for offload, in bytes (0 = none: ZeRO-Infinity's NVMe "
         "tier is refused)",
     )
-    nvme_read_bytes_per_s: float = Field(
+    nvme_read_bytes_per_s: OptionalBandwidth = Field(
         default=0.0,
-        ge=0,
         description="aggregate sequential read bandwidth of the node's NVMe drives in bytes/s, all drives "
         "striped (as DeepSpeed's aio uses them)",
     )
-    nvme_write_bytes_per_s: float = Field(
+    nvme_write_bytes_per_s: OptionalBandwidth = Field(
         default=0.0,
-        ge=0,
         description="aggregate sequential write bandwidth of the node's NVMe drives in bytes/s, all drives striped",
     )
     description: str = ""

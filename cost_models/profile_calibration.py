@@ -47,7 +47,16 @@ toward the global calibration (`default_calibration()`, fitted on published runs
     o_0        the global `step_overhead_s`; SIGMA_OVERHEAD_REL = 0.25 (a quarter of a median step)
 
 solved by Gauss-Newton with Levenberg damping over (log a_c, log a_intra, log a_inter, o), o kept
->= 0 by projection. Parameters the data cannot identify are held at the prior and reported so:
+>= 0 by projection, inside iteratively reweighted least squares so that a few wrong profiles (a
+broken timer's 1e-9 s step, a stalled run) cannot move the fit: each profile's weight is
+multiplied by a robust weight of its standardized residual u = (log t_i - log y_i) / s, where
+s = max(SIGMA_RUN, 1.4826 x MAD of the residuals) (the MAD is consistent with a standard deviation
+at the normal and ignores a shift common to all profiles, which the fit itself absorbs). First
+Huber weights min(1, HUBER_K / |u|) from the prior (a convex objective: one optimum whatever the
+start; Huber 1964), then Tukey's biweight (1 - (u / TUKEY_C)^2)^2, 0 beyond TUKEY_C, from the
+Huber optimum (a profile more than TUKEY_C scales off the fit weighs nothing; Beaton & Tukey
+1974). Both constants give 95% efficiency at the normal. The profiles weighted below
+`OUTLIER_WEIGHT` are reported as outliers by their label. Parameters the data cannot identify are held at the prior and reported so:
     a_c        needs one profile whose compute-like share is >= 5% of its predicted step
     a_tier     needs one profile whose exposed communication on that tier is >= 5% of its
                predicted step, or a pre-flight measurement on that tier
@@ -92,6 +101,16 @@ SIGMA_OVERHEAD_REL = 0.25
 MIN_SHARE = 0.05
 MIN_COMPUTE_SPREAD = 1.5
 MULTIPLIER_BOUNDS = (1e-3, 1e3)  # a factor outside this is a unit error, not a calibration
+HUBER_K = 1.345
+"""Huber's tuning constant, in robust scales: 95% efficiency at the normal (Holland & Welsch 1977)."""
+TUKEY_C = 4.685
+"""Tukey's biweight constant, in robust scales: 95% efficiency at the normal (Beaton & Tukey 1974)."""
+MAD_TO_SIGMA = 1.4826
+"""1 / the normal's 75th percentile: the MAD times this estimates a standard deviation."""
+ROBUST_ITERS = (20, 10)
+"""IRLS passes: Huber, then Tukey (each pass a damped Gauss-Newton solve; they converge in a few)."""
+OUTLIER_WEIGHT = 0.5
+"""A profile whose robust weight ends below this is reported as an outlier."""
 INTRA_TIERS = ("intra_domain",)
 COMM_DIMS = ("tp", "cp", "ep", "pp", "dp")
 
@@ -229,6 +248,7 @@ class CalibrationFit:
     error_loo: ErrorStats | None
     method: str
     rejected: str | None = None  # why the fit was refused (`PLAUSIBLE`); the calibration is then `base`
+    outliers: list[str] = field(default_factory=list)  # labels of the profiles the robust fit set aside
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -242,15 +262,16 @@ class CalibrationFit:
             "error_after": self.error_after.as_dict() if self.error_after else None,
             "error_leave_one_out": self.error_loo.as_dict() if self.error_loo else None,
             "method": self.method,
+            "outliers": list(self.outliers),
             "calibration": self.calibration.to_json(),
         }
 
 
 METHOD = (
-    "MAP fit (Gauss-Newton) of log step time = log(a_c*compute + a_intra*comm_intra + a_inter*comm_inter "
-    "+ fixed + overhead) to measured profiles, prior = global calibration (sigma_run 0.10, sigma_prior 1.0 "
-    "in log units; pre-flight bus bandwidth observes a_intra with sigma 0.10); see "
-    "cost_models/profile_calibration.py"
+    "robust MAP fit (Gauss-Newton inside IRLS with Huber, then Tukey weights) of log step time = "
+    "log(a_c*compute + a_intra*comm_intra + a_inter*comm_inter + fixed + overhead) to measured profiles, prior = "
+    "global calibration (sigma_run 0.10, sigma_prior 1.0 in log units; pre-flight bus bandwidth observes a_intra "
+    "with sigma 0.10); see cost_models/profile_calibration.py"
 )
 
 
@@ -293,9 +314,9 @@ def _residuals(p: _Problem, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r, J[:, p.free] if p.free.any() else J[:, :0]
 
 
-def _solve(p: _Problem, iters: int = 100) -> np.ndarray:
+def _solve(p: _Problem, iters: int = 100, start: np.ndarray | None = None) -> np.ndarray:
     """Levenberg-damped Gauss-Newton on the free parameters; o projected to >= 0."""
-    theta = p.prior.copy()
+    theta = (p.prior if start is None else start).copy()
     lo, hi = math.log(MULTIPLIER_BOUNDS[0]), math.log(MULTIPLIER_BOUNDS[1])
     if not p.free.any():
         return theta
@@ -323,6 +344,34 @@ def _solve(p: _Problem, iters: int = 100) -> np.ndarray:
             if lam > 1e9:
                 break
     return theta
+
+
+def _robust_weights(p: _Problem, theta: np.ndarray, kind: str) -> np.ndarray:
+    """Huber or Tukey weights of the profiles' residuals at `theta` (module docstring)."""
+    r = np.log(np.maximum(_predict(p.X, theta), 1e-12)) - np.log(p.y)
+    scale = max(SIGMA_RUN, MAD_TO_SIGMA * float(np.median(np.abs(r - np.median(r)))))
+    u = np.abs(r) / scale
+    if kind == "huber":
+        return np.minimum(1.0, HUBER_K / np.maximum(u, 1e-12))
+    return np.where(u < TUKEY_C, (1.0 - (u / TUKEY_C) ** 2) ** 2, 0.0)
+
+
+def _solve_robust(p: _Problem) -> tuple[np.ndarray, np.ndarray]:
+    """The robust MAP fit (IRLS: Huber, then Tukey) and each profile's final robust weight."""
+    theta = _solve(p)
+    weights = np.ones(len(p.y))
+    for kind, passes in zip(("huber", "tukey"), ROBUST_ITERS, strict=True):
+        for _ in range(passes):
+            new = _robust_weights(p, theta, kind)
+            if kind == "tukey" and not (new > 0).any():
+                break  # every profile off by TUKEY_C scales: keep the Huber fit
+            reweighted = replace(p, w=p.w * new)
+            moved = _solve(reweighted, start=theta)
+            done = bool(np.allclose(new, weights, atol=1e-4)) and bool(np.allclose(moved, theta, atol=1e-7))
+            theta, weights = moved, new
+            if done:
+                break
+    return theta, weights
 
 
 def _identify(X: np.ndarray, has_pre: bool) -> tuple[np.ndarray, list[str]]:
@@ -451,7 +500,8 @@ def fit_cluster_calibration(
         return CalibrationFit(cluster, base, 0, factors, {"compute": 1.0, "intra": 1.0, "inter": 1.0},
                               None, None, None, METHOD)
     prob, reasons = _problem(pairs, base)
-    theta = _solve(prob)
+    theta, robust = _solve_robust(prob)
+    outliers = [p.label or f"profile {i}" for i, (p, w) in enumerate(zip(pairs, robust, strict=True)) if w < OUTLIER_WEIGHT]
     cal = _apply(base, theta, _source(cluster, n, theta, prob.free))
     mult = {k: float(math.exp(v)) for k, v in zip(("compute", "intra", "inter"), theta[:3], strict=True)}
     nominal = any(((p.job or {}).get("cluster") or {}).get("gpu", {}).get("vendor") == "cpu" for p in pairs)
@@ -461,10 +511,10 @@ def fit_cluster_calibration(
         kept = replace(base, source=f"cluster {cluster}: {why}; global calibration kept")
         factors = _factor_reports(base, kept, np.zeros(4, bool), [why] * 4)
         return CalibrationFit(cluster, kept, n, factors, {"compute": 1.0, "intra": 1.0, "inter": 1.0},
-                              None, None, None, METHOD, rejected=why)
+                              None, None, None, METHOD, rejected=why, outliers=outliers)
     factors = _factor_reports(base, cal, prob.free, reasons)
     if not errors:
-        return CalibrationFit(cluster, cal, n, factors, mult, None, None, None, METHOD)
+        return CalibrationFit(cluster, cal, n, factors, mult, None, None, None, METHOD, outliers=outliers)
     measured = [p.measured_step_s for p in pairs]
     before = ErrorStats.of([p.predicted_step_s for p in pairs], measured, "stored prediction (global calibration)")
     pred, how = _score(pairs, cal, theta)
@@ -476,12 +526,12 @@ def fit_cluster_calibration(
         for i in range(n):
             rest = pairs[:i] + pairs[i + 1 :]
             sub, _ = _problem(rest, base)
-            th = _solve(sub)
+            th, _ = _solve_robust(sub)
             pi, h = _score([pairs[i]], _apply(base, th, "loo"), th)
             held.append(pi[0])
             hows.add(h)
         loo_stats = ErrorStats.of(held, measured, f"leave-one-out, {' + '.join(sorted(hows))}")
-    return CalibrationFit(cluster, cal, n, factors, mult, before, after, loo_stats, METHOD)
+    return CalibrationFit(cluster, cal, n, factors, mult, before, after, loo_stats, METHOD, outliers=outliers)
 
 
 PLAUSIBLE: dict[str, tuple[float, float]] = {

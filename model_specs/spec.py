@@ -42,6 +42,8 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -84,6 +86,20 @@ HYBRID_FIELDS: tuple[str, ...] = (
 """`ModelSpec` fields of hybrid Mamba-2 models (left out of a plain model's serialization)."""
 
 
+MAX_LAYERS = 1024
+"""Deepest model a spec may describe (8 x the deepest preset, Llama-3.1-405B's 126 layers): every
+stage table the planner builds holds arrays over the layers, and interleaved schedules offer a
+virtual-stage count per divisor of the layers."""
+MAX_EXPERTS = 4096
+"""Most routed experts per MoE layer (2 x the most published, Switch-C's 2048: Fedus et al. 2022,
+arXiv 2101.03961; the checkpoint google/switch-c-2048); the planner tries an expert-parallel degree
+per divisor of it."""
+MAX_MOE_TOP_K = 64
+"""Most experts a token is routed to (8 x DeepSeek-V3's, Qwen3-MoE's and Kimi K2's 8)."""
+MAX_SHARED_EXPERTS = 64
+"""Most shared experts (DeepSeek-V3 has 1, DeepSeek-V2 2, Qwen1.5-MoE 4)."""
+
+
 class ModelSpec(BaseModel):
     """Shape of a decoder-only transformer. All sizes are element counts, not bytes."""
 
@@ -94,7 +110,7 @@ class ModelSpec(BaseModel):
 
     vocab_size: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
-    num_layers: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     num_heads: int = Field(gt=0)
     num_kv_heads: int | None = Field(None, gt=0, description="defaults to num_heads (MHA)")
     head_dim: int | None = Field(None, gt=0, description="defaults to hidden_size // num_heads")
@@ -143,10 +159,10 @@ class ModelSpec(BaseModel):
     v_head_dim: int | None = Field(None, gt=0)
 
     # Mixture of experts.
-    num_experts: int = Field(0, ge=0, description="routed experts per MoE layer; 0 = dense model")
-    moe_top_k: int = Field(0, ge=0)
+    num_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="routed experts per MoE layer; 0 = dense model")
+    moe_top_k: int = Field(0, ge=0, le=MAX_MOE_TOP_K)
     moe_ffn_hidden_size: int | None = Field(None, gt=0, description="width of one routed expert")
-    num_shared_experts: int = Field(0, ge=0)
+    num_shared_experts: int = Field(0, ge=0, le=MAX_SHARED_EXPERTS)
     shared_expert_ffn_hidden_size: int | None = Field(None, gt=0, description="width of one shared expert")
     shared_expert_gate: bool = Field(False, description="sigmoid gate hidden->1 on the shared expert (Qwen2-MoE)")
     first_k_dense_layers: int = Field(0, ge=0)
@@ -511,6 +527,18 @@ class TrainingSpec(BaseModel):
         "counts these; memory is priced at seq_len, the longest padded batch); default: packed, every "
         "position a real token",
     )
+
+    @field_validator("global_batch_tokens")
+    @classmethod
+    def _tokens_within_the_batch_bound(cls, tokens: int | None, info: ValidationInfo) -> int | None:
+        """The sequences `global_batch_tokens` derives are bounded like `global_batch` (2**24)."""
+        seq_len = info.data.get("seq_len")
+        if tokens is not None and seq_len and tokens // seq_len > MAX_GLOBAL_BATCH:
+            raise ValueError(
+                f"{tokens} tokens / seq_len {seq_len} = {tokens // seq_len} sequences per step: at most "
+                f"{MAX_GLOBAL_BATCH} (2**24), the bound of global_batch"
+            )
+        return tokens
 
     @model_validator(mode="after")
     def _derive_batch(self) -> TrainingSpec:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cluster_specs.spec import ClusterSpec
+from cluster_specs.spec import MAX_GPUS_PER_NODE, ClusterSpec
 from cost_models.layout import (
     AttentionKernel,
     ElementwiseKernels,
@@ -117,7 +117,9 @@ class SearchConstraints(BaseModel):
         "(Megatron-Core 0.14+); off for NeMo 2.3 / 2.4 and Megatron-Core 0.12 / 0.13, which turn it off under "
         "Megatron FSDP, and every layout is priced so (Layout.megatron_fsdp_gradient_fusion)",
     )
-    max_tp: int | None = Field(None, ge=1, description="default: the NVLink domain size")
+    max_tp: int | None = Field(
+        None, ge=1, le=MAX_GPUS_PER_NODE, description="default: the NVLink domain size (tensor parallelism never leaves it)"
+    )
     top_k: int = Field(5, ge=1, le=100, description="alternatives returned")
 
     @model_validator(mode="after")

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install everything (torch 2.13.0 CPU wheel is on every machine's disk) and run all tests.
 # The API tests run on SQLite and on a real PostgreSQL server: when AUTOPAR_TEST_POSTGRES_URL is not
-# set, this script installs PostgreSQL (Debian package, needs root), starts it and sets the variable;
-# it fails loudly if it cannot. Set AUTOPAR_TEST_POSTGRES=skip to run without PostgreSQL.
+# set, this script starts a private PostgreSQL server of its own (scripts/postgres.sh: a data
+# directory, port, socket and role of this run only; the Debian package is installed when missing,
+# which needs root), sets the variable, and stops the server and deletes its directory when it exits,
+# however it exits. Two runs at once on one host never share a server. It fails loudly if it cannot
+# start one; set AUTOPAR_TEST_POSTGRES=skip to run without PostgreSQL.
 # Likewise it installs Debian's chromium + chromium-driver for the headless-browser UI test.
-# A PostgreSQL server this script started is stopped again when it exits (its role's password is
-# random per run); one that was already running is left as it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "scripts/test.sh: $*" >&2; }
@@ -47,16 +48,16 @@ if [[ -z "${AUTOPAR_TEST_POSTGRES_URL:-}" && "${AUTOPAR_TEST_POSTGRES:-}" != "sk
     AUTOPAR_PG_STARTED_FILE="$(mktemp)"
     export AUTOPAR_PG_STARTED_FILE
     stop_postgres() {
-        local cluster
-        cluster="$(cat "$AUTOPAR_PG_STARTED_FILE" 2>/dev/null || true)"
-        if [[ -n "$cluster" ]]; then
-            say "stopping the PostgreSQL cluster $cluster it started"
-            # shellcheck disable=SC2086  # "VERSION main": two arguments
-            pg_ctlcluster $cluster stop >&2 || say "could not stop PostgreSQL cluster $cluster"
+        local dir
+        dir="$(cat "$AUTOPAR_PG_STARTED_FILE" 2>/dev/null || true)"
+        if [[ -n "$dir" ]]; then
+            bash scripts/postgres.sh --stop "$dir" || say "could not stop the PostgreSQL server of $dir"
         fi
         rm -f "$AUTOPAR_PG_STARTED_FILE"
     }
     trap stop_postgres EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM  # the EXIT trap runs on the way out
     AUTOPAR_TEST_POSTGRES_URL="$(bash scripts/postgres.sh)" || {
         echo "scripts/test.sh: could not start PostgreSQL for the API tests (see above);" \
              "set AUTOPAR_TEST_POSTGRES=skip to run without it" >&2

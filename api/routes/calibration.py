@@ -10,8 +10,8 @@ from fastapi import APIRouter, Path
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from api.calibration import cluster_fit, is_preset, preset_note, stored_profiles
-from api.deps import DB
+from api.calibration import cluster_fit, cluster_version, is_preset, preset_note, stored_profiles
+from api.deps import DB, Reports
 from api.errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/v1", tags=["calibration"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
@@ -54,6 +54,13 @@ class CalibrationOut(BaseModel):
         "(for a preset, none is used)"
     )
     note: str | None = Field(description="for a preset: why profiles do not calibrate it, and what does")
+    outliers: list[str] = Field(
+        default_factory=list, description="profiles (by run) the robust fit set aside as far off the rest"
+    )
+    errors_n_profiles: int | None = Field(
+        description="profiles the error report covers (it is computed in the background after each new profile)"
+    )
+    errors_current: bool = Field(description="the error report covers every profile the factors were fitted on")
 
 
 @router.get(
@@ -61,18 +68,31 @@ class CalibrationOut(BaseModel):
     response_model=CalibrationOut,
     summary="Calibration fitted for a cluster from its measured profiles",
 )
-async def get_cluster_calibration(name: ClusterName, db: DB) -> CalibrationOut:
+async def get_cluster_calibration(name: ClusterName, db: DB, reports: Reports) -> CalibrationOut:
     """Factors refitted from the profiles of runs on this cluster (the global calibration with
     `n_profiles = 0` when it has none); plans and evaluations for the cluster are priced with them.
     A cluster preset answers the global calibration (`n_profiles = 0`, `preset: true`, a `note`)
     whatever profiles runs on that name stored: presets are calibrated only by the project's fit
-    to published runs."""
+    to published runs. The factors are always those of every stored profile; the error report
+    (re-priced and leave-one-out errors) is computed in the background after a profile is stored,
+    and this answer gives the newest one finished (`errors_n_profiles`, `errors_current`)."""
 
     def fit() -> dict[str, Any]:
         preset = is_preset(name)
         with db.read_session() as session:
-            out = cluster_fit(session, name, errors=True).as_dict()
+            current = cluster_fit(session, name)
+            out = current.as_dict()
             out["profiles_stored"] = stored_profiles(session, name)
+            version = None if preset else cluster_version(session, name)
+        report = None if preset else reports.latest(name)
+        if not preset and (report is None or report[0] != version):
+            reports.request(name)  # computed in the background; this answer does not wait for it
+        if report is not None:
+            done = report[1].as_dict()
+            for key in ("error_before", "error_after", "error_leave_one_out"):
+                out[key] = done[key]
+        out["errors_n_profiles"] = report[1].n_profiles if report is not None else None
+        out["errors_current"] = preset or (report is not None and report[0] == version)
         out["preset"] = preset
         out["note"] = preset_note(name) if preset else None
         return out

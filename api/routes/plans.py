@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -16,7 +16,7 @@ from api.deps import DB, IdempotencyKey, MetricsDep, Pool, SettingsDep, User
 from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, conflict, not_found
 from api.idempotency import stored_under_key
 from api.models import EvaluationRow, PlanRow, ProfileRow
-from api.planning import request_sha256, run_evaluation, run_search
+from api.planning import evaluation_payload, request_sha256, search_payload
 from api.resolve import resolve_cluster_ref, resolve_model_ref
 from api.schemas import (
     MAX_ID,
@@ -28,8 +28,9 @@ from api.schemas import (
     PlanRequest,
     PlanSummary,
 )
-from api.views import plan_profile, plan_record, plan_summary
+from api.views import SUMMARY_COLUMNS, plan_profile, plan_record, plan_summary, stored_plan, summary_of
 from cost_models.jobs import Job
+from planner.budget import Budget, estimate_work
 from planner.exporters import ExportError, export, formats
 from planner.inputs import InputProblem, evaluation_problems, plan_problems
 from planner.plan import Plan
@@ -62,11 +63,14 @@ def _check_gpus(gpus: int, limit: int) -> None:
 )
 async def create_plan(
     body: PlanRequest, principal: User, db: DB, pool: Pool, metrics: MetricsDep, settings: SettingsDep,
-    response: Response, idempotency_key: IdempotencyKey = None,
+    request: Request, response: Response, idempotency_key: IdempotencyKey = None,
 ) -> PlanRecord:
-    """Runs `planner.search.search` on the planner pool (never on the event loop). A job that does
-    not fit is stored too: its Plan has no `best`, and `why`, `rejections` and `closest_miss` say
-    which constraint failed and by how many bytes."""
+    """Counts the search's work first (`planner.budget.estimate_work`: layouts to price, bytes to
+    hold) and refuses a job over the budget (422, before any search); then runs
+    `planner.search.search` in the planner's worker processes, within its time budget (422 and
+    nothing stored when it ends first; a client that disconnects cancels its search). A job that
+    does not fit is stored too: its Plan has no `best`, and `why`, `rejections` and `closest_miss`
+    say which constraint failed and by how many bytes."""
     _check_gpus(body.gpus, settings.max_gpus)
     digest = request_sha256(body.model_dump(mode="json"))
 
@@ -82,16 +86,23 @@ async def create_plan(
                 return earlier, None
             model = resolve_model_ref(session, body.model, ["body", "model"])
             cluster = resolve_cluster_ref(session, body.cluster, ["body", "cluster"])
-            return None, (model, cluster, calibration_for(session, cluster.name))
+            calibration = calibration_for(session, cluster.name)
+        refuse_input_problems(plan_problems(model, body.training, cluster, body.gpus, body.constraints))
+        work = estimate_work(model, body.training, cluster, body.gpus, body.constraints)
+        return None, (model, cluster, calibration, work)
 
     earlier, resolved = await run_in_threadpool(prepare)
     if earlier is not None:
         response.status_code = 200
         return earlier
-    model, cluster, calibration = resolved
-    refuse_input_problems(plan_problems(model, body.training, cluster, body.gpus, body.constraints))
+    model, cluster, calibration, work = resolved
+    refusal = Budget(settings.max_plan_layouts, settings.max_plan_bytes).refusal(work)
+    if refusal is not None:
+        metrics.planner_refused.inc()
+        raise ApiError(422, refusal, ["body"], "over_work_budget")
     plan: Plan = await pool.run(
-        lambda: run_search(model, body.training, cluster, body.gpus, body.constraints, calibration, metrics)
+        "search", search_payload(model, body.training, cluster, body.gpus, body.constraints, calibration),
+        work.layouts, disconnected=request.is_disconnected,
     )
 
     def store() -> tuple[PlanSummary | PlanRecord, bool]:
@@ -164,10 +175,10 @@ def list_plans(
     id_order = PlanRow.id.desc() if sort.startswith("-") else PlanRow.id.asc()
     with db.read_session() as session:
         total = session.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
-        rows = session.scalars(
-            select(PlanRow).where(*conds).order_by(order, id_order).limit(limit).offset(offset)
+        rows = session.execute(
+            select(*SUMMARY_COLUMNS).where(*conds).order_by(order, id_order).limit(limit).offset(offset)
         ).all()
-        items = [plan_summary(r) for r in rows]
+        items = [summary_of(r) for r in rows]
     return Page[PlanSummary](items=items, total=total, limit=limit, offset=offset)
 
 
@@ -245,7 +256,7 @@ def export_plan(
     media type (text/x-shellscript, application/json for DeepSpeed's ds_config.json,
     application/toml, application/yaml), text/plain or application/octet-stream give the file."""
     with db.read_session() as session:
-        plan = Plan.model_validate(_plan_row(session, plan_id).plan)
+        plan = stored_plan(plan_id, _plan_row(session, plan_id).plan)
     if plan.best is None:
         raise conflict(f"plan {plan_id} has no layout that fits: nothing to export ({'; '.join(plan.why[:1])})",
                        ["path", "plan_id"])
@@ -292,30 +303,41 @@ def plan_profiles(
     "/evaluate", response_model=EvaluationOut, summary="Price one layout (what-if)",
     responses={201: {"model": EvaluationOut, "description": "priced and stored (?store=true)"}},
 )
-def evaluate(
-    job: Job, principal: User, db: DB, metrics: MetricsDep, settings: SettingsDep, response: Response,
+async def evaluate(
+    job: Job, principal: User, db: DB, pool: Pool, settings: SettingsDep, request: Request, response: Response,
     store: Annotated[bool, Query(description="keep the evaluation in the database")] = False,
 ) -> EvaluationOut:
     """The batch contract's job (`cost_models.jobs.Job`): memory per stage, time breakdown,
-    tokens/s and MFU for one layout. Not stored unless `store=true`."""
+    tokens/s and MFU for one layout, priced in the planner's worker processes (within their time
+    budget). Not stored unless `store=true`."""
     if job.gpus > settings.max_gpus:
         raise ApiError(422, f"{job.gpus} GPUs: this service prices at most {settings.max_gpus}", ["body", "gpus"],
                        "too_large")
-    with db.read_session() as session:
-        model = resolve_model_ref(session, job.model, ["body", "model"])
-        cluster = resolve_cluster_ref(session, job.cluster, ["body", "cluster"])
-        calibration = calibration_for(session, cluster.name)
+
+    def prepare() -> tuple[Any, Any, Any]:
+        with db.read_session() as session:
+            model = resolve_model_ref(session, job.model, ["body", "model"])
+            cluster = resolve_cluster_ref(session, job.cluster, ["body", "cluster"])
+            return model, cluster, calibration_for(session, cluster.name)
+
+    model, cluster, calibration = await run_in_threadpool(prepare)
     refuse_input_problems(evaluation_problems(job.training, cluster, job.gpus))
-    result = run_evaluation(job, model, cluster, calibration, metrics)
+    result: dict[str, Any] = await pool.run(
+        "evaluate", evaluation_payload(job, model, cluster, calibration), 1, disconnected=request.is_disconnected
+    )
     if not store:
         return EvaluationOut(id=None, result=result)
-    with db.write_session() as session:
-        row = EvaluationRow(
-            created_by=principal.token_id, model_name=model.name[:256], cluster_name=cluster.name[:256],
-            gpus=job.gpus, job=job.model_dump(mode="json"), result=result,
-        )
-        session.add(row)
-        session.flush()
-        ident = row.id
+
+    def keep() -> int:
+        with db.write_session() as session:
+            row = EvaluationRow(
+                created_by=principal.token_id, model_name=model.name[:256], cluster_name=cluster.name[:256],
+                gpus=job.gpus, job=job.model_dump(mode="json"), result=result,
+            )
+            session.add(row)
+            session.flush()
+            return row.id
+
+    ident = await run_in_threadpool(keep)
     response.status_code = 201
     return EvaluationOut(id=ident, result=result)

@@ -12,11 +12,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import selectinload
 
 from api import runs as lifecycle
-from api.deps import DB, Agent, Authenticated, IdempotencyKey, MetricsDep, User
+from api.deps import DB, Agent, Authenticated, IdempotencyKey, MetricsDep, Reports, User
 from api.errors import ERROR_RESPONSES, conflict, forbidden, not_found
 from api.idempotency import stored_under_key
 from api.models import AgentRow, PlanRow, ProfileRow, RunRow, utcnow
 from api.planning import request_sha256
+from api.profile_checks import check_profile
+from api.run_checks import check_run
 from api.schemas import (
     MAX_ID,
     AgentCreate,
@@ -63,6 +65,9 @@ def create_run(
     plan_id: Id, body: RunCreate, principal: User, db: DB, response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> RunOut:
+    """Queue the plan's best layout on `cluster` (`api.run_checks`: the process count is the plan's;
+    a preset or registered cluster must have the plan's GPU type and hold its GPUs on one node;
+    what cannot be checked is said in the run's `notes`)."""
     digest = request_sha256({"plan_id": plan_id, **body.model_dump(mode="json")})
     try:
         with db.write_session() as session:
@@ -75,13 +80,14 @@ def create_run(
                 raise not_found("plan", plan_id, ["path", "plan_id"])
             if not plan.feasible:
                 raise conflict(f"plan {plan_id} has no layout that fits: nothing to run", ["path", "plan_id"])
+            notes = check_run(session, plan_id, plan.plan, body)
             now = utcnow()
             run = RunRow(
                 plan_id=plan_id, cluster=body.cluster, status="queued", steps=body.steps,
                 max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
                 launch=body.launch.model_dump(mode="json"), attempt=0, cancel_requested=False,
                 created_by=principal.token_id, created_at=now, updated_at=now,
-                idempotency_key=idempotency_key, request_sha256=digest,
+                idempotency_key=idempotency_key, request_sha256=digest, notes=notes,
             )
             session.add(run)
             session.flush()
@@ -199,14 +205,16 @@ def heartbeat(run_id: Id, body: HeartbeatRequest, principal: Agent, db: DB) -> H
     responses={200: {"model": ProfileOut, "description": "the run already has a profile: the stored one"}},
 )
 def upload_profile(
-    run_id: Id, body: ProfileUpload, principal: Agent, db: DB, metrics: MetricsDep, response: Response,
+    run_id: Id, body: ProfileUpload, principal: Agent, db: DB, metrics: MetricsDep, reports: Reports,
+    response: Response,
     agent_id: Annotated[int, Query(ge=1, description="the agent holding the lease of this attempt")],
     attempt: Annotated[int, Query(ge=1, description="the leased attempt the profile measures")],
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> ProfileOut:
     """Exactly one profile per run, uploaded by the lease holder of the run's current attempt; that
     agent retrying the upload (whatever its key), or a later attempt's holder, gets the stored one
-    back (200); another agent gets a 409."""
+    back (200); another agent gets a 409. A value the plan's hardware cannot produce (a step faster
+    than its peak allows, a rank above its GPU's memory, ...) is refused (422, `api.profile_checks`)."""
 
     def stored_for(session: Any, run: RunRow, agent: AgentRow) -> ProfileOut | None:
         row = session.scalar(select(ProfileRow).where(ProfileRow.run_id == run.id))
@@ -230,6 +238,9 @@ def upload_profile(
                 response.status_code = 200
                 return stored
             lifecycle.check_lease_holder(run, agent, attempt)
+            plan = session.get(PlanRow, run.plan_id)
+            assert plan is not None  # runs reference plans by foreign key
+            check_profile(plan.plan, body)
             row = ProfileRow(
                 run_id=run.id, plan_id=run.plan_id, cluster=run.cluster, attempt=run.attempt, agent_id=agent.id,
                 idempotency_key=idempotency_key, step_s=body.step_s, tokens_per_s=body.tokens_per_s, mfu=body.mfu,
@@ -245,6 +256,7 @@ def upload_profile(
         response.status_code = 200
         return replayed
     metrics.profiles.inc()
+    reports.request(out.cluster)  # the cluster's error report, in the background (api.calibration)
     return out
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Path, Query
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
@@ -42,6 +43,28 @@ def _cluster_out(name: str, source: Literal["preset", "team"], spec: ClusterSpec
     return ClusterOut(name=name, source=source, gpu=spec.gpu.name, gpus_per_node=spec.gpus_per_node, spec=spec)
 
 
+def _stale(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+
+
+def _team_model_out(row: TeamModel) -> ModelOut:
+    """A stored team model; one stored before the bounds and outside them reads as stale, not a 500."""
+    try:
+        return _model_out(row.name, "team", ModelSpec(**row.spec))
+    except ValidationError as exc:
+        return ModelOut(name=row.name, source="team", params_total=None, params_active=None, spec=None,
+                        stale=_stale(exc))
+
+
+def _team_cluster_out(row: TeamCluster) -> ClusterOut:
+    """A stored team cluster; one stored before the bounds and outside them reads as stale, not a 500."""
+    try:
+        return _cluster_out(row.name, "team", ClusterSpec(**row.spec))
+    except ValidationError as exc:
+        return ClusterOut(name=row.name, source="team", gpu=None, gpus_per_node=None, spec=None, stale=_stale(exc))
+
+
 @functools.cache
 def _preset_models() -> tuple[ModelOut, ...]:
     return tuple(_model_out(n, "preset", get_model(n)) for n in list_models())
@@ -72,8 +95,7 @@ def _page(
 @router.get("/models", response_model=Page[ModelOut], summary="Model presets and team models")
 def list_model_specs(db: DB, source: Source = None, limit: Limit = 50, offset: Offset = 0) -> Page[ModelOut]:
     return _page(
-        db, _preset_models(), TeamModel, lambda r: _model_out(r.name, "team", ModelSpec(**r.spec)), source, limit,
-        offset,
+        db, _preset_models(), TeamModel, _team_model_out, source, limit, offset,
     )
 
 
@@ -86,7 +108,7 @@ def get_model_spec(name: SpecName, db: DB) -> ModelOut:
         row = session.scalar(select(TeamModel).where(TeamModel.name == name))
         if row is None:
             raise not_found("model", repr(name), ["path", "name"])
-        return _model_out(row.name, "team", ModelSpec(**row.spec))
+        return _team_model_out(row)
 
 
 @router.post("/models", status_code=201, response_model=ModelOut, summary="Store a team model")
@@ -107,8 +129,7 @@ def create_model_spec(body: ModelCreate, principal: User, db: DB) -> ModelOut:
 @router.get("/clusters", response_model=Page[ClusterOut], summary="Cluster presets and team clusters")
 def list_cluster_specs(db: DB, source: Source = None, limit: Limit = 50, offset: Offset = 0) -> Page[ClusterOut]:
     return _page(
-        db, _preset_clusters(), TeamCluster, lambda r: _cluster_out(r.name, "team", ClusterSpec(**r.spec)), source,
-        limit, offset,
+        db, _preset_clusters(), TeamCluster, _team_cluster_out, source, limit, offset,
     )
 
 
@@ -121,7 +142,7 @@ def get_cluster_spec(name: SpecName, db: DB) -> ClusterOut:
         row = session.scalar(select(TeamCluster).where(TeamCluster.name == name))
         if row is None:
             raise not_found("cluster", repr(name), ["path", "name"])
-        return _cluster_out(row.name, "team", ClusterSpec(**row.spec))
+        return _team_cluster_out(row)
 
 
 @router.post("/clusters", status_code=201, response_model=ClusterOut, summary="Store a team cluster")

@@ -5,17 +5,38 @@ end-to-end test uses the real service (`autopar serve`)."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent import runner as runner_mod
+from agent.launcher import LaunchSpec
 from api.local_server import free_port
 
-__all__ = ["FakeServer", "fake_server", "free_port"]
+__all__ = ["FAKE_RUNTIME", "FakeServer", "fake_runtime", "fake_server", "free_port"]
+
+# A stand-in runtime: forks a grandchild (recorded in grandchild.pid), writes progress.json after
+# each of STEPS steps of STEP_S seconds, then profile.json. argv: STEPS STEP_S
+FAKE_RUNTIME = r"""
+import json, os, subprocess, sys, time
+steps, step_s = int(sys.argv[1]), float(sys.argv[2])
+g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open("grandchild.pid", "w").write(str(g.pid))
+for i in range(1, steps + 1):
+    time.sleep(step_s)
+    json.dump({"step": i, "steps": steps, "loss": 5.0 / i, "step_s": step_s}, open("progress.tmp", "w"))
+    os.replace("progress.tmp", "progress.json")
+    print(f"step {i}", flush=True)
+json.dump({"step_s": step_s, "step_times_s": [step_s] * steps, "tokens_per_s": 1.0, "mfu": float("nan")},
+          open("profile.json", "w"))
+g.kill()
+"""
 
 
 @dataclass
@@ -118,3 +139,16 @@ def fake_server() -> Iterator[FakeServer]:
     srv.start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    script = tmp_path / "fake_runtime.py"
+    script.write_text(FAKE_RUNTIME)
+
+    def argv(spec: LaunchSpec, plan_file: Path, profile_file: Path, progress_file: Path) -> list[str]:
+        assert plan_file.parent == profile_file.parent == progress_file.parent
+        return [sys.executable, str(script), str(spec.steps), "0.3"]
+
+    monkeypatch.setattr(runner_mod, "runtime_argv", argv)
+    return script

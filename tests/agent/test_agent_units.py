@@ -22,27 +22,9 @@ from agent.client import ApiClient, RetryPolicy, ServerUnavailable
 from agent.launcher import Child, LaunchError, LaunchSpec, log_tail, read_progress, runtime_argv
 from agent.runner import Agent, AgentConfig
 
-from .conftest import FakeServer, free_port
+from .conftest import FAKE_RUNTIME, FakeServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# A stand-in runtime: forks a grandchild (recorded in grandchild.pid), writes progress.json after
-# each of STEPS steps of STEP_S seconds, then profile.json. argv: STEPS STEP_S
-FAKE_RUNTIME = r"""
-import json, os, subprocess, sys, time
-steps, step_s = int(sys.argv[1]), float(sys.argv[2])
-g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open("grandchild.pid", "w").write(str(g.pid))
-for i in range(1, steps + 1):
-    time.sleep(step_s)
-    json.dump({"step": i, "steps": steps, "loss": 5.0 / i, "step_s": step_s}, open("progress.tmp", "w"))
-    os.replace("progress.tmp", "progress.json")
-    print(f"step {i}", flush=True)
-json.dump({"step_s": step_s, "step_times_s": [step_s] * steps, "tokens_per_s": 1.0, "mfu": float("nan")},
-          open("profile.json", "w"))
-g.kill()
-"""
-
 
 def alive(pid: int) -> bool:
     try:
@@ -59,23 +41,10 @@ def alive(pid: int) -> bool:
 def lease_answer(run_id: int = 11, attempt: int = 1, steps: int = 6, **launch: Any) -> dict[str, Any]:
     return {
         "run": {"id": run_id, "steps": steps, "lease_seconds": 3, "launch": {"nproc_per_node": 2, "backend": "gloo", **launch}},
-        "plan": {"inputs": {"gpus": 2, "model": {"name": "$(touch /tmp/autopar-pwned-unit)"}}},
+        "plan": {"inputs": {"gpus": 2, "model": {"name": "$(touch /tmp/autopar-pwned-unit)"}}, "best": {"layout": {}}},
         "attempt": attempt,
         "lease_deadline": "2099-01-01T00:00:00+00:00",
     }
-
-
-@pytest.fixture
-def fake_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    script = tmp_path / "fake_runtime.py"
-    script.write_text(FAKE_RUNTIME)
-
-    def argv(spec: LaunchSpec, plan_file: Path, profile_file: Path, progress_file: Path) -> list[str]:
-        assert plan_file.parent == profile_file.parent == progress_file.parent
-        return [sys.executable, str(script), str(spec.steps), "0.3"]
-
-    monkeypatch.setattr(runner_mod, "runtime_argv", argv)
-    return script
 
 
 def make_agent(srv: FakeServer, workdir: Path) -> Agent:
@@ -159,11 +128,14 @@ def test_stop_kills_the_whole_process_tree(tmp_path: Path) -> None:
     while not (tmp_path / "grandchild.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     grandchild = int((tmp_path / "grandchild.pid").read_text())
-    assert alive(grandchild) and int((tmp_path / "child.pid").read_text()) == child.pgid
+    record = json.loads((tmp_path / "child.json").read_text())
+    assert alive(grandchild) and record["pgid"] == record["pid"] == child.pgid
+    assert record["agent_pid"] == os.getpid() and record["start_ticks"] > 0
     child.stop(grace_s=1.0)
     child.close()
     time.sleep(0.2)
     assert not alive(child.proc.pid) and not alive(grandchild)
+    assert not (tmp_path / "child.json").exists()  # the record goes with the tree
 
 
 def test_log_tail_is_bounded_utf8(tmp_path: Path) -> None:
@@ -400,7 +372,7 @@ def test_preflight_all_reduce_bus_bandwidth(tmp_path: Path) -> None:
     """The pre-flight under torchrun (2 gloo ranks): NCCL-convention bus bandwidth of a 1 MiB all-reduce."""
     from agent.launcher import preflight_argv, run_to_completion
 
-    spec = LaunchSpec.from_run({"steps": 1, "launch": {"nproc_per_node": 2, "backend": "gloo"}}, {})
+    spec = LaunchSpec.from_run({"steps": 1, "launch": {"nproc_per_node": 2, "backend": "gloo"}}, {"inputs": {"gpus": 2}})
     out = tmp_path / "preflight.json"
     assert run_to_completion(preflight_argv(spec, out, 2**20, 5), tmp_path, "preflight.log", 120) == 0
     r = json.loads(out.read_text())

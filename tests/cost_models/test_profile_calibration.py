@@ -154,3 +154,47 @@ def test_implausible_profiles_are_refused_with_the_reason() -> None:
     assert fit.rejected is not None and "gemm_efficiency" in fit.rejected and "plausible range" in fit.rejected
     assert fit.calibration.gemm_efficiency == base.gemm_efficiency
     assert fit.as_dict()["rejected"] == fit.rejected
+
+
+def _with_step(pair: ProfilePair, step_s: float, label: str) -> ProfilePair:
+    return replace(pair, measured_step_s=step_s, label=label)
+
+
+def test_a_wrong_profile_among_good_ones_does_not_move_the_fit() -> None:
+    """Issue 34: a 1e-9 s step after three good profiles threw the whole fit away (the plain least
+    squares moved the compute scale to an implausible value), and eight good ones after it did not
+    restore it. The robust fit (IRLS, Huber then Tukey) weighs it at zero and names it."""
+    base = default_calibration()
+    truth = slow_truth(base, overhead_s=1.0)
+    good = [measured_pair(s, b, truth) for s, b in SHAPES[:3]]
+    clean = fit_cluster_calibration("lab", good, errors=False)
+    bad = _with_step(good[0], 1e-9, "run 4")
+    with_bad = fit_cluster_calibration("lab", [*good, bad], errors=False)
+    assert with_bad.rejected is None and with_bad.outliers == ["run 4"]
+    assert with_bad.multipliers["compute"] == pytest.approx(clean.multipliers["compute"], rel=0.01)
+    more = [measured_pair(s, b, truth) for s, b in SHAPES * 2]
+    after = fit_cluster_calibration("lab", [*good, bad, *more], errors=False)
+    assert after.rejected is None and after.outliers == ["run 4"]
+    assert after.multipliers["compute"] == pytest.approx(3.0, rel=0.05)
+
+
+def test_a_few_outliers_among_many_move_the_price_by_under_a_percent() -> None:
+    """Issue 34: among 200 profiles, one wrong one moved the price 13%. Five of them (a 1e-9 s and a
+    1e5 x slow step, twice, and a 20 x slow one) now move the predicted step of a probe job by
+    less than 1%."""
+    base = default_calibration()
+    truth = slow_truth(base, overhead_s=1.0)
+    good = [measured_pair(s, b, truth) for s, b in SHAPES] * 10
+    wrong = [
+        _with_step(good[0], 1e-9, "fast-1"), _with_step(good[1], 1e-9, "fast-2"),
+        _with_step(good[2], good[2].measured_step_s * 1e5, "slow-1"),
+        _with_step(good[3], good[3].measured_step_s * 1e5, "slow-2"),
+        _with_step(good[0], good[0].measured_step_s * 20, "slow-3"),
+    ]
+    clean = fit_cluster_calibration("lab", good, errors=False)
+    dirty = fit_cluster_calibration("lab", [*good, *wrong], errors=False)
+    assert sorted(dirty.outliers) == sorted(p.label for p in wrong)
+    probe = measured_pair(1024, 64, truth)
+    assert probe.job is not None
+    moved = reprice_step_s(probe.job, dirty.calibration) / reprice_step_s(probe.job, clean.calibration) - 1.0
+    assert abs(moved) < 0.01, moved
