@@ -86,6 +86,8 @@ class PlanRow(Base):
     seq_len: Mapped[int] = mapped_column(BigInteger)
     global_batch: Mapped[int] = mapped_column(BigInteger)
     precision: Mapped[str] = mapped_column(String(16))
+    # the training method (full | lora | qlora): a column, so the list shows it without the plan JSON
+    method: Mapped[str | None] = mapped_column(String(16))
     feasible: Mapped[bool] = mapped_column(Boolean)
     step_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)

@@ -127,7 +127,9 @@ def _worker_main(conn: Connection, stop_flag: Any) -> None:
 
 
 def _search(payload: tuple[Any, ...], deadline: float, stop_flag: Any) -> Plan:
-    from planner.search import search
+    # a fine-tuning job is planned in its stack, its techniques searched (`planner.finetune`); any
+    # other job goes to `planner.search.search` unchanged
+    from planner.finetune import search_finetune as search
 
     model, training, cluster, gpus, constraints, calibration = payload
     visited = [0, 0]

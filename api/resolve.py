@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from api.errors import ApiError
 from api.models import TeamCluster, TeamModel
 from api.numbers import check_no_bool_numbers, schema_of
-from cluster_specs.presets import cluster_from_dict, get_cluster, list_clusters
+from cluster_specs.presets import MissingUnitError, cluster_from_dict, get_cluster, list_clusters
 from cluster_specs.spec import ClusterSpec
 from model_specs.hf import from_hf_config
 from model_specs.presets import PRESETS, list_models
@@ -77,6 +77,8 @@ def cluster_from_fields(spec: dict[str, Any], loc: Sequence[str | int], name: st
     except KeyError as exc:
         msg = exc.args[0] if exc.args else str(exc)
         raise _invalid([*loc, "gpu"], str(msg), "unknown_gpu") from exc
+    except MissingUnitError as exc:
+        raise _invalid([*loc, *exc.path], str(exc), "missing_unit") from exc
     except (ValueError, TypeError, AttributeError) as exc:
         raise _invalid(loc, str(exc)) from exc
 

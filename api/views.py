@@ -23,8 +23,8 @@ from planner.plan import Plan
 
 SUMMARY_COLUMNS = (
     PlanRow.id, PlanRow.created_at, PlanRow.model_name, PlanRow.cluster_name, PlanRow.gpus, PlanRow.seq_len,
-    PlanRow.global_batch, PlanRow.precision, PlanRow.feasible, PlanRow.step_s, PlanRow.tokens_per_s, PlanRow.mfu,
-    PlanRow.calibration,
+    PlanRow.global_batch, PlanRow.precision, PlanRow.method, PlanRow.feasible, PlanRow.step_s, PlanRow.tokens_per_s,
+    PlanRow.mfu, PlanRow.calibration,
 )
 """The columns of a plan's summary: a list selects these and never the plan JSON."""
 
@@ -33,8 +33,8 @@ def summary_of(r: Any) -> PlanSummary:
     """The summary of a row of `SUMMARY_COLUMNS`."""
     return PlanSummary(
         id=r.id, created_at=r.created_at, model=r.model_name, cluster=r.cluster_name, gpus=r.gpus, seq_len=r.seq_len,
-        global_batch=r.global_batch, precision=r.precision, feasible=r.feasible, step_s=r.step_s,
-        tokens_per_s=r.tokens_per_s, mfu=r.mfu, calibration=r.calibration,
+        global_batch=r.global_batch, precision=r.precision, method=r.method or "full", feasible=r.feasible,
+        step_s=r.step_s, tokens_per_s=r.tokens_per_s, mfu=r.mfu, calibration=r.calibration,
     )
 
 
@@ -42,7 +42,7 @@ def plan_summary(row: PlanRow) -> PlanSummary:
     return PlanSummary(
         id=row.id, created_at=row.created_at, model=row.model_name, cluster=row.cluster_name, gpus=row.gpus,
         seq_len=row.seq_len, global_batch=row.global_batch, precision=row.precision,
-        method=((row.plan or {}).get("inputs", {}).get("training", {}).get("method") or "full"), feasible=row.feasible,
+        method=row.method or "full", feasible=row.feasible,
         step_s=row.step_s, tokens_per_s=row.tokens_per_s, mfu=row.mfu, calibration=row.calibration,
     )
 

@@ -68,15 +68,25 @@ UNITS_ACCEPTED: dict[Callable[[object], Any], str] = {
 """The units a short (vendor-unit) key takes, named when a value comes without one."""
 
 
+class MissingUnitError(ValueError):
+    """A short (vendor-unit) key given a bare number. `path`: the keys from the cluster mapping's top
+    down to the offending one, as the user wrote them (the API's 422 `loc` extends its own with it)."""
+
+    def __init__(self, message: str, path: tuple[str, ...]):
+        super().__init__(message)
+        self.path = path
+
+
 def _with_unit(key: str, field: str, parse: Callable[[object], Any], value: object, where: str = "") -> Any:
     """`parse(value)` for a short key, which must carry its unit: a bare number other than 0 is refused
     (512 could be bytes or GiB), naming the field, the units it takes and the SI field that takes plain
-    numbers."""
+    numbers. `where`: the keys above it, dotted ("intra_node.")."""
     if isinstance(value, int | float) and not isinstance(value, bool) and value != 0:
-        raise ValueError(
+        raise MissingUnitError(
             f"{where}{key}: {value!r} has no unit; write it with one, e.g. '{value} {_EXAMPLE_UNIT.get(parse, 'GB')}' "
             f"(units: {UNITS_ACCEPTED.get(parse, 'see README, Cluster files')}), or give {field} as a plain number "
-            "in SI units"
+            "in SI units",
+            tuple(f"{where}{key}".split(".")),
         )
     return parse(value)
 
@@ -176,9 +186,9 @@ def cluster_from_dict(data: Mapping[str, Any], name: str | None = None) -> Clust
         raise ValueError("a cluster needs a 'gpu'")
     fields["gpu"] = _gpu(fields["gpu"])
     if "intra_node" in fields:
-        fields["intra_node"] = _convert(fields["intra_node"], _INTRA)
+        fields["intra_node"] = _convert(fields["intra_node"], _INTRA, where="intra_node.")
     if "inter_node" in fields:
-        fields["inter_node"] = _convert(fields["inter_node"], _INTER)
+        fields["inter_node"] = _convert(fields["inter_node"], _INTER, where="inter_node.")
     if name is not None:
         fields["name"] = name
     return ClusterSpec(**fields)
@@ -198,7 +208,7 @@ def _over_preset(data: Mapping[str, Any], name: str | None) -> tuple[dict[str, A
     over = _convert({k: v for k, v in data.items() if k not in ("preset", "name")}, _TOP)
     for sub, quantities in (("intra_node", _INTRA), ("inter_node", _INTER)):
         if isinstance(over.get(sub), Mapping) and isinstance(base.get(sub), Mapping):
-            over[sub] = {**_convert(base[sub], quantities), **_convert(over[sub], quantities)}
+            over[sub] = {**_convert(base[sub], quantities), **_convert(over[sub], quantities, where=f"{sub}.")}
     given = data.get("name")
     merged = {**base, **over}
     if over and "source" not in over:

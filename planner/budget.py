@@ -85,8 +85,29 @@ class WorkEstimate:
 def estimate_work(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, c: SearchConstraints | None = None
 ) -> WorkEstimate:
-    """Count what `planner.search.search` would enumerate for this job, without pricing anything."""
-    c = c or SearchConstraints()
+    """Count what planning this job would enumerate, without pricing anything. A fine-tuning job is
+    planned in its stack (`planner.finetune.search_finetune`): one search per combination of the
+    stack's techniques, one after another, so their layouts and tables add up and the bytes are the
+    largest search's."""
+    from planner.finetune import finetune_constraints, technique_grid
+
+    c = finetune_constraints(training, c or SearchConstraints(), gpus)
+    if c.stack is None or not c.search_techniques:
+        return _estimate_search(model, training, cluster, gpus, c)
+    parts = [
+        _estimate_search(model, training, cluster, gpus, c.model_copy(update=combo))
+        for combo in technique_grid(training, c, gpus)
+    ]
+    return WorkEstimate(
+        max(p.meshes for p in parts), sum(p.tables for p in parts), sum(p.layouts for p in parts),
+        max(p.bytes for p in parts),
+    )
+
+
+def _estimate_search(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, c: SearchConstraints
+) -> WorkEstimate:
+    """Count what one `planner.search.search` under `c` would enumerate."""
     layers = model.num_layers
     tp_limit = max_tp_of(cluster, c)
     mbs_by_dp: dict[int, list[int]] = {}

@@ -31,7 +31,7 @@ from api.schemas import (
 from api.views import SUMMARY_COLUMNS, plan_profile, plan_record, plan_summary, stored_plan, summary_of
 from cost_models.jobs import Job
 from planner.budget import Budget, estimate_work
-from planner.exporters import ExportError, export, formats
+from planner.exporters import EXPORTERS, ExportError, export
 from planner.inputs import InputProblem, evaluation_problems, plan_problems
 from planner.plan import Plan
 
@@ -39,7 +39,7 @@ router = APIRouter(
     prefix="/v1", tags=["plans"], responses=ERROR_RESPONSES,  # type: ignore[arg-type]
 )
 
-ExportFormat = Enum("ExportFormat", {f: f for f in formats()}, type=str)  # type: ignore[misc]
+ExportFormat = Enum("ExportFormat", {f: f for f in EXPORTERS}, type=str)  # type: ignore[misc]
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
@@ -110,7 +110,7 @@ async def create_plan(
         row = PlanRow(
             created_by=principal.token_id, model_name=model.name[:256], cluster_name=cluster.name[:256],
             gpus=body.gpus, seq_len=body.training.seq_len, global_batch=body.training.global_batch,
-            precision=body.training.precision, feasible=best is not None,
+            precision=body.training.precision, method=body.training.method, feasible=best is not None,
             step_s=best.step_s if best else None, tokens_per_s=best.tokens_per_s if best else None,
             mfu=float(best.estimate["mfu"]) if best else None, calibration=plan.calibration[:256],
             idempotency_key=idempotency_key, request_sha256=digest, plan=plan.model_dump(mode="json"),

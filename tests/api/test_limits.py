@@ -47,8 +47,12 @@ def test_the_one_and_a_half_kilobyte_request_is_refused_at_once_with_its_path(us
                                  "num_hidden_layers": 5000, "num_attention_heads": 4}},
          ["body", "model", "hf_config"]),  # the message names num_layers and its bound
         ("cluster", {"preset": "dgx-h100", "gpus_per_node": 2048}, ["body", "cluster", "gpus_per_node"]),
-        ("cluster", {"preset": "dgx-h100", "intra_node": {"bus_bandwidth": 1e-300}},
+        ("cluster", {"preset": "dgx-h100", "intra_node": {"bus_bandwidth": "1e-300 GB/s"}},
          ["body", "cluster", "intra_node", "bus_bandwidth_bytes_per_s"]),
+        # a short key's bare number: refused at the key the user wrote, before any bound
+        ("cluster", {"preset": "dgx-h100", "intra_node": {"bus_bandwidth": 1e-300}},
+         ["body", "cluster", "intra_node", "bus_bandwidth"]),
+        ("cluster", {"preset": "dgx-h100", "host_memory": 512}, ["body", "cluster", "host_memory"]),
         ("cluster", {"preset": "dgx-h100", "inter_node": {"nic_bandwidth_bytes_per_s": 1e300}},
          ["body", "cluster", "inter_node", "nic_bandwidth_bytes_per_s"]),
         ("constraints", {"max_tp": 4096}, ["body", "constraints", "max_tp"]),

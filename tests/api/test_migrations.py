@@ -15,6 +15,8 @@ from sqlalchemy.exc import IntegrityError
 from api.db import Database, alembic_config
 from api.models import Base
 
+from .conftest import BACKENDS
+
 
 def test_migrated_schema_matches_the_models(server: Any) -> None:
     engine = create_engine(server.database_url)
@@ -87,3 +89,27 @@ def test_upgrade_keeps_rows_scopes_keys_per_token_and_records_profile_authors(tm
         assert diff == [], diff
     finally:
         db.dispose()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plan_method_column_is_filled_from_each_stored_plan(backend: Any, database_factory: Any) -> None:
+    """0004 -> 0005 on plans stored before it: each plan's method comes from its JSON by the database's
+    own JSON functions (`inputs.training.method`), and a plan whose JSON names none trained in full."""
+    url = database_factory(backend)
+    command.upgrade(alembic_config(url), "0004")
+    engine = create_engine(url)
+    t = "'2026-01-01 00:00:00'"
+    plans = {1: '{"inputs": {"training": {"method": "qlora"}}}', 2: '{"inputs": {"training": {}}}', 3: "{}"}
+    try:
+        with engine.begin() as conn:
+            for ident, data in plans.items():
+                conn.exec_driver_sql(
+                    "INSERT INTO plans (id, created_at, model_name, cluster_name, gpus, seq_len, global_batch, precision, "
+                    f"feasible, calibration, plan) VALUES ({ident}, {t}, 'm', 'c', 1, 1, 1, 'bf16', false, '', '{data}')"
+                )
+        command.upgrade(alembic_config(url), "head")
+        with engine.connect() as conn:
+            methods = dict(conn.exec_driver_sql("SELECT id, method FROM plans ORDER BY id").all())
+    finally:
+        engine.dispose()
+    assert methods == {1: "qlora", 2: "full", 3: "full"}

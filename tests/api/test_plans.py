@@ -355,3 +355,25 @@ def test_nul_in_a_query_parameter_is_refused_with_its_name(user: httpx.Client, p
     r = user.get(path, params=params)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["query", next(iter(params))] and "NUL" in r.json()["detail"][0]["msg"]
+
+
+def test_a_lora_plan_is_planned_in_its_stack_listed_with_its_method_and_exported_as_the_stacks_file(
+    user: httpx.Client,
+) -> None:
+    """The service plans a fine-tuning job as the CLI does (`planner.finetune.search_finetune`): in the
+    stack that runs its method, with the stack's techniques searched; the list shows the method from
+    its own column (never the plan JSON); the plan exports as the stack's file, and a plan priced
+    outside any stack is refused that format with the reason."""
+    body = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 1,
+            "training": {"seq_len": 2048, "global_batch": 8, "method": "lora"}}
+    r = user.post("/v1/plans", json=body)
+    assert r.status_code == 201, r.text
+    plan = r.json()
+    layout = plan["plan"]["best"]["layout"]
+    assert layout["stack"] == "hf" and layout["framework"] == "fsdp", layout
+    assert any(line.startswith("stack hf") for line in plan["plan"]["why"]), plan["plan"]["why"][:3]
+    listed = user.get("/v1/plans", params={"model": "llama3-8b", "limit": 200}).json()["items"]
+    assert {p["id"]: p["method"] for p in listed}[plan["id"]] == "lora"
+    exported = user.get(f"/v1/plans/{plan['id']}/export/hf")
+    assert exported.status_code == 200, exported.text
+    assert "lora_config:" in exported.json()["text"], exported.json()["text"]
