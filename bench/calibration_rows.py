@@ -58,7 +58,11 @@ CLUSTER_FOR_FAMILY = {
     "A100-80GB": "dgx-a100-80g",
     "H100-80GB": "dgx-h100",
     "H100-96GB-HBM2e-500W": "grand-teton-h100",
+    "H200-141GB": "dgx-h200",
+    "B200": "dgx-b200",
+    "B300": "dgx-b300",
     "GB200": "gb200-nvl72",
+    "GB300": "gb300-nvl72",
 }
 
 
@@ -760,3 +764,36 @@ if __name__ == "__main__":
     for r in rows:
         if r.source_id != "llmfoundry_mpt":
             print(r.row_id, r.source_id, r.label, r.layout_str(), r.measured_tokens_per_s_per_gpu, r.flops_check)
+
+
+MEASURED_RUNS = REPO / "data" / "measurements" / "h200-2026-11"
+"""This project's own measurements (README.md there): single-GPU runs of the runtime on an H200."""
+
+RUNTIME_RUNS = {"prof_full_none": ("plan_full_none.json", 9001), "prof_full_full": ("plan_full_full.json", 9002)}
+"""The runtime's full-training runs on the H200 and the plans whose layouts they ran, with the row
+ids they take beside the CSV's (whose ids stay below 1000). The LoRA run is left out: its time
+follows the fine-tuning model (`cost_models.finetune`), not the stack constants fitted here."""
+
+
+def measured_runtime_rows() -> list[CalibrationRow]:
+    """The runtime's runs of `RUNTIME_RUNS` as calibration rows of source `autopar_runtime_h200`:
+    model, training, cluster and layout from the plan they ran, throughput as measured
+    (`runs.json` tokens_per_s; one GPU)."""
+    import json
+
+    runs = json.loads((MEASURED_RUNS / "runs.json").read_text())
+    out = []
+    for name, (plan_file, row_id) in RUNTIME_RUNS.items():
+        plan = json.loads((MEASURED_RUNS / plan_file).read_text())
+        inputs = plan["inputs"]
+        model = ModelSpec(**inputs["model"])
+        training = TrainingSpec(**inputs["training"])
+        layout = Layout(**plan["best"]["layout"])
+        out.append(CalibrationRow(
+            row_id=row_id, source_id="autopar_runtime_h200", label=f"{model.name} ({name})", model=model,
+            training=training, cluster_name=inputs["cluster"]["name"], gpus=int(inputs["gpus"]), layout=layout,
+            measured_tokens_per_s_per_gpu=float(runs[name]["tokens_per_s"]) / int(inputs["gpus"]),
+            measured_from="data/measurements/h200-2026-11/runs.json tokens_per_s", confidence="measured",
+            assumptions=(f"the layout of {plan_file}, as the runtime ran it",),
+        ))
+    return out

@@ -92,8 +92,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cluster_specs.catalog import gpu_generation
-from cost_models.calibration import Calibration
-from cost_models.comm import CHANNELS, HOST, INTER, INTRA, Group, collective_cost
+from cost_models.calibration import Calibration, stack_key
+from cost_models.comm import CHANNELS, HOST, INTER, INTRA, RING_KINDS, Group, collective_cost
 from cost_models.compute import hbm_bandwidth
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
@@ -275,9 +275,9 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     full_g = group(m.dp_ * m.cp, stv.dp_cp)
     edp_g = group(m.expert_dp, stv.expert_dp)
 
-    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS)) of one collective
-        over each pair's group (priced once per distinct group)."""
+    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS), each pair's size
+        curve) of one collective over each pair's group (priced once per distinct group)."""
         priced: dict[int, tuple[float, float]] = {}
         for g in groups:
             if id(g) not in priced:
@@ -286,13 +286,23 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         lat = np.array([priced[id(g)][1] for g in groups])[:, None]
         onehot = np.zeros((len(groups), CHANNELS))
         onehot[np.arange(len(groups)), [g.channel for g in groups]] = 1.0
-        return per_byte, lat, onehot
+        curves = [g.curve if kind in RING_KINDS and g.size > 1 else None for g in groups]
+        return per_byte, lat, onehot, curves
 
-    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-        per_byte, lat, _ = cost
-        return np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, list]) -> np.ndarray:
+        """Alpha-beta seconds x the measured size ratio of each pair's span (`comm.size_ratio`)."""
+        per_byte, lat, _, curves = cost
+        out = np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+        if any(c is not None for c in curves):
+            nb = np.broadcast_to(nbytes, np.broadcast_shapes(np.shape(nbytes), out.shape))
+            ratio = np.ones(out.shape)
+            for i, c in enumerate(curves):
+                if c is not None:
+                    ratio[i] = c.at_array(nb[i])
+            out = out * ratio
+        return out
 
-    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, list]) -> np.ndarray:
         """(pairs, X) seconds -> (pairs, CHANNELS, X) on each pair's channel."""
         return cost[2][:, :, None] * sec[:, None, :]
 
@@ -307,7 +317,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     w_fwd = np.where(qwz, min(1.0, QWZ_BYTES_PER_ELEMENT / pb), 1.0)  # (pairs, 1) gathered bytes per stored byte
     w_bwd = np.where(hpz, 1.0, w_fwd)
     g_rs = np.where(qgz, QGZ_BYTES_PER_ELEMENT / gb, 1.0)  # reduced bytes per gradient byte
-    hbm = hbm_bandwidth(cl.gpu, cal)
+    hbm = hbm_bandwidth(cl.gpu, cal, stack_key(m.framework, m.fsdp_flat_params))
     ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
     ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
     ar_repl = per_pair("all_reduce", repl_gs)
@@ -648,11 +658,11 @@ def compose(
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
-    parts[10] = cal.step_overhead_s
+    parts[10] = cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
     traffic = channel_traffic(t, knobs, dp, phases, (busy_f, busy_b))  # (J, CHANNELS, pp)
-    busiest = traffic.max(axis=(1, 2)) + cal.step_overhead_s
+    busiest = traffic.max(axis=(1, 2)) + cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
     excess = np.maximum(0.0, busiest - step)
     parts[7] += excess
     step = step + excess
