@@ -94,6 +94,9 @@ class CalibrationRow:
     megatron_core_before_0_10: bool = False
     """The row ran on a Megatron-Core before 0.10 (`RecipeSwitches.megatron_core_before_0_10`): no MoE
     parallel folding, no FSDP, no optimizer offload."""
+    distributed_optimizer: bool = True
+    """False: the row's stack had no sharded optimizer at all (Megatron-LM of 2021-22, whose rows the
+    loader prices at ZeRO-0): `bench.published_vs_plan` searches it without ZeRO or offload."""
 
     @cached_property
     def cluster(self) -> Any:
@@ -353,6 +356,11 @@ def _sp(c: _Ctx, tp: int, default: bool | None) -> bool:
 
 _VPP_FROM_PAIRED_ROW: dict[tuple[str, int], int] = {}
 
+MEGATRON_LM_2021_22 = ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022")
+"""Sources measured on Megatron-LM of 2021-22, before its distributed optimizer (Megatron-LM's
+`--use-distributed-optimizer` arrived in 2022, after these papers): optimizer states on every
+data-parallel rank."""
+
 
 @dataclass(frozen=True)
 class RecipeSwitches:
@@ -496,7 +504,7 @@ def _layout(
     elif framework == "deepspeed":
         m = re.search(r"ZERO-(\d)", zero_col)
         zero = int(m.group(1)) if m else 3
-    elif sid in ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022"):
+    elif sid in MEGATRON_LM_2021_22:
         zero = 0
         c.notes.append("no distributed optimizer (Megatron-LM 2021/22): ZeRO-0")
     else:
@@ -703,6 +711,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         older_megatron_core = _megatron_core_before_0_10(c, framework)
         layout = _layout(c, model, training, framework, gpus, older_megatron_core)
         measured, measured_from = _throughput(c, model, training, gpus)
+        sharded_optimizer = not (framework == "megatron" and sid in MEGATRON_LM_2021_22)
     except _Skip as exc:
         return Unusable(row_id, sid, label, str(exc))
     flops_check = None
@@ -720,6 +729,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         # stated by the CSV, or fixed by the recipe's code (the only source of recompute_modules here)
         recompute_stated=bool(c.s("recompute")) or layout.recompute_modules is not None,
         megatron_core_before_0_10=older_megatron_core,
+        distributed_optimizer=sharded_optimizer,
     )
 
 

@@ -70,7 +70,8 @@ def constraints_for(row) -> SearchConstraints:
     implementations (a run without torch.compile is compared with plans priced without it, as a
     BF16 run is with BF16 plans; a FlashAttention-2 run with FlashAttention-2 plans), its expert grid (`Layout.moe_parallel_folding`), its FSDP
     (`Layout.fsdp_flat_params`), the FSDP and optimizer offload a Megatron-Core before 0.10 lacks
-    (`CalibrationRow.megatron_core_before_0_10`), Megatron FSDP without gradient-accumulation fusion
+    (`CalibrationRow.megatron_core_before_0_10`), any ZeRO or offload a Megatron-LM of 2021-22 lacks
+    (`CalibrationRow.distributed_optimizer`), Megatron FSDP without gradient-accumulation fusion
     (every Megatron row ran a stack older than Megatron-Core 0.14 / NeMo 2.5, which turn it off
     under Megatron FSDP: `Layout.megatron_fsdp_gradient_fusion`),
     its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of MLA, `MLA_CONTEXT_PARALLEL_SOURCES`)
@@ -85,8 +86,9 @@ def constraints_for(row) -> SearchConstraints:
         norm_kernel=lay.norm_kernel, attention_kernel=lay.attention_kernel_, memory_headroom=0.0, top_k=3,
         allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap,
         moe_parallel_folding=lay.moe_parallel_folding, fsdp_flat_params=lay.fsdp_flat_params,
-        megatron_fsdp_gradient_fusion=lay.framework != "megatron", max_zero_stage=1 if older else 3,
-        allow_offload=not older, **fixed,
+        megatron_fsdp_gradient_fusion=lay.framework != "megatron",
+        max_zero_stage=0 if not row.distributed_optimizer else (1 if older else 3),
+        allow_offload=not older and row.distributed_optimizer, **fixed,
     )
 
 

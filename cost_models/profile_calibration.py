@@ -528,11 +528,11 @@ def _factor_reports(base: Calibration, cal: Calibration, free: np.ndarray, reaso
     ov = base.overlap("megatron")
     return [
         FactorReport("gemm_efficiency", base.gemm_efficiency, cal.gemm_efficiency, bool(free[0]), reasons[0],
-                     "fraction of the datasheet peak (attention, fp8 GEMM and HBM efficiencies scale with it)"),
+                     "multiplier of the kernel atlas's GEMM rates (attention, fp8 GEMM and HBM multipliers scale with it)"),
         FactorReport("attention_efficiency", base.attention_efficiency, cal.attention_efficiency, bool(free[0]),
-                     reasons[0], "fraction of the bf16 peak"),
+                     reasons[0], "multiplier of the kernel atlas's fused attention rates"),
         FactorReport("hbm_efficiency", base.hbm_efficiency, cal.hbm_efficiency, bool(free[0]), reasons[0],
-                     "fraction of the HBM bandwidth"),
+                     "multiplier of the kernel atlas's memory-bound bandwidth"),
         FactorReport("intra_bus_efficiency", base.intra_bus_efficiency, cal.intra_bus_efficiency, bool(free[1]),
                      reasons[1], "fraction of the catalog intra-domain bus bandwidth"),
         FactorReport("inter_bus_efficiency", base.inter_bus_efficiency, cal.inter_bus_efficiency, bool(free[2]),
