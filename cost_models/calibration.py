@@ -160,7 +160,10 @@ class Calibration:
 
     def stack(self, framework: str) -> Stack:
         """The `Stack` constants of a stack (`stack_key`; Megatron's for an unknown one)."""
-        return self.stacks.get(framework, self.stacks.get("megatron", Stack()))
+        s = self.stacks.get(framework)
+        if s is None:
+            s = self.stacks.get("megatron") or Stack()
+        return s
 
     def step_overhead(self, framework: str) -> float:
         """Fixed seconds per step of a layout of `framework`: its stack's and the cluster's."""

@@ -214,9 +214,13 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, act_bytes: int, cal: Cal
     fixed latency is added per kernel launch of a layer (`launch_seconds`), not here."""
     fp8 = fp8_gemms(precision, gpu)
     table = atlas_for(gpu).gemm_table("fp8" if fp8 else "bf16")
+    return table.seconds(gemm.m, gemm.n, gemm.k, gemm.count, act_bytes) * gemm_scale(fp8, cal, framework)
+
+
+def gemm_scale(fp8: bool, cal: Calibration, framework: str) -> float:
+    """A stack's multiplier of the atlas's GEMM times (`gemm_time`)."""
     stack = cal.stack(framework)
-    scale = stack.compute * stack.fp8_compute / cal.fp8_gemm_efficiency if fp8 else stack.compute / cal.gemm_efficiency
-    return table.seconds(gemm.m, gemm.n, gemm.k, gemm.count, act_bytes) * scale
+    return stack.compute * stack.fp8_compute / cal.fp8_gemm_efficiency if fp8 else stack.compute / cal.gemm_efficiency
 
 
 def backward_gemms(gemm: Gemm) -> tuple[Gemm, Gemm]:
@@ -240,6 +244,33 @@ def gemm_passes(gemms: list[Gemm], gpu: GPUSpec, precision: str, act_bytes: int,
              for f in ("m", "n", "k", "count")]
     batched = np.asarray(gemm_time(Gemm(*stack), gpu, precision, act_bytes, cal, framework))
     return batched[0::3].sum(axis=0), batched[1::3].sum(axis=0), batched[2::3].sum(axis=0)
+
+
+_BATCHES: list[tuple[tuple, tuple, tuple[np.ndarray, np.ndarray]]] = []
+"""The last few batched lookups (`layer_gemm_batch`): the planner prices a layer's GEMMs and then
+their provenance on the same geometry (`kernel_provenance`); an entry keeps its inputs alive, so
+their ids stay theirs."""
+
+
+def layer_gemm_batch(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int,
+                     cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, provenance) of every pass of layer `index`'s GEMMs (forward, input gradient,
+    weight gradient of each, stacked on a first axis) over an array geometry, in one lookup
+    (memoized on the inputs' identity: `_BATCHES`)."""
+    key = (id(model), index, id(g), id(gpu), precision, act_bytes, id(cal))
+    for k, _, out in _BATCHES:
+        if k == key:
+            return out
+    shapes = [x for y in layer_gemms(model, index, g) for x in (y, *backward_gemms(y))]
+    common = np.broadcast_shapes(*(np.shape(v) for x in shapes for v in (x.m, x.n, x.k, x.count)))
+    m, n, k_, count = (np.stack([np.broadcast_to(np.asarray(getattr(x, f), dtype=float), common) for x in shapes])
+                       for f in ("m", "n", "k", "count"))
+    fp8 = fp8_gemms(precision, gpu)
+    seconds, codes = atlas_for(gpu).gemm_table("fp8" if fp8 else "bf16").lookup(m, n, k_, count, act_bytes)
+    times = seconds * gemm_scale(fp8, cal, g.framework)
+    _BATCHES.append((key, (model, g, gpu, cal), (times, codes)))
+    del _BATCHES[:-4]
+    return times, codes
 
 
 def launch_seconds(gpu: GPUSpec, cal: Calibration, framework: str = "megatron") -> float:
@@ -749,7 +780,11 @@ def layer_time(
     fp8 = fp8_gemms(precision, gpu)
     fw = g.framework
     gemms = layer_gemms(model, index, g)
-    gemm, dgrad, wgrad = gemm_passes(gemms, gpu, precision, act_bytes, cal, fw)
+    if gemms and any(isinstance(v, np.ndarray) for x in gemms for v in (x.m, x.n, x.k, x.count)):
+        batched, _ = layer_gemm_batch(model, index, g, gpu, precision, act_bytes, cal)
+        gemm, dgrad, wgrad = batched[0::3].sum(axis=0), batched[1::3].sum(axis=0), batched[2::3].sum(axis=0)
+    else:
+        gemm, dgrad, wgrad = gemm_passes(gemms, gpu, precision, act_bytes, cal, fw)
     attn, attn_bwd = attention_times(model, index, g, gpu, cal)
     attn_bwd_factor = attn_bwd / attn if np.any(np.asarray(attn) > 0) else flash_backward_factor(model)
     if isinstance(attn_bwd_factor, np.ndarray):
@@ -891,18 +926,15 @@ def kernel_provenance(
     (4, *geometry). What the plan reports as measured / interpolated / extrapolated, and, weighted
     by the atlas's `Uncertainty`, the margin the planner ranks by (`kernel_margin`)."""
     atlas = atlas_for(gpu)
-    fp8 = fp8_gemms(precision, gpu)
-    table = atlas.gemm_table("fp8" if fp8 else "bf16")
     gemms = layer_gemms(model, index, g)
-    shapes = [x for y in gemms for x in (y, *backward_gemms(y))]
     parts: list[tuple[Any, Any]] = []
-    if shapes:
-        common = np.broadcast_shapes(*(np.shape(v) for x in shapes for v in (x.m, x.n, x.k, x.count)))
-        m, n, k, count = (np.stack([np.broadcast_to(np.asarray(getattr(x, f), dtype=float), common) for x in shapes])
-                          for f in ("m", "n", "k", "count"))
-        times = np.asarray(gemm_time(Gemm(m, n, k, count), gpu, precision, act_bytes, cal, g.framework))
-        codes = np.asarray(table.provenance(m, n, k))
+    if gemms and any(isinstance(v, np.ndarray) for x in gemms for v in (x.m, x.n, x.k, x.count)):
+        times, codes = layer_gemm_batch(model, index, g, gpu, precision, act_bytes, cal)
         parts += list(zip(times, codes, strict=True))
+    else:
+        table = atlas.gemm_table("fp8" if fp8_gemms(precision, gpu) else "bf16")
+        for x in (y for z in gemms for y in (z, *backward_gemms(z))):
+            parts.append((gemm_time(x, gpu, precision, act_bytes, cal, g.framework), table.provenance(x.m, x.n, x.k)))
     if model.has_attention(index):
         fwd, bwd = attention_times(model, index, g, gpu, cal)
         kernels = FLASH2_ATTENTION if np.all(g.flash2) else FUSED_ATTENTION  # one stack per search
@@ -913,6 +945,11 @@ def kernel_provenance(
             block_code = atlas.attention_rate(kernels, np.maximum(seq, 1.0), d, False, p)[1]
             parts.append((t, np.where(np.asarray(g.cp) > 1, block_code, causal_code)))
     shape = np.broadcast_shapes(*(np.shape(t) for t, _ in parts), *(np.shape(c) for _, c in parts))
+    if shape == ():
+        split = [0.0] * 4
+        for t, code in parts:
+            split[int(code)] += float(t)
+        return np.array(split)
     out = np.zeros((4, *shape))
     for t, code in parts:
         t_b = np.broadcast_to(np.asarray(t, dtype=float), shape)

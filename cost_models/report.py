@@ -50,7 +50,25 @@ def kernels_dict(
     the share of its GEMM and attention time priced from measured points, interpolated between
     them, extrapolated beyond them and from a datasheet (`compute.kernel_provenance`, one
     micro-batch through every layer), and the slow-end margin that share carries
-    (`compute.kernel_margin`), which the planner ranks by."""
+    (`compute.kernel_margin`), which the planner ranks by. Memoized on the inputs' identity and
+    the layout (`cost_models.interning` shares equal inputs across requests; an entry keeps its
+    inputs alive, so their ids stay theirs)."""
+    key = (id(model), id(training), id(cluster), id(cal), layout)
+    hit = _KERNELS.get(key)
+    if hit is None:
+        if len(_KERNELS) > 4096:
+            _KERNELS.clear()
+        hit = _KERNELS[key] = ((model, training, cluster, cal), _kernels_dict(model, training, cluster, layout, cal))
+    out = hit[1]
+    return {**out, "time_share": dict(out["time_share"])}
+
+
+_KERNELS: dict[tuple, tuple[tuple, dict[str, Any]]] = {}
+
+
+def _kernels_dict(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, layout: Layout, cal: Calibration
+) -> dict[str, Any]:
     import numpy as np
 
     from cost_models.compute import ShardGeometry, kernel_margin, kernel_provenance

@@ -87,7 +87,7 @@ optimizer): what the search prunes with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -101,6 +101,7 @@ from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, 
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec, GPUSpec
+    from cost_models.kernels.collectives import SizeCurve
     from cost_models.layout import Layout
     from cost_models.stage_table import KnobArrays, Sharding, StageTable
     from model_specs.spec import TrainingSpec
@@ -241,6 +242,16 @@ class DataParallelTimes:
     kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, the gradients' copy-in)
 
 
+_PER_PAIR: dict[tuple, tuple[tuple, tuple]] = {}
+"""`data_parallel_times`'s per-collective prices by (collective, calibration, bus efficiency, each
+pair's group), the groups being `Group.strided`'s shared objects; an entry keeps its calibration and
+groups alive, so their ids stay theirs."""
+
+_SECONDS: dict[tuple, np.ndarray] = {}
+"""`data_parallel_times`'s collective seconds by (id of a `_PER_PAIR` price, the bytes); cleared
+with `_PER_PAIR`, so an id in a key is its price's."""
+
+
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
     """ZeRO and data-parallel collectives of table `t` for each (ZeRO stage, sharding group) pair.
 
@@ -275,9 +286,14 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     full_g = group(m.dp_ * m.cp, stv.dp_cp)
     edp_g = group(m.expert_dp, stv.expert_dp)
 
-    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
-        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS), each pair's size
-        curve) of one collective over each pair's group (priced once per distinct group)."""
+    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]:
+        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS), the size curve of
+        every pair where they share one (else None), the pairs grouped by size curve) of one
+        collective over each pair's group (priced once per distinct group; memoized: `_PER_PAIR`)."""
+        key = (kind, id(cal), framework_eff, *map(id, groups))
+        hit = _PER_PAIR.get(key)
+        if hit is not None:
+            return hit[1]
         priced: dict[int, tuple[float, float]] = {}
         for g in groups:
             if id(g) not in priced:
@@ -286,23 +302,51 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         lat = np.array([priced[id(g)][1] for g in groups])[:, None]
         onehot = np.zeros((len(groups), CHANNELS))
         onehot[np.arange(len(groups)), [g.channel for g in groups]] = 1.0
-        curves = [g.curve if kind in RING_KINDS and g.size > 1 else None for g in groups]
-        return per_byte, lat, onehot, curves
+        rows: dict[int, tuple[SizeCurve, list[int]]] = {}  # pairs by size curve, priced together
+        for i, g in enumerate(groups):
+            c = g.curve if kind in RING_KINDS and g.size > 1 else None
+            if c is not None:
+                rows.setdefault(id(c), (c, []))[1].append(i)
+        curves = list(rows.values())
+        whole = curves[0][0] if len(curves) == 1 and len(curves[0][1]) == len(groups) else None
+        for a in (per_byte, lat, onehot):
+            a.flags.writeable = False
+        if len(_PER_PAIR) > 1 << 14:
+            _PER_PAIR.clear()
+            _SECONDS.clear()  # its keys hold the ids of `_PER_PAIR`'s prices
+        cost = (per_byte, lat, onehot, whole, curves)
+        _PER_PAIR[key] = ((cal, groups), cost)
+        return cost
 
-    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, list]) -> np.ndarray:
-        """Alpha-beta seconds x the measured size ratio of each pair's span (`comm.size_ratio`)."""
-        per_byte, lat, _, curves = cost
+    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
+        """Alpha-beta seconds x the measured size ratio of each pair's span (`comm.size_ratio`),
+        memoized on the price (`per_pair`'s shared tuples) and the bytes (`_SECONDS`: the tables of
+        one search repeat their volumes); the array returned is read-only."""
+        nb = np.asarray(nbytes)
+        key = (id(cost), nb.shape, nb.dtype.char, nb.tobytes())  # `cost` lives in `_PER_PAIR`
+        out = _SECONDS.get(key)
+        if out is None:
+            out = _seconds(nb, cost)
+            out.flags.writeable = False
+            if len(_SECONDS) > 1 << 15:
+                _SECONDS.clear()
+            _SECONDS[key] = out
+        return out
+
+    def _seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
+        per_byte, lat, _, whole, curves = cost
         out = np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
-        if any(c is not None for c in curves):
-            nb = np.broadcast_to(nbytes, np.broadcast_shapes(np.shape(nbytes), out.shape))
+        if whole is not None:
+            return out * whole.at_positive(nbytes)  # (out is 0 where nbytes <= 0)
+        if curves:
+            nb = nbytes if np.shape(nbytes) == out.shape else np.broadcast_to(nbytes, out.shape)
             ratio = np.ones(out.shape)
-            for i, c in enumerate(curves):
-                if c is not None:
-                    ratio[i] = c.at_array(nb[i])
+            for c, idx in curves:
+                ratio[idx] = c.at_positive(nb[idx])
             out = out * ratio
         return out
 
-    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, list]) -> np.ndarray:
+    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
         """(pairs, X) seconds -> (pairs, CHANNELS, X) on each pair's channel."""
         return cost[2][:, :, None] * sec[:, None, :]
 
@@ -658,11 +702,11 @@ def compose(
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
-    parts[10] = cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
+    parts[10] = overhead = cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
     traffic = channel_traffic(t, knobs, dp, phases, (busy_f, busy_b))  # (J, CHANNELS, pp)
-    busiest = traffic.max(axis=(1, 2)) + cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
+    busiest = traffic.max(axis=(1, 2)) + overhead
     excess = np.maximum(0.0, busiest - step)
     parts[7] += excess
     step = step + excess

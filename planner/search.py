@@ -974,7 +974,8 @@ def search(
         inputs=inputs,
         best=best,
         alternatives=best_list[1 : c.top_k + 1],
-        pareto=[_candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=False) for r in pareto],
+        pareto=[_candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=False, kernels=False)
+                for r in pareto],
         rejections=log.as_list(),
         closest_miss=None if best is not None or closest is None else _closest(closest, usable),
         calibration=cal.source,
@@ -1071,9 +1072,11 @@ def _candidate(
     *,
     refine: bool,
     usable: int | None = None,
+    kernels: bool = True,
 ) -> Candidate:
     """Price a layout for the Plan; with `refine`, re-cut its pipeline stages with CP-SAT and keep
-    the better of the even and optimized partitions."""
+    the better of the even and optimized partitions; with `kernels`, where its kernel rates come
+    from and its conservative figure (`report.kernels_dict`; the Pareto front's points go without)."""
     ctx = pricing_context(model, training, cluster, gpus, layout, validate=False)
     est: Estimate = price(ctx, calibration=cal)
     if refine and layout.pp > 1:
@@ -1085,10 +1088,10 @@ def _candidate(
             est2 = price(ctx2, calibration=cal)
             if (usable is None or est2.peak_bytes <= usable) and est2.step_s < est.step_s:
                 est = est2
-    kernels = kernels_dict(model, training, cluster, est.layout, cal)
+    provenance = kernels_dict(model, training, cluster, est.layout, cal) if kernels else None
     return Candidate(
         layout=layout, partition=list(est.partition.chunk_layers),
-        estimate=estimate_dict(model, cluster.name, est, cluster.gpu.name, training, kernels),
+        estimate=estimate_dict(model, cluster.name, est, cluster.gpu.name, training, provenance),
     )
 
 

@@ -113,13 +113,26 @@ class GemmTable:
         launch at the stack's exposure instead)."""
         if not any(isinstance(x, np.ndarray) for x in (m, n, k, count)):
             return self._scalar(float(m), float(n), float(k), float(count), float(act_bytes)) + latency_exposed * self.params.latency_s
-        # arrays: every distinct shape through the scalar path, so an array entry is bit for bit the
-        # scalar lookup of its shape (the planner's vectorized bounds and its tables must agree)
+        # arrays: the same operations elementwise (numpy's exp may differ from math's in the last
+        # place: an entry agrees with the scalar lookup of its shape to 1e-15), on the distinct
+        # shapes only (the planner's geometries repeat most shapes: `_distinct`)
+        t, _ = self.lookup(m, n, k, count, act_bytes)
+        return t + latency_exposed * self.params.latency_s
+
+    def lookup(self, m: Scalars, n: Scalars, k: Scalars, count: Scalars,
+               act_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+        """(GPU seconds, provenance code) of array shapes, elementwise, each distinct shape looked
+        up once (the planner's geometries repeat most shapes: `_distinct`)."""
         ms, ns, ks, cs = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (m, n, k, count)))
-        flat = zip(ms.ravel().tolist(), ns.ravel().tolist(), ks.ravel().tolist(), cs.ravel().tolist(), strict=True)
-        ab = float(act_bytes)
-        out = np.array([self._scalar(a, b, c, d, ab) for a, b, c, d in flat], dtype=float).reshape(ms.shape)
-        return out + latency_exposed * self.params.latency_s
+        (um, un, uk, uc), inverse = _distinct(ms.ravel(), ns.ravel(), ks.ravel(), cs.ravel())
+        t = gemm.gpu_seconds(um, un, uk, uc, self.sms, self.bandwidth, act_bytes, self.params)
+        if self.corrections:
+            c, code = self.corrections.evaluate(um, un, uk)
+            t = t * np.exp(c)
+            code = np.maximum(code, self.floor)
+        else:
+            code = np.full(len(um), self.floor, dtype=int)
+        return (t[inverse] / self.scale).reshape(ms.shape), code[inverse].reshape(ms.shape)
 
     def _scalar(self, m: float, n: float, k: float, count: float, act_bytes: float) -> float:
         """GPU seconds of one shape (memoized in `memo`, before the scale)."""
@@ -135,11 +148,37 @@ class GemmTable:
         return t / self.scale
 
     def provenance(self, m: Scalars, n: Scalars, k: Scalars) -> Scalars:
+        """Provenance code of each shape (`gemm.PROVENANCE`), at least the table's `floor`."""
+        if not any(isinstance(x, np.ndarray) for x in (m, n, k)):
+            code = self.corrections.evaluate_scalar(float(m), float(n), float(k))[1] if self.corrections else self.floor
+            return max(code, self.floor)
         if not self.corrections:
             return np.maximum(np.zeros(np.broadcast(np.asarray(m), np.asarray(n), np.asarray(k)).shape, dtype=int),
                               self.floor)
         _, code = self.corrections.evaluate(m, n, k)
         return np.maximum(code, self.floor)
+
+
+_MIX = (1.0, 0.7071067811865476, 1.3247179572447460, 2.718281828459045)
+
+
+def _distinct(*columns: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """The distinct rows of equal-length float columns and each row's index among them. Fast
+    path: one sort of a mixed key (a weighted sum of the columns), its groups checked against every
+    column (two rows with equal keys but different values fail the check); otherwise every column
+    coded by its sorted distinct values, the codes combined into one exact integer key."""
+    mixed = sum(w * c for w, c in zip(_MIX, columns, strict=False))  # (more columns: checked below)
+    _, first, inverse = np.unique(mixed, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    reps = tuple(col[first] for col in columns)
+    if all(np.array_equal(r[inverse], col) for r, col in zip(reps, columns, strict=True)):
+        return reps, inverse
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    for col in columns:
+        values, codes = np.unique(col, return_inverse=True)
+        key = key * len(values) + codes.ravel()
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return tuple(col[first] for col in columns), inverse.ravel()
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -73,8 +74,33 @@ class SizeCurve:
 
     def at_array(self, nbytes: np.ndarray) -> np.ndarray:
         """`at` elementwise (1 where nbytes <= 0)."""
-        x = np.log(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
-        return np.where(np.asarray(nbytes) > 0, np.interp(x, self.log_bytes, self.ratio), 1.0)
+        nb = np.asarray(nbytes, dtype=float)
+        return np.where(nb > 0, self.at_positive(nb), 1.0)
+
+    def at_positive(self, nbytes: np.ndarray) -> np.ndarray:
+        """`at` elementwise where nbytes > 0 (the first ratio elsewhere: callers that zero those
+        entries' times skip `at_array`'s mask). Memoized on the buffer sizes (the planner's tables
+        repeat their volumes across layouts); the array returned is read-only."""
+        nb = np.asarray(nbytes, dtype=float)
+        key = (nb.shape, nb.tobytes())
+        memo = self._memo
+        out = memo.get(key)
+        if out is None:
+            xs, ys = self._arrays
+            out = np.interp(np.log(np.maximum(nb, 1.0)), xs, ys)
+            out.flags.writeable = False
+            if len(memo) > 1 << 14:
+                memo.clear()
+            memo[key] = out
+        return out
+
+    @cached_property
+    def _memo(self) -> dict[tuple, np.ndarray]:
+        return {}
+
+    @cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.log_bytes), np.asarray(self.ratio)
 
     @property
     def sizes(self) -> tuple[float, float]:

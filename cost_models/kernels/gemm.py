@@ -69,6 +69,9 @@ TILES: tuple[tuple[int, int, float], ...] = tuple(
 SPLITS = (1, 2, 4, 8)
 """Split-K factors tried for thin GEMMs (k cut into s slices, partial outputs reduced in fp32)."""
 
+SMALL = 16
+"""Array lookups of at most this many shapes take the scalar path, shape by shape."""
+
 MIN_SPAN = 8.0
 """A GPU's own points set all four shape parameters when their rows span at least this ratio
 (max m / min m); otherwise they set the rate only."""
@@ -97,7 +100,11 @@ def gpu_seconds(m: Scalars, n: Scalars, k: Scalars, count: Scalars, sms: int | N
     array = any(isinstance(x, np.ndarray) for x in (m, n, k, count))
     if not array:
         return _gpu_seconds_scalar(float(m), float(n), float(k), float(count), sms, bandwidth, act_bytes, p)
-    m, n, k, count = (np.asarray(x, dtype=float) for x in (m, n, k, count))
+    m, n, k, count = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (m, n, k, count)))
+    if m.size <= SMALL:  # a few shapes (a one-point fit): numpy's per-call cost exceeds the work
+        return np.array([_gpu_seconds_scalar(*row, sms, bandwidth, act_bytes, p)
+                         for row in zip(m.ravel().tolist(), n.ravel().tolist(), k.ravel().tolist(),
+                                        count.ravel().tolist(), strict=True)]).reshape(m.shape)
     flops = 2.0 * m * n * k * count
     memory = act_bytes * (m * k + k * n + m * n) * count / (bandwidth * p.memory_share)
     k0 = p.k_overhead
@@ -295,6 +302,8 @@ def fit_shape(m: np.ndarray, n: np.ndarray, k: np.ndarray, seconds: np.ndarray, 
     r = residuals(x)
     cost = float(r @ r)
     for _ in range(60):
+        if cost < 1e-20:  # an exact fit (a rate to one point)
+            break
         jac = np.empty((len(r), len(x)))
         for j in range(len(x)):
             dx = np.zeros_like(x)

@@ -123,7 +123,9 @@ def test_vectorized_layer_times_match_scalar(name, cluster_name, gpus, seq, batc
         for j, mb in enumerate(mbs):
             g = ShardGeometry.of(mesh, mb, seq)
             scalar = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal)
-            assert vector.forward[j] == scalar.forward  # bit for bit: the same float operations
-            assert vector.backward[j] == scalar.backward
-            assert vector.attention[j] == scalar.attention
-            assert [h[j] for h in head] == list(lm_head_times(model, g, cluster.gpu, "bf16", ab, cal))
+            # the same float operations, up to the last place of numpy's vectorized exp against
+            # math.exp in the kernel atlas's GEMM correction (`kernels.atlas.GemmTable.seconds`)
+            assert vector.forward[j] == pytest.approx(scalar.forward, rel=1e-12)
+            assert vector.backward[j] == pytest.approx(scalar.backward, rel=1e-12)
+            assert vector.attention[j] == pytest.approx(scalar.attention, rel=1e-12)
+            assert [h[j] for h in head] == pytest.approx(list(lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)), rel=1e-12)
