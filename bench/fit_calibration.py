@@ -12,7 +12,8 @@ training runs of `data/measurements/h200-2026-11`, a family of their own).
 
 What is fitted. Kernel rates are measurements (`cost_models.kernels`); what a training step adds
 to its kernels is a few constants per software stack (`calibration.Stack`, one set per
-`calibration.stack_key`: the framework, FSDP1 apart from FSDP2): `compute` (the kernels' time stretched by gaps and unpriced small kernels),
+`calibration.stack_key`: the framework; FSDP1 and FSDP2 share one): `compute` (the kernels' time
+stretched by gaps and unpriced small kernels),
 `latency_exposed` (the share of a kernel call's fixed latency each launch adds), `step_s` (fixed
 seconds per step), `fp8_compute` (what the stack's FP8 recipe adds to the measured FP8 GEMMs; none
 for DeepSpeed, whose published runs are 16-bit); and DeepSpeed's collective efficiency (`overlaps.deepspeed.bus_efficiency`:
