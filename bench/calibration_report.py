@@ -3,7 +3,7 @@
     python -m bench.calibration_report                 # table + error summary (current calibration)
     python -m bench.calibration_report --priors        # with the prior constants instead of the fit
     python -m bench.calibration_report --json out.json # also a machine-readable summary
-    python -m bench.calibration_report --split holdout # only the hold-out rows of the fit split
+    python -m bench.calibration_report --split lofo    # each row priced by the fit without its source family
 
 Prints one line per row (id, source, model, layout, measured, predicted, % error, fits), then the
 median and mean absolute percentage error per source and overall, then every published layout
@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write a machine-readable summary here ('-' = stdout)")
     ap.add_argument("--priors", action="store_true", help="use the prior constants, not cost_models/data/calibration.json")
     ap.add_argument("--calibration", metavar="JSON", help="a calibration file written by bench/fit_calibration.py")
-    ap.add_argument("--split", choices=["all", "fit", "holdout"], default="all", help="restrict to one side of the fit split")
+    ap.add_argument("--split", choices=["all", "lofo"], default="all",
+                    help="lofo: price each row with the calibration fitted without its source family (bench.fit_calibration)")
     ap.add_argument("--source", help="only rows of this source_id")
     ap.add_argument("--quiet", action="store_true", help="no per-row table")
     args = ap.parse_args(argv)
@@ -202,15 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cal = Calibration() if args.priors else default_calibration()
     rows, bad = load_rows()
-    if args.split != "all":
-        from bench.fit_calibration import split_rows
-
-        fit, hold = split_rows([r for r in rows if r.has_throughput])
-        keep = {r.row_id for r in (fit if args.split == "fit" else hold)}
-        rows = [r for r in rows if r.row_id in keep]
     if args.source:
         rows = [r for r in rows if r.source_id == args.source]
-    results = evaluate(rows, cal)
+    if args.split == "lofo":
+        from bench.fit_calibration import lofo_calibration
+
+        results = [evaluate_row(r, lofo_calibration(r)) for r in rows]
+    else:
+        results = evaluate(rows, cal)
     out = sys.stdout if args.json != "-" else sys.stderr
     print(f"calibration: {cal.source}", file=out)
     if not args.quiet:

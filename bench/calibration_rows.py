@@ -58,7 +58,11 @@ CLUSTER_FOR_FAMILY = {
     "A100-80GB": "dgx-a100-80g",
     "H100-80GB": "dgx-h100",
     "H100-96GB-HBM2e-500W": "grand-teton-h100",
+    "H200-141GB": "dgx-h200",
+    "B200": "dgx-b200",
+    "B300": "dgx-b300",
     "GB200": "gb200-nvl72",
+    "GB300": "gb300-nvl72",
 }
 
 
@@ -90,6 +94,9 @@ class CalibrationRow:
     megatron_core_before_0_10: bool = False
     """The row ran on a Megatron-Core before 0.10 (`RecipeSwitches.megatron_core_before_0_10`): no MoE
     parallel folding, no FSDP, no optimizer offload."""
+    distributed_optimizer: bool = True
+    """False: the row's stack had no sharded optimizer at all (Megatron-LM of 2021-22, whose rows the
+    loader prices at ZeRO-0): `bench.published_vs_plan` searches it without ZeRO or offload."""
 
     @cached_property
     def cluster(self) -> Any:
@@ -349,6 +356,11 @@ def _sp(c: _Ctx, tp: int, default: bool | None) -> bool:
 
 _VPP_FROM_PAIRED_ROW: dict[tuple[str, int], int] = {}
 
+MEGATRON_LM_2021_22 = ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022")
+"""Sources measured on Megatron-LM of 2021-22, before its distributed optimizer (Megatron-LM's
+`--use-distributed-optimizer` arrived in 2022, after these papers): optimizer states on every
+data-parallel rank."""
+
 
 @dataclass(frozen=True)
 class RecipeSwitches:
@@ -492,7 +504,7 @@ def _layout(
     elif framework == "deepspeed":
         m = re.search(r"ZERO-(\d)", zero_col)
         zero = int(m.group(1)) if m else 3
-    elif sid in ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022"):
+    elif sid in MEGATRON_LM_2021_22:
         zero = 0
         c.notes.append("no distributed optimizer (Megatron-LM 2021/22): ZeRO-0")
     else:
@@ -699,6 +711,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         older_megatron_core = _megatron_core_before_0_10(c, framework)
         layout = _layout(c, model, training, framework, gpus, older_megatron_core)
         measured, measured_from = _throughput(c, model, training, gpus)
+        sharded_optimizer = not (framework == "megatron" and sid in MEGATRON_LM_2021_22)
     except _Skip as exc:
         return Unusable(row_id, sid, label, str(exc))
     flops_check = None
@@ -716,6 +729,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         # stated by the CSV, or fixed by the recipe's code (the only source of recompute_modules here)
         recompute_stated=bool(c.s("recompute")) or layout.recompute_modules is not None,
         megatron_core_before_0_10=older_megatron_core,
+        distributed_optimizer=sharded_optimizer,
     )
 
 
@@ -760,3 +774,36 @@ if __name__ == "__main__":
     for r in rows:
         if r.source_id != "llmfoundry_mpt":
             print(r.row_id, r.source_id, r.label, r.layout_str(), r.measured_tokens_per_s_per_gpu, r.flops_check)
+
+
+MEASURED_RUNS = REPO / "data" / "measurements" / "h200-2026-11"
+"""This project's own measurements (README.md there): single-GPU runs of the runtime on an H200."""
+
+RUNTIME_RUNS = {"prof_full_none": ("plan_full_none.json", 9001), "prof_full_full": ("plan_full_full.json", 9002)}
+"""The runtime's full-training runs on the H200 and the plans whose layouts they ran, with the row
+ids they take beside the CSV's (whose ids stay below 1000). The LoRA run is left out: its time
+follows the fine-tuning model (`cost_models.finetune`), not the stack constants fitted here."""
+
+
+def measured_runtime_rows() -> list[CalibrationRow]:
+    """The runtime's runs of `RUNTIME_RUNS` as calibration rows of source `autopar_runtime_h200`:
+    model, training, cluster and layout from the plan they ran, throughput as measured
+    (`runs.json` tokens_per_s; one GPU)."""
+    import json
+
+    runs = json.loads((MEASURED_RUNS / "runs.json").read_text())
+    out = []
+    for name, (plan_file, row_id) in RUNTIME_RUNS.items():
+        plan = json.loads((MEASURED_RUNS / plan_file).read_text())
+        inputs = plan["inputs"]
+        model = ModelSpec(**inputs["model"])
+        training = TrainingSpec(**inputs["training"])
+        layout = Layout(**plan["best"]["layout"])
+        out.append(CalibrationRow(
+            row_id=row_id, source_id="autopar_runtime_h200", label=f"{model.name} ({name})", model=model,
+            training=training, cluster_name=inputs["cluster"]["name"], gpus=int(inputs["gpus"]), layout=layout,
+            measured_tokens_per_s_per_gpu=float(runs[name]["tokens_per_s"]) / int(inputs["gpus"]),
+            measured_from="data/measurements/h200-2026-11/runs.json tokens_per_s", confidence="measured",
+            assumptions=(f"the layout of {plan_file}, as the runtime ran it",),
+        ))
+    return out

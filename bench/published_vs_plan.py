@@ -4,8 +4,12 @@ published layout rank among all the layouts we price, and, the number that matte
 best plan's *predicted* throughput compare with the *measured* published figure (a tuned recipe
 is close to the best its stack reaches: a plan promising far more is a blind spot of the model)?
 
-    python -m bench.published_vs_plan [--source ID] [--holdout] [--limit N] [--json]
+    python -m bench.published_vs_plan [--source ID] [--family NAME] [--holdout] [--limit N] [--json]
     python -m bench.published_vs_plan --summarize out.json   # the summary of an earlier --json run
+
+`--holdout`: every row is priced and searched with the calibration fitted without its source
+family (`bench.fit_calibration.lofo_calibration`: leave-one-family-out), and the summary is given
+per family.
 
 Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
 and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`,
@@ -66,7 +70,8 @@ def constraints_for(row) -> SearchConstraints:
     implementations (a run without torch.compile is compared with plans priced without it, as a
     BF16 run is with BF16 plans; a FlashAttention-2 run with FlashAttention-2 plans), its expert grid (`Layout.moe_parallel_folding`), its FSDP
     (`Layout.fsdp_flat_params`), the FSDP and optimizer offload a Megatron-Core before 0.10 lacks
-    (`CalibrationRow.megatron_core_before_0_10`), Megatron FSDP without gradient-accumulation fusion
+    (`CalibrationRow.megatron_core_before_0_10`), any ZeRO or offload a Megatron-LM of 2021-22 lacks
+    (`CalibrationRow.distributed_optimizer`), Megatron FSDP without gradient-accumulation fusion
     (every Megatron row ran a stack older than Megatron-Core 0.14 / NeMo 2.5, which turn it off
     under Megatron FSDP: `Layout.megatron_fsdp_gradient_fusion`),
     its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of MLA, `MLA_CONTEXT_PARALLEL_SOURCES`)
@@ -81,8 +86,9 @@ def constraints_for(row) -> SearchConstraints:
         norm_kernel=lay.norm_kernel, attention_kernel=lay.attention_kernel_, memory_headroom=0.0, top_k=3,
         allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap,
         moe_parallel_folding=lay.moe_parallel_folding, fsdp_flat_params=lay.fsdp_flat_params,
-        megatron_fsdp_gradient_fusion=lay.framework != "megatron", max_zero_stage=1 if older else 3,
-        allow_offload=not older, **fixed,
+        megatron_fsdp_gradient_fusion=lay.framework != "megatron",
+        max_zero_stage=0 if not row.distributed_optimizer else (1 if older else 3),
+        allow_offload=not older and row.distributed_optimizer, **fixed,
     )
 
 
@@ -110,9 +116,13 @@ def compare(row, cal) -> dict:
         if kept.best:
             recommended, recommended_layout = kept.best.estimate["tokens_per_s_per_gpu"], kept.best.layout
     measured = row.measured_tokens_per_s_per_gpu
+    from bench.calibration_rows import stratum
+
     return {
         "row_id": row.row_id,
         "source": row.source_id,
+        "stratum": stratum(row),
+        "calibration": cal.source,
         "model": row.label,
         "published_fits": published.fits,
         "published_within_headroom": published.peak_bytes <= usable,
@@ -128,6 +138,22 @@ def compare(row, cal) -> dict:
         "feasible_layouts": plan.stats.feasible,
         "search_s": time.perf_counter() - t0,
     }
+
+
+def summary_by_family(out: list[dict]) -> list[str]:
+    """Best plan / measured (median, 90th percentile) per source family and overall."""
+    from bench.fit_calibration import FAMILIES
+
+    fams: dict[str, list[float]] = {}
+    for r in out:
+        if r["best_over_measured"]:
+            fam = FAMILIES.get(r.get("stratum", r["source"]), r.get("stratum", r["source"]))
+            fams.setdefault(fam, []).append(r["best_over_measured"])
+    lines = []
+    for fam, ratios in sorted(fams.items()):
+        lines.append(f"  {fam:<36} n={len(ratios):>4}  best/measured median {statistics.median(ratios):.3f}  "
+                     f"p90 {quantile(ratios, 0.9):.3f}  above {PROMISE_LIMIT}: {sum(x > PROMISE_LIMIT for x in ratios)}")
+    return lines
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -190,7 +216,9 @@ def print_rows_above(out: list[dict], threshold: float = PROMISE_LIMIT) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--source", default=None)
-    ap.add_argument("--holdout", action="store_true", help="only rows of the source families never fitted on")
+    ap.add_argument("--holdout", action="store_true",
+                    help="price and search each row with the calibration fitted without its source family")
+    ap.add_argument("--family", default=None, help="only rows of this source family (bench.fit_calibration.FAMILIES)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--summarize", metavar="JSON", default=None,
@@ -200,17 +228,17 @@ def main() -> None:
         with open(args.summarize) as f:
             earlier = json.load(f)
         print(summary_over_measured(earlier, args.summarize))
+        print("\n".join(summary_by_family(earlier)))
         print_rows_above(earlier)
         return
+    from bench.fit_calibration import family, lofo_calibration
+
     rows, _ = load_rows()
     rows = [r for r in rows if args.source is None or r.source_id == args.source]
-    if args.holdout:
-        from bench.fit_calibration import split_rows
-
-        _, rows = split_rows(rows)
+    rows = [r for r in rows if args.family is None or family(r) == args.family]
     rows = rows[: args.limit] if args.limit else rows
     cal = default_calibration()
-    out = [compare(r, cal) for r in rows]
+    out = [compare(r, lofo_calibration(r) if args.holdout else cal) for r in rows]
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -225,6 +253,7 @@ def main() -> None:
             f"{r['published_rank']:6d} {r['feasible_layouts']:7,d}"
         )
     print(summary_over_measured(out, "all rows shown"))
+    print("\n".join(summary_by_family(out)))
     print_rows_above(out)
     n = len(out)
     print(f"\n{n} rows: published layout fits in {sum(r['published_fits'] for r in out)}; best plan >= published in "

@@ -1,15 +1,23 @@
-"""Every constant of the cost models that is not physics, in one place.
+"""Every constant of the cost models that is not physics or measurement, in one place.
 
-Physics (FLOP counts, bytes moved, datasheet peaks and bandwidths, collective algorithms) lives in
-the other modules. What real software achieves of that physics is a fraction we cannot derive:
-GEMM and attention kernel efficiency, the share of the catalog bus bandwidth NCCL reaches, how much
-communication each framework hides behind compute. Those fractions are below.
+Kernel rates are measurements (`cost_models.kernels`: the kernel atlas of each GPU, with their
+sources); physics (FLOP counts, bytes moved, collective algorithms) lives in the other modules.
+What a whole training step adds to its kernels is not in any kernel measurement: the gaps between
+kernels and the small kernels no model prices, the part of each kernel call's fixed latency a
+stream exposes, a fixed cost per optimizer step. Those are a few constants per software stack
+(`Stack`, per `Layout.framework`), fitted end to end on published runs, and how much of each
+collective a framework hides (`Overlap`).
 
-They are *fitted*, not chosen: `bench/fit_calibration.py` fits them to
-`data/calibration/published_runs.csv` on a training split and writes
-`cost_models/data/calibration.json` together with the fit and hold-out errors. The defaults in
-`Calibration` are the priors the fit starts from (sources in each field's comment); they are used
-only when no fitted file exists.
+They are *fitted*, not chosen: `bench/fit_calibration.py` fits the `Stack` constants (and
+DeepSpeed's collective efficiency) to `data/calibration/published_runs.csv` and writes
+`cost_models/data/calibration.json` with the fit, its leave-one-source-family-out errors and the
+error bands. The defaults below are the priors the fit starts from (sources in each field's
+comment); they are used only when no fitted file exists. No constant is chosen per source family or
+per published row.
+
+The `*_efficiency` multipliers of the kernel rates are 1 for the published-run calibration (the
+atlas's rates stand); the per-cluster refit from a team's profiles moves them
+(`cost_models.profile_calibration`), as it moves the bus efficiencies and the fixed step cost.
 
 Memory constants (CUDA context, allocator fragmentation, NCCL buffers) are not in the published
 runs; they are priors with sources, and measured profiles refine them.
@@ -80,47 +88,85 @@ def _default_overlaps() -> dict[str, Overlap]:
     }
 
 
+@dataclass(frozen=True)
+class Stack:
+    """What one software stack's training step adds to the kernels it runs (fitted per
+    `Layout.framework`). The stack itself (framework, its kernels) is an input of every plan."""
+
+    compute: float = 1.0
+    """Multiplies the step's kernel times (GEMMs, attention, memory-bound kernels): the gaps
+    between back-to-back kernels and the small kernels no model prices (casts, bias and dropout,
+    gradient-norm reductions), as a share of kernel time. Prior 1: the atlas's rates as measured."""
+    latency_exposed: float = 0.2
+    """Share of a kernel call's fixed latency (`cost_models.kernels`: the isolated-call latency of
+    the best-measured GPU, about 16 us on the H200 of 2026-11) that each kernel launch of a layer
+    adds to the GPU's time in a step: 1 when every kernel waits for its launch (host syncs, eager
+    dispatch), 0 when the stream never drains. Prior 0.2: a kernel launch's own GPU-side latency is
+    2-4 us of it (CUDA C++ Best Practices Guide, 'kernel launch overhead')."""
+    fp8_compute: float = 1.0
+    """Multiplies the stack's FP8 GEMM times on top of `compute`: what its FP8 recipe adds to the
+    GEMMs the atlas measured (scaling factors and amax reductions, the casts and transposes of
+    inputs, weights and gradients, split accumulation in the backward). Prior 1: the measured
+    FP8 GEMMs alone."""
+    step_s: float = 0.0
+    """Fixed seconds per optimizer step (data loading, logging, the optimizer's launches)."""
+
+
+STACKS = ("megatron", "fsdp", "deepspeed")
+"""The software stacks with constants of their own (`stack_key`)."""
+
+
+def stack_key(framework: str, fsdp_flat_params: bool = False) -> str:
+    """The software stack whose `Stack` constants price a layout: its framework (`Layout.framework`).
+    FSDP1 (`fsdp_flat_params`) and FSDP2 share one set: fitted apart, each had too few families to
+    be predicted without itself (leave-one-family-out: llm-foundry's FSDP1 rows from MaxText's
+    alone 60% off at the 90th percentile, torchtitan's FSDP2 rows from the priors 24-33% off)."""
+    return framework
+
+
+def _default_stacks() -> dict[str, Stack]:
+    return {name: Stack() for name in STACKS}
+
+
+def _atlas_nic_efficiency() -> float:
+    """The measured scale-out bus bandwidth over the NICs' line rate (`cost_models.kernels.atlas.
+    nic_efficiency`), or 0.85 where no atlas measures one (the fit's prior of earlier versions)."""
+    from cost_models.kernels.atlas import nic_efficiency
+
+    return nic_efficiency() or 0.85
+
+
 @dataclass(frozen=True, eq=False)
 class Calibration:
     """Fitted constants. Compared and hashed by identity (it keys the pricing caches)."""
 
-    # --- compute -------------------------------------------------------------------------------
-    gemm_efficiency: float = 0.80
-    """Fraction of the dense bf16 peak a large GEMM reaches (cuBLAS on H100 reaches 0.7-0.8 of
-    989 TFLOP/s for 8k x 8k x 8k; NVIDIA's published GEMM benchmarks)."""
-    fp8_gemm_efficiency: float = 0.65
-    """Same for FP8 GEMMs relative to the FP8 peak (FP8 runs further from its peak)."""
-    gemm_k_overhead: float = 128.0
-    """Elements of k: a GEMM tile's prologue and epilogue cost as much as this many more elements of
-    the reduction dimension (k efficiency k / (k + gemm_k_overhead), `cost_models.compute`); two
-    64-deep mainloop iterations as a prior. Tile and wave quantization are geometry, not fitted."""
-    attention_efficiency: float = 0.55
-    """Fraction of the bf16 peak a fused attention kernel written for the GPU's own tensor cores
-    reaches (`Layout.attention_kernel` "fused": Transformer Engine's cuDNN attention, FlashAttention-3;
-    FlashAttention-2/3 papers: 50-75% of the peak in isolation)."""
-    flash2_attention_efficiency: float = 0.55
-    """Same for FlashAttention-2 (`Layout.attention_kernel` "flash2": the flash-attn 2 package and
-    PyTorch's SDPA flash backend, which vendors it) on a GPU whose peak its warp-level mma.sync
-    instructions reach (Ampere and older; FlashAttention-2 paper: 50-73% of the A100's peak)."""
-    flash2_warpgroup_share: float = 0.5
-    """Share of `flash2_attention_efficiency` FlashAttention-2 keeps on a GPU whose tensor-core peak
-    needs warpgroup MMA (`GPUSpec.warpgroup_mma`: Hopper's wgmma, Blackwell's tcgen05), which its
-    Ampere-era mma.sync kernels do not issue. Prior 0.5: FlashAttention-2 reaches 35% of the H100's
-    peak (FlashAttention-3 paper, Shah et al. 2024, arXiv 2407.08608) where it reaches 50-73% of the
-    A100's (FlashAttention-2 paper, Dao 2023, arXiv 2307.08691)."""
-    hbm_efficiency: float = 0.80
-    """Fraction of HBM bandwidth elementwise kernels and the optimizer step reach."""
+    # --- per software stack (fitted) -----------------------------------------------------------
+    stacks: dict[str, Stack] = field(default_factory=_default_stacks)
+    overlaps: dict[str, Overlap] = field(default_factory=_default_overlaps)
+    # --- multipliers of measured kernel rates (1: the atlas; a cluster's profiles move them) ----
+    gemm_efficiency: float = 1.0
+    """Multiplies the atlas's 16-bit GEMM rates."""
+    fp8_gemm_efficiency: float = 1.0
+    """Multiplies the atlas's FP8 GEMM rates."""
+    attention_efficiency: float = 1.0
+    """Multiplies the atlas's fused attention rates (cuDNN / FlashAttention-3 / -4)."""
+    flash2_attention_efficiency: float = 1.0
+    """Multiplies the atlas's FlashAttention-2 rates."""
+    hbm_efficiency: float = 1.0
+    """Multiplies the atlas's memory-bound bandwidth."""
     # --- communication -------------------------------------------------------------------------
     intra_bus_efficiency: float = 1.0
     """Multiplies the catalog's intra-node bus bandwidth (already an achievable nccl-tests figure)."""
-    inter_bus_efficiency: float = 0.85
-    """Multiplies the scale-out bus bandwidth (NICs' line rate -> NCCL busbw)."""
-    overlaps: dict[str, Overlap] = field(default_factory=_default_overlaps)
+    inter_bus_efficiency: float = field(default_factory=_atlas_nic_efficiency)
+    """Multiplies the scale-out bus bandwidth (NICs' line rate -> NCCL busbw): measured, the large-
+    buffer bus bandwidth of the atlas's NIC-spanning all-reduce over its NICs' line rate."""
     step_overhead_s: float = 0.0
-    """Fixed seconds per optimizer step (launch, data loading, logging) not modelled elsewhere."""
+    """Fixed seconds per step beyond the stack's (`Stack.step_s`): 0 for the published-run
+    calibration; a cluster's profiles set it (`cost_models.profile_calibration`)."""
     stack_overheads: dict[str, StackOverhead] = field(default_factory=_default_stack_overheads)
-    """Host overheads of the fine-tuning stacks' loops (`StackOverhead`, `cost_models.stacks`), added to
-    `step_overhead_s` for a layout with a `stack`. Fitted by bench/finetune_runs.py --fit (only these)."""
+    """Host overheads of the fine-tuning stacks' loops (`StackOverhead`, per `Layout.stack`:
+    `cost_models.stacks`): a layout run in such a stack pays these in place of its framework's
+    `Stack.step_s`. Fitted by bench/finetune_runs.py --fit (only these)."""
     kernel_launch_s: float = 6e-6
     """Host seconds to launch one kernel from the training loop: the CUDA launch itself (2-4 us,
     CUDA C++ Best Practices Guide, "kernel launch overhead") plus the framework's dispatch of the
@@ -140,6 +186,17 @@ class Calibration:
     nccl_buffer_bytes_per_group: int = 64 * 2**20
     """GPU memory NCCL allocates per communicator (NCCL_BUFFSIZE 4 MiB x protocols x channels)."""
     source: str = "priors"
+
+    def stack(self, framework: str) -> Stack:
+        """The `Stack` constants of a stack (`stack_key`; Megatron's for an unknown one)."""
+        s = self.stacks.get(framework)
+        if s is None:
+            s = self.stacks.get("megatron") or Stack()
+        return s
+
+    def step_overhead(self, framework: str) -> float:
+        """Fixed seconds per step of a layout of `framework`: its stack's and the cluster's."""
+        return self.stack(framework).step_s + self.step_overhead_s
 
     def fragmentation_of(self, framework: str) -> float:
         return self.fsdp_fragmentation if framework == "fsdp" else self.fragmentation
@@ -165,10 +222,16 @@ class Calibration:
             kwargs["overlaps"] = {
                 k: Overlap(**{f: x for f, x in v.items() if f in overlap_fields}) for k, v in kwargs["overlaps"].items()
             }
+        if "stacks" in kwargs:
+            stack_fields = {f.name for f in fields(Stack)}
+            kwargs["stacks"] = {
+                k: Stack(**{f: x for f, x in v.items() if f in stack_fields}) for k, v in kwargs["stacks"].items()
+            }
         if "stack_overheads" in kwargs:
-            known_fields = {f.name for f in fields(StackOverhead)}
+            overhead_fields = {f.name for f in fields(StackOverhead)}
             kwargs["stack_overheads"] = {
-                k: StackOverhead(**{f: x for f, x in v.items() if f in known_fields}) for k, v in kwargs["stack_overheads"].items()
+                k: StackOverhead(**{f: x for f, x in v.items() if f in overhead_fields})
+                for k, v in kwargs["stack_overheads"].items()
             }
         return cls(**kwargs)
 

@@ -27,6 +27,14 @@ the per-GPU links instead:
   remote domain it needs (`remote_domains_per_token`) and fans it out over NVLink there
   (`dedup_dispatch_time`).
 
+Measured size curves. A ring collective (all-reduce, all-gather, reduce-scatter) of S bytes takes its
+alpha-beta time above times the ratio the kernel atlas measured for buffers of S bytes on the same
+span (inside one NVLink domain, or across NICs: `cost_models.kernels.collectives`, `size_ratio`):
+between a few KiB and a few hundred MiB NCCL runs well below its large-buffer bus bandwidth (1.3-2x
+the alpha-beta time at 8-64 MiB on 8 A100 over NVLink, 1.6-2.5x across 4 B200 nodes). The large-buffer
+scale-out efficiency is the atlas's measured one (`Calibration.inter_bus_efficiency`). Send/recv and
+all-to-all have no measured curve and keep the alpha-beta model.
+
 Channels. Every collective occupies one *channel* of a rank: the NVLink / PCIe domain (`INTRA`) when
 its group stays inside one domain, the scale-out NICs (`INTER`) when it leaves it. Collectives on
 one channel queue on it; collectives on different channels run side by side
@@ -39,9 +47,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from cluster_specs.spec import ClusterSpec
 from cluster_specs.topology import GroupLink, collective_latency_s, strided_group_link
 from cost_models.calibration import Calibration
+from cost_models.kernels.atlas import atlas_for
+from cost_models.kernels.collectives import SizeCurve
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
 
@@ -63,6 +75,7 @@ class Group:
 
     size: int
     link: GroupLink
+    curve: SizeCurve | None = None  # the atlas's size curve of the group's span (`size_ratio`)
 
     @classmethod
     def strided(cls, cluster: ClusterSpec, size: int, stride: int, world: int | None = None) -> Group:
@@ -74,7 +87,9 @@ class Group:
             return hit[1]
         if world is not None and world % (size * stride):
             world = None
-        group = cls(size, strided_group_link(cluster, size, stride, world))
+        link = strided_group_link(cluster, size, stride, world)
+        curve, _ = atlas_for(cluster.gpu).collective_curve("nvlink" if link.domains <= 1 else "nic")
+        group = cls(size, link, curve)
         if len(_GROUPS) > 1 << 16:
             _GROUPS.clear()
         _GROUPS[key] = (cluster, group)
@@ -157,9 +172,26 @@ def dedup_dispatch_time(copy_bytes: float, top_k: int, remote_copies: float, gro
     return remote_copies * copy_bytes / nic_share(link, cal) + latency("all_to_all", link)
 
 
-def collective_time(kind: Collective, nbytes: float, group: Group, cal: Calibration) -> float:
-    """Seconds for one collective of `nbytes` (see the module doc) over `group`."""
+RING_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter"})
+"""Collectives the atlas's size curves (ring all-reduce sweeps) stand for."""
+
+
+def size_ratio(kind: str, nbytes: float | np.ndarray, group: Group) -> float | np.ndarray:
+    """Measured time over alpha-beta time of a `kind` collective of `nbytes` over `group` (module
+    doc): the atlas's curve of the group's span, 1 for send/recv, all-to-all and groups of one."""
+    if kind not in RING_KINDS or group.size <= 1 or group.curve is None:
+        return 1.0
+    if isinstance(nbytes, np.ndarray):
+        return group.curve.at_array(nbytes)
+    return group.curve.at(float(nbytes))
+
+
+def collective_time(kind: Collective, nbytes: float, group: Group, cal: Calibration, sizes: bool = True) -> float:
+    """Seconds for one collective of `nbytes` (see the module doc) over `group`: the alpha-beta
+    time x the measured size ratio (`size_ratio`; `sizes` False: the alpha-beta time alone, a lower
+    bound of it, affine in the bytes)."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
     per_byte, lat = collective_cost(kind, group, cal)
-    return nbytes * per_byte + lat
+    t = nbytes * per_byte + lat
+    return t * float(size_ratio(kind, nbytes, group)) if sizes else t

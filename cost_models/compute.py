@@ -1,32 +1,31 @@
 """Compute time of one micro-batch on one rank: GEMMs, attention and memory-bound kernels.
 
-GEMMs. A GEMM (m x k) @ (k x n) is 2*m*n*k FLOPs. cuBLAS / CUTLASS run it as output tiles of
-tm x tn, each tile on one SM, in waves of `sm_count` tiles (NVIDIA, "Matrix Multiplication
-Background User's Guide": tile and wave quantization). So a GEMM reaches
-    `gemm_efficiency` (the fitted ceiling of a large, square GEMM)
-  x tile rate      of the tile shape chosen (smaller tiles reuse less data: `TILES`)
-  x utilization    useful output area / (waves x sm_count x tm x tn): partial tiles on the edges and
-                   a last wave that leaves SMs idle (tile and wave quantization)
-  x k efficiency   k / (k + `gemm_k_overhead`): each tile's prologue and epilogue cost about as
-                   much as that many more elements of k
-of the peak, and the library picks the fastest of the tile shapes in `TILES` and split-K factors in
-`SPLITS` (split-K fills idle SMs on thin GEMMs, at the price of an fp32 reduction of s partial
-outputs). A GEMM is never faster than its operands' HBM traffic (roofline). Grouped expert GEMMs
-(`count` > 1) share the waves. Backward runs two GEMMs of the forward's shape (input and weight
-gradients): 2x forward time. On devices without SMs (`GPUSpec.sm_count` None: the CPU runtime)
-only the k efficiency applies.
+Kernel rates are looked up in the GPU's kernel atlas (`cost_models.kernels`): measured points,
+interpolated between them and extrapolated outside them by the tile / wave model, or, for a GPU
+without measurements, its datasheet (each lookup has a provenance: measured, interpolated,
+extrapolated, datasheet).
 
-Attention runs at `attention_rate` on causal FLOPs (FlashAttention skips masked blocks): a fused
-kernel written for the GPU's tensor cores (Transformer Engine's cuDNN attention) at
-`attention_efficiency x bf16 peak`, FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2) at
-`flash2_attention_efficiency`, and on Hopper and Blackwell, whose peak needs warpgroup MMA that its
-mma.sync kernels do not issue, at `flash2_warpgroup_share` of that; times the share of its 128 x 128
-tiles that holds scored pairs (`attention_tile_efficiency`:
-short sequences and context-parallel blocks waste part of each tile); its backward costs
-`cost_models.flops.flash_backward_factor` x forward (2.5 for d_qk == d_v).
+GEMMs. A GEMM (m x k) @ (k x n) is 2*m*n*k FLOPs; `count` > 1 identical GEMMs (the experts of a
+rank) run as one grouped kernel sharing its waves. Its time is the atlas's (`kernels.atlas.
+GemmTable.seconds`). The backward runs two GEMMs of their own shapes, each looked up by its shape:
+the input gradient dX (m x k) = dY (m x n) @ W^T (n x k), a GEMM (m, k, n), and the weight gradient
+dW (k x n) = X^T (k x m) @ dY (m x n), a GEMM (k, n, m) (`backward_gemms`).
+
+Attention runs the stack's kernel (`Layout.attention_kernel`): FlashAttention-2 (PyTorch SDPA's
+flash backend, flash-attn 2), or a fused kernel written for the GPU's own tensor cores
+(Transformer Engine's cuDNN attention, FlashAttention-3 / -4: the first of them the GPU's atlas
+measured), at the atlas's rate for its pass (forward; backward, `flash_backward_factor` x the
+forward's FLOPs), head dimension and length: one causal call over the sequence, or under ring
+context parallelism calls over blocks of the 2 x cp load-balanced chunks (no mask).
 
 Norms, activations, residual adds, rotary embeddings and the MoE router, permute and unpermute are
-memory-bound: their time is the bytes they read and write over HBM bandwidth.
+memory-bound: their time is the bytes they read and write over the bandwidth streaming kernels
+sustain (`hbm_bandwidth`: the atlas's measured share of the datasheet HBM bandwidth).
+
+The stack. Every kernel time is multiplied by the stack's `Calibration.stack(...).compute` (gaps
+between kernels, small kernels no model prices), and each kernel launch of a layer adds the
+stack's exposed share of a call's fixed latency (`Stack.latency_exposed` x the atlas's measured
+call latency, `launch_seconds`).
 
 Ring context parallelism merges each step's partial attention output into the running one and, in
 the backward, adds each step's dQ and dK / dV into the running gradients: memory-bound kernels on
@@ -48,14 +47,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from cluster_specs.spec import GPUSpec
 from cost_models import finetune, op_sac
-from cost_models.calibration import Calibration
+from cost_models.calibration import Calibration, stack_key
 from cost_models.finetune import FineTune
 from cost_models.flops import attention_pairs, flash_backward_factor, ssd_scan_flops_forward
+from cost_models.kernels.atlas import atlas_for
 from cost_models.layout import default_attention_kernel
 from cost_models.mesh import MeshLike, Scalars
 from model_specs.spec import ModelSpec
@@ -90,6 +91,7 @@ class ShardGeometry:
     cp_ring: bool = True  # context parallelism passes K/V blocks around a ring (`Layout.cp_attention` "ring")
     torch_ring: bool = False  # ... torch's context_parallel runs that ring (framework fsdp), not Transformer Engine
     flash2: bool = False  # FlashAttention-2 runs the attention, not a fused kernel (`Layout.attention_kernel`)
+    framework: str = "megatron"  # the stack (`calibration.stack_key`): its `Calibration.stack` constants
     # Arrays (broadcasting against each other) price many geometries at once: every time below is
     # then an array of the same shape, each entry exactly what the scalar geometry gives.
 
@@ -101,18 +103,21 @@ class ShardGeometry:
         ring = getattr(mesh, "cp_attention", "ring") == "ring"
         return cls(
             micro_batch * seq_len / mesh.cp, seq_len, mesh.cp, mesh.tp, mesh.sp_, mesh.ep, mesh.etp_, eager, ring,
-            **stack_kernels(getattr(mesh, "framework", "megatron"), getattr(mesh, "attention_kernel_", None)),
+            **stack_kernels(getattr(mesh, "framework", "megatron"), getattr(mesh, "attention_kernel_", None),  # type: ignore[arg-type]
+                            bool(getattr(mesh, "fsdp_flat_params", False))),
         )
 
 
-def stack_kernels(framework: str, attention_kernel: str | None = None) -> dict[str, bool]:
-    """The `ShardGeometry` flags a software stack sets, for a layout (`ShardGeometry.of`) and for the
+def stack_kernels(framework: str, attention_kernel: str | None = None, fsdp_flat_params: bool = False) -> dict[str, bool | str]:
+    """The `ShardGeometry` fields a software stack sets, for a layout (`ShardGeometry.of`) and for the
     search's vectorized geometries alike: `torch_ring`, whether its context parallelism is torch's
     `context_parallel` ring (fsdp: the runtime, torchtitan) rather than Transformer Engine's
-    (Megatron-Core: `ring_merge_times`), and `flash2`, whether FlashAttention-2 attends
-    (`attention_kernel`, or the framework's default: `Layout.attention_kernel_`)."""
+    (Megatron-Core: `ring_merge_times`), `flash2`, whether FlashAttention-2 attends
+    (`attention_kernel`, or the framework's default: `Layout.attention_kernel_`), and the stack
+    whose `Calibration.stack` constants price its kernels (`calibration.stack_key`)."""
     kernel = attention_kernel or default_attention_kernel(framework)
-    return {"torch_ring": framework == "fsdp", "flash2": kernel == "flash2"}
+    return {"torch_ring": framework == "fsdp", "flash2": kernel == "flash2",
+            "framework": stack_key(framework, fsdp_flat_params)}
 
 
 def layer_gemms(model: ModelSpec, index: int, g: ShardGeometry) -> list[Gemm]:
@@ -182,87 +187,96 @@ def moe_imbalance(routed_per_rank: Scalars, ep: int | np.ndarray) -> Scalars:
     return 1.0 + math.sqrt(2.0 * math.log(ep) * (1.0 - 1.0 / ep) / max(routed_per_rank, 1.0))
 
 
-TILE_K = 64
-"""Elements of k one mainloop iteration consumes (CUTLASS / cuBLAS Hopper and Ampere BF16 kernels)."""
+FUSED_ATTENTION = ("cudnn", "fa3", "fa4")
+"""Atlas kernels that stand for `Layout.attention_kernel` "fused", in order of preference:
+Transformer Engine's cuDNN attention (Megatron-Core's default), FlashAttention-3 (Hopper),
+FlashAttention-4 (Blackwell); the first the GPU's atlas (or its nearest measured GPU) has."""
+FLASH2_ATTENTION = ("flash2",)
 
 
-def _tile_rate(tm: int, tn: int, ref: tuple[int, int] = (128, 256)) -> float:
-    """Throughput of a tm x tn tile relative to the large 128 x 256 tile: a tile loads (tm + tn)
-    elements per k step and does tm * tn multiply-adds on them, so its data reuse is
-    tm*tn / (tm + tn). Modelling choice (not fitted): the rate scales as the square root of that
-    reuse, which keeps 128 x 128 tiles within ~13% of the large tile (they run near peak on
-    Hopper) and halves nothing smaller than 64 x 64."""
-    reuse = tm * tn / (tm + tn)
-    ref_reuse = ref[0] * ref[1] / (ref[0] + ref[1])
-    return min(1.0, (reuse / ref_reuse) ** 0.5)
+def compute_stretch(cal: Calibration, framework: str) -> float:
+    """Multiplier of every kernel time of `framework`'s stack (`Stack.compute`)."""
+    return cal.stack(framework).compute
 
 
-TILES: tuple[tuple[int, int, float], ...] = tuple(
-    (tm, tn, _tile_rate(tm, tn)) for tm, tn in ((128, 256), (256, 128), (128, 128), (64, 128), (128, 64), (64, 64))
-)
-"""CTA tile shapes (rows of the output x columns) a GEMM library chooses from, with their rates."""
-
-SPLITS = (1, 2, 4, 8, 16)
-"""Split-K factors tried for thin GEMMs (k cut into s slices, partial outputs reduced in fp32)."""
+def hbm_bandwidth(gpu: GPUSpec, cal: Calibration, framework: str = "megatron") -> float:
+    """Bytes/s the memory-bound kernels sustain on `framework`'s stack: the atlas's streaming
+    bandwidth of the GPU (`KernelAtlas.memory_bandwidth`) x `Calibration.hbm_efficiency`, over the
+    stack's compute stretch (every HBM-bound cost divides its bytes by this)."""
+    return atlas_for(gpu).memory_bandwidth() * cal.hbm_efficiency / compute_stretch(cal, framework)
 
 
-def hbm_bandwidth(gpu: GPUSpec, cal: Calibration) -> float:
-    """Bytes/s the memory-bound kernels sustain: the GPU's HBM bandwidth x the fitted
-    `Calibration.hbm_efficiency` (every HBM-bound cost divides its bytes by this)."""
-    return gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
+              framework: str = "megatron") -> Scalars:
+    """Seconds of one GEMM group in a step (elementwise when its dimensions are arrays): the
+    atlas's GPU time (`GemmTable.seconds`) over `Calibration.gemm_efficiency` (or the FP8 one),
+    times the stack's compute stretch (and, for FP8 GEMMs, its `Stack.fp8_compute`). The call's
+    fixed latency is added per kernel launch of a layer (`launch_seconds`), not here."""
+    fp8 = fp8_gemms(precision, gpu)
+    table = atlas_for(gpu).gemm_table("fp8" if fp8 else "bf16")
+    return table.seconds(gemm.m, gemm.n, gemm.k, gemm.count, act_bytes) * gemm_scale(fp8, cal, framework)
 
 
-def gemm_time(gemm: Gemm, peak: float, gpu: GPUSpec, act_bytes: int, efficiency: float, cal: Calibration) -> Scalars:
-    """Seconds for one forward GEMM group (elementwise when the GEMM's dimensions are arrays): the
-    fastest tile shape and split-K factor (module doc), never faster than its HBM traffic."""
-    m, n, k, count = gemm.m, gemm.n, gemm.k, gemm.count
-    flops = gemm.flops
-    bandwidth = hbm_bandwidth(gpu, cal)
-    traffic = act_bytes * (m * k + k * n + m * n) * count
-    memory = traffic / bandwidth
-    k0 = cal.gemm_k_overhead
-    rate = peak * efficiency
-    if gpu.sm_count is None:
-        return _larger(flops / (rate * k / (k + k0)), memory)
-    sms = gpu.sm_count
-    array = any(isinstance(x, np.ndarray) for x in (m, n, k, count))
-    ceil = np.ceil if array else math.ceil
-    best: Scalars = math.inf
-    area = m * n * count
-    for tm, tn, tile_rate in TILES:
-        tiles = ceil(m / tm) * ceil(n / tn) * count
-        utilization_tiles = area / (tiles * tm * tn)  # partial tiles on the edges
-        for split in SPLITS:
-            kk = k / split
-            waves = ceil(tiles * split / sms)
-            busy = tiles * split / (waves * sms)  # share of SM slots the waves fill
-            t = flops / (rate * tile_rate * utilization_tiles * busy * kk / (kk + k0))
-            if split > 1:
-                # s fp32 partial outputs written, read back and reduced into the output
-                t = t + area * 4 * (split + 1) / bandwidth
-                if array:
-                    t = np.where(kk >= 2 * TILE_K, t, np.inf)
-                elif kk < 2 * TILE_K:
-                    continue
-            best = np.minimum(best, t) if array else min(best, t)  # type: ignore[call-overload]
-    return _larger(best, memory)
+def gemm_scale(fp8: bool, cal: Calibration, framework: str) -> float:
+    """A stack's multiplier of the atlas's GEMM times (`gemm_time`)."""
+    stack = cal.stack(framework)
+    return stack.compute * stack.fp8_compute / cal.fp8_gemm_efficiency if fp8 else stack.compute / cal.gemm_efficiency
 
 
-def attention_tile_efficiency(q_len: Scalars, k_len: Scalars, causal: bool) -> Scalars:
-    """Share of the 128 x 128 (query, key) tiles a flash-attention kernel runs that holds scored
-    pairs, for one call over q_len queries and k_len keys (causal: the square's lower triangle,
-    diagonal included; FlashAttention-2/3 skip fully masked tiles and compute diagonal ones whole)."""
-    block = 128.0
-    array = isinstance(q_len, np.ndarray) or isinstance(k_len, np.ndarray)
-    ceil = np.ceil if array else math.ceil
-    tq, tk = ceil(q_len / block), ceil(k_len / block)
-    if causal:
-        pairs = q_len * (q_len + 1) / 2
-        tiles = tq * (tq + 1) / 2
-    else:
-        pairs = q_len * k_len
-        tiles = tq * tk
-    return pairs / (tiles * block * block)
+def backward_gemms(gemm: Gemm) -> tuple[Gemm, Gemm]:
+    """(input gradient, weight gradient) GEMMs of a forward GEMM (m, n, k) (module doc): dX is a
+    GEMM (m, k, n), dW a GEMM (k, n, m), `count` of each."""
+    return Gemm(gemm.m, gemm.k, gemm.n, gemm.count), Gemm(gemm.k, gemm.n, gemm.m, gemm.count)
+
+
+def gemm_passes(gemms: list[Gemm], gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
+                framework: str = "megatron") -> tuple[Scalars, Scalars, Scalars]:
+    """(forward, input gradient, weight gradient) seconds of a list of forward GEMMs, each GEMM of
+    each pass looked up by its own shape; array geometries are priced in one batched lookup."""
+    if not gemms:
+        return 0.0, 0.0, 0.0
+    shapes = [g for x in gemms for g in (x, *backward_gemms(x))]
+    if not any(isinstance(v, np.ndarray) for x in gemms for v in (x.m, x.n, x.k, x.count)):
+        times = [gemm_time(x, gpu, precision, act_bytes, cal, framework) for x in shapes]
+        return sum(times[0::3]), sum(times[1::3]), sum(times[2::3])
+    common = np.broadcast_shapes(*(np.shape(v) for x in shapes for v in (x.m, x.n, x.k, x.count)))
+    stack = [np.stack([np.broadcast_to(np.asarray(getattr(x, f), dtype=float), common) for x in shapes])
+             for f in ("m", "n", "k", "count")]
+    batched = np.asarray(gemm_time(Gemm(*stack), gpu, precision, act_bytes, cal, framework))
+    return batched[0::3].sum(axis=0), batched[1::3].sum(axis=0), batched[2::3].sum(axis=0)
+
+
+_BATCHES: list[tuple[tuple, tuple, tuple[np.ndarray, np.ndarray]]] = []
+"""The last few batched lookups (`layer_gemm_batch`): the planner prices a layer's GEMMs and then
+their provenance on the same geometry (`kernel_provenance`); an entry keeps its inputs alive, so
+their ids stay theirs."""
+
+
+def layer_gemm_batch(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int,
+                     cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, provenance) of every pass of layer `index`'s GEMMs (forward, input gradient,
+    weight gradient of each, stacked on a first axis) over an array geometry, in one lookup
+    (memoized on the inputs' identity: `_BATCHES`)."""
+    key = (id(model), index, id(g), id(gpu), precision, act_bytes, id(cal))
+    for k, _, out in _BATCHES:
+        if k == key:
+            return out
+    shapes = [x for y in layer_gemms(model, index, g) for x in (y, *backward_gemms(y))]
+    common = np.broadcast_shapes(*(np.shape(v) for x in shapes for v in (x.m, x.n, x.k, x.count)))
+    m, n, k_, count = (np.stack([np.broadcast_to(np.asarray(getattr(x, f), dtype=float), common) for x in shapes])
+                       for f in ("m", "n", "k", "count"))
+    fp8 = fp8_gemms(precision, gpu)
+    seconds, codes = atlas_for(gpu).gemm_table("fp8" if fp8 else "bf16").lookup(m, n, k_, count, act_bytes)
+    times = seconds * gemm_scale(fp8, cal, g.framework)
+    _BATCHES.append((key, (model, g, gpu, cal), (times, codes)))
+    del _BATCHES[:-4]
+    return times, codes
+
+
+def launch_seconds(gpu: GPUSpec, cal: Calibration, framework: str = "megatron") -> float:
+    """GPU seconds one kernel launch adds in a step: the stack's exposed share (`Stack.
+    latency_exposed`) of the atlas's isolated-call latency (`ShapeParams.latency_s`)."""
+    return cal.stack(framework).latency_exposed * atlas_for(gpu).gemm_table("bf16").params.latency_s
 
 
 def _larger(a: float | np.ndarray, b: float | np.ndarray) -> float | np.ndarray:
@@ -463,19 +477,22 @@ left out."""
 def ssd_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> tuple[Scalars, Scalars]:
     """(forward, backward) seconds of one Mamba-2 layer's chunked SSD scan on one rank ((0, 0)
     elsewhere). Its matmul FLOPs (`flops.ssd_scan_flops_forward`, heads and groups split over TP;
-    backward `SSM_BACKWARD_FACTOR` x) run at `attention_efficiency` of the bf16 peak (modelling
-    choice: mamba_ssm's Triton scan kernels are tiled tensor-core matmuls over chunks, like a
-    flash-attention kernel, in bf16 / fp32 whatever the GEMM precision); the chunk states it passes
-    between its kernels (`SSD_STATE_BYTES_FORWARD` / `_BACKWARD` per element) move over HBM at
-    `hbm_efficiency` of its bandwidth: ceil(s / Q) chunks per sequence, H P N elements each, heads
-    split over TP (hybrid models run no context parallelism: `layout.hybrid_violations`)."""
+    backward `SSM_BACKWARD_FACTOR` x) run at the atlas's FlashAttention-2 forward rate over the
+    sequence (modelling choice: mamba_ssm's Triton scan kernels are tiled tensor-core matmuls over
+    chunks written with warp-level MMA, like FlashAttention-2, in bf16 / fp32 whatever the GEMM
+    precision); the chunk states it passes between its kernels (`SSD_STATE_BYTES_FORWARD` /
+    `_BACKWARD` per element) move over HBM at `hbm_bandwidth`: ceil(s / Q) chunks per sequence,
+    H P N elements each, heads split over TP (hybrid models run no context parallelism:
+    `layout.hybrid_violations`)."""
     if not model.is_mamba_layer(index):
         return 0.0, 0.0
     seqs = g.tokens / (g.seq_len / g.cp)
-    matmuls = ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / (gpu.compute_peak("bf16") * cal.attention_efficiency)
+    flash, _ = atlas_for(gpu).attention_rate(FLASH2_ATTENTION, float(g.seq_len), 128, True, "fwd")
+    rate = float(flash) * cal.flash2_attention_efficiency / compute_stretch(cal, g.framework)
+    matmuls = ssd_scan_flops_forward(model, g.seq_len) * seqs / g.tp / rate
     chunks = -(-g.seq_len // model.mamba_chunk_size)
     state_elements = seqs * chunks * model.mamba_num_heads * model.mamba_head_dim * model.mamba_state_size / g.tp
-    states = state_elements / hbm_bandwidth(gpu, cal)
+    states = state_elements / hbm_bandwidth(gpu, cal, g.framework)
     return (
         matmuls + SSD_STATE_BYTES_FORWARD * states,
         SSM_BACKWARD_FACTOR * matmuls + SSD_STATE_BYTES_BACKWARD * states,
@@ -489,7 +506,7 @@ class LayerTime:
     gemm_fwd: Scalars
     attention_fwd: Scalars
     elementwise_fwd: Scalars
-    attention_bwd_factor: float  # flash backward / forward FLOPs (`flops.flash_backward_factor`)
+    attention_bwd_factor: Scalars  # attention backward / forward seconds (FLOPs x the passes' rates)
     activation_fwd: Scalars  # the MLP activation function's share of elementwise_fwd
     host_fwd: Scalars = 0.0  # the host's kernel launches of the forward (`layer_kernels` x kernel_launch_s)
     op_sac_gemm_share: float = 0.0  # share of gemm_fwd op-level SAC re-runs (`op_sac.recomputed_macs_share`)
@@ -505,6 +522,9 @@ class LayerTime:
     quant_bwd: Scalars = 0.0  # and their grad outputs
     ring_fwd: Scalars = 0.0  # ring context parallelism: merging each step's partial output (`ring_merge_times`)
     ring_bwd: Scalars = 0.0  # and accumulating each step's dQ and dK / dV
+    gemm_dgrad: Scalars | None = None  # the input-gradient GEMMs, each by its shape (None: as gemm_fwd)
+    gemm_wgrad: Scalars | None = None  # the weight-gradient GEMMs, each by its shape (None: as gemm_fwd)
+    launch_fwd: Scalars = 0.0  # the forward's kernel launches' exposed latency (`launch_seconds` x kernels)
 
     @property
     def attention(self) -> Scalars:
@@ -540,7 +560,7 @@ class LayerTime:
         """GPU time of the forward, or the host's launches when they take longer."""
         return _larger(
             self.gemm_fwd + self.attention_fwd + self.elementwise_fwd + self.adapter_fwd + self.dequant_fwd
-            + self.ssm_fwd + self.quant_fwd + self.ring_fwd,
+            + self.ssm_fwd + self.quant_fwd + self.ring_fwd + self.launch_fwd,
             self.host_fwd,
         )
 
@@ -553,19 +573,22 @@ class LayerTime:
     @property
     def backward_input(self) -> Scalars:
         """The backward's input-gradient part ("B" of zero-bubble schedules, Qi et al. 2024): one
-        GEMM per forward GEMM, the attention backward (with ring context parallelism's gradient
-        accumulation) and the elementwise backward; with adapters, their backward and, under QLoRA,
-        the weights dequantized again for the input-gradient GEMMs."""
+        GEMM per forward GEMM (`gemm_dgrad`, each by its own shape), the attention backward (with
+        ring context parallelism's gradient accumulation) and the elementwise backward; with
+        adapters, their backward and, under QLoRA, the weights dequantized again for the
+        input-gradient GEMMs; the launches of its kernels."""
+        dgrad = self.gemm_fwd if self.gemm_dgrad is None else self.gemm_dgrad
         return (
-            self.gemm_fwd + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
-            + self.adapter_bwd + self.dequant_fwd + self.ssm_bwd + self.quant_bwd + self.ring_bwd
+            dgrad + self.attention_bwd_factor * self.attention_fwd + 2.0 * self.elementwise_fwd
+            + self.adapter_bwd + self.dequant_fwd + self.ssm_bwd + self.quant_bwd + self.ring_bwd + self.launch_fwd
         )
 
     @property
     def backward_weight(self) -> Scalars:
-        """The backward's weight-gradient GEMMs ("W"), which zero-bubble schedules defer: none for a
-        frozen base (`weight_grad_share` 0)."""
-        return self.weight_grad_share * self.gemm_fwd
+        """The backward's weight-gradient GEMMs ("W", each by its own shape, `gemm_wgrad`), which
+        zero-bubble schedules defer, and their launches: none for a frozen base (`weight_grad_share` 0)."""
+        wgrad = self.gemm_fwd if self.gemm_wgrad is None else self.gemm_wgrad
+        return self.weight_grad_share * (wgrad + self.launch_fwd)
 
 
 def layer_kernels(model: ModelSpec, index: int, g: ShardGeometry) -> Scalars:
@@ -668,7 +691,7 @@ def ring_merge_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpe
     out_elements = g.tokens * heads * model.v_dim
     kv_elements = g.tokens * kv_heads * (model.qk_head_dim + model.v_dim)
     b = (RING_MERGE_TORCH_EAGER if g.eager else RING_MERGE_TORCH_FUSED) if g.torch_ring else RING_MERGE_TE
-    bandwidth = hbm_bandwidth(gpu, cal)
+    bandwidth = hbm_bandwidth(gpu, cal, g.framework)
     fwd = np.where(ring, out_elements * b.out_first, 0.0) + steps * (out_elements * b.out_fwd + kv_elements * b.kv_fwd)
     bwd = np.where(ring, (out_elements + kv_elements) * b.grad_last, 0.0) + steps * (
         out_elements * b.dq_bwd + kv_elements * b.dkv_bwd
@@ -679,43 +702,65 @@ def ring_merge_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpe
     return fwd, bwd
 
 
-def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
-    """Seconds of one layer's attention kernel forward on one rank: this rank's heads (nh / tp) for
-    its share of query positions (1 / cp, load-balanced causal chunks) against the keys before them,
-    at `attention_efficiency` of the bf16 peak times the tile efficiency of the kernel calls (one
-    causal call over the sequence, or under ring context parallelism calls over blocks of the
-    2 x cp load-balanced chunks). 0 in a layer without attention (hybrid models)."""
+def attention_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration
+                    ) -> tuple[Scalars, Scalars]:
+    """(forward, backward) seconds of one layer's attention kernel on one rank: this rank's heads
+    (nh / tp) for its share of query positions (1 / cp, load-balanced causal chunks) against the
+    keys before them (causal FLOPs: the kernels skip masked tiles), at the atlas's rate of the
+    stack's kernel (`attention_rate`) for one causal call over the sequence, or under context
+    parallelism for calls over blocks of the 2 x cp chunks (no mask); the backward's FLOPs are
+    `flash_backward_factor` x the forward's. (0, 0) in a layer without attention (hybrid models)."""
     if not model.has_attention(index):
-        return 0.0
+        return 0.0, 0.0
     pairs = attention_pairs(model, index, g.seq_len, "causal") / g.cp
     seqs = g.tokens / (g.seq_len / g.cp)
     attn_flops = 2.0 * pairs * seqs * model.num_heads / g.tp * (model.qk_head_dim + model.v_dim)
+    d = int(model.qk_head_dim)
     chunk = g.seq_len / (2.0 * g.cp)
-    if isinstance(g.cp, np.ndarray):
-        tiles = np.where(
-            g.cp > 1,
-            attention_tile_efficiency(chunk, chunk, causal=False),
-            attention_tile_efficiency(float(g.seq_len), float(g.seq_len), causal=True),
-        )
+    cp = np.asarray(g.cp)
+    fwd_rate: Scalars
+    bwd_rate: Scalars
+    if cp.ndim or np.asarray(g.flash2).ndim:
+        cp_b = np.broadcast_to(cp, np.broadcast_shapes(cp.shape, np.shape(g.flash2)))
+        rates: list[Scalars] = []
+        for p in ("fwd", "bwd"):
+            whole = attention_rate(gpu, cal, g.flash2, float(g.seq_len), d, True, p, g.framework)
+            block = attention_rate(gpu, cal, g.flash2, np.maximum(chunk, 1.0), d, False, p, g.framework)
+            rates.append(np.where(cp_b > 1, block, whole))
+        fwd_rate, bwd_rate = rates
     elif g.cp > 1:
-        tiles = attention_tile_efficiency(chunk, chunk, causal=False)
+        fwd_rate = attention_rate(gpu, cal, g.flash2, float(chunk), d, False, "fwd", g.framework)
+        bwd_rate = attention_rate(gpu, cal, g.flash2, float(chunk), d, False, "bwd", g.framework)
     else:
-        tiles = attention_tile_efficiency(float(g.seq_len), float(g.seq_len), causal=True)
-    return attn_flops / (attention_rate(gpu, cal, g.flash2) * tiles)
+        fwd_rate = attention_rate(gpu, cal, g.flash2, float(g.seq_len), d, True, "fwd", g.framework)
+        bwd_rate = attention_rate(gpu, cal, g.flash2, float(g.seq_len), d, True, "bwd", g.framework)
+    fwd = attn_flops / fwd_rate
+    return fwd, flash_backward_factor(model) * attn_flops / bwd_rate
 
 
-def attention_rate(gpu: GPUSpec, cal: Calibration, flash2: bool | np.ndarray = False) -> Scalars:
-    """FLOP/s an attention kernel sustains on large tiles (`Layout.attention_kernel`): a fused kernel
-    written for the GPU's own tensor cores at `attention_efficiency` of the bf16 kernel peak;
-    FlashAttention-2 at `flash2_attention_efficiency`, times `flash2_warpgroup_share` on a GPU whose
-    peak needs warpgroup MMA (`GPUSpec.warpgroup_mma`), which its mma.sync kernels do not issue."""
-    peak = gpu.compute_peak("bf16")
-    flash2_share = cal.flash2_warpgroup_share if gpu.warpgroup_mma else 1.0
-    flash2_rate = peak * cal.flash2_attention_efficiency * flash2_share
-    fused_rate = peak * cal.attention_efficiency
+def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
+    """Forward seconds of one layer's attention kernel on one rank (`attention_times`)."""
+    return attention_times(model, index, g, gpu, cal)[0]
+
+
+def attention_rate(gpu: GPUSpec, cal: Calibration, flash2: bool | np.ndarray, seq: Scalars, head_dim: int,
+                   causal: bool, pass_: str = "fwd", framework: str = "megatron") -> Scalars:
+    """FLOP/s of the stack's attention kernel (`Layout.attention_kernel`: FlashAttention-2 or the
+    fused kernel, `FUSED_ATTENTION`) for one pass at `seq` queries (= keys) of `head_dim`: the
+    atlas's rate (`KernelAtlas.attention_rate`) x `Calibration.attention_efficiency` (or the
+    FlashAttention-2 one), over the stack's compute stretch. Elementwise over array `flash2`."""
+    atlas = atlas_for(gpu)
+    stretch = compute_stretch(cal, framework)
+
+    def rate(flash: bool) -> Scalars:
+        kernels, eff = (FLASH2_ATTENTION, cal.flash2_attention_efficiency) if flash else (FUSED_ATTENTION, cal.attention_efficiency)
+        r, _ = atlas.attention_rate(kernels, seq, head_dim, causal, pass_)
+        r = r * eff / stretch
+        return float(r) if np.ndim(r) == 0 else r
+
     if isinstance(flash2, np.ndarray):
-        return np.where(flash2, flash2_rate, fused_rate)
-    return flash2_rate if flash2 else fused_rate
+        return np.where(flash2, rate(True), rate(False))
+    return rate(bool(flash2))
 
 
 def fp8_gemms(precision: str, gpu: GPUSpec) -> bool:
@@ -725,13 +770,6 @@ def fp8_gemms(precision: str, gpu: GPUSpec) -> bool:
     return precision == "fp8" and "fp8" in gpu.peak_flops_per_s
 
 
-def gemm_rate(precision: str, gpu: GPUSpec, cal: Calibration) -> tuple[float, float]:
-    """(peak FLOP/s, calibrated share of it) the GEMMs of `precision` run at on `gpu`:
-    `fp8_gemm_efficiency` where `fp8_gemms`, else `gemm_efficiency`."""
-    eff = cal.fp8_gemm_efficiency if fp8_gemms(precision, gpu) else cal.gemm_efficiency
-    return gpu.compute_peak(precision), eff
-
-
 def layer_time(
     model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
     ft: FineTune | None = None,
@@ -739,13 +777,24 @@ def layer_time(
     """Seconds of layer `index` on one rank for one micro-batch. `ft`: a frozen base with LoRA /
     QLoRA adapters (`cost_models.finetune`): no weight-gradient GEMMs, adapter kernels, and under
     QLoRA the weights dequantized before each use."""
-    (peak, eff), fp8 = gemm_rate(precision, gpu, cal), fp8_gemms(precision, gpu)
-    gemm = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in layer_gemms(model, index, g))
-    attn = attention_time(model, index, g, gpu, cal)
-    bandwidth = hbm_bandwidth(gpu, cal)
+    fp8 = fp8_gemms(precision, gpu)
+    fw = g.framework
+    gemms = layer_gemms(model, index, g)
+    if gemms and any(isinstance(v, np.ndarray) for x in gemms for v in (x.m, x.n, x.k, x.count)):
+        batched, _ = layer_gemm_batch(model, index, g, gpu, precision, act_bytes, cal)
+        gemm, dgrad, wgrad = batched[0::3].sum(axis=0), batched[1::3].sum(axis=0), batched[2::3].sum(axis=0)
+    else:
+        gemm, dgrad, wgrad = gemm_passes(gemms, gpu, precision, act_bytes, cal, fw)
+    attn, attn_bwd = attention_times(model, index, g, gpu, cal)
+    attn_bwd_factor = attn_bwd / attn if np.any(np.asarray(attn) > 0) else flash_backward_factor(model)
+    if isinstance(attn_bwd_factor, np.ndarray):
+        attn_bwd_factor = np.where(np.asarray(attn) > 0, attn_bwd_factor, flash_backward_factor(model))
+    bandwidth = hbm_bandwidth(gpu, cal, fw)
     elem = elementwise_bytes(model, index, g, act_bytes) / bandwidth
     act = activation_kernel_bytes(model, index, g, act_bytes) / bandwidth
-    host = layer_kernels(model, index, g) * cal.kernel_launch_s
+    kernels = layer_kernels(model, index, g)
+    host = kernels * cal.kernel_launch_s
+    launch = kernels * launch_seconds(gpu, cal, fw)
     share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, g)
     # the input norms: read + write h each (two per layer, one in a hybrid layer)
     norms = model.tp_blocks_per_layer * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth
@@ -757,23 +806,25 @@ def layer_time(
         quant = (quant_fwd_bytes / bandwidth, quant_bwd_bytes / bandwidth)
     mla_up: Scalars = 0.0
     if model.attention == "mla":
-        gemms = layer_gemms(model, index, g)
         ups = (gemms[1], gemms[3]) if model.q_lora_rank else (gemms[2],)  # q_b and kv_b (see layer_gemms)
-        mla_up = sum(gemm_time(x, peak, gpu, act_bytes, eff, cal) for x in ups)
+        mla_up = sum(gemm_time(x, gpu, precision, act_bytes, cal, fw) for x in ups)
     if ft is None:
         return LayerTime(
-            gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, ssm_fwd=ssm, ssm_bwd=ssm_bwd,
-            quant_fwd=quant[0], quant_bwd=quant[1], ring_fwd=ring_fwd, ring_bwd=ring_bwd,
+            gemm, attn, elem, attn_bwd_factor, act, host, share, norms, mla_up, ssm_fwd=ssm, ssm_bwd=ssm_bwd,
+            quant_fwd=quant[0], quant_bwd=quant[1], ring_fwd=ring_fwd, ring_bwd=ring_bwd, gemm_dgrad=dgrad,
+            gemm_wgrad=wgrad, launch_fwd=launch,
         )
     adapters, adapters_bwd = finetune.adapter_seconds(model, index, g.tokens, g.tp, g.ep, g.etp, act_bytes, bandwidth, ft)
     dequant: Scalars = 0.0
     if ft.quantized:
         state = finetune.layer_state(model, index, g.tp, g.ep, g.etp, ft)
         dequant = (state.dense_linear + state.expert_linear) * (ft.base_bytes + ft.compute_bytes) / bandwidth
-    host = host + finetune.adapter_kernels(model, index, ft) * cal.kernel_launch_s
+    extra = finetune.adapter_kernels(model, index, ft)
+    host = host + extra * cal.kernel_launch_s
+    launch = launch + extra * launch_seconds(gpu, cal, fw)
     return LayerTime(
-        gemm, attn, elem, flash_backward_factor(model), act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
-        dequant, ssm, ssm_bwd, quant[0], quant[1], ring_fwd, ring_bwd,
+        gemm, attn, elem, attn_bwd_factor, act, host, share, norms, mla_up, 0.0, adapters, adapters_bwd,
+        dequant, ssm, ssm_bwd, quant[0], quant[1], ring_fwd, ring_bwd, dgrad, wgrad, launch,
     )
 
 
@@ -799,11 +850,12 @@ def lm_head_times(
 ) -> tuple[Scalars, Scalars]:
     """(forward, backward) seconds of the LM head GEMM and the cross-entropy (memory-bound:
     forward reads the logits and writes float32 probabilities, backward reads them and writes
-    the logits' gradient). A `frozen` head (LoRA, QLoRA) computes only its input gradient."""
-    peak, eff = gemm_rate(precision, gpu, cal)
-    gemm = gemm_time(Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size), peak, gpu, act_bytes, eff, cal)
-    per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / hbm_bandwidth(gpu, cal)
-    return gemm + per_pass, (1.0 if frozen else 2.0) * gemm + per_pass
+    the logits' gradient). The backward's GEMMs are looked up by their own shapes (`backward_gemms`);
+    a `frozen` head (LoRA, QLoRA) computes only its input gradient."""
+    fwd, dgrad, wgrad = gemm_passes([Gemm(g.tokens, model.vocab_size / g.tp, model.hidden_size)], gpu, precision,
+                                    act_bytes, cal, g.framework)
+    per_pass = g.tokens * model.vocab_size / g.tp * (act_bytes + 4) / hbm_bandwidth(gpu, cal, g.framework)
+    return fwd + per_pass, dgrad + (0.0 if frozen else wgrad) + per_pass
 
 
 TIED_SAME_STAGE_EXTRA_PASSES = 4
@@ -834,7 +886,7 @@ def embedding_gradient_time(
         per_element += param_bytes + 2 * grad_bytes
         if model.tie_embeddings and head_on_same_rank:
             per_element += TIED_SAME_STAGE_EXTRA_PASSES * param_bytes
-    return elements * per_element / hbm_bandwidth(gpu, cal)
+    return elements * per_element / hbm_bandwidth(gpu, cal, framework)
 
 
 def trained_mtp_layers(model: ModelSpec, frozen_base: bool) -> int:
@@ -850,11 +902,12 @@ def mtp_projection_times(
     """(forward, backward) seconds of one multi-token-prediction module's input projection on one
     rank: the normed hidden state and the normed embedding of the next token, concatenated (2h),
     projected to h (DeepSeek-V3 report Sec. 2.2, M_k; Megatron-Core `MultiTokenPredictionLayer.eh_proj`,
-    column-parallel over TP) in the layers' GEMM precision. Its transformer block is priced as a
-    layer (`stage_table._mtp_sums`) and its output head as the LM head (`lm_head_times`)."""
-    peak, eff = gemm_rate(precision, gpu, cal)
-    gemm = gemm_time(Gemm(g.tokens, model.hidden_size / g.tp, 2 * model.hidden_size), peak, gpu, act_bytes, eff, cal)
-    return gemm, 2.0 * gemm
+    column-parallel over TP) in the layers' GEMM precision, its backward's GEMMs by their shapes. Its
+    transformer block is priced as a layer (`stage_table._mtp_sums`) and its output head as the LM
+    head (`lm_head_times`)."""
+    fwd, dgrad, wgrad = gemm_passes([Gemm(g.tokens, model.hidden_size / g.tp, 2 * model.hidden_size)], gpu, precision,
+                                    act_bytes, cal, g.framework)
+    return fwd, dgrad + wgrad
 
 
 def lm_head_time(
@@ -862,3 +915,56 @@ def lm_head_time(
 ) -> Scalars:
     """Forward + backward seconds of the LM head and the cross-entropy."""
     return sum(lm_head_times(model, g, gpu, precision, act_bytes, cal, frozen))
+
+
+def kernel_provenance(
+    model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
+) -> np.ndarray:
+    """Seconds of layer `index`'s GEMMs (forward, input and weight gradients) and attention kernel
+    (forward, backward) on one rank, split by the provenance of their atlas rates
+    (`kernels.gemm.PROVENANCE`: measured, interpolated, extrapolated, datasheet): an array of shape
+    (4, *geometry). What the plan reports as measured / interpolated / extrapolated, and, weighted
+    by the atlas's `Uncertainty`, the margin the planner ranks by (`kernel_margin`)."""
+    atlas = atlas_for(gpu)
+    gemms = layer_gemms(model, index, g)
+    parts: list[tuple[Any, Any]] = []
+    if gemms and any(isinstance(v, np.ndarray) for x in gemms for v in (x.m, x.n, x.k, x.count)):
+        times, codes = layer_gemm_batch(model, index, g, gpu, precision, act_bytes, cal)
+        parts += list(zip(times, codes, strict=True))
+    else:
+        table = atlas.gemm_table("fp8" if fp8_gemms(precision, gpu) else "bf16")
+        for x in (y for z in gemms for y in (z, *backward_gemms(z))):
+            parts.append((gemm_time(x, gpu, precision, act_bytes, cal, g.framework), table.provenance(x.m, x.n, x.k)))
+    if model.has_attention(index):
+        fwd, bwd = attention_times(model, index, g, gpu, cal)
+        kernels = FLASH2_ATTENTION if np.all(g.flash2) else FUSED_ATTENTION  # one stack per search
+        d = int(model.qk_head_dim)
+        seq = np.where(np.asarray(g.cp) > 1, g.seq_len / (2.0 * np.asarray(g.cp)), float(g.seq_len))
+        for p, t in (("fwd", fwd), ("bwd", bwd)):
+            causal_code = atlas.attention_rate(kernels, float(g.seq_len), d, True, p)[1]
+            block_code = atlas.attention_rate(kernels, np.maximum(seq, 1.0), d, False, p)[1]
+            parts.append((t, np.where(np.asarray(g.cp) > 1, block_code, causal_code)))
+    shape = np.broadcast_shapes(*(np.shape(t) for t, _ in parts), *(np.shape(c) for _, c in parts))
+    if shape == ():
+        split = [0.0] * 4
+        for t, code in parts:
+            split[int(code)] += float(t)
+        return np.array(split)
+    out = np.zeros((4, *shape))
+    for t, code in parts:
+        t_b = np.broadcast_to(np.asarray(t, dtype=float), shape)
+        c_b = np.broadcast_to(np.asarray(code, dtype=int), shape)
+        for k in range(4):
+            out[k] += np.where(c_b == k, t_b, 0.0)
+    return out
+
+
+def kernel_margin(split: np.ndarray) -> Scalars:
+    """Relative slow-end margin of kernel time split by provenance (`kernel_provenance`): the
+    time-weighted atlas uncertainty of its rates (`kernels.atlas.Uncertainty`)."""
+    from cost_models.kernels.atlas import uncertainty
+
+    u = np.asarray(uncertainty().by_provenance).reshape((4,) + (1,) * (split.ndim - 1))
+    total = split.sum(axis=0)
+    out = np.where(total > 0, (split * u).sum(axis=0) / np.where(total > 0, total, 1.0), 0.0)
+    return float(out) if out.ndim == 0 else out

@@ -30,10 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cluster_specs.presets import cluster_from_dict, get_cluster
 from cluster_specs.spec import ClusterSpec
 from cost_models.auto_knobs import choose, split_auto
-from cost_models.calibration import Calibration
+from cost_models.calibration import Calibration, default_calibration
 from cost_models.estimate import Estimate, estimate
 from cost_models.layout import Layout, LayoutError
-from cost_models.report import estimate_dict
+from cost_models.report import estimate_dict, kernels_dict
 from cost_models.stages import StagePartition
 from model_specs.hf import from_hf_config
 from model_specs.presets import get_model
@@ -147,7 +147,8 @@ def price_job(
         assert partitioner is not None
         est, report["partition"] = _auto_partition(job, model, cluster, layout, est, calibration, partitioner)
     assert est is not None
-    out = estimate_dict(model, cluster.name, est, cluster.gpu.name, job.training)
+    kernels = kernels_dict(model, job.training, cluster, est.layout, calibration or default_calibration())
+    out = estimate_dict(model, cluster.name, est, cluster.gpu.name, job.training, kernels)
     if report:
         out["auto"] = report
     return out

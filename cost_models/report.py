@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster_specs.spec import ClusterSpec
+from cost_models.calibration import Calibration
 from cost_models.error_band import error_band, published_ceiling
 from cost_models.estimate import Estimate
+from cost_models.layout import Layout
 from model_specs.params import adapted_names, count_params, trainable_counts
 from model_specs.spec import ModelSpec, TrainingSpec
 
@@ -40,13 +43,72 @@ def training_dict(model: ModelSpec, training: TrainingSpec) -> dict[str, Any]:
     return out
 
 
+def kernels_dict(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, layout: Layout, cal: Calibration
+) -> dict[str, Any]:
+    """Where a layout's kernel rates come from (`cost_models.kernels`): the atlas that priced them,
+    the share of its GEMM and attention time priced from measured points, interpolated between
+    them, extrapolated beyond them and from a datasheet (`compute.kernel_provenance`, one
+    micro-batch through every layer), and the slow-end margin that share carries
+    (`compute.kernel_margin`), which the planner ranks by. Memoized on the inputs' identity and
+    the layout (`cost_models.interning` shares equal inputs across requests; an entry keeps its
+    inputs alive, so their ids stay theirs)."""
+    key = (id(model), id(training), id(cluster), id(cal), layout)
+    hit = _KERNELS.get(key)
+    if hit is None:
+        if len(_KERNELS) > 4096:
+            _KERNELS.clear()
+        hit = _KERNELS[key] = ((model, training, cluster, cal), _kernels_dict(model, training, cluster, layout, cal))
+    out = hit[1]
+    return {**out, "time_share": dict(out["time_share"])}
+
+
+_KERNELS: dict[tuple, tuple[tuple, dict[str, Any]]] = {}
+
+
+def _kernels_dict(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, layout: Layout, cal: Calibration
+) -> dict[str, Any]:
+    import numpy as np
+
+    from cost_models.compute import ShardGeometry, kernel_margin, kernel_provenance
+    from cost_models.kernels.atlas import atlas_for
+    from cost_models.kernels.gemm import PROVENANCE
+    from cost_models.stage_table import layer_kind_counts, layer_kinds
+
+    g = ShardGeometry.of(layout, layout.micro_batch, training.seq_len)
+    kinds = layer_kinds(model)
+    counts = layer_kind_counts(model)
+    split = np.sum([
+        n * kernel_provenance(model, kinds.index(k), g, cluster.gpu, training.precision, training.activation_bytes, cal)
+        for k, n in counts.items()
+    ], axis=0)
+    total = float(np.sum(split)) or 1.0
+    atlas = atlas_for(cluster.gpu)
+    if atlas.source == cluster.gpu.name:
+        origin = f"the kernel atlas of {cluster.gpu.name} (its own measurements)"
+    elif atlas.source:
+        origin = f"the kernel atlas of {atlas.source}, the die sibling of {cluster.gpu.name} (no measurements of its own)"
+    else:
+        origin = f"the datasheet of {cluster.gpu.name} (no kernel measurements)"
+    return {
+        "priced_from": origin,
+        "atlas_gpu": atlas.source or None,
+        "time_share": {name: float(split[i]) / total for i, name in enumerate(PROVENANCE)},
+        "margin": kernel_margin(split),
+    }
+
+
 def estimate_dict(
-    model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: str | None = None, training: TrainingSpec | None = None
+    model: ModelSpec, cluster_name: str, est: Estimate, gpu_name: str | None = None, training: TrainingSpec | None = None,
+    kernels: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON form of an estimate. With `gpu_name`, it carries the error band of its regime
-    (`cost_models.error_band`: measured / predicted quantiles of the calibration's hold-out rows)
-    and the highest MFU a published run of its regime measured (`published_mfu_ceiling`);
-    with `training`, the method and its trainable / frozen parameter counts."""
+    (`cost_models.error_band`: measured / predicted quantiles of the leave-one-family-out rows, widened
+    where nothing measured the regime) and the highest MFU a published run of its regime measured
+    (`published_mfu_ceiling`); with `training`, the method and its trainable / frozen parameter counts;
+    with `kernels` (`kernels_dict`), where its kernel rates come from and the *conservative* figures:
+    the band's slow end with the kernels' own margin, what the planner ranks by."""
     pc = count_params(model)
     band = error_band(model, gpu_name, est.gpus) if gpu_name else None
     ceiling = published_ceiling(model, gpu_name) if gpu_name else None
@@ -100,4 +162,18 @@ def estimate_dict(
         "peak_flops_per_s": est.peak_flops_per_s,
         "error_band": band.as_dict(est.tokens_per_s_per_gpu, est.mfu, est.step_s) if band else None,
         "published_mfu_ceiling": ceiling.as_dict() if ceiling else None,
+        **({"kernels": kernels, "conservative": conservative_dict(est, band, kernels["margin"])} if kernels else {}),
+    }
+
+
+def conservative_dict(est: Estimate, band: Any, margin: float) -> dict[str, float]:
+    """The slow end of a prediction: the error band's 10th percentile of measured / predicted (1
+    without a band) with the kernels' slow-end margin on top."""
+    slow = (band.q10 if band is not None else 1.0) / (1.0 + margin)
+    return {
+        "step_s": est.step_s / slow,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu * slow,
+        "mfu": est.mfu * slow,
+        "kernel_margin": margin,
+        "band_q10": band.q10 if band is not None else 1.0,
     }

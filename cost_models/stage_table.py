@@ -472,6 +472,7 @@ def mesh_comm(
     cal: Calibration,
     micro_batches: tuple[int, ...] | None = None,
     store: dict[tuple, Any] | None = None,
+    sizes: bool = True,
 ) -> list[tuple[float, float, float, float, float, float]]:
     """Knob-independent communication of one micro-batch, at each of `micro_batches` (sequences;
     None: the mesh's own micro-batch only), seconds:
@@ -487,7 +488,10 @@ def mesh_comm(
     and the boundary's bytes. Each is affine in the micro-batch (bytes x seconds per byte +
     latency). `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order. Each part depends on a
     few degrees, the micro-batch and one rank stride: it is memoized on them, in the job's
-    `comm_store` (`store`: pass it when pricing many meshes of one job)."""
+    `comm_store` (`store`: pass it when pricing many meshes of one job). `sizes` False: every
+    collective at its alpha-beta time, without the atlas's measured size ratio
+    (`comm.collective_time`): a lower bound, exactly affine in the micro-batch (the planner's
+    bounds; kept in a store of its own)."""
     if micro_batches is None:
         micro_batches = (mesh.micro_batch,)
     tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
@@ -497,6 +501,8 @@ def mesh_comm(
     sp = mesh.sp_
     if store is None:
         store = comm_store(model, training, cluster, cal, gpus)
+    if not sizes:
+        store = store.setdefault(("alpha_beta",), {})  # type: ignore[assignment]
     expert_parallel = ep > 1 and model.is_moe
     allgather_cp = getattr(mesh, "cp_attention", "ring") == "allgather_mask"
     out = []
@@ -511,7 +517,7 @@ def mesh_comm(
             tp_per_layer = store.get(key)  # type: ignore[assignment]
             if tp_per_layer is None:
                 tp_per_layer = store[key] = _tp_comm(
-                    cluster, gpus, cal, tp, sp, act_full, st.tp, model.tp_blocks_per_layer
+                    cluster, gpus, cal, tp, sp, act_full, st.tp, model.tp_blocks_per_layer, sizes
                 )
         if cp > 1:
             key = ("cp", tp, cp, mb, st.cp, allgather_cp)
@@ -521,7 +527,7 @@ def mesh_comm(
                 block = mb * training.seq_len / cp * kv_heads * (model.qk_head_dim + model.v_dim) * ab
                 group = Group.strided(cluster, cp, st.cp, gpus)
                 if allgather_cp:
-                    cp_step = collective_time("all_gather", block * cp, group, cal)
+                    cp_step = collective_time("all_gather", block * cp, group, cal, sizes)
                 else:
                     cp_step = collective_time("p2p", block, group, cal)
                 store[key] = cp_step
@@ -549,8 +555,8 @@ def mesh_comm(
                 # before combine; stride 1 (expert-TP is innermost)
                 rows = routed_rows(model, ShardGeometry.of(mesh, mb, training.seq_len)) * h * ab
                 etp_group = Group.strided(cluster, mesh.etp_, 1, gpus)
-                etp_per_moe = store[key] = collective_time("all_gather", rows, etp_group, cal) + collective_time(
-                    "reduce_scatter", rows, etp_group, cal
+                etp_per_moe = store[key] = collective_time("all_gather", rows, etp_group, cal, sizes) + collective_time(
+                    "reduce_scatter", rows, etp_group, cal, sizes
                 )
         if mesh.pp > 1:
             key = ("p2p", tp, cp, sp, mb, st.pp)
@@ -575,16 +581,18 @@ def mesh_channels(cluster: ClusterSpec, gpus: int, mesh: MeshLike) -> tuple[int,
 
 
 def _tp_comm(
-    cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int, blocks: int = 2
+    cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int, blocks: int = 2,
+    sizes: bool = True,
 ) -> float:
     """Seconds of one layer's forward TP/SP collectives over `act_full` bytes of activations: one
     all-reduce (or all-gather + reduce-scatter under SP) per TP block of the layer
     (`ModelSpec.tp_blocks_per_layer`: attention and MLP, or a hybrid layer's one mixer)."""
     tpg = Group.strided(cluster, tp, stride, gpus)
     if sp:
-        one = collective_time("all_gather", act_full, tpg, cal) + collective_time("reduce_scatter", act_full, tpg, cal)
+        one = collective_time("all_gather", act_full, tpg, cal, sizes) + collective_time(
+            "reduce_scatter", act_full, tpg, cal, sizes)
     else:
-        one = collective_time("all_reduce", act_full, tpg, cal)
+        one = collective_time("all_reduce", act_full, tpg, cal, sizes)
     return blocks * one
 
 
@@ -656,7 +664,7 @@ def build_table(
     # per-job memo (`comm_store`): the head reads only the token count and TP degree of the
     # geometry, the logits only the activation context and the loss kernel
     store: dict[tuple, Any] = comm_store(model, training, cluster, cal, gpus)
-    head_key = ("lm_head", g.tokens, g.tp)
+    head_key = ("lm_head", g.tokens, g.tp, g.framework)  # the stack prices its kernels (`Calibration.stack`)
     head = store.get(head_key)
     if head is None:
         # LM head stays bf16 under FP8; frozen under LoRA / QLoRA
@@ -677,7 +685,7 @@ def build_table(
     if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head
         # rank), its block (`_mtp_sums`), and one more pass through the shared output head and loss
-        mtp_key = ("mtp", g.tokens, g.tp)
+        mtp_key = ("mtp", g.tokens, g.tp, g.framework)
         proj = store.get(mtp_key)
         if proj is None:
             proj = store[mtp_key] = mtp_projection_times(model, g, cluster.gpu, training.precision, ab, cal)

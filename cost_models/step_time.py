@@ -87,14 +87,14 @@ optimizer): what the search prunes with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cluster_specs.catalog import gpu_generation
 from cost_models import stacks
-from cost_models.calibration import Calibration
-from cost_models.comm import CHANNELS, HOST, INTER, INTRA, Group, collective_cost
+from cost_models.calibration import Calibration, stack_key
+from cost_models.comm import CHANNELS, HOST, INTER, INTRA, RING_KINDS, Group, collective_cost
 from cost_models.compute import hbm_bandwidth
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
@@ -102,6 +102,7 @@ from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, 
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec, GPUSpec
+    from cost_models.kernels.collectives import SizeCurve
     from cost_models.layout import Layout
     from cost_models.stage_table import KnobArrays, Sharding, StageTable
     from model_specs.spec import TrainingSpec
@@ -242,6 +243,16 @@ class DataParallelTimes:
     kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, the gradients' copy-in)
 
 
+_PER_PAIR: dict[tuple, tuple[tuple, tuple]] = {}
+"""`data_parallel_times`'s per-collective prices by (collective, calibration, bus efficiency, each
+pair's group), the groups being `Group.strided`'s shared objects; an entry keeps its calibration and
+groups alive, so their ids stay theirs."""
+
+_SECONDS: dict[tuple, np.ndarray] = {}
+"""`data_parallel_times`'s collective seconds by (id of a `_PER_PAIR` price, the bytes); cleared
+with `_PER_PAIR`, so an id in a key is its price's."""
+
+
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
     """ZeRO and data-parallel collectives of table `t` for each (ZeRO stage, sharding group) pair.
 
@@ -276,9 +287,14 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     full_g = group(m.dp_ * m.cp, stv.dp_cp)
     edp_g = group(m.expert_dp, stv.expert_dp)
 
-    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS)) of one collective
-        over each pair's group (priced once per distinct group)."""
+    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]:
+        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS), the size curve of
+        every pair where they share one (else None), the pairs grouped by size curve) of one
+        collective over each pair's group (priced once per distinct group; memoized: `_PER_PAIR`)."""
+        key = (kind, id(cal), framework_eff, *map(id, groups))
+        hit = _PER_PAIR.get(key)
+        if hit is not None:
+            return hit[1]
         priced: dict[int, tuple[float, float]] = {}
         for g in groups:
             if id(g) not in priced:
@@ -287,13 +303,51 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         lat = np.array([priced[id(g)][1] for g in groups])[:, None]
         onehot = np.zeros((len(groups), CHANNELS))
         onehot[np.arange(len(groups)), [g.channel for g in groups]] = 1.0
-        return per_byte, lat, onehot
+        rows: dict[int, tuple[SizeCurve, list[int]]] = {}  # pairs by size curve, priced together
+        for i, g in enumerate(groups):
+            c = g.curve if kind in RING_KINDS and g.size > 1 else None
+            if c is not None:
+                rows.setdefault(id(c), (c, []))[1].append(i)
+        curves = list(rows.values())
+        whole = curves[0][0] if len(curves) == 1 and len(curves[0][1]) == len(groups) else None
+        for a in (per_byte, lat, onehot):
+            a.flags.writeable = False
+        if len(_PER_PAIR) > 1 << 14:
+            _PER_PAIR.clear()
+            _SECONDS.clear()  # its keys hold the ids of `_PER_PAIR`'s prices
+        cost = (per_byte, lat, onehot, whole, curves)
+        _PER_PAIR[key] = ((cal, groups), cost)
+        return cost
 
-    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-        per_byte, lat, _ = cost
-        return np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
+        """Alpha-beta seconds x the measured size ratio of each pair's span (`comm.size_ratio`),
+        memoized on the price (`per_pair`'s shared tuples) and the bytes (`_SECONDS`: the tables of
+        one search repeat their volumes); the array returned is read-only."""
+        nb = np.asarray(nbytes)
+        key = (id(cost), nb.shape, nb.dtype.char, nb.tobytes())  # `cost` lives in `_PER_PAIR`
+        out = _SECONDS.get(key)
+        if out is None:
+            out = _seconds(nb, cost)
+            out.flags.writeable = False
+            if len(_SECONDS) > 1 << 15:
+                _SECONDS.clear()
+            _SECONDS[key] = out
+        return out
 
-    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    def _seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
+        per_byte, lat, _, whole, curves = cost
+        out = np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+        if whole is not None:
+            return out * whole.at_positive(nbytes)  # (out is 0 where nbytes <= 0)
+        if curves:
+            nb = nbytes if np.shape(nbytes) == out.shape else np.broadcast_to(nbytes, out.shape)
+            ratio = np.ones(out.shape)
+            for c, idx in curves:
+                ratio[idx] = c.at_positive(nb[idx])
+            out = out * ratio
+        return out
+
+    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
         """(pairs, X) seconds -> (pairs, CHANNELS, X) on each pair's channel."""
         return cost[2][:, :, None] * sec[:, None, :]
 
@@ -308,7 +362,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     w_fwd = np.where(qwz, min(1.0, QWZ_BYTES_PER_ELEMENT / pb), 1.0)  # (pairs, 1) gathered bytes per stored byte
     w_bwd = np.where(hpz, 1.0, w_fwd)
     g_rs = np.where(qgz, QGZ_BYTES_PER_ELEMENT / gb, 1.0)  # reduced bytes per gradient byte
-    hbm = hbm_bandwidth(cl.gpu, cal)
+    hbm = hbm_bandwidth(cl.gpu, cal, stack_key(m.framework, m.fsdp_flat_params))
     ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
     ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
     ar_repl = per_pair("all_reduce", repl_gs)
@@ -651,8 +705,12 @@ def compose(
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
-    # a fine-tuning stack's loop replaces the framework loops' fitted fixed cost (`cost_models.stacks`)
-    overhead = cal.step_overhead_s if m.stack is None else stacks.stack_overhead_s(cal, m.stack, mb_count)
+    # a fine-tuning stack's loop replaces its framework's fitted fixed cost (`cost_models.stacks`); the
+    # cluster's own fixed cost (`Calibration.step_overhead_s`, from its profiles) adds to either
+    if m.stack is None:
+        overhead = cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
+    else:
+        overhead = stacks.stack_overhead_s(cal, m.stack, mb_count) + cal.step_overhead_s
     parts[10] = overhead
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel

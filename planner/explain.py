@@ -81,6 +81,22 @@ def host_sentences(plan: Plan) -> list[str]:
     ]
 
 
+def kernel_sentences(est: dict) -> list[str]:
+    """Where the kernel rates come from (measured, interpolated, extrapolated, datasheet shares of the
+    GEMM and attention time) and the conservative figure the planner ranks by."""
+    k, cons = est.get("kernels"), est.get("conservative")
+    if not k or not cons:
+        return []
+    share = k["time_share"]
+    parts = ", ".join(f"{100 * share[name]:.0f}% {name}" for name in ("measured", "interpolated", "extrapolated", "datasheet")
+                      if share.get(name, 0.0) >= 0.005)
+    return [
+        f"Kernels priced from {k['priced_from']}: of the GEMM and attention time {parts}. Conservative figure "
+        f"(the band's slow end and the kernels' {100 * k['margin']:.1f}% margin; the search ranks by it): "
+        f"{cons['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {100 * cons['mfu']:.1f}%, step {cons['step_s']:.3f} s."
+    ]
+
+
 def explain(plan: Plan, usable_bytes: int) -> list[str]:
     out: list[str] = []
     s = plan.stats
@@ -147,13 +163,15 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
     band = est.get("error_band")
     if band:
         out.append(
-            f"Error band: 80% of the published runs the calibration never saw in regime {band['regime']} "
-            f"({band['holdout_rows']} runs) measured {band['measured_over_predicted_q10']:.2f}-"
+            f"Error band: 80% of the published runs in regime {band['regime']} ({band['holdout_rows']} runs), each "
+            f"predicted by a calibration fitted without its source family, measured {band['measured_over_predicted_q10']:.2f}-"
             f"{band['measured_over_predicted_q90']:.2f}x their prediction: MFU {100 * band['mfu_low']:.1f}-"
             f"{100 * band['mfu_high']:.1f}%, {band['tokens_per_s_per_gpu_low']:,.0f}-"
             f"{band['tokens_per_s_per_gpu_high']:,.0f} tokens/s/GPU."
+            + (f" Widened: {'; '.join(band['widened'])}." if band.get("widened") else "")
             + outside_band(band)
         )
+    out += kernel_sentences(est)
     if above_published_ceiling(est):
         ceiling = est["published_mfu_ceiling"]
         out.append(

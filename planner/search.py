@@ -45,6 +45,8 @@ from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import (
     LayerTime,
     ShardGeometry,
+    kernel_margin,
+    kernel_provenance,
     layer_time,
     lm_head_times,
     mtp_projection_times,
@@ -59,7 +61,7 @@ from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
 from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
-from cost_models.report import estimate_dict
+from cost_models.report import estimate_dict, kernels_dict
 from cost_models.stage_table import (
     RECOMPUTE_MODES,
     KnobArrays,
@@ -327,25 +329,31 @@ class _ComputeTimes:
     embedding_grad: np.ndarray
     """(G, 3) `stage_table.embedding_gradient_times`: rank 0's table with the head elsewhere, with
     the head on rank 0, and the MTP modules' copy on the head's rank when that is not rank 0."""
+    margin: np.ndarray
+    """(G, M) the kernels' slow-end margin of one micro-batch through all layers
+    (`compute.kernel_margin`: their time-weighted atlas uncertainty), which the ranking multiplies in."""
 
     @classmethod
     def of(
         cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, geometries: list[Geometry], mbs: np.ndarray,
-        cal: Calibration, framework: str, store: dict[tuple, Any], attention_kernel: str,
+        cal: Calibration, framework: str, store: dict[tuple, Any], attention_kernel: str, fsdp_flat_params: bool = False,
     ) -> _ComputeTimes:
         grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
         g = ShardGeometry(
             mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp,
-            **stack_kernels(framework, attention_kernel),
+            **stack_kernels(framework, attention_kernel, fsdp_flat_params),
         )
         ab = training.activation_bytes
         kinds: dict[tuple[bool, bool], LayerTime] = {}
+        splits: dict[tuple[bool, bool], np.ndarray] = {}
         ft = FineTune.of(training)
         for i, key in enumerate(layer_kinds(model)):
             if key not in kinds:
                 kinds[key] = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal, ft)
+                splits[key] = kernel_provenance(model, i, g, cluster.gpu, training.precision, ab, cal)
         counts = layer_kind_counts(model)
+        split = sum(n * splits[k] for k, n in counts.items())
         compute = sum(n * (kinds[k].forward + kinds[k].backward) for k, n in counts.items())
         # as build_table prices it, with the multi-token-prediction modules beside the head
         head_fwd, head_bwd = lm_head_times(model, g, cluster.gpu, "bf16", ab, cal, ft is not None)
@@ -373,6 +381,7 @@ class _ComputeTimes:
             np.array([kind_list.index(k) for k in layer_kinds(model)]),
             np.broadcast_to(head, shape),
             embedding_grad,
+            np.broadcast_to(kernel_margin(split), shape),
         )
 
 
@@ -384,12 +393,14 @@ class _PairBounds:
     meshes: list[Mesh]
     mesh_of: np.ndarray  # index into `meshes`
     mb_of: np.ndarray  # micro-batch size, sequences
-    bound_s: np.ndarray  # seconds per step no layout of the pair can beat
+    bound_s: np.ndarray  # ranking units (seconds x `kappa`) per step no layout of the pair can beat
+    kappa: np.ndarray  # 1 + the pair's kernel margin (`_ComputeTimes.margin`): the ranking's conservative factor
     compute: _ComputeTimes
     per_mb_s: np.ndarray  # seconds of one micro-batch summed over the pipeline ranks, per pair
     comm1: list[tuple[float, float, float, float]]  # per mesh, `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
     comm2: list[tuple[float, float, float, float]]  # the same at micro-batch 2
     exposure: _Exposure
+    kappa_max: float = 1.0
     layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict]] = field(default_factory=dict)
     """Memo of `pair_times`' per-layer compute per (geometry row, micro-batch column): every pair of
     one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`)."""
@@ -477,6 +488,7 @@ def _pair_bounds(
     cal: Calibration,
     framework: str,
     attention_kernel: str,
+    fsdp_flat_params: bool = False,
 ) -> _PairBounds:
     """Seconds no layout of a (mesh, micro-batch) pair can beat: all micro-batches' forward and
     backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as
@@ -490,10 +502,13 @@ def _pair_bounds(
     mbs_all = np.array(all_mbs, dtype=np.int64)
     geometries = list(dict.fromkeys((mesh.tp, mesh.cp, mesh.ep, mesh.etp) for mesh, _ in meshes_mbs))
     store = comm_store(model, training, cluster, cal, gpus)
-    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework, store, attention_kernel)
+    times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework, store, attention_kernel,
+                             fsdp_flat_params)
     comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
-        at1, at2 = mesh_comm(model, training, cluster, gpus, mesh, cal, (1, 2), store)
+        # alpha-beta times (no measured size ratio): exactly affine in the micro-batch, and below the
+        # priced times, so the extrapolated bound stays a bound
+        at1, at2 = mesh_comm(model, training, cluster, gpus, mesh, cal, (1, 2), store, sizes=False)
         comm1.append(at1[:4])
         comm2.append(at2[:4])
     c1, c2 = np.array(comm1, dtype=float).reshape(-1, 4), np.array(comm2, dtype=float).reshape(-1, 4)
@@ -526,18 +541,20 @@ def _pair_bounds(
     per_mb = compute + per_kind @ times.kind_counts
     dp = np.array([m.dp for m, _ in meshes_mbs], dtype=np.int64)[mesh_of]
     m_count = training.global_batch // (mb * dp)
-    bound = m_count * per_mb / pp
-    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, times, per_mb, comm1, comm2, exposure)
+    kappa = 1.0 + times.margin[row, at]
+    bound = m_count * per_mb / pp * kappa
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, kappa, times, per_mb, comm1, comm2, exposure,
+                       float(kappa.max()) if len(kappa) else 1.0)
 
 
-def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, float]]:
-    """(bound, mesh index, micro-batch, per-micro-batch seconds) of the pairs in `order`, converted
-    to Python numbers a chunk at a time: branch and bound usually stops after a few thousand."""
+def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, float, float]]:
+    """(bound, mesh index, micro-batch, per-micro-batch seconds, kappa) of the pairs in `order`,
+    converted to Python numbers a chunk at a time: branch and bound usually stops after a few thousand."""
     for start in range(0, len(order), chunk):
         at = order[start : start + chunk]
         yield from zip(
             bounds.bound_s[at].tolist(), bounds.mesh_of[at].tolist(), bounds.mb_of[at].tolist(), bounds.per_mb_s[at].tolist(),
-            strict=True,
+            bounds.kappa[at].tolist(), strict=True,
         )
 
 
@@ -754,7 +771,8 @@ def search(
     with warnings.catch_warnings():
         if not valid:  # no mesh passed: numpy's means over an empty geometry set warn, and mean nothing
             warnings.simplefilter("ignore", RuntimeWarning)
-        bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework, stack.attention_kernel)
+        bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework, stack.attention_kernel,
+                              c.fsdp_flat_params)
     # visit pairs in increasing bound order, ties in generation order (a stable sort)
     order = np.argsort(bounds.bound_s, kind="stable")
     pairs = _visit_order(bounds, order)
@@ -815,7 +833,8 @@ def search(
     # per (pp, dp, tp, cp, micro-batch, ep > 1): pipeline options, grid key, knob grid, its memory
     # rejections and the pair's layout count
     pair_shapes: dict[tuple[int, int, int, int, int, bool], tuple[list[tuple[int, str]], tuple[int, int, int], list[Setting], _GridRejections, int]] = {}
-    for done, (lb, mesh_index, mb, per_mb_s) in enumerate(pairs):
+    ref = reference_step_s or 0.0
+    for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
             progress(done, pair_count)
@@ -832,8 +851,9 @@ def search(
         visited_knobs += n
         generated += n
         pair_times: _PairTimes | None = None
-        if ranked.full and lb >= max(ranked.threshold_s, reference_step_s or 0.0):
-            # pairs are sorted by bound: every later pair is pruned too
+        if ranked.full and lb >= max(ranked.threshold_s, ref * bounds.kappa_max):
+            # pairs are sorted by bound (ranking units): every later pair is pruned too, and none of
+            # them can be faster than the reference (its kappa is at most kappa_max)
             later = total_knobs - visited_knobs
             generated += later
             pruned += n + later
@@ -850,7 +870,8 @@ def search(
                 gpipe_dominated += len(grid)
                 continue
             if ranked.full:  # bound the layout before building its table: cheap bound first
-                threshold = max(ranked.threshold_s, reference_step_s or 0.0)
+                # in seconds: the ranking's threshold over this pair's kappa, or the reference
+                threshold = max(ranked.threshold_s / kappa, ref)
                 ga = training.global_batch // (mb * mesh.dp)
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in SPLIT_BACKWARD_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
@@ -865,7 +886,7 @@ def search(
             base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             partition = _partition(model.num_layers, mesh.pp, option)
             table = build_table(model, training, cluster, gpus, base, partition, cal)
-            if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s, reference_step_s or 0.0):
+            if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
                 pruned += len(grid)
                 continue
             prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
@@ -928,7 +949,8 @@ def search(
             feasible += len(fits)
             if reference_step_s is not None:
                 faster += int(np.count_nonzero(step_s < reference_step_s * (1 - 1e-9)))
-            ranked.add(step_s, peaks[fits], (mesh, mb, option, grid, fits))
+            # ranked by the conservative figure: seconds x (1 + the kernels' slow-end margin)
+            ranked.add(step_s * kappa, peaks[fits], (mesh, mb, option, grid, fits))
     if progress is not None:
         progress(pair_count, pair_count)
     if gpipe_dominated:
@@ -956,7 +978,8 @@ def search(
         inputs=inputs,
         best=best,
         alternatives=best_list[1 : c.top_k + 1],
-        pareto=[_candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=False) for r in pareto],
+        pareto=[_candidate(model, training, cluster, gpus, r.layout.build(gpus, training), cal, refine=False, kernels=False)
+                for r in pareto],
         rejections=log.as_list(),
         closest_miss=None if best is not None or closest is None else _closest(closest, usable),
         calibration=cal.source,
@@ -1053,9 +1076,11 @@ def _candidate(
     *,
     refine: bool,
     usable: int | None = None,
+    kernels: bool = True,
 ) -> Candidate:
     """Price a layout for the Plan; with `refine`, re-cut its pipeline stages with CP-SAT and keep
-    the better of the even and optimized partitions."""
+    the better of the even and optimized partitions; with `kernels`, where its kernel rates come
+    from and its conservative figure (`report.kernels_dict`; the Pareto front's points go without)."""
     ctx = pricing_context(model, training, cluster, gpus, layout, validate=False)
     est: Estimate = price(ctx, calibration=cal)
     if refine and layout.pp > 1:
@@ -1067,9 +1092,10 @@ def _candidate(
             est2 = price(ctx2, calibration=cal)
             if (usable is None or est2.peak_bytes <= usable) and est2.step_s < est.step_s:
                 est = est2
+    provenance = kernels_dict(model, training, cluster, est.layout, cal) if kernels else None
     return Candidate(
         layout=layout, partition=list(est.partition.chunk_layers),
-        estimate=estimate_dict(model, cluster.name, est, cluster.gpu.name, training),
+        estimate=estimate_dict(model, cluster.name, est, cluster.gpu.name, training, provenance),
     )
 
 

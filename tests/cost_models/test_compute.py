@@ -1,4 +1,4 @@
-"""Kernel-level costs (cost_models.compute): GEMM shape efficiency, attention kernels and tiles, MoE imbalance,
+"""Kernel-level costs (cost_models.compute): GEMMs and attention from the kernel atlas, MoE imbalance,
 launch floor, torchtitan's op-level SAC recompute share, eager vs fused elementwise kernels, ring
 context parallelism's merges, and the embedding's dense gradient."""
 
@@ -16,14 +16,19 @@ from cost_models.compute import (
     ShardGeometry,
     activation_function_bytes,
     attention_rate,
-    attention_tile_efficiency,
     attention_time,
+    attention_times,
+    backward_gemms,
     eager_norm_bytes,
     eager_rotary_bytes,
     elementwise_bytes,
     embedding_gradient_time,
     fp8_expert_quantize_bytes,
+    gemm_passes,
     gemm_time,
+    hbm_bandwidth,
+    kernel_margin,
+    kernel_provenance,
     layer_kernels,
     layer_time,
     moe_imbalance,
@@ -31,69 +36,99 @@ from cost_models.compute import (
     ring_merge_times,
     routed_rows,
 )
+from cost_models.kernels.atlas import atlas_for
 from model_specs.presets import get_model
 
 H100 = get_gpu("H100-80GB")
+H200 = get_gpu("H200-141GB")
 CAL = Calibration()
-PEAK = H100.peak("bf16")
 
 
-def _eff(m: int, n: int, k: int) -> float:
+def _tflops(gpu, m: int, n: int, k: int) -> float:  # type: ignore[no-untyped-def]
     g = Gemm(m, n, k)
-    return g.flops / gemm_time(g, PEAK, H100, 2, CAL.gemm_efficiency, CAL) / PEAK
+    return g.flops / gemm_time(g, gpu, "bf16", 2, CAL) / 1e12
 
 
-def test_large_gemm_reaches_the_calibrated_ceiling_and_small_ones_do_not() -> None:
-    # 132 x 8 tiles of 128 x 256 fill 8 waves of H100's 132 SMs exactly: the ceiling x k efficiency
-    big = _eff(128 * 132, 256 * 8, 8192)
-    assert big == pytest.approx(CAL.gemm_efficiency * 8192 / (8192 + CAL.gemm_k_overhead), rel=1e-6)
-    assert _eff(8192, 8192, 8192) == pytest.approx(big * 2048 / (16 * 132), rel=1e-6)  # 15.5 waves -> 16
-    # micro-batch 1 x a narrow expert: far below, never above the ceiling
-    assert _eff(256, 2048, 7168) < 0.8 * big
-    assert _eff(64, 64, 64) < 0.2 * big
+def test_gemm_time_is_the_atlas_time_over_the_efficiency_times_the_stack_stretch() -> None:
+    """A GEMM in a step costs the atlas's GPU time (no call latency), divided by the rate multiplier
+    of the precision and multiplied by its stack's compute stretch (FP8: and its FP8 factor)."""
+    from dataclasses import replace
+
+    from cost_models.calibration import Stack
+
+    g = Gemm(4096, 4096, 4096)
+    atlas = atlas_for(H200).gemm_table("bf16").seconds(4096, 4096, 4096, 1, 2)
+    assert gemm_time(g, H200, "bf16", 2, CAL) == pytest.approx(atlas * CAL.stack("megatron").compute / CAL.gemm_efficiency)
+    slow = replace(CAL, stacks={**CAL.stacks, "fsdp": Stack(compute=1.5, fp8_compute=2.0)}, gemm_efficiency=0.5)
+    assert gemm_time(g, H200, "bf16", 2, slow, "fsdp") == pytest.approx(atlas * 1.5 / 0.5)
+    fp8 = atlas_for(H200).gemm_table("fp8").seconds(4096, 4096, 4096, 1, 2)
+    assert gemm_time(g, H200, "fp8", 2, slow, "fsdp") == pytest.approx(fp8 * 1.5 * 2.0)
 
 
-def test_wave_quantization_makes_one_more_tile_row_cost_a_wave() -> None:
-    # 132 SMs on H100: 132 tiles of 128 x 256 fill one wave; one more tile row needs a second wave
-    full = Gemm(128 * 12, 256 * 11, 8192)
-    assert H100.sm_count == 132
-    t_full = gemm_time(full, PEAK, H100, 2, CAL.gemm_efficiency, CAL)
-    more = Gemm(128 * 13, 256 * 11, 8192)
-    t_more = gemm_time(more, PEAK, H100, 2, CAL.gemm_efficiency, CAL)
-    assert t_more > t_full * 1.05  # 8% more work, a partly empty second wave
+def test_small_gemms_run_far_below_large_ones_on_the_measured_h200() -> None:
+    """The H200's measured GEMMs (data/measurements/h200-2026-11): a 70B TP8 output projection at
+    128 rows runs at a small fraction of a large GEMM's rate, as measured."""
+    big = _tflops(H200, 8192, 8192, 8192)
+    assert 600 < big < 800
+    assert _tflops(H200, 128, 8192, 1024) < 0.5 * big
+    assert _tflops(H200, 4096, 4096, 4096) > 0.8 * big
+
+
+def test_the_backward_gemms_are_looked_up_by_their_own_shapes() -> None:
+    """dX (m x k) = dY (m x n) @ W^T: a GEMM (m, k, n); dW (k x n) = X^T @ dY: a GEMM (k, n, m)."""
+    dgrad, wgrad = backward_gemms(Gemm(128, 8192, 1024, 2))
+    assert (dgrad.m, dgrad.n, dgrad.k, dgrad.count) == (128, 1024, 8192, 2)
+    assert (wgrad.m, wgrad.n, wgrad.k, wgrad.count) == (1024, 8192, 128, 2)
+    fwd, dg, wg = gemm_passes([Gemm(128, 8192, 1024)], H200, "bf16", 2, CAL)
+    assert dg == pytest.approx(gemm_time(Gemm(128, 1024, 8192), H200, "bf16", 2, CAL))
+    assert wg == pytest.approx(gemm_time(Gemm(1024, 8192, 128), H200, "bf16", 2, CAL))
+    assert not math.isclose(fwd, wg, rel_tol=0.05)  # a thin GEMM and its weight gradient differ
+    lt = layer_time(get_model("llama3-8b"), 0, ShardGeometry(1024.0, 1024, 1, 1, False, 1, 1), H200, "bf16", 2, CAL)
+    assert lt.backward_weight > 0 and lt.gemm_dgrad is not None and lt.gemm_wgrad is not None
 
 
 def test_gemm_time_is_elementwise_for_arrays() -> None:
     ms = np.array([256.0, 4096.0, 16384.0])
-    arr = gemm_time(Gemm(ms, 4096, 4096), PEAK, H100, 2, CAL.gemm_efficiency, CAL)
-    one = [gemm_time(Gemm(float(m), 4096, 4096), PEAK, H100, 2, CAL.gemm_efficiency, CAL) for m in ms]
+    arr = gemm_time(Gemm(ms, 4096, 4096), H100, "bf16", 2, CAL)
+    one = [gemm_time(Gemm(float(m), 4096, 4096), H100, "bf16", 2, CAL) for m in ms]
     np.testing.assert_allclose(arr, one, rtol=1e-12)
+    gemms = [Gemm(ms, 4096, 4096), Gemm(ms, 14336, 4096, 2.0)]
+    batched = gemm_passes(gemms, H200, "bf16", 2, CAL)
+    for i, m in enumerate(ms):
+        single = gemm_passes([Gemm(float(m), 4096, 4096), Gemm(float(m), 14336, 4096, 2.0)], H200, "bf16", 2, CAL)
+        np.testing.assert_allclose([b[i] for b in batched], single, rtol=1e-12)
 
 
-def test_attention_tiles_waste_the_diagonal_and_short_blocks() -> None:
-    assert attention_tile_efficiency(8192.0, 8192.0, causal=True) == pytest.approx((8192 * 8193 / 2) / (64 * 65 / 2 * 128**2))
-    assert attention_tile_efficiency(128.0, 128.0, causal=True) == pytest.approx(129 / 256)
-    assert attention_tile_efficiency(100.0, 100.0, causal=False) == pytest.approx(100 * 100 / 128**2)
-
-
-def test_flash_attention_2_loses_the_warpgroup_share_on_hopper_and_blackwell_only() -> None:
-    """FlashAttention-2 runs at its own efficiency of the kernel peak; on a GPU whose peak needs warpgroup
-    MMA (H100, GB200) it keeps `flash2_warpgroup_share` of it, on an A100 all of it; the fused kernel runs at
-    `attention_efficiency` everywhere. Array geometries pick per entry."""
-    cal = Calibration(attention_efficiency=0.5, flash2_attention_efficiency=0.4, flash2_warpgroup_share=0.6)
-    a100, gb200 = get_gpu("A100-80GB"), get_gpu("GB200")
-    assert H100.warpgroup_mma and gb200.warpgroup_mma and not a100.warpgroup_mma
-    for gpu in (H100, gb200):
-        assert attention_rate(gpu, cal, True) == pytest.approx(gpu.compute_peak("bf16") * 0.4 * 0.6)
-        assert attention_rate(gpu, cal, False) == pytest.approx(gpu.compute_peak("bf16") * 0.5)
-    assert attention_rate(a100, cal, True) == pytest.approx(a100.compute_peak("bf16") * 0.4)
-    both = attention_rate(H100, cal, np.array([True, False]))
-    assert both == pytest.approx([attention_rate(H100, cal, True), attention_rate(H100, cal, False)])
+def test_attention_runs_the_stacks_kernel_at_its_measured_rate() -> None:
+    """FlashAttention-2 and the fused (cuDNN) kernel at the atlas's rates: on the H200 the fused kernel
+    is faster, each as measured (data/measurements/h200-2026-11), and array geometries pick per entry."""
+    flash = attention_rate(H200, CAL, True, 8192.0, 128, True, "fwd")
+    fused = attention_rate(H200, CAL, False, 8192.0, 128, True, "fwd")
+    assert flash == pytest.approx(328.6e12, rel=1e-3) and fused == pytest.approx(573.5e12, rel=1e-3)
+    both = attention_rate(H200, CAL, np.array([True, False]), 8192.0, 128, True, "fwd")
+    np.testing.assert_allclose(both, [flash, fused])
     model = get_model("llama3-8b")
-    fused = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1)
-    flash2 = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1, flash2=True)
-    ratio = attention_time(model, 0, flash2, H100, cal) / attention_time(model, 0, fused, H100, cal)
-    assert ratio == pytest.approx(0.5 / (0.4 * 0.6))
+    g_fused = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1)
+    g_flash = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1, flash2=True)
+    assert attention_time(model, 0, g_flash, H200, CAL) / attention_time(model, 0, g_fused, H200, CAL) == pytest.approx(fused / flash)
+    fwd, bwd = attention_times(model, 0, g_flash, H200, CAL)
+    # forward + backward at the measured combined rate: 3.5 x the forward's FLOPs in the measured time
+    attn_flops = fwd * flash
+    assert attn_flops * 3.5 / (fwd + bwd) == pytest.approx(288.27e12, rel=1e-3)
+
+
+def test_kernel_provenance_splits_the_time_and_weighs_the_margin() -> None:
+    """The split of a layer's GEMM and attention time by provenance sums to their time; a GPU with
+    no measurements is all datasheet and carries the widest margin."""
+    model = get_model("llama3-8b")
+    g = ShardGeometry(tokens=8192.0, seq_len=8192, cp=1, tp=1, sp=False, ep=1, etp=1, flash2=True)
+    split = kernel_provenance(model, 0, g, H200, "bf16", 2, CAL)
+    lt = layer_time(model, 0, g, H200, "bf16", 2, CAL)
+    assert split.sum() == pytest.approx(lt.gemm_fwd + lt.gemm_dgrad + lt.gemm_wgrad + (1 + lt.attention_bwd_factor) * lt.attention_fwd)
+    assert split[0] > 0  # the 8B shapes were measured on the H200
+    l40s = kernel_provenance(model, 0, g, get_gpu("L40S"), "bf16", 2, CAL)
+    assert l40s[3] == pytest.approx(l40s.sum())
+    assert kernel_margin(l40s) > kernel_margin(split) > 0
 
 
 def test_moe_imbalance_shrinks_with_routed_tokens_and_vanishes_without_ep() -> None:
@@ -152,7 +187,7 @@ def test_fp8_experts_pay_their_quantize_kernels_and_bf16_and_dense_layers_do_not
     assert fwd == pytest.approx(4 * rows * (h + f) + padding)
     assert bwd == pytest.approx(4 * rows * (h + 2 * f) + padding)
     fp8, bf16 = (layer_time(model, 0, g, H100, p, 2, CAL) for p in ("fp8", "bf16"))
-    bandwidth = H100.memory_bandwidth_bytes_per_s * CAL.hbm_efficiency
+    bandwidth = hbm_bandwidth(H100, CAL)
     assert fp8.quant_fwd == pytest.approx(fwd / bandwidth) and fp8.quant_bwd == pytest.approx(bwd / bandwidth)
     assert bf16.quant_fwd == bf16.quant_bwd == 0.0
     dense = get_model("llama3-8b")
@@ -168,7 +203,7 @@ def test_ring_merges_cost_every_step_after_the_first_and_grow_as_blocks_shorten(
     Nothing without CP or under all-gather attention. At a fixed sequence, more CP shortens each
     rank's block: its attention falls as 1 / cp, the merges do not, so their share grows."""
     model = get_model("llama3-8b")  # 32 heads, 8 K/V heads, head dim 128
-    bandwidth = H100.memory_bandwidth_bytes_per_s * CAL.hbm_efficiency
+    bandwidth = hbm_bandwidth(H100, CAL)
     seq, tp = 8192, 2
     for cp in (2, 4, 8):
         tokens = seq / cp
@@ -255,7 +290,7 @@ def test_the_embedding_gradient_is_the_whole_table_every_micro_batch() -> None:
     """PyTorch's embedding backward zero-fills a dense gradient of the vocab / tp x hidden shard
     (2 bytes each in bf16); Megatron's DDP hook adds it to the float32 main_grad (read 2 + 4, write 4);
     tied embeddings with the head on the same rank add the head's zeros and their sum (8)."""
-    hbm = H100.memory_bandwidth_bytes_per_s * CAL.hbm_efficiency
+    hbm = hbm_bandwidth(H100, CAL)
     llama = get_model("llama3-8b")
     elements = llama.vocab_size / 4 * llama.hidden_size
     assert embedding_gradient_time(llama, 4, H100, "fsdp", 2, 4, True, CAL) == pytest.approx(2 * elements / hbm)

@@ -31,8 +31,27 @@ def test_too_few_rows_are_not_a_band() -> None:
 
 
 def test_stored_bands_cover_the_reference_jobs() -> None:
+    """The reference job's regime has a band of its own (enough held-out rows), ordered; a measured
+    GPU's band is not widened."""
     b = error_band(get_model("llama3-405b"), "H100-80GB", 16384)
-    assert b is not None and b.rows >= MIN_ROWS and b.q10 < 1.0 < b.q90
+    assert b is not None and b.rows >= MIN_ROWS and b.q10 < b.q50 < b.q90 and b.widened == ()
+
+
+def test_bands_widen_where_nothing_measured_the_regime() -> None:
+    """A job of a kind no published run measured on its GPU generation, on a GPU without kernel
+    measurements of its own, gets a wider band than a measured one, and says why."""
+    bands = {"dense": {"rows": 10, "q10": 0.9, "q50": 1.0, "q90": 1.1},
+             "dense|hopper": {"rows": 10, "q10": 0.95, "q50": 1.0, "q90": 1.05}}
+    widening = {"dense": {"lo": 0.8, "hi": 1.2}}
+    model = get_model("llama3-8b")
+    measured = error_band(model, "H100-80GB", 8, bands, widening)
+    assert measured is not None and (measured.q10, measured.q90) == (0.95, 1.05) and measured.widened == ()
+    unprofiled = error_band(model, "L40S", 8, bands, widening)  # generation 'other': no run, no atlas
+    assert unprofiled is not None and unprofiled.regime == "dense"
+    assert unprofiled.q10 < 0.9 * 0.8 and unprofiled.q90 > 1.1 * 1.2
+    assert len(unprofiled.widened) == 2 and "datasheet" in unprofiled.widened[1]
+    sibling = error_band(model, "H800-80GB", 8, bands, widening)
+    assert sibling is not None and sibling.q10 < 0.95 and "die sibling" in sibling.widened[0]
 
 
 def test_the_published_ceiling_is_the_highest_measured_mfu_of_the_regime() -> None:

@@ -11,7 +11,13 @@ import pytest
 from cluster_specs.presets import get_cluster
 from cost_models.activations import ActivationContext, layer_activation_bytes, mamba_backward_transient_bytes
 from cost_models.calibration import default_calibration
-from cost_models.compute import SSD_STATE_BYTES_BACKWARD, SSD_STATE_BYTES_FORWARD, ShardGeometry, ssd_times
+from cost_models.compute import (
+    SSD_STATE_BYTES_BACKWARD,
+    SSD_STATE_BYTES_FORWARD,
+    ShardGeometry,
+    hbm_bandwidth,
+    ssd_times,
+)
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, validate_layout
 from cost_models.stage_table import _tp_comm, layer_kinds, mesh_comm
@@ -100,7 +106,7 @@ def test_ssd_scan_moves_its_chunk_states_through_hbm():
     fwd, bwd = ssd_times(SMALL, 0, g, gpu, cal)
     fwd2, bwd2 = ssd_times(SMALL, 0, g, gpu, replace(cal, hbm_efficiency=2 * cal.hbm_efficiency))
     states = 4096 / SMALL.mamba_chunk_size * 32 * 64 * 128 / 2  # chunks x H/tp x P x N
-    half_traffic = states / (2 * gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency)
+    half_traffic = states / (2 * hbm_bandwidth(gpu, cal))
     assert fwd - fwd2 == pytest.approx(SSD_STATE_BYTES_FORWARD * half_traffic, rel=1e-9)
     assert bwd - bwd2 == pytest.approx(SSD_STATE_BYTES_BACKWARD * half_traffic, rel=1e-9)
     assert ssd_times(SMALL, 4, g, gpu, cal) == (0.0, 0.0)  # an MLP layer of the pattern

@@ -10,6 +10,7 @@ import pytest
 from cluster_specs.presets import get_cluster
 from cost_models import step_time
 from cost_models.calibration import default_calibration
+from cost_models.compute import hbm_bandwidth
 from cost_models.estimate import setting_of
 from cost_models.layout import Layout, validate_layout
 from cost_models.stage_table import KnobArrays, _dp_grid, _dp_table_key, build_table, price_memory, price_time
@@ -151,8 +152,8 @@ def test_fsdp2_copies_run_on_the_compute_stream() -> None:
     are views of: no copies."""
     model, training = get_model("llama3-8b"), TrainingSpec(seq_len=8192, global_batch=64)
     cluster, cal = get_cluster("dgx-h100"), default_calibration()
-    hbm = cluster.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
     for framework, zero, flat in (("fsdp", 3, False), ("fsdp", 3, True), ("fsdp", 1, False), ("deepspeed", 3, False)):
+        hbm = hbm_bandwidth(cluster.gpu, cal, framework)
         lay = Layout(zero_stage=zero, micro_batch=1, framework=framework, fsdp_flat_params=flat).resolved(64, training)
         table = build_table(model, training, cluster, 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
         grid = [setting_of(lay)]
@@ -204,7 +205,7 @@ def test_megatron_fsdp_without_gradient_fusion_copies_each_gradient() -> None:
     Megatron FSDP by default (Megatron-Core 0.14+)."""
     model, training = get_model("llama3-8b"), TrainingSpec(seq_len=8192, global_batch=64)
     cluster, cal = get_cluster("dgx-h100"), default_calibration()
-    hbm = cluster.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    hbm = hbm_bandwidth(cluster.gpu, cal, "megatron")
     embedding = model.vocab_size * model.hidden_size
     for zero, fused in ((3, False), (2, False), (3, True), (1, False)):
         lay = Layout(zero_stage=zero, micro_batch=1, megatron_fsdp_gradient_fusion=fused).resolved(64, training)

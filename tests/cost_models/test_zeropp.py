@@ -13,6 +13,7 @@ from cluster_specs.presets import get_cluster
 from cost_models import step_time
 from cost_models.calibration import default_calibration
 from cost_models.comm import INTER
+from cost_models.compute import hbm_bandwidth
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, validate_layout
 from cost_models.stage_table import Sharding, build_table
@@ -77,7 +78,7 @@ def test_quantization_kernels_are_not_free(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(step_time, "QWZ_HBM_BYTES_PER_ELEMENT", 0.0)
     free = data_parallel_times(table, shardings, cal)
     layer_elements = count_params(M).layers[0].total
-    hbm = A100.gpu.memory_bandwidth_bytes_per_s * cal.hbm_efficiency
+    hbm = hbm_bandwidth(A100.gpu, cal, lay.framework)
     kernels = dp.kernels_f[1, 0] - free.kernels_f[1, 0]
     assert kernels == pytest.approx(M.num_layers * 3 * layer_elements / hbm, rel=0.01)
     assert dp.kernels_f[0, 0] == 0.0  # DeepSpeed without qwZ: no kernels of its own

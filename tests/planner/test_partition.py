@@ -387,8 +387,10 @@ CONSISTENCY = [
 
 @pytest.mark.parametrize(("model", "gpus", "kw"), CONSISTENCY)
 def test_data_reproduces_the_cost_model(model: str, gpus: int, kw: dict) -> None:
-    """The linear model prices the even cut, and every cut one layer away from it, exactly as
-    `cost_models.estimate` does (time per micro-batch and memory of every rank but the last). The
+    """The linear model prices the even cut, and every cut one layer away from it, as
+    `cost_models.estimate` does (time per micro-batch to 1e-4: a rank's collectives run at the
+    atlas's measured size ratio of their bytes, `cost_models.comm.size_ratio`, which moves slightly
+    with the layers a cut gives the rank; memory of every rank but the last exactly). The
     last rank's loss peak (logits) and a layer's backward peak (ZeRO-3 buffers, recompute working
     set) do not coincide; the cost model takes the larger, the linear model sums them: there it is
     an upper bound, above the cost model by at most the smaller of the two."""
@@ -408,7 +410,7 @@ def test_data_reproduces_the_cost_model(model: str, gpus: int, kw: dict) -> None
     for cut in cuts[:12]:
         est = estimate(m, TRAIN, H100, gpus, lay, StagePartition(cut, res.pp, res.vpp))
         times, mem = evaluate(data, cut, ks)
-        assert times == pytest.approx(list(est.stage_times_s), rel=1e-9)
+        assert times == pytest.approx(list(est.stage_times_s), rel=1e-4)
         want = [x.total for x in est.memory]
         assert mem[:-1] == pytest.approx(want[:-1], rel=1e-9)
         last = est.memory[-1]

@@ -80,16 +80,20 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                 pair_bound_no_sms = times_no_sms.bound(mesh.pp, option, layout.grad_accum_, ov)
                 assert pair_bound_no_sms * (1 - 1e-12) <= pair_bound <= exact * (1 + 1e-12)
                 raised += pair_bound > pair_bound_no_sms * (1 + 1e-9)
-                if (option.schedule == "dualpipev" and layout.pp > 1) or option.a2a_overlap:
-                    # the pair bound leaves out what the F&B pairs (DualPipeV, Megatron's combined
-                    # 1F1B) may hide and the comm kernels' SMs
-                    assert pair_bound_no_sms <= exact_no_sms * (1 + 1e-12)
-                else:
-                    assert pair_bound_no_sms == pytest.approx(exact_no_sms, rel=1e-12)
+                # the pair bound prices the collectives at their alpha-beta time (exactly affine in the
+                # micro-batch), the table with the atlas's measured size ratio (never below 1): below
+                # it, and equal where the layout has no ring collective to stretch
+                assert pair_bound_no_sms <= exact_no_sms * (1 + 1e-12)
+                if not ((option.schedule == "dualpipev" and layout.pp > 1) or option.a2a_overlap):
+                    assert pair_bound_no_sms >= 0.5 * exact_no_sms
+                    if mesh.tp == 1 and mesh.cp == 1:
+                        assert pair_bound_no_sms == pytest.approx(exact_no_sms, rel=1e-12)
                 pair = np.flatnonzero((bounds.mesh_of == index) & (bounds.mb_of == mb))[0]
                 bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
                 cheap = _bubble_bound(float(bounds.per_mb_s[pair]), mesh.pp, vpp, layout.grad_accum_, bubble_free)
-                assert bounds.bound_s[pair] <= cheap * (1 + 1e-12)
+                # pairs are ranked in conservative units: seconds x (1 + the kernels' margin)
+                assert bounds.kappa[pair] >= 1.0
+                assert bounds.bound_s[pair] <= cheap * bounds.kappa[pair] * (1 + 1e-12)
                 assert cheap <= exact * (1 + 1e-12)
                 if bubble_free and layout.pp > 1:  # the bound holds for the priced steps of every knob setting
                     grid = [g for g in settings(mesh, cluster, c) if g.zero_stage < 3]
@@ -119,7 +123,9 @@ def test_vectorized_layer_times_match_scalar(name, cluster_name, gpus, seq, batc
         for j, mb in enumerate(mbs):
             g = ShardGeometry.of(mesh, mb, seq)
             scalar = layer_time(model, i, g, cluster.gpu, training.precision, ab, cal)
-            assert vector.forward[j] == scalar.forward  # bit for bit: the same float operations
-            assert vector.backward[j] == scalar.backward
-            assert vector.attention[j] == scalar.attention
-            assert [h[j] for h in head] == list(lm_head_times(model, g, cluster.gpu, "bf16", ab, cal))
+            # the same float operations, up to the last place of numpy's vectorized exp against
+            # math.exp in the kernel atlas's GEMM correction (`kernels.atlas.GemmTable.seconds`)
+            assert vector.forward[j] == pytest.approx(scalar.forward, rel=1e-12)
+            assert vector.backward[j] == pytest.approx(scalar.backward, rel=1e-12)
+            assert vector.attention[j] == pytest.approx(scalar.attention, rel=1e-12)
+            assert [h[j] for h in head] == pytest.approx(list(lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)), rel=1e-12)
