@@ -98,6 +98,12 @@ class GPUSpec(BaseModel):
         "are fitted on (cluster_specs.catalog.MATMUL_REFERENCE); a precision without a measurement is 1",
     )
     source: str = Field(default="", description="datasheet the figures come from")
+    kernel_profile: str = Field(
+        default="", exclude=True, pattern=r"^[0-9a-f]{0,16}$",
+        description="set by the service and `autopar plan --atlas`, not read from a cluster file: the digest of a "
+        "measured kernel profile (`autopar profile`) this process prices the GPU's kernels with, layered over "
+        "its shipped atlas (cost_models.kernels.overlay); empty: the shipped atlas alone",
+    )
 
     def __hash__(self) -> int:  # the dict fields keep pydantic's generated hash from working
         return hash(
@@ -110,6 +116,7 @@ class GPUSpec(BaseModel):
                 self.sustained_clock_fraction,
                 self.warpgroup_mma,
                 tuple(sorted(self.matmul_share.items())),
+                self.kernel_profile,
             )
         )
 

@@ -218,6 +218,12 @@ class Plan(BaseModel):
     closest_miss: ClosestMiss | None = None
     why: list[str] = []  # sentences explaining the choice, or why nothing fits
     calibration: str = ""  # which calibration priced it
+    kernel_profile: dict[str, Any] | None = Field(
+        None,
+        description="the cluster's measured kernel profile (`autopar profile`) the plan was priced with, layered "
+        "over the shipped atlas: its device, date and digest, and which of the plan's kernel lookups it measured "
+        "(planner.kernel_profile.profile_note); None: the shipped atlas alone",
+    )
     stats: SearchStats
 
     @property
