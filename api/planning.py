@@ -51,6 +51,7 @@ from api.metrics import Metrics
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration
 from cost_models.jobs import Job
+from cost_models.kernels.schema import AtlasFile
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Plan, SearchConstraints
 
@@ -129,9 +130,9 @@ def _worker_main(conn: Connection, stop_flag: Any) -> None:
 def _search(payload: tuple[Any, ...], deadline: float, stop_flag: Any) -> Plan:
     # a fine-tuning job is planned in its stack, its techniques searched (`planner.finetune`); any
     # other job goes to `planner.search.search` unchanged
-    from planner.finetune import search_finetune as search
+    from planner.kernel_profile import search_with_profile
 
-    model, training, cluster, gpus, constraints, calibration = payload
+    model, training, cluster, gpus, constraints, calibration, atlas = payload
     visited = [0, 0]
 
     def progress(done: int, total: int) -> None:
@@ -142,7 +143,9 @@ def _search(payload: tuple[Any, ...], deadline: float, stop_flag: Any) -> Plan:
             raise Stopped(f"time budget ended after {done:,} of {total:,} (mesh, micro-batch) pairs")
 
     try:
-        return search(model, training, cluster, gpus, constraints, calibration=calibration, progress=progress)
+        # with the cluster's measured kernel profile (`api.atlas`) layered over the shipped atlas
+        return search_with_profile(model, training, cluster, gpus, constraints, atlas, calibration=calibration,
+                                   progress=progress)
     except Stopped:
         raise
     except (ValueError, ArithmeticError, KeyError, IndexError, TypeError) as exc:
@@ -453,9 +456,10 @@ def request_sha256(body: dict[str, Any]) -> str:
 
 def search_payload(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, constraints: SearchConstraints,
-    calibration: Calibration,
+    calibration: Calibration, atlas: AtlasFile | None = None,
 ) -> tuple[Any, ...]:
-    return (model, training, cluster, gpus, constraints, calibration)
+    """What a search job carries to its worker; `atlas`: the cluster's measured kernel profile."""
+    return (model, training, cluster, gpus, constraints, calibration, atlas)
 
 
 def evaluation_payload(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Calibration) -> tuple[Any, ...]:
