@@ -20,8 +20,11 @@ bracket a run on a GPU, `time.perf_counter` on the CPU (after a synchronize).
   ``fwd`` and ``fwd_bwd``, from which the atlas derives the backward
   (`cost_models.kernels.attention`). FLOPs: 4 b h s^2 d forward, half under a causal mask, 3.5x for
   forward + backward (the schema's convention). FlashAttention-3 / -4 are not reachable through
-  torch and are skipped, saying so. On the CPU, torch's CPU kernel stands in for every kernel, with
-  fewer heads and tokens (`CPU_HEADS`, `CPU_TOKENS`), and the file says so.
+  torch and are skipped, saying so.
+- On the CPU every entry is timed as the runtime runs on a CPU (`runtime.parallelize.compute_dtype`,
+  `runtime.launch --threads`): in float32 on one thread, torch's CPU attention standing in for every
+  kernel, with fewer heads and tokens (`CPU_HEADS`, `CPU_TOKENS`); the file says so (its GEMM
+  points keep the atlas's dtype names, so they price the plan's lookups).
 - Memory: one copy of `COPY_BYTES` (bytes read + written per second), which prices every
   memory-bound kernel of the plan (`KernelAtlas.memory_bandwidth`).
 - Collectives are listed but not timed: one process cannot (the agent's `--preflight` measures its
@@ -64,7 +67,7 @@ def device_name(device: torch.device) -> str:
     """The device as torch names it (`torch.cuda.get_device_name`), or ``cpu (<processor>)``."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"cpu ({platform.processor() or platform.machine()})"
 
 
 def _sync(device: torch.device) -> None:
@@ -111,9 +114,14 @@ def gemm_seconds(m: int, n: int, k: int, dtype: str, device: torch.device) -> fl
         b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
         one = torch.ones((), device=device, dtype=torch.float32)
         return time_call(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), device)
-    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+    a = torch.randn(m, k, device=device, dtype=compute_dtype(device))
+    b = torch.randn(k, n, device=device, dtype=compute_dtype(device))
     return time_call(lambda: a @ b, device)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on a GPU; float32 on the CPU, as the runtime computes there (module doc)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def attention_rates(kernel: str, d: int, s: int, causal: bool, device: torch.device) -> tuple[float, float, int, int]:
@@ -123,8 +131,9 @@ def attention_rates(kernel: str, d: int, s: int, causal: bool, device: torch.dev
     heads, tokens = (ATTENTION_HEADS, ATTENTION_TOKENS) if device.type == "cuda" else (CPU_HEADS, CPU_TOKENS)
     batch = max(1, tokens // s)
     shape = (batch, heads, s, d)
-    q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    grad = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    dtype = compute_dtype(device)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, device=device, dtype=dtype)
     if device.type == "cuda":
         if kernel not in SDPA_BACKENDS:
             raise ValueError(f"attention kernel {kernel} is not one of torch's SDPA backends ({', '.join(SDPA_BACKENDS)})")
@@ -181,6 +190,36 @@ def profile(
     skipped: list[str] = [f"{op} {span} {ranks} ranks {nb} B: collectives are not timed by one process"
                           for op, span, ranks, _nodes, nb in sorted(needs.collectives)]
     start = time.monotonic()
+    threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(1)
+    try:
+        _measure(tasks, total, device, max_seconds, start, out, skipped, progress)
+    finally:
+        torch.set_num_threads(threads)
+    measured = sum(len(v) for v in out.values())
+    where = (name if cuda else "the CPU (float32 on one thread, as the runtime runs there; torch's CPU kernels "
+             "stand for the GPU kernels named)")
+    cmd = shlex.join(command if command is not None else sys.argv)
+    return {
+        "format": "autopar-kernel-atlas/1",
+        "gpu": gpu,
+        "description": (f"Measured by autopar profile on {where}: {measured} points for the "
+                        f"{len(needs)} kernel lookups a plan makes; {len(skipped)} skipped"
+                        + (f" ({'; '.join(skipped[:5])}{'; ...' if len(skipped) > 5 else ''})" if skipped else "")
+                        + "."),
+        "provenance": {"device": name, "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                       "command": cmd, "software": software, "host": platform.node()},
+        "sources": {"profile": {
+            "citation": f"autopar profile on {name}: {cmd}"[:2000], "method": "queued", "software": software,
+        }},
+        **out,
+    }, skipped
+
+
+def _measure(tasks: list[tuple[str, tuple, float]], total: int, device: torch.device, max_seconds: float,
+             start: float, out: dict[str, list[dict[str, Any]]], skipped: list[str], progress: Progress | None) -> None:
+    """Time `tasks` in order into `out` until `max_seconds` after `start` (module doc)."""
     for i, (kind, key, _) in enumerate(tasks, 1):
         label = f"{kind} {' '.join(str(x) for x in key)}"
         if time.monotonic() - start > max_seconds:
@@ -204,25 +243,8 @@ def profile(
                                              "batch": batch, "heads": heads})
         except (ValueError, RuntimeError) as exc:  # a shape or dtype this device or torch cannot run
             skipped.append(f"{label}: {str(exc).splitlines()[0][:200]}")
-        if cuda:
+        if device.type == "cuda":
             torch.cuda.empty_cache()
-    measured = sum(len(v) for v in out.values())
-    where = "the CPU (torch's CPU kernels stand for the GPU kernels named)" if not cuda else name
-    cmd = shlex.join(command if command is not None else sys.argv)
-    return {
-        "format": "autopar-kernel-atlas/1",
-        "gpu": gpu,
-        "description": (f"Measured by autopar profile on {where}: {measured} points for the "
-                        f"{len(needs)} kernel lookups a plan makes; {len(skipped)} skipped"
-                        + (f" ({'; '.join(skipped[:5])}{'; ...' if len(skipped) > 5 else ''})" if skipped else "")
-                        + "."),
-        "provenance": {"device": name, "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                       "command": cmd, "software": software, "host": platform.node()},
-        "sources": {"profile": {
-            "citation": f"autopar profile on {name}: {cmd}"[:2000], "method": "queued", "software": software,
-        }},
-        **out,
-    }, skipped
 
 
 def load_plan(data: dict[str, Any]) -> Any:
