@@ -327,7 +327,7 @@ class Agent:
             return None
         if r.status_code == 200:
             self.profiled.add(key)
-            hb.message = f"kernel profile stored ({r.json().get('points')} points)"
+            hb.message = "kernel profile stored"
         else:
             log.error("kernel profile upload: HTTP %s %s", r.status_code, r.text[:300])
         (adir / "kernel_profile_http").write_text(str(r.status_code))
