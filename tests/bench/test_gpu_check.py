@@ -39,8 +39,8 @@ def test_the_checkpoint_config_is_the_plans_model() -> None:
     from model_specs.spec import ModelSpec
     from runtime.checkpoint import architecture_differences
 
-    for plan_file in gpu_check.GPU_PLANS.values():
-        model = json.loads(plan_file.read_text())["inputs"]["model"]
-        config = gpu_check.hf_config(model).to_dict()
+    models = [json.loads(f.read_text())["inputs"]["model"] for f in gpu_check.GPU_PLANS.values()]
+    config = gpu_check.hf_config(models[0]).to_dict()  # the one checkpoint both runs start from
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (16, 4096)
+    for model in models:
         assert architecture_differences(config, ModelSpec(**model)) == []
-        assert (config["num_hidden_layers"], config["hidden_size"]) == (16, 4096)
