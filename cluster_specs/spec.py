@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
@@ -104,6 +104,14 @@ class GPUSpec(BaseModel):
         "measured kernel profile (`autopar profile`) this process prices the GPU's kernels with, layered over "
         "its shipped atlas (cost_models.kernels.overlay); empty: the shipped atlas alone",
     )
+
+    @field_validator("kernel_profile")
+    @classmethod
+    def _profile_is_not_an_input(cls, v: str) -> str:
+        if v:
+            raise ValueError("is set by autopar itself (autopar plan --atlas FILE, a cluster's stored kernel profile), "
+                             "not by a cluster file or request")
+        return v
 
     def __hash__(self) -> int:  # the dict fields keep pydantic's generated hash from working
         return hash(

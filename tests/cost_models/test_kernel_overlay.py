@@ -87,3 +87,16 @@ def test_nothing_is_recorded_outside_a_recording() -> None:
     with recording() as rec:
         table.seconds(128, 256, 512, 1, 2)
     assert rec.gemm == {(128, 256, 512, "bf16")}
+
+
+def test_a_cluster_file_cannot_name_a_kernel_profile() -> None:
+    """The digest is set by autopar (overlay.profiled_gpu), never read from input: an unknown one
+    would otherwise reach the atlas as a profile this process never loaded."""
+    from pydantic import ValidationError
+
+    from cluster_specs.spec import GPUSpec
+
+    fields = get_gpu("H100-80GB").model_dump()
+    with pytest.raises(ValidationError, match="kernel_profile"):
+        GPUSpec(**{**fields, "kernel_profile": "0123456789abcdef"})
+    assert "kernel_profile" not in fields  # excluded from every dump
