@@ -30,8 +30,9 @@ bracket a run on a GPU, `time.perf_counter` on the CPU (after a synchronize).
 - Collectives are listed but not timed: one process cannot (the agent's `--preflight` measures its
   node's all-reduce bus bandwidth).
 
-Entries are timed smallest first until `max_seconds` have passed; the rest are skipped, listed on
-stderr and counted in the file's description.
+Entries are timed smallest first until `max_seconds` have passed, and a GEMM that could not be
+timed in the time left even at the best rate measured so far is skipped before it starts; what is
+skipped is listed on stderr, with the reason, and counted in the file's description.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ import torch
 import torch.nn.functional as F
 
 RUN_SECONDS = 0.02
+CALLS_PER_ENTRY = 8
+"""Calls an entry's timing makes at least (3 warm-up, 1 sizing, 3 runs of one or more, and slack)."""
 ATTENTION_HEADS = 32
 ATTENTION_TOKENS = 16384
 CPU_HEADS = 4
@@ -219,11 +222,20 @@ def profile(
 
 def _measure(tasks: list[tuple[str, tuple, float]], total: int, device: torch.device, max_seconds: float,
              start: float, out: dict[str, list[dict[str, Any]]], skipped: list[str], progress: Progress | None) -> None:
-    """Time `tasks` in order into `out` until `max_seconds` after `start` (module doc)."""
+    """Time `tasks` in order into `out` until `max_seconds` after `start` (module doc). An entry
+    whose timing would take longer than the budget left even at the fastest GEMM rate measured so
+    far (`CALLS_PER_ENTRY` calls: a lower bound of its time) is skipped before it starts."""
+    best: float | None = None  # FLOP/s, the highest any GEMM of this profile reached
     for i, (kind, key, _) in enumerate(tasks, 1):
         label = f"{kind} {' '.join(str(x) for x in key)}"
-        if time.monotonic() - start > max_seconds:
+        left = max_seconds - (time.monotonic() - start)
+        if left <= 0:
             skipped.append(f"{label}: over --max-seconds {max_seconds:g}")
+            continue
+        flops = 2.0 * key[0] * key[1] * key[2] if kind == "gemm" else 0.0
+        if best and flops and CALLS_PER_ENTRY * flops / best > left:
+            skipped.append(f"{label}: about {CALLS_PER_ENTRY * flops / best:.0f} s to time, over the "
+                           f"{left:.0f} s left of --max-seconds {max_seconds:g}")
             continue
         if progress:
             progress(i, total, label)
@@ -233,13 +245,14 @@ def _measure(tasks: list[tuple[str, tuple, float]], total: int, device: torch.de
             elif kind == "gemm":
                 m, n, k, dtype = key
                 t = gemm_seconds(m, n, k, dtype, device)
+                best = max(best or 0.0, 2.0 * m * n * k / t)
                 out["gemm"].append({"m": m, "n": n, "k": k, "dtype": dtype, "seconds": t, "source": "profile"})
             else:
                 kern, d, s, causal = key
                 fwd, both, batch, heads = attention_rates(kern, d, s, causal, device)
-                for pass_, rate in (("fwd", fwd), ("fwd_bwd", both)):
+                for pass_, tflops in (("fwd", fwd), ("fwd_bwd", both)):
                     out["attention"].append({"kernel": kern, "head_dim": d, "seq_len": s, "causal": causal,
-                                             "pass": pass_, "tflops": rate, "source": "profile",
+                                             "pass": pass_, "tflops": tflops, "source": "profile",
                                              "batch": batch, "heads": heads})
         except (ValueError, RuntimeError) as exc:  # a shape or dtype this device or torch cannot run
             skipped.append(f"{label}: {str(exc).splitlines()[0][:200]}")

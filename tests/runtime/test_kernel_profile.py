@@ -98,3 +98,15 @@ def test_bad_profile_inputs_are_refused_by_name(tmp_path: Path) -> None:
     plan_file.write_text(json.dumps({"inputs": {}}))
     r = runner.invoke(app, ["profile", str(plan_file)])
     assert r.exit_code == 2 and "PLAN_FILE: inputs" in r.output
+
+
+def test_a_gemm_that_cannot_be_timed_in_the_budget_is_not_started() -> None:
+    """The LM head of Llama-3 at 8,192 tokens is 8.6 TFLOP per call: on one CPU thread it is skipped,
+    named, instead of overrunning --max-seconds."""
+    from cost_models.kernels.record import Lookups
+
+    needs = Lookups(gemm={(64, 64, 64, "bf16"), (8192, 128256, 4096, "bf16")})
+    doc, skipped = profile(needs, "cpu", device=torch.device("cpu"), max_seconds=20.0)
+    assert [(p["m"], p["n"], p["k"]) for p in doc["gemm"]] == [(64, 64, 64)]
+    (why,) = skipped
+    assert why.startswith("gemm 8192 128256 4096 bf16: about ") and "over the" in why
