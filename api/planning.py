@@ -173,7 +173,11 @@ def _evaluate(payload: tuple[Any, ...]) -> dict[str, Any]:
     from cost_models.stages import StagePartition
     from planner.partitioner import cp_sat_partitioner
 
-    job, model, cluster, calibration = payload
+    job, model, cluster, calibration, atlas = payload
+    if atlas is not None:  # the cluster's measured kernel profile over the shipped atlas (`api.atlas`)
+        from cost_models.kernels.overlay import profiled_cluster
+
+        cluster = profiled_cluster(cluster, atlas)
     try:
         if isinstance(job.partition, list) and not job.auto:
             lay = job.layout.resolved(job.gpus, job.training)
@@ -181,7 +185,13 @@ def _evaluate(payload: tuple[Any, ...]) -> dict[str, Any]:
                 StagePartition.explicit(job.partition, lay)
             except ValueError as exc:
                 raise ApiError(422, str(exc), ["body", "partition"], "value_error") from exc
-        return price_job(job, model, cluster, calibration, partitioner=cp_sat_partitioner)  # type: ignore[no-any-return]
+        result: dict[str, Any] = price_job(job, model, cluster, calibration, partitioner=cp_sat_partitioner)
+        if atlas is not None and atlas.provenance is not None:
+            from cost_models.kernels.overlay import digest
+
+            result["kernel_profile"] = {"gpu": atlas.gpu, "digest": digest(atlas), "device": atlas.provenance.device,
+                                        "measured_at": atlas.provenance.measured_at}
+        return result
     except (AutoError, JobError) as exc:
         raise ApiError(422, str(exc), ["body", "layout"], "value_error") from exc
     except LayoutError as exc:
@@ -462,5 +472,7 @@ def search_payload(
     return (model, training, cluster, gpus, constraints, calibration, atlas)
 
 
-def evaluation_payload(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Calibration) -> tuple[Any, ...]:
-    return (job, model, cluster, calibration)
+def evaluation_payload(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Calibration,
+                       atlas: AtlasFile | None = None) -> tuple[Any, ...]:
+    """What an evaluation job carries to its worker; `atlas`: the cluster's measured kernel profile."""
+    return (job, model, cluster, calibration, atlas)

@@ -317,16 +317,18 @@ async def evaluate(
         raise ApiError(422, f"{job.gpus} GPUs: this service prices at most {settings.max_gpus}", ["body", "gpus"],
                        "too_large")
 
-    def prepare() -> tuple[Any, Any, Any]:
+    def prepare() -> tuple[Any, Any, Any, Any]:
         with db.read_session() as session:
             model = resolve_model_ref(session, job.model, ["body", "model"])
             cluster = resolve_cluster_ref(session, job.cluster, ["body", "cluster"])
-            return model, cluster, calibration_for(session, cluster.name)
+            atlas = stored_atlas(session, job.cluster) if isinstance(job.cluster, str) else None
+            return model, cluster, calibration_for(session, cluster.name), atlas
 
-    model, cluster, calibration = await run_in_threadpool(prepare)
+    model, cluster, calibration, atlas = await run_in_threadpool(prepare)
     refuse_input_problems(evaluation_problems(job.training, cluster, job.gpus))
     result: dict[str, Any] = await pool.run(
-        "evaluate", evaluation_payload(job, model, cluster, calibration), 1, disconnected=request.is_disconnected
+        "evaluate", evaluation_payload(job, model, cluster, calibration, atlas), 1,
+        disconnected=request.is_disconnected,
     )
     if not store:
         return EvaluationOut(id=None, result=result)

@@ -61,6 +61,13 @@ def test_a_stored_profile_prices_the_clusters_plans_and_they_say_so(user: httpx.
     assert any("this cluster's profile" in line for line in plan["why"])
     # the profile times those GEMMs far slower than the datasheet: the plan's step is slower
     assert plan["best"]["estimate"]["step_s"] > before.json()["plan"]["best"]["estimate"]["step_s"]
+    # an evaluation of the chosen layout on that cluster is priced with it too, and says so
+    job = {"model": "tiny", "cluster": team_cpu, "gpus": 1, "training": PLAN["training"],
+           "layout": plan["best"]["layout"]}
+    evaluated = user.post("/v1/evaluate", json=job)
+    assert evaluated.status_code == 200, evaluated.text
+    assert evaluated.json()["result"]["kernel_profile"]["digest"] == stored["digest"]
+    assert evaluated.json()["result"]["step_s"] == pytest.approx(plan["best"]["estimate"]["step_s"], rel=1e-9)
     # a preset named in a request is never priced with a team's profile
     preset = user.post("/v1/plans", json={**PLAN, "cluster": "local-cpu"})
     assert "kernel_profile" not in preset.json()["plan"]
