@@ -158,6 +158,10 @@ class ApiClient:
             raise ProtocolError(r, "profile upload")
         return r.json()
 
+    def put_atlas(self, cluster: str, atlas: dict[str, Any], retry: RetryPolicy | None = None) -> httpx.Response:
+        """The raw answer of storing the cluster's measured kernel profile (200, or 404 / 409 / 422)."""
+        return self.request("PUT", f"/v1/clusters/{cluster}/atlas", json=atlas, retry=retry)
+
     def finish(
         self, run_id: Any, agent_id: Any, attempt: int, status: str, log_tail: str, exit_code: int | None,
         retry: RetryPolicy | None = None,

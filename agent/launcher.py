@@ -105,6 +105,12 @@ def preflight_argv(spec: LaunchSpec, out_file: Path, nbytes: int, iters: int) ->
     ]
 
 
+def kernel_profile_argv(plan_file: Path, out_file: Path, max_seconds: float) -> list[str]:
+    """The argv of `autopar profile PLAN` (`runtime.kernel_profile`): one process on this node's device."""
+    return [sys.executable, "-m", "runtime.kernel_profile", str(plan_file), "--out", str(out_file),
+            "--max-seconds", f"{max_seconds:g}"]
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -9,6 +9,8 @@ One attempt of a run, in the agent's work dir `WORKDIR/run-<id>/attempt-<n>/`:
                        deleted once the tree is gone
     progress.json      step progress, rewritten by the runtime after every step
     preflight.json     the pre-flight all-reduce result (when asked for)
+    kernel-profile.json the plan's kernels measured on this node (`autopar profile`, when asked for),
+                       uploaded as the cluster's kernel profile (PUT /v1/clusters/{name}/atlas)
     profile.json       the runtime's Profile
     idempotency_key    the key of the profile upload, derived from (server, run id, attempt) and
                        kept, so a retried or resumed upload reuses it
@@ -40,6 +42,7 @@ from agent.launcher import (
     Child,
     LaunchError,
     LaunchSpec,
+    kernel_profile_argv,
     log_tail,
     preflight_argv,
     read_progress,
@@ -66,6 +69,8 @@ class AgentConfig:
     preflight_bytes: int = 4 * 2**20
     preflight_iters: int = 10
     preflight_timeout_s: float = 120.0
+    profile_kernels: bool = False  # measure each new plan's kernels and store them as the cluster's profile
+    profile_max_seconds: float = 300.0
     heartbeat_s: float | None = None  # default: a third of the run's lease
     stop_grace_s: float = 5.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -165,6 +170,7 @@ class Agent:
         self.terminate = threading.Event()  # set by SIGTERM / SIGINT: stop the child, report, exit
         self.revoked = False  # the server refused the token (401 / 403): stop and exit with 1
         self.uid = uuid.uuid4().hex  # this agent process, in the records of the children it starts
+        self.profiled: set[str] = set()  # plans whose kernels this agent measured and stored
 
     # ---- loop ------------------------------------------------------------------------------------
     def register(self) -> Any:
@@ -261,6 +267,8 @@ class Agent:
                     data = json.loads(out.read_text())
                     preflight = {k: data[k] for k in PREFLIGHT_KEYS}
                     hb.message = f"pre-flight bus bandwidth {data['bus_bandwidth_bytes_per_s'] / 1e9:.3f} GB/s"
+            if reason is None and self.cfg.profile_kernels:
+                reason = self._profile_kernels(plan, plan_file, adir, hb)
             if reason is None:
                 hb.message = "training"
                 argv = runtime_argv(spec, plan_file, adir / "profile.json", progress_file)
@@ -293,6 +301,37 @@ class Agent:
                 return self._finish(adir, run_id, attempt, "failed", tail + f"\nprofile upload failed: {exc}\n", code)
             return self._finish(adir, run_id, attempt, "succeeded", tail, code)
         return self._finish(adir, run_id, attempt, "failed", tail, code)
+
+    def _profile_kernels(self, plan: dict[str, Any], plan_file: Path, adir: Path, hb: Heartbeat) -> str | None:
+        """The pre-flight kernel profile (`AgentConfig.profile_kernels`): the leased plan's kernels
+        measured on this node (`runtime.kernel_profile`, within `profile_max_seconds`) and uploaded
+        as the cluster's profile, once per distinct plan this agent serves. A failure to measure or
+        to store it is logged and leaves the run to go on; returns the supervisor's stop reason."""
+        key = json.dumps(plan.get("inputs"), sort_keys=True) + json.dumps((plan.get("best") or {}).get("layout"),
+                                                                           sort_keys=True)
+        if key in self.profiled:
+            return None
+        hb.message = "kernel profile"
+        out = adir / "kernel-profile.json"
+        argv = kernel_profile_argv(plan_file, out, self.cfg.profile_max_seconds)
+        code, reason = self._supervise(argv, adir, "kernel-profile.log", hb, self.cfg.profile_max_seconds + 120.0)
+        if reason is not None:
+            return reason
+        if code != 0 or not out.exists():
+            log.error("kernel profile failed (exit %s); see %s", code, adir / "kernel-profile.log")
+            return None
+        try:
+            r = self.client.put_atlas(self.cfg.cluster, json.loads(out.read_text()), retry=self.cfg.report_retry)
+        except (ServerUnavailable, ValueError) as exc:
+            log.error("kernel profile upload failed: %s", exc)
+            return None
+        if r.status_code == 200:
+            self.profiled.add(key)
+            hb.message = "kernel profile stored"
+        else:
+            log.error("kernel profile upload: HTTP %s %s", r.status_code, r.text[:300])
+        (adir / "kernel_profile_http").write_text(str(r.status_code))
+        return None
 
     def _attempt_dir(self, run_id: str, attempt: int) -> Path:
         adir = self.cfg.workdir / f"run-{run_id}" / f"attempt-{attempt}"

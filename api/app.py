@@ -26,7 +26,7 @@ from api.errors import install_handlers
 from api.jsonbody import unsafe_json
 from api.metrics import Metrics
 from api.planning import PlannerPool
-from api.routes import calibration, plans, runs, specs, system
+from api.routes import atlas, calibration, plans, runs, specs, system
 from api.settings import Settings
 from api.ui import install_ui
 
@@ -221,7 +221,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     metrics.watch_runs(db.read_session)
     install_handlers(app)
-    for module in (system, plans, specs, runs, calibration):
+    for module in (system, plans, specs, runs, calibration, atlas):
         app.include_router(module.router)
     install_ui(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]

@@ -212,3 +212,22 @@ class ProfileRow(Base):
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
     profile: Mapped[dict[str, Any]] = mapped_column(JSONType)
+
+
+class ClusterAtlas(Base):
+    """A team cluster's measured kernel profile (`autopar profile`, an `autopar-kernel-atlas/1`
+    document): at most one per cluster, replaced by the next upload; plans for that cluster are
+    priced with it layered over the shipped atlas (migration 0006)."""
+
+    __tablename__ = "cluster_atlases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64), unique=True)
+    gpu: Mapped[str] = mapped_column(String(64))  # catalog name of the GPU measured
+    device: Mapped[str] = mapped_column(String(256))  # the device as torch named it
+    measured_at: Mapped[str] = mapped_column(String(64))  # the profile's own time (ISO 8601)
+    digest: Mapped[str] = mapped_column(String(16))  # cost_models.kernels.overlay.digest
+    points: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
+    atlas: Mapped[dict[str, Any]] = mapped_column(JSONType, deferred=True)

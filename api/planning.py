@@ -51,6 +51,7 @@ from api.metrics import Metrics
 from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration
 from cost_models.jobs import Job
+from cost_models.kernels.schema import AtlasFile
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import Plan, SearchConstraints
 
@@ -129,9 +130,9 @@ def _worker_main(conn: Connection, stop_flag: Any) -> None:
 def _search(payload: tuple[Any, ...], deadline: float, stop_flag: Any) -> Plan:
     # a fine-tuning job is planned in its stack, its techniques searched (`planner.finetune`); any
     # other job goes to `planner.search.search` unchanged
-    from planner.finetune import search_finetune as search
+    from planner.kernel_profile import search_with_profile
 
-    model, training, cluster, gpus, constraints, calibration = payload
+    model, training, cluster, gpus, constraints, calibration, atlas = payload
     visited = [0, 0]
 
     def progress(done: int, total: int) -> None:
@@ -142,7 +143,9 @@ def _search(payload: tuple[Any, ...], deadline: float, stop_flag: Any) -> Plan:
             raise Stopped(f"time budget ended after {done:,} of {total:,} (mesh, micro-batch) pairs")
 
     try:
-        return search(model, training, cluster, gpus, constraints, calibration=calibration, progress=progress)
+        # with the cluster's measured kernel profile (`api.atlas`) layered over the shipped atlas
+        return search_with_profile(model, training, cluster, gpus, constraints, atlas, calibration=calibration,
+                                   progress=progress)
     except Stopped:
         raise
     except (ValueError, ArithmeticError, KeyError, IndexError, TypeError) as exc:
@@ -170,7 +173,11 @@ def _evaluate(payload: tuple[Any, ...]) -> dict[str, Any]:
     from cost_models.stages import StagePartition
     from planner.partitioner import cp_sat_partitioner
 
-    job, model, cluster, calibration = payload
+    job, model, cluster, calibration, atlas = payload
+    if atlas is not None:  # the cluster's measured kernel profile over the shipped atlas (`api.atlas`)
+        from cost_models.kernels.overlay import profiled_cluster
+
+        cluster = profiled_cluster(cluster, atlas)
     try:
         if isinstance(job.partition, list) and not job.auto:
             lay = job.layout.resolved(job.gpus, job.training)
@@ -178,7 +185,13 @@ def _evaluate(payload: tuple[Any, ...]) -> dict[str, Any]:
                 StagePartition.explicit(job.partition, lay)
             except ValueError as exc:
                 raise ApiError(422, str(exc), ["body", "partition"], "value_error") from exc
-        return price_job(job, model, cluster, calibration, partitioner=cp_sat_partitioner)  # type: ignore[no-any-return]
+        result: dict[str, Any] = price_job(job, model, cluster, calibration, partitioner=cp_sat_partitioner)
+        if atlas is not None and atlas.provenance is not None:
+            from cost_models.kernels.overlay import digest
+
+            result["kernel_profile"] = {"gpu": atlas.gpu, "digest": digest(atlas), "device": atlas.provenance.device,
+                                        "measured_at": atlas.provenance.measured_at}
+        return result
     except (AutoError, JobError) as exc:
         raise ApiError(422, str(exc), ["body", "layout"], "value_error") from exc
     except LayoutError as exc:
@@ -453,10 +466,13 @@ def request_sha256(body: dict[str, Any]) -> str:
 
 def search_payload(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, constraints: SearchConstraints,
-    calibration: Calibration,
+    calibration: Calibration, atlas: AtlasFile | None = None,
 ) -> tuple[Any, ...]:
-    return (model, training, cluster, gpus, constraints, calibration)
+    """What a search job carries to its worker; `atlas`: the cluster's measured kernel profile."""
+    return (model, training, cluster, gpus, constraints, calibration, atlas)
 
 
-def evaluation_payload(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Calibration) -> tuple[Any, ...]:
-    return (job, model, cluster, calibration)
+def evaluation_payload(job: Job, model: ModelSpec, cluster: ClusterSpec, calibration: Calibration,
+                       atlas: AtlasFile | None = None) -> tuple[Any, ...]:
+    """What an evaluation job carries to its worker; `atlas`: the cluster's measured kernel profile."""
+    return (job, model, cluster, calibration, atlas)

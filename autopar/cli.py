@@ -483,6 +483,10 @@ def plan(
         "--no-...: price it as NeMo 2.3 / 2.4 run it, fusion off (a gradient copy per micro-batch)",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the Plan as JSON"),
+    atlas: Path | None = typer.Option(
+        None, help="a measured kernel profile of the cluster's GPU (autopar profile): price with its points "
+        "layered over the shipped kernel atlas; the plan says which of its lookups they measured"
+    ),
     export: str | None = typer.Option(
         None, help="write the best layout as a launch file: megatron | deepspeed | torchtitan (0.2.x TOML) | "
         "torchtitan-0.3 (0.3 config module) | torchrun | accelerate | hf (TrainingArguments + PEFT + accelerate "
@@ -494,7 +498,6 @@ def plan(
 
     from cost_models.jobs import JobError, _resolve, resolve_cluster, resolve_model
     from model_specs.spec import TrainingSpec
-    from planner.finetune import search_finetune as search
     from planner.plan import SearchConstraints
 
     _need_global_batch(global_batch, global_batch_tokens)
@@ -540,10 +543,24 @@ def plan(
 
         if export.strip().lower() not in EXPORTERS:
             _refuse(f"--export: unknown format {export!r}; choose one of: {', '.join(EXPORTERS)}")
+    profile = None
+    if atlas is not None:
+        from cost_models.kernels.schema import AtlasError, read_atlas_file
+
+        try:
+            profile = read_atlas_file(atlas)
+        except AtlasError as exc:
+            _refuse(f"--atlas: {exc}")
     from autopar.render import SearchProgress, print_plan
+    from planner.kernel_profile import search_with_profile
 
     with SearchProgress(enabled=not as_json and sys.stderr.isatty()) as progress:
-        result = search(spec, training, cl, n, constraints, progress=progress.update)
+        try:
+            result = search_with_profile(spec, training, cl, n, constraints, profile, progress=progress.update)
+        except ValueError as exc:
+            if profile is None:
+                raise
+            _refuse(f"--atlas: {exc}")
     if result.best is not None and result.best.layout.stack and not as_json and not export:
         from cost_models.stacks import defaults
         from planner.finetune import STACK_NAMES, techniques_of
@@ -780,8 +797,10 @@ def gpus() -> None:
 
 
 from autopar.cli_agent import agent as _agent  # noqa: E402  (typer only; the agent loads when it runs)
+from autopar.cli_profile import profile as _profile  # noqa: E402  (typer only; torch loads when it runs)
 
 app.command(name="agent")(_agent)
+app.command(name="profile")(_profile)
 
 
 from autopar.cli_service import register as _register_service  # noqa: E402  (serve, tokens)

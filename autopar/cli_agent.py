@@ -27,6 +27,12 @@ def agent(
     once: bool = typer.Option(False, help="poll once, run at most one run, exit"),
     preflight: bool = typer.Option(False, help="all-reduce bandwidth test before each run, uploaded with the profile"),
     preflight_bytes: int = typer.Option(4 * 2**20, help="pre-flight all-reduce buffer, bytes"),
+    profile_kernels: bool = typer.Option(
+        False, help="before a new plan's first run: measure its kernels on this node (autopar profile) and store "
+        "them as the cluster's kernel profile (PUT /v1/clusters/{name}/atlas; a team cluster), which prices "
+        "later plans for it",
+    ),
+    profile_max_seconds: float = typer.Option(300.0, help="with --profile-kernels: seconds of timing at most"),
     heartbeat_s: float | None = typer.Option(None, help="heartbeat period, s (default: a third of the lease)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -48,8 +54,8 @@ def agent(
 
     if not _CLUSTER.match(cluster):
         raise typer.BadParameter("cluster must match ^[A-Za-z0-9._-]{1,64}$", param_hint="--cluster")
-    if poll_s <= 0 or preflight_bytes <= 0 or (heartbeat_s is not None and heartbeat_s <= 0):
-        raise typer.BadParameter("--poll-s, --preflight-bytes and --heartbeat-s must be positive")
+    if poll_s <= 0 or preflight_bytes <= 0 or profile_max_seconds <= 0 or (heartbeat_s is not None and heartbeat_s <= 0):
+        raise typer.BadParameter("--poll-s, --preflight-bytes, --profile-max-seconds and --heartbeat-s must be positive")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s"
     )
@@ -57,6 +63,7 @@ def agent(
     cfg = AgentConfig(
         server=server, token=secret, cluster=cluster, workdir=workdir.resolve(), poll_s=poll_s, once=once,
         preflight=preflight, preflight_bytes=preflight_bytes, heartbeat_s=heartbeat_s,
+        profile_kernels=profile_kernels, profile_max_seconds=profile_max_seconds,
     )
     if name:
         cfg.name = name

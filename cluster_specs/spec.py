@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
@@ -98,6 +98,20 @@ class GPUSpec(BaseModel):
         "are fitted on (cluster_specs.catalog.MATMUL_REFERENCE); a precision without a measurement is 1",
     )
     source: str = Field(default="", description="datasheet the figures come from")
+    kernel_profile: str = Field(
+        default="", exclude=True, pattern=r"^[0-9a-f]{0,16}$",
+        description="set by the service and `autopar plan --atlas`, not read from a cluster file: the digest of a "
+        "measured kernel profile (`autopar profile`) this process prices the GPU's kernels with, layered over "
+        "its shipped atlas (cost_models.kernels.overlay); empty: the shipped atlas alone",
+    )
+
+    @field_validator("kernel_profile")
+    @classmethod
+    def _profile_is_not_an_input(cls, v: str) -> str:
+        if v:
+            raise ValueError("is set by autopar itself (autopar plan --atlas FILE, a cluster's stored kernel profile), "
+                             "not by a cluster file or request")
+        return v
 
     def __hash__(self) -> int:  # the dict fields keep pydantic's generated hash from working
         return hash(
@@ -110,6 +124,7 @@ class GPUSpec(BaseModel):
                 self.sustained_clock_fraction,
                 self.warpgroup_mma,
                 tuple(sorted(self.matmul_share.items())),
+                self.kernel_profile,
             )
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from cluster_specs.spec import MAX_GPUS_PER_NODE, ClusterSpec
 from cost_models.layout import (
@@ -218,8 +218,23 @@ class Plan(BaseModel):
     closest_miss: ClosestMiss | None = None
     why: list[str] = []  # sentences explaining the choice, or why nothing fits
     calibration: str = ""  # which calibration priced it
+    kernel_profile: dict[str, Any] | None = Field(
+        None,
+        description="the cluster's measured kernel profile (`autopar profile`) the plan was priced with, layered "
+        "over the shipped atlas: its device, date and digest, and which of the plan's kernel lookups it measured "
+        "(planner.kernel_profile.profile_note); None: the shipped atlas alone",
+    )
     stats: SearchStats
 
     @property
     def feasible(self) -> bool:
         return self.best is not None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_profile(self, handler: Any) -> dict[str, Any]:
+        """`kernel_profile` only where a profile priced the plan: a plan priced with the shipped atlas
+        alone serializes as it did before the field existed (stored plans, exports)."""
+        out: dict[str, Any] = handler(self)
+        if out.get("kernel_profile", 0) is None:
+            del out["kernel_profile"]
+        return out

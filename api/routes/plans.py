@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from api.atlas import stored_atlas
 from api.calibration import calibration_for
 from api.deps import DB, IdempotencyKey, MetricsDep, Pool, SettingsDep, User
 from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, conflict, not_found
@@ -87,21 +88,23 @@ async def create_plan(
             model = resolve_model_ref(session, body.model, ["body", "model"])
             cluster = resolve_cluster_ref(session, body.cluster, ["body", "cluster"])
             calibration = calibration_for(session, cluster.name)
+            # a team cluster named by the request is priced with its measured kernel profile, if stored
+            atlas = stored_atlas(session, body.cluster) if isinstance(body.cluster, str) else None
         refuse_input_problems(plan_problems(model, body.training, cluster, body.gpus, body.constraints))
         work = estimate_work(model, body.training, cluster, body.gpus, body.constraints)
-        return None, (model, cluster, calibration, work)
+        return None, (model, cluster, calibration, atlas, work)
 
     earlier, resolved = await run_in_threadpool(prepare)
     if earlier is not None:
         response.status_code = 200
         return earlier
-    model, cluster, calibration, work = resolved
+    model, cluster, calibration, atlas, work = resolved
     refusal = Budget(settings.max_plan_layouts, settings.max_plan_bytes).refusal(work)
     if refusal is not None:
         metrics.planner_refused.inc()
         raise ApiError(422, refusal, ["body"], "over_work_budget")
     plan: Plan = await pool.run(
-        "search", search_payload(model, body.training, cluster, body.gpus, body.constraints, calibration),
+        "search", search_payload(model, body.training, cluster, body.gpus, body.constraints, calibration, atlas),
         work.layouts, disconnected=request.is_disconnected,
     )
 
@@ -314,16 +317,18 @@ async def evaluate(
         raise ApiError(422, f"{job.gpus} GPUs: this service prices at most {settings.max_gpus}", ["body", "gpus"],
                        "too_large")
 
-    def prepare() -> tuple[Any, Any, Any]:
+    def prepare() -> tuple[Any, Any, Any, Any]:
         with db.read_session() as session:
             model = resolve_model_ref(session, job.model, ["body", "model"])
             cluster = resolve_cluster_ref(session, job.cluster, ["body", "cluster"])
-            return model, cluster, calibration_for(session, cluster.name)
+            atlas = stored_atlas(session, job.cluster) if isinstance(job.cluster, str) else None
+            return model, cluster, calibration_for(session, cluster.name), atlas
 
-    model, cluster, calibration = await run_in_threadpool(prepare)
+    model, cluster, calibration, atlas = await run_in_threadpool(prepare)
     refuse_input_problems(evaluation_problems(job.training, cluster, job.gpus))
     result: dict[str, Any] = await pool.run(
-        "evaluate", evaluation_payload(job, model, cluster, calibration), 1, disconnected=request.is_disconnected
+        "evaluate", evaluation_payload(job, model, cluster, calibration, atlas), 1,
+        disconnected=request.is_disconnected,
     )
     if not store:
         return EvaluationOut(id=None, result=result)

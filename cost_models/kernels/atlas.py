@@ -36,6 +36,7 @@ from cluster_specs.spec import GPUSpec
 from cost_models.kernels import attention as attn
 from cost_models.kernels import collectives as coll
 from cost_models.kernels import gemm
+from cost_models.kernels import record as rec
 from cost_models.kernels.schema import AtlasFile, parse_atlas
 
 Scalars = Any
@@ -101,6 +102,7 @@ class GemmTable:
     sms: int | None
     bandwidth: float  # HBM bytes/s (datasheet)
     scale: float = 1.0  # rate over the measured GPU's: a die sibling's peak x clock ratio where borrowed
+    dtype_class: str = "16"  # the `DTYPE_CLASS` it prices (what `record` names its lookups by)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Scalar lookups before `scale` (the planner prices the same shapes under many geometries); a
     copy with another scale (`dataclasses.replace`) shares it, as it shares the parameters."""
@@ -125,6 +127,8 @@ class GemmTable:
         up once (the planner's geometries repeat most shapes: `_distinct`)."""
         ms, ns, ks, cs = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (m, n, k, count)))
         (um, un, uk, uc), inverse = _distinct(ms.ravel(), ns.ravel(), ks.ravel(), cs.ravel())
+        if rec.ACTIVE:
+            rec.gemm(self.dtype_class, um, un, uk)
         t = gemm.gpu_seconds(um, un, uk, uc, self.sms, self.bandwidth, act_bytes, self.params)
         if self.corrections:
             c, code = self.corrections.evaluate(um, un, uk)
@@ -136,6 +140,8 @@ class GemmTable:
 
     def _scalar(self, m: float, n: float, k: float, count: float, act_bytes: float) -> float:
         """GPU seconds of one shape (memoized in `memo`, before the scale)."""
+        if rec.ACTIVE:
+            rec.gemm(self.dtype_class, m, n, k)
         key = (m, n, k, count, act_bytes)
         t = self.memo.get(key)
         if t is None:
@@ -221,6 +227,8 @@ class KernelAtlas:
                        ) -> tuple[Scalars, Scalars]:
         """(FLOP/s, provenance) of the first of `kernels` this GPU (or, borrowed, another) has.
         Arrays of lengths: every distinct length through the scalar lookup (bit for bit)."""
+        if rec.ACTIVE:
+            rec.attention(kernels, seq, head_dim, causal, pass_)
         if isinstance(seq, np.ndarray):
             values, inverse = np.unique(seq, return_inverse=True)
             pairs = [self._attention_rate(kernels, float(v), head_dim, causal, pass_) for v in values.tolist()]
@@ -325,9 +333,12 @@ class _Registry:
             iso, self.reference.latency_s, 0.0)
         return float(np.exp(np.mean(np.log(t / model))))
 
-    def _own_tables(self, doc: AtlasFile) -> dict[str, GemmTable]:
-        name = self._name(doc)
-        gpu = self.gpus[name]
+    def _own_tables(self, doc: AtlasFile, gpu: GPUSpec | None = None) -> dict[str, GemmTable]:
+        """GEMM tables fitted on `doc`'s points: a shipped file's (its GPU found by the file), or a
+        profile merged over one (`overlay.merge`) for `gpu`."""
+        if gpu is None:
+            gpu = self.gpus[self._name(doc)]
+        name = gpu.name
         out = {}
         for cls in ("16", "fp8"):
             m, n, k, t, iso = self._points(doc, cls)
@@ -356,7 +367,7 @@ class _Registry:
                              gemm.gpu_seconds(m, n, k, np.ones_like(m), gpu.sm_count, bw, act, p))
             measured_gpu = np.maximum(t - np.where(iso, p.latency_s, 0.0), 1e-3 * t)
             corr = gemm.Corrections.from_points(m, n, k, np.log(measured_gpu / model))
-            out[cls] = GemmTable(p, corr, gemm.MEASURED, gpu.sm_count, bw)
+            out[cls] = GemmTable(p, corr, gemm.MEASURED, gpu.sm_count, bw, dtype_class=cls)
         return out
 
     def _name(self, doc: AtlasFile) -> str:
@@ -386,7 +397,8 @@ class _Registry:
             peak = gpu.peak(precision) if precision in gpu.peak_flops_per_s or precision == "fp8" else gpu.peak("fp16")
             rate = peak * self.datasheet_share[cls] * gpu.sustained_clock_fraction
             params = gemm.ShapeParams(rate, ref.latency_s, ref.k_overhead * K_STEP_RATIO[cls], ref.memory_share)
-            out[cls] = GemmTable(params, None, gemm.DATASHEET, gpu.sm_count, gpu.memory_bandwidth_bytes_per_s)
+            out[cls] = GemmTable(params, None, gemm.DATASHEET, gpu.sm_count, gpu.memory_bandwidth_bytes_per_s,
+                                 dtype_class=cls)
         return out
 
     # --- attention and collectives ------------------------------------------------------------
@@ -456,7 +468,10 @@ def _registry() -> _Registry:
 
 @lru_cache(maxsize=64)
 def atlas_for(gpu: GPUSpec) -> KernelAtlas:
-    """The kernel atlas of `gpu` (module doc): its own file, a die sibling's, or its datasheet."""
+    """The kernel atlas of `gpu` (module doc): its own file, a die sibling's, or its datasheet;
+    with `GPUSpec.kernel_profile`, that measured profile layered over it (`overlay`)."""
+    if gpu.kernel_profile:
+        return _profiled_atlas(gpu)
     reg = _registry()
     name = gpu.name
     sibling = SIBLINGS.get(name)
@@ -476,10 +491,36 @@ def atlas_for(gpu: GPUSpec) -> KernelAtlas:
         donor = reg.gpus[sibling]
         clock = gpu.peak("bf16") * gpu.sustained_clock_fraction / (donor.peak("bf16") * donor.sustained_clock_fraction)
         tables = {str(cls): GemmTable(t.params, t.corrections, max(t.floor, gemm.EXTRAPOLATED), gpu.sm_count,
-                                      gpu.memory_bandwidth_bytes_per_s, t.scale * clock) for cls, t in base.gemm.items()}
+                                      gpu.memory_bandwidth_bytes_per_s, t.scale * clock, dtype_class=str(cls))
+                  for cls, t in base.gemm.items()}
         return KernelAtlas(gpu, sibling, tables, base.attention, base.memory_share, max(base.memory_floor, gemm.EXTRAPOLATED),
                            [])
     return KernelAtlas(gpu, "", reg.datasheet_tables(gpu), None, reg.memory_default, gemm.DATASHEET, [])
+
+
+def _profiled_atlas(gpu: GPUSpec) -> KernelAtlas:
+    """`gpu`'s atlas from its shipped file (if any) merged with the registered profile its
+    `kernel_profile` names (`overlay.merge`): the GEMM tables refitted on the merged points,
+    attention curves, memory share and collective curves from the merged points where it has any,
+    the shipped atlas's (own, sibling's or datasheet) otherwise. The profile's points are the GPU's
+    own measurements: `MEASURED` where a lookup falls on one."""
+    from cost_models.kernels import overlay
+
+    reg = _registry()
+    profile = overlay.registered(gpu.kernel_profile)
+    plain = gpu.model_copy(update={"kernel_profile": ""})
+    base = atlas_for(plain)
+    doc = overlay.merge(reg.files.get(gpu.name), profile)
+    own = {cls: replace(t, scale=gpu.sustained_clock_fraction) for cls, t in reg._own_tables(doc, gpu).items()}
+    tables: dict[str, GemmTable] = {**base.gemm, **own} if own else dict(base.gemm)
+    attention = attn.AttentionTable(attn.curves_from_points(doc.attention)) if doc.attention else base.attention
+    if doc.memory:
+        memory, floor = max(p.gb_per_s for p in doc.memory) * 1e9 / gpu.memory_bandwidth_bytes_per_s, gemm.MEASURED
+    else:
+        memory, floor = base.memory_share, base.memory_floor
+    curves = coll.curves_from_points(list(doc.collectives)) or base.collectives
+    source = gpu.name if (own or doc.attention) else base.source
+    return KernelAtlas(gpu, source, tables, attention, memory, floor, curves)
 
 
 def uncertainty() -> Uncertainty:

@@ -32,6 +32,7 @@ from functools import cached_property
 import numpy as np
 
 from cluster_specs.topology import NCCL_BASE_LATENCY_S
+from cost_models.kernels import record as rec
 from cost_models.kernels.schema import CollectivePoint
 
 VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
@@ -60,6 +61,8 @@ class SizeCurve:
 
     def at(self, nbytes: float) -> float:
         """ratio at a buffer of `nbytes` (interpolated in log size, held at the ends)."""
+        if rec.ACTIVE:
+            rec.collective(self.op, self.span, self.ranks, self.nodes, nbytes)
         if nbytes <= 0:
             return 1.0
         x = math.log(nbytes)
@@ -82,6 +85,8 @@ class SizeCurve:
         entries' times skip `at_array`'s mask). Memoized on the buffer sizes (the planner's tables
         repeat their volumes across layouts); the array returned is read-only."""
         nb = np.asarray(nbytes, dtype=float)
+        if rec.ACTIVE:
+            rec.collective(self.op, self.span, self.ranks, self.nodes, nb)
         key = (nb.shape, nb.tobytes())
         memo = self._memo
         out = memo.get(key)

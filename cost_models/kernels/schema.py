@@ -126,13 +126,26 @@ class CollectivePoint(_Strict):
         return self
 
 
+class Provenance(_Strict):
+    """Where and how a measured profile (`autopar profile`) was taken: the device as torch names it
+    (``cpu`` for a profile measured on the CPU), when (ISO 8601, UTC), the command line, the torch /
+    CUDA versions and the host."""
+
+    device: str = Field(min_length=1)
+    measured_at: str = Field(min_length=10)
+    command: str = ""
+    software: str = ""
+    host: str = ""
+
+
 class AtlasFile(_Strict):
     """A whole atlas file (module doc). `gpu` is a GPU catalog name or alias
-    (`cluster_specs.catalog.get_gpu`)."""
+    (`cluster_specs.catalog.get_gpu`); a measured profile also says where it was taken (`provenance`)."""
 
     format: Literal["autopar-kernel-atlas/1"]
     gpu: str = Field(min_length=1)
     description: str = ""
+    provenance: Provenance | None = None
     sources: dict[str, Source]
     gemm: tuple[GemmPoint, ...] = ()
     attention: tuple[AttentionPoint, ...] = ()

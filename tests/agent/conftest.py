@@ -48,6 +48,7 @@ class FakeServer:
     calls: list[tuple[str, str, dict[str, str], Any]] = field(default_factory=list)
     heartbeat_answer: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]] | None = None
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    atlases: dict[str, dict[str, Any]] = field(default_factory=dict)  # kernel profiles stored, by cluster
     lock: threading.Lock = field(default_factory=threading.Lock)
     httpd: ThreadingHTTPServer | None = None
 
@@ -78,6 +79,9 @@ class FakeServer:
                     return 200, self.profiles[run]
                 self.profiles[run] = {"id": len(self.profiles) + 1, "key": headers.get("idempotency-key")}
                 return 201, self.profiles[run]
+            if path.startswith("/v1/clusters/") and path.endswith("/atlas"):
+                self.atlases[path.split("/")[3]] = body
+                return 200, {"cluster": path.split("/")[3], "points": len(body.get("gemm", []))}
             if path.endswith("/finish"):
                 return 200, {"id": path.split("/")[3], "status": body["status"]}
         return 404, {"detail": "no such path"}

@@ -291,6 +291,7 @@ def _no_traceback(r) -> None:  # type: ignore[no-untyped-def]
         (["agent", "--server", "http://127.0.0.1:9", "--token", "t", "--cluster", "c"], "torch", "runtime"),
         (["run", "PLAN", "--steps", "1"], "torch", "runtime"),
         (["run", "PLAN", "--fake-world", "8"], "torch", "runtime"),
+        (["profile", "PLAN"], "torch", "runtime"),
     ],
 )
 def test_missing_extra_names_the_extra_to_install(argv, module, extra, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
