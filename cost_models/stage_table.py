@@ -712,10 +712,11 @@ def build_table(
     cp_exposed, cp_busy = cp_exposure(
         cp_step, mesh.cp, per_class["attn_f"], flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
     )
-    logits_key = ("logits", actx, mesh.cross_entropy_)
+    upcast = mesh.stack is not None and stacks.defaults(mesh.stack).upcasts_logits
+    logits_key = ("logits", actx, mesh.cross_entropy_, upcast)
     logits = store.get(logits_key)
     if logits is None:
-        logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
+        logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_, upcast)
     if mtp:
         logits = logits * (1 + mtp)  # each MTP module's loss holds its own logits until the backward
     channels_key = (
