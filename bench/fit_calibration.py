@@ -15,9 +15,12 @@ to its kernels is a few constants per software stack (`calibration.Stack`, one s
 `calibration.stack_key`: the framework; FSDP1 and FSDP2 share one): `compute` (the kernels' time
 stretched by gaps and unpriced small kernels),
 `latency_exposed` (the share of a kernel call's fixed latency each launch adds), `step_s` (fixed
-seconds per step), `fp8_compute` (what the stack's FP8 recipe adds to the measured FP8 GEMMs; none
-for DeepSpeed, whose published runs are 16-bit); and DeepSpeed's collective efficiency (`overlaps.deepspeed.bus_efficiency`:
-DeepSpeed ZeRO-3's per-micro-batch gathers of 2021 reached a small share of the NICs). A stack's
+seconds per step), `fp8_compute` (what the stack's FP8 recipe adds to the measured FP8 GEMMs); for
+DeepSpeed, whose published runs are six 16-bit ZeRO-3 rows of 2021 bound by their gathers, only
+`compute` and its collective efficiency (`overlaps.deepspeed.bus_efficiency`: those gathers moved
+about 0.10 of the bus bandwidth a NCCL ring reaches over the nodes' NICs, about 80% of one NIC per
+GPU; `stack_params`). The fine-tuning stacks' host overheads (`Calibration.stack_overheads`) are
+`bench.finetune_runs --fit`'s: this fit keeps them as stored (`FITTED_ELSEWHERE`). A stack's
 constants only move the rows of that stack, so each stack is fitted on its own rows (scipy
 least_squares, trust-region reflective, bounds; from the priors): a refit takes seconds to a
 minute instead of minutes. No constant belongs to a source family or a row.
