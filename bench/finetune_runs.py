@@ -3,15 +3,17 @@
 
     python -m bench.finetune_runs            # the table, the medians, the rows not expressible and why
     python -m bench.finetune_runs --fit      # also refit Calibration.stack_overheads (only those) into
-                                             # cost_models/data/calibration.json
+                                             # cost_models/data/calibration.json, after bench.fit_calibration
 
 Every row is priced as the recipe that produced it ran (`RowRecipe`): the stack, its recipe config's
 techniques at the commit the row quotes (the CSV's `notes` name the config; the recipe configs are
 torchtune's `recipes/configs/llama2/*`, `llama3_1/*`, `llama3_2/*` at those commits; NeMo 24.07's
 fine-tuning table; PEFT's MetaMathQA benchmark script), its batch, sequence and parallel layout.
-Nothing here is fitted per row: the recipes say what ran, `--fit` fits the per-stack host overheads
-(`Calibration.stack_overheads`: three host constants per stack) on every row with a throughput, by
-least squares on log tokens/s, and writes them beside the other fitted constants.
+Nothing here is fitted per row: the recipes say what ran, `--fit` fits one host constant per stack
+(`Calibration.stack_overheads`: its seconds per kernel launch, `fit_launch`) on every row of the stack
+with a throughput and, for `hf`, the H200 HF + PEFT step, with each source family predicted by the fit
+without it, and writes them beside the other fitted constants (run it after `bench.fit_calibration`,
+whose `Stack` constants price the stacks' kernels; each keeps the other's fields).
 
 What each memory figure measures (`memory_kind`): allocated / active (torch's peak allocated or active
 bytes: compared with the priced total less the allocator reserve), reserved (torch's
@@ -187,13 +189,17 @@ def _memory_kind(row: dict[str, str]) -> str:
 
 
 def _mean_tokens(row: dict[str, str]) -> int | None:
-    """Real tokens per sequence of a padded row: its tokens/s x train_time over its samples (notes)."""
+    """Real tokens per sequence of a padded row: the run's `train total tokens` over its samples (the
+    notes quote both from the result file). Its `train_time` is no measure of the steps: PEFT's
+    MetaMathQA `run.py` stops that clock after the test-set generation and the wiki loss passes
+    (942 s against 585 s of steps for the r32 LoRA run), which overstated the tokens per sequence
+    by 1.6x (339 against 210)."""
     notes = row["notes"]
-    if "train_time" not in notes:
+    if "train total tokens" not in notes:
         return None
-    seconds = float(notes.split("train_time ")[1].split(" s")[0])
+    tokens = int(notes.split("train total tokens ")[1].split(" ")[0])
     steps = int(notes.split(" s for ")[1].split(" steps")[0])
-    return round(float(row["tokens_per_s_per_gpu"]) * seconds / (steps * int(row["micro_batch"])))
+    return round(tokens / (steps * int(row["micro_batch"])))
 
 
 @dataclass
@@ -323,45 +329,125 @@ def _with(cal: Calibration, overheads: dict[str, StackOverhead]) -> Calibration:
     return replace(cal, stack_overheads=overheads)
 
 
-def fit_overheads(rows: list[dict[str, str]], cal: Calibration) -> dict[str, StackOverhead]:
-    """Least squares on log tokens/s of every throughput row and the H200 HF run, per stack: its
-    per-step, per-micro-batch and per-kernel host seconds (bounded, from the priors)."""
-    import numpy as np
-    from scipy.optimize import least_squares
+H200_HF_FAMILY = "autopar H200 HF + PEFT run (2026-11)"
+"""The source family of the H200 HF + PEFT LoRA step (`h200_runs`), beside the CSV's `source_id`s."""
 
-    usable = [r for r in rows if r["row_id"] in RECIPES and r["tokens_per_s_per_gpu"] and RECIPES[r["row_id"]].stack]
-    stacks = ("hf", "torchtune")
-
-    def unpack(x: np.ndarray) -> dict[str, StackOverhead]:
-        return {s: StackOverhead(step_s=x[3 * i], micro_batch_s=x[3 * i + 1], kernel_launch_s=x[3 * i + 2] * 1e-6)
-                for i, s in enumerate(stacks)}
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        c = _with(cal, unpack(x))
-        res = [math.log(price_row(r, c).tps_ratio or 1.0) for r in usable]
-        hf = h200_runs(c)[1]
-        res.append(math.log(hf["est"].step_s / hf["step_s"]))
-        return np.array(res)
-
-    x0 = []
-    for s in stacks:
-        o = cal.stack_overhead(s)
-        x0 += [o.step_s, o.micro_batch_s, o.kernel_launch_s * 1e6]
-    fit = least_squares(residuals, np.array(x0), bounds=([0.0, 0.0, 2.0] * 2, [2.0, 0.5, 100.0] * 2), diff_step=1e-3)
-    return unpack(fit.x)
+LAUNCH_BOUNDS_US = (2.0, 100.0)
+"""Bounds of a stack's host microseconds per kernel launch: a bare CUDA launch (2-4 us, CUDA C++ Best
+Practices Guide) to ten times a PyTorch eager op's dispatch through Python modules (10-20 us)."""
 
 
-def write_overheads(overheads: dict[str, StackOverhead]) -> None:
-    """Write `Calibration.stack_overheads` into calibration.json, leaving every other field as it is."""
+def fit_families(rows: list[dict[str, str]], stack: str) -> dict[str, list[dict[str, str]] | None]:
+    """The throughput rows of `stack` by source family (the CSV's `source_id`); the H200 HF + PEFT
+    step (`h200_runs`) is a family of its own for `hf` (None: that run, not a CSV row)."""
+    fams: dict[str, list[dict[str, str]] | None] = {}
+    for r in rows:
+        rec = RECIPES.get(r["row_id"])
+        if rec is not None and rec.stack == stack and r["tokens_per_s_per_gpu"]:
+            fams.setdefault(r["source_id"], []).append(r)  # type: ignore[union-attr]
+    if stack == "hf":
+        fams[H200_HF_FAMILY] = None
+    return fams
+
+
+def _log_errors(cal: Calibration, fams: dict[str, list[dict[str, str]] | None]) -> dict[str, list[float]]:
+    """log(predicted / measured) tokens/s (step time for the H200 run: the inverse sign) per family."""
+    out: dict[str, list[float]] = {}
+    for fam, rows in fams.items():
+        if rows is None:
+            run = h200_runs(cal)[1]
+            out[fam] = [math.log(run["step_s"] / run["est"].step_s)]
+        else:
+            out[fam] = [math.log(price_row(r, cal).tps_ratio or 1.0) for r in rows]
+    return out
+
+
+def fit_launch(cal: Calibration, stack: str, fams: dict[str, list[dict[str, str]] | None]) -> tuple[float, tuple[float, float]]:
+    """(the stack's host seconds per kernel launch, the interval of values at the minimum) minimizing
+    the family-balanced squared log error (each family's rows weigh 1 in all) over `fams`, in
+    `LAUNCH_BOUNDS_US`. The loss is flat wherever the launch floor binds no layer of any row: on a
+    log-spaced grid of 41 values (10% apart) every value within 1e-9 of the least loss is a minimum,
+    and the one nearest the stack's prior (`calibration._default_stack_overheads`) is kept, the
+    prior itself when it is one (the rows do not identify the constant), refined by a bounded
+    golden-section search where the minimum is a single point."""
+    from scipy.optimize import minimize_scalar
+
+    def loss(log_us: float) -> float:
+        o = replace(cal.stack_overhead(stack), step_s=0.0, micro_batch_s=0.0, kernel_launch_s=math.exp(log_us) * 1e-6)
+        errs = _log_errors(_with(cal, {**cal.stack_overheads, stack: o}), fams)
+        return sum(sum(e * e for e in es) / len(es) for es in errs.values() if es)
+
+    lo, hi = (math.log(b) for b in LAUNCH_BOUNDS_US)
+    grid = [lo + (hi - lo) * i / 40 for i in range(41)]
+    values = [loss(g) for g in grid]
+    least = min(values)
+    flat = [g for g, v in zip(grid, values, strict=True) if v <= least + 1e-9]
+    interval = (math.exp(flat[0]) * 1e-6, math.exp(flat[-1]) * 1e-6)
+    prior = math.log(Calibration().stack_overhead(stack).kernel_launch_s * 1e6)
+    if len(flat) > 1 and flat[0] <= prior <= flat[-1] and all(v <= least + 1e-9 for g, v in zip(grid, values, strict=True)
+                                                               if flat[0] <= g <= flat[-1]):
+        return math.exp(prior) * 1e-6, interval
+    best = min(range(len(grid)), key=lambda i: (values[i] > least + 1e-9, abs(grid[i] - prior)))
+    if len(flat) > 1:
+        return math.exp(grid[best]) * 1e-6, interval
+    a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    refined = minimize_scalar(loss, bounds=(a, b), method="bounded", options={"xatol": 1e-3})
+    x = refined.x if refined.fun < values[best] else grid[best]
+    return math.exp(x) * 1e-6, (math.exp(x) * 1e-6, math.exp(x) * 1e-6)
+
+
+def fit_overheads(rows: list[dict[str, str]], cal: Calibration) -> tuple[dict[str, StackOverhead], dict[str, Any]]:
+    """Each stack's host seconds per kernel launch (`StackOverhead.kernel_launch_s`: the one fitted
+    constant per stack, `fit_launch`) on its throughput rows and, for `hf`, the H200 HF + PEFT step;
+    and each source family predicted by the fit without it (leave-one-family-out). Per step and per
+    micro-batch host seconds stay 0: every published stack row runs one micro-batch per optimizer
+    step, so they cannot be told from the launch cost, and fitted beside it both sat at their 0
+    bound. Returns (the overheads, the report stored beside them)."""
+    overheads = dict(cal.stack_overheads)
+    summary: dict[str, Any] = {"objective": "family-balanced squared log error of tokens/s (step time for the H200 run)",
+                               "stacks": {}}
+    for stack in stacks.STACKS:
+        fams = fit_families(rows, stack)
+        launch, interval = fit_launch(cal, stack, fams)
+        overheads[stack] = StackOverhead(step_s=0.0, micro_batch_s=0.0, kernel_launch_s=launch)
+        fitted = _log_errors(_with(cal, overheads), fams)
+        held: dict[str, Any] = {}
+        for fam in fams:
+            rest = {k: v for k, v in fams.items() if k != fam}
+            if not rest:
+                continue
+            without = StackOverhead(step_s=0.0, micro_batch_s=0.0, kernel_launch_s=fit_launch(cal, stack, rest)[0])
+            errs = _log_errors(_with(cal, {**overheads, stack: without}), {fam: fams[fam]})[fam]
+            ape = sorted(100 * abs(math.exp(e) - 1) for e in errs)
+            held[fam] = {"n": len(errs), "kernel_launch_s": without.kernel_launch_s,
+                         "median_ape": statistics.median(ape), "max_ape": ape[-1]}
+        summary["stacks"][stack] = {
+            "kernel_launch_s": launch,
+            "minimum_over_s": list(interval),
+            "identified": interval[0] == interval[1],
+            "families": {k: (len(v) if v is not None else 1) for k, v in fams.items()},
+            "in_sample_median_ape": statistics.median(100 * abs(math.exp(e) - 1) for es in fitted.values() for e in es),
+            "leave_one_family_out": held,
+        }
+    return overheads, summary
+
+
+def write_overheads(overheads: dict[str, StackOverhead], path: Path = FITTED_PATH, report: dict[str, Any] | None = None) -> None:
+    """Write `Calibration.stack_overheads` into calibration.json, every other field as it is: the
+    framework `Stack` constants, their leave-one-family-out figures and the bands stay
+    `bench.fit_calibration`'s (which keeps these in turn: `fit_calibration.FITTED_ELSEWHERE`)."""
     from dataclasses import asdict
 
-    data = json.loads(FITTED_PATH.read_text())
+    from bench.fit_calibration import FITTED_ELSEWHERE
+
+    if not path.exists():
+        raise SystemExit(f"{path}: no fitted calibration to add the stack overheads to; run python -m bench.fit_calibration first")
+    data = json.loads(path.read_text())
     data["calibration"]["stack_overheads"] = {k: asdict(v) for k, v in overheads.items()}
-    data.setdefault("fitted_elsewhere", {})["stack_overheads"] = (
-        "bench/finetune_runs.py --fit: least squares on log tokens/s of data/calibration/finetune_runs.csv's "
-        "throughput rows priced in their stacks and the H200 HF + PEFT LoRA step (data/measurements/h200-2026-11)"
-    )
-    FITTED_PATH.write_text(json.dumps(data, indent=1) + "\n")
+    data.setdefault("fitted_elsewhere", {})["stack_overheads"] = FITTED_ELSEWHERE["stack_overheads"]
+    if report is not None:
+        data["stack_overheads_fit"] = report
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 # ---- report ------------------------------------------------------------------------------------------
@@ -428,11 +514,17 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cal = default_calibration()
     if args.fit:
-        overheads = fit_overheads(read_rows(), cal)
+        overheads, fit = fit_overheads(read_rows(), cal)
         for name, o in overheads.items():
-            print(f"fitted {name}: step {o.step_s * 1e3:.1f} ms, micro-batch {o.micro_batch_s * 1e3:.1f} ms, "
-                  f"kernel launch {o.kernel_launch_s * 1e6:.1f} us")
-        write_overheads(overheads)
+            st = fit["stacks"][name]
+            lo, hi = (x * 1e6 for x in st["minimum_over_s"])
+            how = "fitted" if st["identified"] else f"not identified (the loss is least and flat over {lo:.1f}-{hi:.1f} us): kept"
+            print(f"{name}: kernel launch {o.kernel_launch_s * 1e6:.1f} us, {how} (host seconds per kernel; per step and "
+                  f"per micro-batch 0); in-sample median |error| {st['in_sample_median_ape']:.1f}%")
+            for fam, h in st["leave_one_family_out"].items():
+                print(f"  held out {fam:<40} n={h['n']:>2}  refit {h['kernel_launch_s'] * 1e6:5.1f} us  "
+                      f"median |error| {h['median_ape']:5.1f}%  max {h['max_ape']:5.1f}%")
+        write_overheads(overheads, report=fit)
         cal = _with(cal, overheads)
     report(cal)
 

@@ -15,9 +15,12 @@ to its kernels is a few constants per software stack (`calibration.Stack`, one s
 `calibration.stack_key`: the framework; FSDP1 and FSDP2 share one): `compute` (the kernels' time
 stretched by gaps and unpriced small kernels),
 `latency_exposed` (the share of a kernel call's fixed latency each launch adds), `step_s` (fixed
-seconds per step), `fp8_compute` (what the stack's FP8 recipe adds to the measured FP8 GEMMs; none
-for DeepSpeed, whose published runs are 16-bit); and DeepSpeed's collective efficiency (`overlaps.deepspeed.bus_efficiency`:
-DeepSpeed ZeRO-3's per-micro-batch gathers of 2021 reached a small share of the NICs). A stack's
+seconds per step), `fp8_compute` (what the stack's FP8 recipe adds to the measured FP8 GEMMs); for
+DeepSpeed, whose published runs are six 16-bit ZeRO-3 rows of 2021 bound by their gathers, only
+`compute` and its collective efficiency (`overlaps.deepspeed.bus_efficiency`: those gathers moved
+about 0.10 of the bus bandwidth a NCCL ring reaches over the nodes' NICs, about 80% of one NIC per
+GPU; `stack_params`). The fine-tuning stacks' host overheads (`Calibration.stack_overheads`) are
+`bench.finetune_runs --fit`'s: this fit keeps them as stored (`FITTED_ELSEWHERE`). A stack's
 constants only move the rows of that stack, so each stack is fitted on its own rows (scipy
 least_squares, trust-region reflective, bounds; from the priors): a refit takes seconds to a
 minute instead of minutes. No constant belongs to a source family or a row.
@@ -138,13 +141,21 @@ def row_stack(row: CalibrationRow) -> str:
 
 def stack_params(framework: str) -> list[Param]:
     """The constants fitted for one stack (module doc), each bounded to stay physical."""
-    params = [_stack(framework, "compute", 0.5, 3.0), _stack(framework, "step_s", 0.0, 5.0)]
+    params = [_stack(framework, "compute", 0.5, 3.0)]
     if framework == "deepspeed":
-        # its only published runs (ZeRO-3, 2021: six rows of one table) are bound by their gathers:
-        # the collective efficiency, not the kernels' latency or FP8 (none trained in FP8)
+        # its only published runs (ZeRO-3, 2021: six rows of one table, one optimizer step per
+        # global batch of 1536-2240 sequences, steps of 60-260 s) are bound by their gathers: the
+        # collective efficiency, not the kernels' latency, FP8 (none trained in FP8) or a fixed cost
+        # per step (fitted, it sat at its 5 s bound: 5 s per step is no physical cost of
+        # these steps, it stood in for the gathers' time growing with the rank count). DeepSpeed
+        # v0.3.13's ZeRO-3 (March 2021, the release these runs could use) gathers one parameter
+        # tensor at a time, each after a torch.cuda.synchronize() (`Init._allgather_param`,
+        # deepspeed/runtime/zero/partition_parameters.py at v0.3.13), as a ring over every rank:
+        # the collective efficiency carries that
         params.append(_overlap("deepspeed", "bus_efficiency", 0.01, 1.0))
     else:
-        params += [_stack(framework, "latency_exposed", 0.0, 1.0), _stack(framework, "fp8_compute", 0.5, 3.0)]
+        params += [_stack(framework, "step_s", 0.0, 5.0), _stack(framework, "latency_exposed", 0.0, 1.0),
+                   _stack(framework, "fp8_compute", 0.5, 3.0)]
     return params
 
 
@@ -318,6 +329,45 @@ def mfu_ceilings(results: list[Result]) -> dict[str, dict[str, float | int | str
     return ceilings_from_runs(samples)
 
 
+FITTED_ELSEWHERE: dict[str, str] = {
+    "stack_overheads": "bench/finetune_runs.py --fit: least squares on log tokens/s of data/calibration/finetune_runs.csv's "
+    "throughput rows priced in their stacks and the H200 HF + PEFT LoRA step (data/measurements/h200-2026-11)",
+}
+"""Fields of the stored calibration another bench fits, with the command that fits them: this fit keeps
+them as stored (the fine-tuning stacks' host overheads price no published pre-training row, so they
+neither move nor are moved by the `Stack` constants here; they are fitted on top of them, so run this
+fit first and `bench.finetune_runs --fit` after it)."""
+
+
+def other_fits(path: Path) -> dict:
+    """The stored values of the fields `FITTED_ELSEWHERE` names ({} without a stored file)."""
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text()).get("calibration", {})
+    stored = Calibration.from_json({k: v for k, v in data.items() if k in FITTED_ELSEWHERE})
+    return {k: getattr(stored, k) for k in FITTED_ELSEWHERE if k in data}
+
+
+KEPT_REPORTS = ("stack_overheads_fit",)
+"""Top-level entries of the stored file other benches write (`bench.finetune_runs --fit`'s figures)."""
+
+
+def write_fit(doc: dict, path: Path) -> None:
+    """Write the fit's document to `path`, keeping the fields other benches fit (`FITTED_ELSEWHERE`) and
+    their reports (`KEPT_REPORTS`) as the stored file has them, and naming who fits them."""
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    for key in FITTED_ELSEWHERE:
+        if key in stored.get("calibration", {}):
+            doc["calibration"][key] = stored["calibration"][key]
+    for key in KEPT_REPORTS:
+        if key in stored:
+            doc[key] = stored[key]
+    doc["fitted_elsewhere"] = dict(FITTED_ELSEWHERE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    _STORED.pop(path, None)
+
+
 def _cal_doc(cal: Calibration) -> dict:
     return {"stacks": {k: vars(v) for k, v in cal.stacks.items()},
             "deepspeed_bus_efficiency": cal.overlap("deepspeed").bus_efficiency}
@@ -387,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, bad = load_rows()
     usable = [r for r in rows if r.has_throughput] + measured_runtime_rows()
-    prior = Calibration()
+    prior = replace(Calibration(), **other_fits(Path(args.out)))  # the fine-tuning stacks' fit, kept
     print(f"{len(usable)} rows with throughput in {len({family(r) for r in usable})} source families")
     print("fitting every stack on all families:")
     t0 = time.time()
@@ -430,10 +480,9 @@ def main(argv: list[str] | None = None) -> int:
         "data": "data/calibration/published_runs.csv",
     }
     if not args.dry_run:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-        print(f"\nwrote {out}")
+        write_fit(doc, Path(args.out))
+        print(f"\nwrote {args.out} (kept as stored: {', '.join(FITTED_ELSEWHERE)}; refit them after this fit: "
+              "python -m bench.finetune_runs --fit)")
     return 0
 
 
@@ -443,7 +492,8 @@ def _json_default(o: object) -> object:
     raise TypeError(type(o).__name__)
 
 
-__all__ = ["FAMILIES", "family", "fit_all", "fit_stack", "leave_one_family_out", "lofo_calibration"]
+__all__ = ["FAMILIES", "FITTED_ELSEWHERE", "family", "fit_all", "fit_stack", "leave_one_family_out", "lofo_calibration",
+           "other_fits", "write_fit"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -363,11 +363,25 @@ the LM head and the loss block by block and never holds the logits (0 per logit;
 its gradient are counted with the head inputs)."""
 
 
-def logits_bytes(model: ModelSpec, ctx: ActivationContext, cross_entropy: str) -> float:
+EAGER_LOGIT_BYTES_UPCAST_IN_MODEL = 12
+"""Peak bytes per logit of the eager loss where the model itself returns float32 logits and the loop
+drops them before the backward: torchtune's `TransformerDecoder` returns `self.output(h).float()`
+(torchtune/modules/transformer.py at 1814feb1, the commit of its optimization-flags table) and the
+recipe deletes `logits` once the loss is computed ("free logits otherwise it peaks backward memory",
+recipes/full_finetune_single_device.py), so the bf16 logits are gone when the backward starts: the
+float32 log-softmax saved for backward and the two float32 gradients (4 + 4 + 4) of `LOGIT_BYTES`'s
+eager 2 + 4 + 4 + 4. (The recipe's `training.compile_loss(self._loss_fn)` discards the compiled module
+it returns for a plain CrossEntropyLoss, so the loss stays eager under `compile: True`.)"""
+
+
+def logits_bytes(model: ModelSpec, ctx: ActivationContext, cross_entropy: str, upcast_in_model: bool = False) -> float:
     """Peak bytes of the LM head output and loss for one micro-batch on the last stage, with what
-    the final norm and the LM head keep for backward (the norm's input and the head's input)."""
+    the final norm and the LM head keep for backward (the norm's input and the head's input).
+    `upcast_in_model`: the eager loss of a stack whose model returns float32 logits
+    (`EAGER_LOGIT_BYTES_UPCAST_IN_MODEL`)."""
     head_inputs = ctx.tokens * model.hidden_size * (ctx.norm_bytes + ctx.gemm_input_bytes) / ctx.replicated_divisor
-    return ctx.tokens * model.vocab_size / ctx.tp * LOGIT_BYTES[cross_entropy] + head_inputs
+    per_logit = EAGER_LOGIT_BYTES_UPCAST_IN_MODEL if upcast_in_model and cross_entropy == "eager" else LOGIT_BYTES[cross_entropy]
+    return ctx.tokens * model.vocab_size / ctx.tp * per_logit + head_inputs
 
 
 RETAINED_LOGIT_BYTES = {"eager": 6, "loss_parallel": 6}

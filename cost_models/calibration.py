@@ -56,7 +56,12 @@ class StackOverhead:
     optimizer step (the optimizer's loop over parameters, zero_grad, scheduler, logging), per
     micro-batch (collate and copy the batch, loss scaling, metrics), and per kernel launched from
     its eager modules (the launch floor of `cost_models.compute`: op dispatch through Python module
-    calls, PEFT's adapter wrappers among them)."""
+    calls, PEFT's adapter wrappers among them).
+
+    Only `kernel_launch_s` is fitted (`bench/finetune_runs.py --fit`, one constant per stack, with
+    each source family predicted by the fit without it). Every published stack row runs one
+    micro-batch per optimizer step, so the per-step and per-micro-batch seconds cannot be told from
+    the launch cost on them; fitted beside it they both went to their 0 bound, and they stay 0."""
 
     step_s: float = 0.0
     micro_batch_s: float = 0.0
@@ -64,14 +69,13 @@ class StackOverhead:
 
 
 def _default_stack_overheads() -> dict[str, StackOverhead]:
-    # Priors (fitted by bench/finetune_runs.py --fit on data/calibration/finetune_runs.csv and the H200
-    # runs of data/measurements/h200-2026-11): a PyTorch eager op costs 10-20 us of host time through
-    # Python modules (PyTorch's "performance tuning guide": CPU-bound eager models; torch.compile's
-    # motivation), a Python loop's micro-batch a few ms (Trainer.training_step: _prepare_inputs,
-    # compute_loss, accelerator.backward), a step ~10 ms beside the optimizer's kernels.
+    # Priors of the per-kernel host cost (fitted by bench/finetune_runs.py --fit on
+    # data/calibration/finetune_runs.csv and the H200 HF + PEFT run of data/measurements/h200-2026-11):
+    # a PyTorch eager op costs 10-20 us of host time through Python modules (PyTorch's "performance
+    # tuning guide": CPU-bound eager models; torch.compile's motivation).
     return {
-        "hf": StackOverhead(step_s=0.01, micro_batch_s=0.005, kernel_launch_s=1.5e-5),
-        "torchtune": StackOverhead(step_s=0.01, micro_batch_s=0.003, kernel_launch_s=1.0e-5),
+        "hf": StackOverhead(kernel_launch_s=1.5e-5),
+        "torchtune": StackOverhead(kernel_launch_s=1.0e-5),
     }
 
 
@@ -166,7 +170,8 @@ class Calibration:
     stack_overheads: dict[str, StackOverhead] = field(default_factory=_default_stack_overheads)
     """Host overheads of the fine-tuning stacks' loops (`StackOverhead`, per `Layout.stack`:
     `cost_models.stacks`): a layout run in such a stack pays these in place of its framework's
-    `Stack.step_s`. Fitted by bench/finetune_runs.py --fit (only these)."""
+    `Stack.step_s`. Fitted by bench/finetune_runs.py --fit (only these), after bench/fit_calibration.py
+    (whose `Stack` constants price the stacks' kernels; it keeps these as stored)."""
     kernel_launch_s: float = 6e-6
     """Host seconds to launch one kernel from the training loop: the CUDA launch itself (2-4 us,
     CUDA C++ Best Practices Guide, "kernel launch overhead") plus the framework's dispatch of the

@@ -48,7 +48,9 @@ SDPA (`MultiHeadAttention.forward`: `k.unsqueeze(2).expand(...).flatten(1, 2)`),
 them at the query heads' width.
 
 Loss: HF's `ForCausalLMLoss` upcasts the logits to float32 and calls cross-entropy (the eager
-loss); torchtune's configs name `CEWithChunkedOutputLoss` (2024-2025) / `LinearCrossEntropyLoss`
+loss; the model's output keeps the bf16 logits); torchtune's model returns float32 logits itself
+and its recipes delete them after the loss (`activations.EAGER_LOGIT_BYTES_UPCAST_IN_MODEL`);
+torchtune's configs name `CEWithChunkedOutputLoss` (2024-2025) / `LinearCrossEntropyLoss`
 (2025), which compute the float32 loss one of 8 chunks at a time: `chunked`. Liger's fused linear
 cross-entropy (`use_liger_kernel` in TrainingArguments) and Cut Cross-Entropy never hold the
 whole logits: `fused_linear`.
@@ -57,11 +59,13 @@ Defaults that are the stack's and not the user's (each config's own default): re
 `gradient_checkpointing` False; torchtune's `enable_activation_checkpointing` True in every recipe
 config), compile (both off by default: eager kernels, `Layout.elementwise_kernels`).
 
-Host overheads (`stack_overhead_s`): a Python training loop pays per micro-batch (collate and copy
-the batch, the forward's and backward's Python module calls, the loss scaling, the metrics) and
-per step (the optimizer's Python loop over parameters, zero_grad, the scheduler, logging) more
-than Megatron-Core's or torchtitan's loops do. They are fitted (`Calibration.stack_overheads`,
-fitted by `bench/finetune_runs.py --fit`), with priors from the H200 measurements of 2026-11.
+Host overheads (`stack_overhead_s`, the launch floor): a Python training loop pays per micro-batch
+(collate and copy the batch, the forward's and backward's Python module calls, the loss scaling, the
+metrics), per step (the optimizer's Python loop over parameters, zero_grad, the scheduler, logging)
+and per kernel it dispatches through its eager modules more than Megatron-Core's or torchtitan's
+loops do. The per-kernel cost is fitted (`Calibration.stack_overheads`, `bench/finetune_runs.py
+--fit`); the published rows cannot separate the other two from it (module doc of
+`calibration.StackOverhead`).
 """
 
 from __future__ import annotations
@@ -96,11 +100,12 @@ class StackDefaults:
     expands_kv: bool  # K and V expanded to the query heads before attention
     cross_entropy: str  # the loss kernel of its default config
     export: str  # the exporter that writes its files (planner.exporters)
+    upcasts_logits: bool  # its model returns float32 logits and the loop frees them before the backward
 
 
 STACK_DEFAULTS: dict[str, StackDefaults] = {
-    "hf": StackDefaults(("fsdp", "deepspeed"), 4, True, False, "none", False, "eager", "hf"),
-    "torchtune": StackDefaults(("fsdp",), 2, False, False, "full", True, "chunked", "torchtune"),
+    "hf": StackDefaults(("fsdp", "deepspeed"), 4, True, False, "none", False, "eager", "hf", False),
+    "torchtune": StackDefaults(("fsdp",), 2, False, False, "full", True, "chunked", "torchtune", True),
 }
 
 

@@ -149,7 +149,7 @@ def _layer_arrays(
     scan_transient = mamba_backward_transient_bytes(model, actx)
     # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
     names = ("dense", "expert", "a0", "a1", "a2", "a3", "fwd", "fb", "sel", "osac", "attn_f", "moe",
-             "dense_w", "expert_w", "dense_t", "expert_t", "deq", "pend")
+             "dense_w", "expert_w", "dense_t", "expert_t", "deq", "pend", "refwd")
     out: dict[str, list[Any]] = {k: [] for k in names}
     for i in firsts:
         key = all_kinds[i]
@@ -163,6 +163,7 @@ def _layer_arrays(
         out["a2"].append(a[2])
         out["a3"].append(a[3])
         out["fwd"].append(lt.forward)
+        out["refwd"].append(lt.full_recompute)  # what full recompute re-runs (`compute.checkpoint_early_stop`)
         out["fb"].append(lt.forward + lt.backward)
         out["sel"].append(lt.selective_recompute_of(actx.recompute_modules))
         out["osac"].append(lt.op_sac_recompute)
@@ -239,7 +240,7 @@ def _rank_sums(
     quantities[0], quantities[1], quantities[2], quantities[3] = arr["dense"], arr["expert"], a0, arr["a1"]
     quantities[5], quantities[6], quantities[7], quantities[8], quantities[9] = 1.0, moe, arr["fb"], fwd, arr["sel"]
     quantities[11] = 0.0
-    _set_recompute_rows(quantities, recomputed, a0, arr["a2"], fwd, moe)
+    _set_recompute_rows(quantities, recomputed, a0, arr["a2"], arr["refwd"], moe)
     quantities[14], quantities[15] = arr["a3"], arr["osac"]
     quantities[16], quantities[17], quantities[18], quantities[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
@@ -336,7 +337,7 @@ def _mtp_sums(
     for depth in range(mtp):
         column = last.copy()
         recomputed = limit is None or held + depth < limit
-        _set_recompute_rows(column, recomputed, arr["a0"][i], arr["a2"][i], arr["fwd"][i], arr["moe"][i])
+        _set_recompute_rows(column, recomputed, arr["a0"][i], arr["a2"][i], arr["refwd"][i], arr["moe"][i])
         out[:, head_rank] += column
     return out
 
@@ -712,10 +713,11 @@ def build_table(
     cp_exposed, cp_busy = cp_exposure(
         cp_step, mesh.cp, per_class["attn_f"], flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
     )
-    logits_key = ("logits", actx, mesh.cross_entropy_)
+    upcast = mesh.stack is not None and stacks.defaults(mesh.stack).upcasts_logits
+    logits_key = ("logits", actx, mesh.cross_entropy_, upcast)
     logits = store.get(logits_key)
     if logits is None:
-        logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_)
+        logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_, upcast)
     if mtp:
         logits = logits * (1 + mtp)  # each MTP module's loss holds its own logits until the backward
     channels_key = (
