@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cost_models.error_band import above_published_ceiling
-from planner.plan import Plan
+from planner.plan import HOST_MEMORY_REASON, Plan
 
 GIB = 2**30
 
@@ -72,8 +72,6 @@ def host_sentences(plan: Plan) -> list[str]:
     """Layouts that fit on the GPUs but not in the nodes' host RAM: said whatever their rank among
     the rejections (offloading is what a user reaches for when GPU memory runs out, and loading the
     whole model in every process is what silently exhausts host RAM)."""
-    from planner.search import HOST_MEMORY_REASON
-
     return [
         f"{r.count:,} layouts fit in GPU memory but not in the node's host RAM (offloaded state, or every "
         f"process loading the whole model): e.g. {r.example}."

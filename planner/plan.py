@@ -182,6 +182,16 @@ class Candidate(BaseModel):
         return float(self.estimate["tokens_per_s"])
 
 
+HOST_MEMORY_REASON = (
+    "host memory: the offloaded state or the model-loading peak of a node's ranks exceeds the node's usable host RAM"
+)
+"""The `Rejection.reason` of layouts that fit on the GPUs but not in a node's host RAM (the search
+counts them, the explanation names them whatever their rank)."""
+
+NVME_REASON = "NVMe: the states a node's ranks offload to NVMe (ZeRO-Infinity) exceed the node's NVMe capacity"
+"""The `Rejection.reason` of layouts whose ZeRO-Infinity states do not fit a node's NVMe."""
+
+
 class Rejection(BaseModel):
     reason: str  # the constraint, e.g. "memory: ZeRO-0 exceeds capacity" or "tp: crosses the NVLink domain"
     count: int

@@ -10,18 +10,18 @@ Whole space, priced or provably pruned (branch and bound):
    pairs are computed at once (`_pair_bounds`: layer times per shard geometry and micro-batch
    size, vectorized; communication per mesh).
 3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
-   (`_PairTimes.bound`: `stage_table.time_lower_bound` without building the table, with the even
+   (`_PairTimes.bound`: `step_time.time_lower_bound` without building the table, with the even
    partition's slowest rank and the bubble) and pruned the same way. Both levels count the SMs the
    hidden TP and ring-attention traffic takes from the compute (`step_time.comm_sm_share`) layer
    by layer, at most each pass's compute: a lower bound of what the table's bound counts.
    When that bound is within `BOUND_MARGIN` of the k-th best step time, the table's own bound
-   (`stage_table.time_lower_bound`) decides instead.
+   (`step_time.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
    Feasible layouts are kept as arrays per table (`_RankedBlocks`); only the ones the Plan reports
    (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
 meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts, a
-grid's data-parallel times (`stage_table._dp_grid`) and its parameter/gradient/optimizer bytes
+grid's data-parallel times (`step_time._dp_grid`) and its parameter/gradient/optimizer bytes
 (`stage_table._state_bytes`) are cached per degrees, stride and per-rank parameter counts, so a
 mesh's tables at other micro-batches reuse them; memory rejections are counted per grid setting with numpy and logged once.
 The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
@@ -60,26 +60,27 @@ from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
 from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
+from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_comm
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict, kernels_dict
-from cost_models.stage_table import (
-    RECOMPUTE_MODES,
-    KnobArrays,
-    Setting,
-    build_table,
-    comm_store,
-    embedding_gradient_times,
-    layer_kind_counts,
-    layer_kinds,
-    mesh_comm,
-    price_memory,
-    price_time,
-    time_lower_bound,
-)
+from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, Setting
+from cost_models.stage_table import build_table, layer_kind_counts, layer_kinds, price_memory
 from cost_models.stages import StagePartition
-from cost_models.step_time import comm_sm_share, lower_bound
+from cost_models.step_time import comm_sm_share, lower_bound, price_time, time_lower_bound
 from model_specs.spec import ModelSpec, TrainingSpec
-from planner.plan import Candidate, ClosestMiss, Plan, PlanInputs, Rejection, SearchConstraints, SearchStats
+from planner.explain import explain
+from planner.placement import place
+from planner.plan import (
+    HOST_MEMORY_REASON,
+    NVME_REASON,
+    Candidate,
+    ClosestMiss,
+    Plan,
+    PlanInputs,
+    Rejection,
+    SearchConstraints,
+    SearchStats,
+)
 from planner.space import (
     Mesh,
     PipeOption,
@@ -327,7 +328,7 @@ class _ComputeTimes:
     kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
     head: np.ndarray  # (G, M) LM head and cross-entropy (and the MTP modules), forward + backward
     embedding_grad: np.ndarray
-    """(G, 3) `stage_table.embedding_gradient_times`: rank 0's table with the head elsewhere, with
+    """(G, 3) `mesh_comm.embedding_gradient_times`: rank 0's table with the head elsewhere, with
     the head on rank 0, and the MTP modules' copy on the head's rank when that is not rank 0."""
     margin: np.ndarray
     """(G, M) the kernels' slow-end margin of one micro-batch through all layers
@@ -365,7 +366,7 @@ class _ComputeTimes:
             head = head + mtp * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
-        # as build_table prices it (`stage_table.embedding_gradient_times`)
+        # as build_table prices it (`mesh_comm.embedding_gradient_times`)
         embedding_grad = np.array(
             [embedding_gradient_times(model, tp_, cluster, framework, training, cal, store) for tp_, _, _, _ in geometries]
         ).reshape(-1, 3)
@@ -578,7 +579,7 @@ class _PairTimes:
     exposure: _Exposure
 
     def bound(self, pp: int, option: PipeOption, grad_accum: int, ov: Overlap) -> float:
-        """`stage_table.time_lower_bound` of this pair's layout with pipeline `option` and its
+        """`step_time.time_lower_bound` of this pair's layout with pipeline `option` and its
         partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
         vpp = option.vpp
         sums = self.rank_sums.get((pp, option))
@@ -650,14 +651,6 @@ table's decides a layout that sits on the k-th best step time. A pair bound belo
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
-HOST_MEMORY_REASON = (
-    "host memory: the offloaded state or the model-loading peak of a node's ranks exceeds the node's usable host RAM"
-)
-
-
-NVME_REASON = "NVMe: the states a node's ranks offload to NVMe (ZeRO-Infinity) exceed the node's NVMe capacity"
-
-
 def _memory_reason(s: Setting) -> str:
     knob = f"ZeRO-{s.zero_stage}"
     if s.dp_shard and s.zero_stage > 0:
@@ -721,9 +714,6 @@ def search(
     With `reference_step_s` (e.g. a published layout's predicted step time) the search also counts,
     exactly, the fitting layouts strictly faster than it (`stats.faster_than_reference`): nothing
     whose bound is below the reference is pruned."""
-    from planner.explain import explain
-    from planner.placement import place
-
     t0 = time.perf_counter()
     c = constraints or SearchConstraints()
     stack = Stack.of(c)

@@ -11,8 +11,9 @@ from cost_models.calibration import default_calibration
 from cost_models.compute import ShardGeometry, layer_time, lm_head_times
 from cost_models.layout import validate_layout
 from cost_models.pipeline import SPLIT_BACKWARD_SCHEDULES
-from cost_models.stage_table import build_table, price_memory, price_time, time_lower_bound
+from cost_models.stage_table import build_table, price_memory
 from cost_models.stages import StagePartition
+from cost_models.step_time import price_time, time_lower_bound
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
