@@ -213,6 +213,10 @@ class SearchStats(BaseModel):
     pruned: int  # skipped by a bound that proves they cannot win (counted, not priced)
     priced: int  # estimates computed
     feasible: int  # priced and fitting
+    dominated: int = 0
+    """Of `feasible`: layouts whose memory fits but whose step was bounded, not timed: a lower bound
+    puts each above the k-th best step and a layout already found is faster and no larger
+    (`planner.search`), so none can rank or be on the Pareto front."""
     seconds: float
     faster_than_reference: int | None = None  # fitting layouts strictly faster than a reference step time
 

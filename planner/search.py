@@ -34,7 +34,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
@@ -63,10 +63,17 @@ from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_by
 from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_comm
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict, kernels_dict
-from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, Setting
+from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, Setting, StageTable
 from cost_models.stage_table import build_table, layer_kind_counts, layer_kinds, price_memory
 from cost_models.stages import StagePartition
-from cost_models.step_time import comm_sm_share, lower_bound, price_time, time_lower_bound
+from cost_models.step_time import (
+    comm_sm_share,
+    lower_bound,
+    mode_lower_bounds,
+    phase_arrays,
+    price_time,
+    time_lower_bound,
+)
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.explain import explain
 from planner.placement import place
@@ -232,6 +239,10 @@ class _RankedBlocks:
         self.steps: list[np.ndarray] = []
         self.peaks: list[np.ndarray] = []
         self.blocks: list[Block] = []
+        # the Pareto staircase of every layout added: steps ascending, each the least peak of all
+        # layouts at or below its step (`dominated`)
+        self.front_steps = np.zeros(0)
+        self.front_peaks = np.zeros(0)
 
     @property
     def full(self) -> bool:
@@ -254,6 +265,20 @@ class _RankedBlocks:
         self.steps.append(step_s)
         self.peaks.append(peak_bytes)
         self.blocks.append(block)
+        steps = np.concatenate([self.front_steps, step_s])
+        peaks = np.concatenate([self.front_peaks, peak_bytes])
+        order = np.lexsort((peaks, steps))
+        steps, peaks = steps[order], peaks[order]
+        before = np.concatenate([[np.inf], np.minimum.accumulate(peaks)[:-1]])
+        keep = peaks < before
+        self.front_steps, self.front_peaks = steps[keep], peaks[keep]
+
+    def dominated(self, step_s: np.ndarray, peak_bytes: np.ndarray) -> bool:
+        """Whether every layout of at least `step_s` (ranking units) and `peak_bytes` has one already
+        added that is strictly faster and no larger: none of them can then be on the Pareto front
+        (`_RankedView.pareto`), whatever its exact step."""
+        at = np.searchsorted(self.front_steps, step_s, side="left") - 1  # the last strictly faster step
+        return bool(np.all((at >= 0) & (self.front_peaks[np.maximum(at, 0)] <= peak_bytes)))
 
     def ranked(self, stack: Stack) -> _RankedView:
         if not self.steps:
@@ -726,7 +751,7 @@ def search(
     # host RAM while the model is built, per ZeRO stage 0-3 (the search's layouts use sharded init)
     loading_by_stage = model_loading_bytes_per_node(model, c.framework, np.arange(4), True, ranks_per_node)
     log = RejectionLog()
-    generated = invalid = pruned = priced = feasible = 0
+    generated = invalid = pruned = priced = feasible = bounded = 0
 
     # --- level 1: meshes --------------------------------------------------------------------------
     valid: list[tuple[Mesh, list[int]]] = []  # meshes that pass validation, with their micro-batches
@@ -841,6 +866,7 @@ def search(
         visited_knobs += n
         generated += n
         pair_times: _PairTimes | None = None
+        pair_tables: dict[PipeOption, StageTable] = {}  # this pair's tables, per option without combined 1F1B
         if ranked.full and lb >= max(ranked.threshold_s, ref * bounds.kappa_max):
             # pairs are sorted by bound (ranking units): every later pair is pruned too, and none of
             # them can be faster than the reference (its kappa is at most kappa_max)
@@ -875,7 +901,15 @@ def search(
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
             base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             partition = _partition(model.num_layers, mesh.pp, option)
-            table = build_table(model, training, cluster, gpus, base, partition, cal)
+            # combined 1F1B changes how a table is timed and what its ranks hold in flight, not the
+            # table: an option and its combined twin share one (`stage_table.build_table` reads no
+            # schedule knob of its mesh; tests/planner/test_search_bounds.py checks the two equal)
+            twin = option._replace(a2a_overlap=False)
+            table = pair_tables.get(twin)
+            if table is None:
+                table = pair_tables[twin] = build_table(model, training, cluster, gpus, base, partition, cal)
+            else:
+                table = replace(table, mesh=base)
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
                 pruned += len(grid)
                 continue
@@ -931,12 +965,22 @@ def search(
                         )
             if not len(fits):
                 continue
+            feasible += len(fits)
+            phases = phase_arrays(table, vpp, cal)
+            if ranked.full:
+                # Bounded, not timed: each fitting setting's recompute mode bounds its step from below
+                # (`step_time.mode_lower_bounds`); when every bound is above the ranking's threshold
+                # (and the reference) and a layout already kept is strictly faster and no larger than
+                # each, none of them can enter the top k, the tie window or the Pareto front
+                lb = mode_lower_bounds(table, vpp, cal, phases)[knobs_of(grid_key, grid).mode[fits]] * (1 - BOUND_MARGIN)
+                if lb.min() >= max(ranked.threshold_s / kappa, ref) and ranked.dominated(lb * kappa, peaks[fits]):
+                    bounded += len(fits)
+                    continue
             # every setting is timed (as cheap as timing a subset: the work is per numpy call), the
             # ones that fit are kept
-            timed = price_time(table, grid, prices, vpp, cal)
+            timed = price_time(table, grid, prices, vpp, cal, phases)
             assert timed.step_s is not None
             step_s = timed.step_s[fits]
-            feasible += len(fits)
             if reference_step_s is not None:
                 faster += int(np.count_nonzero(step_s < reference_step_s * (1 - 1e-9)))
             # ranked by the conservative figure: seconds x (1 + the kernels' slow-end margin)
@@ -979,6 +1023,7 @@ def search(
             pruned=pruned,
             priced=priced,
             feasible=feasible,
+            dominated=bounded,
             seconds=time.perf_counter() - t0,
             faster_than_reference=faster if reference_step_s is not None else None,
         ),

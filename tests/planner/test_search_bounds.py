@@ -130,3 +130,73 @@ def test_vectorized_layer_times_match_scalar(name, cluster_name, gpus, seq, batc
             assert vector.backward[j] == pytest.approx(scalar.backward, rel=1e-12)
             assert vector.attention[j] == pytest.approx(scalar.attention, rel=1e-12)
             assert [h[j] for h in head] == pytest.approx(list(lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)), rel=1e-12)
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch,framework",
+                         [(*CASES[1], "megatron"), (*FSDP_CASES[0], "fsdp")])
+def test_mode_bounds_hold_for_every_priced_setting(name, cluster_name, gpus, seq, batch, framework) -> None:
+    """`step_time.mode_lower_bounds`: no setting priced with a recompute mode is faster than that
+    mode's bound; the first mode's is the table's bound, and full recompute's is above it (its
+    recompute forward)."""
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(framework=framework), default_calibration()
+    checked = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=12):
+        grid = settings(mesh, cluster, c)
+        for option in pipeline_options(model, training, mesh, mbs[0], c):
+            layout = to_layout(mesh, mbs[0], option, grid[0], Stack.of(c)).resolved(gpus, training)
+            table = build_table(model, training, cluster, gpus, layout, StagePartition.for_layout(model.num_layers, layout), cal)
+            bounds = step_time.mode_lower_bounds(table, option.vpp, cal)
+            assert bounds[0] == time_lower_bound(table, option.vpp, cal)
+            assert bounds[2] > bounds[0]
+            timed = price_time(table, grid, price_memory(table, grid, option.schedule, option.vpp, cal), option.vpp, cal)
+            assert timed.step_s is not None and timed.knobs is not None
+            assert np.all(timed.step_s >= bounds[timed.knobs.mode] * (1 - 1e-12))
+            checked += len(grid)
+    assert checked > 1000
+
+
+def test_bounded_layouts_leave_the_plan_unchanged(monkeypatch) -> None:
+    """Layouts that fit but are bounded instead of timed (`SearchStats.dominated`) change nothing
+    the Plan reports: the same best, alternatives, Pareto front, rejections and sentences as a search
+    that times every fitting layout."""
+    from planner import search as search_module
+
+    model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    bounded = search_module.search(model, training, cluster, 64, refine=False)
+    with monkeypatch.context() as patched:
+        patched.setattr(search_module, "mode_lower_bounds", lambda t, vpp, cal, phases=None: np.zeros(4))
+        timed = search_module.search(model, training, cluster, 64, refine=False)
+    assert bounded.stats.dominated > 1000 and timed.stats.dominated == 0
+    for key in ("best", "alternatives", "pareto", "rejections", "closest_miss", "why"):
+        assert getattr(bounded, key) == getattr(timed, key), key
+    assert bounded.stats.model_dump(exclude={"seconds", "dominated"}) == timed.stats.model_dump(exclude={"seconds", "dominated"})
+
+
+def test_a_combined_1f1b_option_has_its_twins_table() -> None:
+    """The search builds one table for a pipeline option and its combined-1F1B twin
+    (`Layout.moe_a2a_overlap`): `build_table` gives the two the same arrays, only the mesh differs."""
+    from dataclasses import fields
+
+    model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    c, cal = SearchConstraints(), default_calibration()
+    compared = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, 64, c, limit=40):
+        grid = settings(mesh, cluster, c)
+        for option in pipeline_options(model, training, mesh, mbs[0], c):
+            if not option.a2a_overlap:
+                continue
+            twin = option._replace(a2a_overlap=False)
+            tables = []
+            for o in (option, twin):
+                layout = to_layout(mesh, mbs[0], o, grid[0], Stack.of(c), validate=False).resolved(64, training)
+                tables.append(build_table(model, training, cluster, 64, layout, StagePartition.for_layout(model.num_layers, layout), cal))
+            assert tables[0].mesh.moe_a2a_overlap and not tables[1].mesh.moe_a2a_overlap
+            for f in fields(tables[0]):
+                if f.name != "mesh":
+                    np.testing.assert_array_equal(getattr(tables[0], f.name), getattr(tables[1], f.name), err_msg=f.name)
+            compared += 1
+    assert compared > 5
