@@ -16,9 +16,13 @@ Whole space, priced or provably pruned (branch and bound):
    by layer, at most each pass's compute: a lower bound of what the table's bound counts.
    When that bound is within `BOUND_MARGIN` of the k-th best step time, the table's own bound
    (`step_time.time_lower_bound`) decides instead.
-4. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
-   Feasible layouts are kept as arrays per table (`_RankedBlocks`); only the ones the Plan reports
-   (top k, Pareto front) are named.
+4. Every other layout has its memory priced; those that fit (with the headroom) get a step time,
+   unless each is bounded above the k-th best step by its recompute mode's bound
+   (`step_time.mode_lower_bounds`) and a layout already kept is strictly faster and no larger (the
+   Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be on the Pareto front, and
+   they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
+   combined-1F1B twin share one table. Feasible layouts are kept as arrays per table
+   (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
 meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts, a
 grid's data-parallel times (`step_time._dp_grid`) and its parameter/gradient/optimizer bytes
