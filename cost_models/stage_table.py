@@ -283,6 +283,35 @@ def _set_recompute_rows(
     q[13] = np.where(recomputed, moe, 0.0)
 
 
+def activation_floor(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Layout, partition: StagePartition,
+    schedule: str, vpp: int, cal: Calibration,
+) -> np.ndarray | None:
+    """(modes,) bytes that no knob setting of `mesh` (resolved) on `partition` can stay under, per
+    recompute mode, without building its table: the busiest rank's saved activations of the
+    micro-batches it holds in flight (`_split_peaks`), summed over its layers in the order
+    `_rank_sums` adds them, plus the CUDA context; `price_memory` adds only non-negative terms to
+    them (the multi-token-prediction blocks, weights, states, logits, buffers, the allocator's
+    fragmentation). NaN for full recompute (its kept inputs depend on `recompute_layers`). None
+    where `price_memory` may take activations away (activation offload, torch's pipelining
+    schedules, DualPipeV), so no floor is claimed there."""
+    if mesh.framework != "megatron" or mesh.activation_offload_layers or mesh.offload_activations or schedule == "dualpipev":
+        return None
+    cal = stacks.stack_calibration(cal, mesh.stack)
+    g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
+    actx = activation_context(training, mesh, model)
+    per_layer, _ = _layer_arrays(model, cluster, training.precision, g, actx, cal, FineTune.of(training, mesh.stack))
+    owner = _partition_index(partition)[0]
+    n, pp = len(owner), partition.pp
+    a_units, _ = _split_peaks(schedule, pp, vpp, mesh.grad_accum_, mesh.framework, mesh.moe_a2a_overlap)
+    in_flight = a_units.max(axis=0)
+    floor = np.full(len(RECOMPUTE_MODES), np.nan)
+    for mode, name in ((0, "a0"), (1, "a1"), (3, "a3")):
+        saved = np.bincount(owner, weights=per_layer[name][:n], minlength=pp)
+        floor[mode] = float((in_flight * saved).max()) + cal.cuda_context_bytes
+    return floor
+
+
 def _priced_mtp(model: ModelSpec, partition: StagePartition, ft: FineTune | None) -> int:
     """MTP modules priced on this partition's head rank: the trained ones
     (`compute.trained_mtp_layers`) when the partition holds the whole model (a probe partition of

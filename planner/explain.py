@@ -108,9 +108,17 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
             "runs (Megatron-Core's delayed or blockwise scaling, torchao's row-wise in torchtitan, tensor-wise in "
             "Accelerate)."
         )
+    floored = (
+        f"{s.floored:,} not priced because their activations alone exceed the GPU memory (combined 1F1B, which "
+        "runs no full recompute), " if s.floored else ""
+    )
+    bounded = (
+        f" ({s.dominated:,} of them bounded, not timed: slower than the best and dominated by a faster, "
+        "smaller layout)" if s.dominated else ""
+    )
     out.append(
-        f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned:,} pruned by the step-time bound, "
-        f"{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU."
+        f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned - s.floored:,} pruned by the step-time "
+        f"bound, {floored}{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU{bounded}."
     )
     if plan.best is None:
         if plan.closest_miss is not None:

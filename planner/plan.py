@@ -213,6 +213,10 @@ class SearchStats(BaseModel):
     pruned: int  # skipped by a bound that proves they cannot win (counted, not priced)
     priced: int  # estimates computed
     feasible: int  # priced and fitting
+    floored: int = 0
+    """Of `pruned`: layouts refused without pricing because the activations their option holds
+    already exceed the usable GPU memory (`stage_table.activation_floor`; combined 1F1B, whose
+    full-recompute settings the rule refuses). They are counted in `rejections` as priced ones are."""
     dominated: int = 0
     """Of `feasible`: layouts whose memory fits but whose step was bounded, not timed: a lower bound
     puts each above the k-th best step and a layout already found is faster and no larger

@@ -21,7 +21,10 @@ Whole space, priced or provably pruned (branch and bound):
    (`step_time.mode_lower_bounds`) and a layout already kept is strictly faster and no larger (the
    Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be on the Pareto front, and
    they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
-   combined-1F1B twin share one table. Feasible layouts are kept as arrays per table
+   combined-1F1B twin share one table; a combined-1F1B option (which runs no full recompute) whose
+   activations alone exceed the usable memory in every other mode (`stage_table.activation_floor`)
+   gets no table: its settings are counted as refused (`SearchStats.floored`). Feasible layouts are
+   kept as arrays per table
    (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
 meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts, a
@@ -68,7 +71,13 @@ from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_com
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict, kernels_dict
 from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, Setting, StageTable
-from cost_models.stage_table import build_table, layer_kind_counts, layer_kinds, price_memory
+from cost_models.stage_table import (
+    activation_floor,
+    build_table,
+    layer_kind_counts,
+    layer_kinds,
+    price_memory,
+)
 from cost_models.stages import StagePartition
 from cost_models.step_time import (
     comm_sm_share,
@@ -169,6 +178,7 @@ def describe(layout: Layout) -> str:
 
 
 FULL_RECOMPUTE = RECOMPUTE_MODES.index("full")
+COMBINED_FULL_RECOMPUTE = "combined 1F1B does not run with full recompute (Megatron-Core's rule)"
 """`KnobArrays.mode` of full recompute."""
 
 GPIPE_DOMINATED = "dominated: GPipe has 1F1B's step time and more activation memory"
@@ -755,7 +765,7 @@ def search(
     # host RAM while the model is built, per ZeRO stage 0-3 (the search's layouts use sharded init)
     loading_by_stage = model_loading_bytes_per_node(model, c.framework, np.arange(4), True, ranks_per_node)
     log = RejectionLog()
-    generated = invalid = pruned = priced = feasible = bounded = 0
+    generated = invalid = pruned = priced = feasible = bounded = floored = 0
 
     # --- level 1: meshes --------------------------------------------------------------------------
     valid: list[tuple[Mesh, list[int]]] = []  # meshes that pass validation, with their micro-batches
@@ -905,6 +915,24 @@ def search(
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
             base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             partition = _partition(model.num_layers, mesh.pp, option)
+            if option.a2a_overlap and ranked.steps and not (ranked.full and near_threshold):
+                # Combined 1F1B runs no full recompute; when the activations alone put every other
+                # setting over the usable memory (`stage_table.activation_floor`), nothing of this
+                # option can fit: its table is not built. Its settings are counted as they would be
+                # priced (memory rejections whose reasons have their examples already), its
+                # full-recompute ones under the rule that refuses them.
+                floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
+                if floor is not None:
+                    modes = knobs_of(grid_key, grid).mode
+                    full = modes == FULL_RECOMPUTE
+                    over = ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable)
+                    if np.all(over | full) and all(rejections.reasons[j] in log.examples for j in np.flatnonzero(over)):
+                        rejections.add(log, over)
+                        if full.any():
+                            log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", int(full.sum()))
+                        pruned += len(grid)
+                        floored += len(grid)
+                        continue
             # combined 1F1B changes how a table is timed and what its ranks hold in flight, not the
             # table: an option and its combined twin share one (`stage_table.build_table` reads no
             # schedule knob of its mesh; tests/planner/test_search_bounds.py checks the two equal)
@@ -1027,6 +1055,7 @@ def search(
             pruned=pruned,
             priced=priced,
             feasible=feasible,
+            floored=floored,
             dominated=bounded,
             seconds=time.perf_counter() - t0,
             faster_than_reference=faster if reference_step_s is not None else None,

@@ -158,21 +158,63 @@ def test_mode_bounds_hold_for_every_priced_setting(name, cluster_name, gpus, seq
 
 
 def test_bounded_layouts_leave_the_plan_unchanged(monkeypatch) -> None:
-    """Layouts that fit but are bounded instead of timed (`SearchStats.dominated`) change nothing
-    the Plan reports: the same best, alternatives, Pareto front, rejections and sentences as a search
-    that times every fitting layout."""
+    """Layouts that fit but are bounded instead of timed (`SearchStats.dominated`), and combined-1F1B
+    options refused by their activation floor without a table (`SearchStats.floored`), change no
+    layout the Plan reports: the same best, alternatives, Pareto front and closest miss as a search
+    that prices and times everything. Without the floor the rejections and sentences are the same
+    too; with it, the floored options' full-recompute settings are counted under the rule that
+    refuses them instead of by their memory."""
     from planner import search as search_module
 
     model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
     training = TrainingSpec(seq_len=4096, global_batch=256)
-    bounded = search_module.search(model, training, cluster, 64, refine=False)
+    fast = search_module.search(model, training, cluster, 64, refine=False)
     with monkeypatch.context() as patched:
+        patched.setattr(search_module, "activation_floor", lambda *a: None)
+        unfloored = search_module.search(model, training, cluster, 64, refine=False)
         patched.setattr(search_module, "mode_lower_bounds", lambda t, vpp, cal, phases=None: np.zeros(4))
-        timed = search_module.search(model, training, cluster, 64, refine=False)
-    assert bounded.stats.dominated > 1000 and timed.stats.dominated == 0
-    for key in ("best", "alternatives", "pareto", "rejections", "closest_miss", "why"):
-        assert getattr(bounded, key) == getattr(timed, key), key
-    assert bounded.stats.model_dump(exclude={"seconds", "dominated"}) == timed.stats.model_dump(exclude={"seconds", "dominated"})
+        slow = search_module.search(model, training, cluster, 64, refine=False)
+    assert fast.stats.dominated > 1000 and fast.stats.floored > 1000
+    assert slow.stats.dominated == 0 and slow.stats.floored == 0 and unfloored.stats.floored == 0
+    for key in ("best", "alternatives", "pareto", "closest_miss"):
+        assert getattr(fast, key) == getattr(slow, key) == getattr(unfloored, key), key
+    assert unfloored.rejections == slow.rejections
+    # the sentences but the one that counts the search's work (it names what was bounded)
+    assert [w for w in unfloored.why if not w.startswith("Searched")] == [w for w in slow.why if not w.startswith("Searched")]
+    same = {"generated", "invalid", "feasible", "faster_than_reference"}
+    assert fast.stats.model_dump(include=same) == slow.stats.model_dump(include=same)
+    assert fast.stats.pruned + fast.stats.priced == slow.stats.pruned + slow.stats.priced
+    assert fast.stats.priced == slow.stats.priced - fast.stats.floored
+    reasons = {r.reason: r.count for r in fast.rejections}
+    assert reasons[search_module.COMBINED_FULL_RECOMPUTE] > 0
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", [CASES[1], CASES[2]])
+def test_the_activation_floor_is_below_every_priced_peak(name, cluster_name, gpus, seq, batch) -> None:
+    """`stage_table.activation_floor`: no setting of a combined-1F1B option (or its twin) priced
+    with a recompute mode other than full holds less than that mode's floor."""
+    from cost_models.stage_table import activation_floor
+
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(), default_calibration()
+    checked = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=30):
+        grid = settings(mesh, cluster, c)
+        for mb in mbs[:2]:
+            for option in pipeline_options(model, training, mesh, mb, c):
+                layout = to_layout(mesh, mb, option, grid[0], Stack.of(c), validate=False).resolved(gpus, training)
+                partition = StagePartition.for_layout(model.num_layers, layout)
+                floor = activation_floor(model, training, cluster, layout, partition, option.schedule, option.vpp, cal)
+                assert floor is not None and np.isnan(floor[2])
+                table = build_table(model, training, cluster, gpus, layout, partition, cal)
+                prices = price_memory(table, grid, option.schedule, option.vpp, cal)
+                assert prices.knobs is not None
+                modes = prices.knobs.mode
+                kept = modes != 2
+                assert np.all(prices.peak[kept] >= floor[modes[kept]])
+                checked += int(kept.sum())
+    assert checked > 1000
 
 
 def test_a_combined_1f1b_option_has_its_twins_table() -> None:
