@@ -275,8 +275,8 @@ def print_plan(plan: object, console: Console | None = None, rows: int | None = 
         console.print(rej)
     st = plan.stats
     bounded = f", {st.dominated:,} of them bounded, not timed (slower than the best and dominated)" if st.dominated else ""
-    floored = f" ({st.floored:,} over memory by their activations alone)" if st.floored else ""
+    floored = f" ({st.floored:,} of them over memory by their activations alone)" if st.floored else ""
     console.print(
-        f"[dim]search: {st.seconds:.2f} s, {st.generated:,} layouts: {st.invalid:,} invalid, {st.pruned:,} pruned{floored} "
-        f"(a bound or dominance), {st.priced:,} priced, {st.feasible:,} fit{bounded}; calibration: {plan.calibration}[/]"
+        f"[dim]search: {st.seconds:.2f} s, {st.generated:,} layouts: {st.invalid:,} invalid, {st.pruned:,} pruned by a "
+        f"bound or dominance{floored}, {st.priced:,} priced, {st.feasible:,} fit{bounded}; calibration: {plan.calibration}[/]"
     )
