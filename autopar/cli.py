@@ -721,7 +721,7 @@ def _fake_world(data: dict[str, Any], world: int, steps: int, as_json: bool) -> 
     for r in rows:
         typer.echo(format_row(r))
     typer.echo("measured: live tensor storage under FakeTensorMode (CPU dispatch); estimate: "
-               "cost_models without the allocator reserve (runtime.fake_world.traced_layout)")
+               "cost_models without the allocator reserve (runtime.spec.traced_layout)")
 
 
 @app.command()

@@ -273,4 +273,10 @@ def print_plan(plan: object, console: Console | None = None, rows: int | None = 
         for r in plan.rejections[:6]:
             rej.add_row(f"{r.count:,}", r.reason, r.example)
         console.print(rej)
-    console.print(f"[dim]search: {plan.stats.seconds:.2f} s; calibration: {plan.calibration}[/]")
+    st = plan.stats
+    bounded = f", {st.dominated:,} of them bounded, not timed (slower than the best and dominated)" if st.dominated else ""
+    floored = f" ({st.floored:,} of them over memory by their activations alone)" if st.floored else ""
+    console.print(
+        f"[dim]search: {st.seconds:.2f} s, {st.generated:,} layouts: {st.invalid:,} invalid, {st.pruned:,} pruned by a "
+        f"bound or dominance{floored}, {st.priced:,} priced, {st.feasible:,} fit{bounded}; calibration: {plan.calibration}[/]"
+    )

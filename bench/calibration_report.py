@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.calibration_rows import CalibrationRow, Unusable, load_rows, reason_counts, stratum  # noqa: E402
+from bench.families import lofo_calibration  # noqa: E402
 from cost_models.calibration import Calibration, default_calibration  # noqa: E402
 from cost_models.estimate import Estimate, estimate  # noqa: E402
 
@@ -206,8 +207,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.source:
         rows = [r for r in rows if r.source_id == args.source]
     if args.split == "lofo":
-        from bench.fit_calibration import lofo_calibration
-
         results = [evaluate_row(r, lofo_calibration(r)) for r in rows]
     else:
         results = evaluate(rows, cal)

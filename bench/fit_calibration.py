@@ -57,6 +57,7 @@ if __package__ in (None, ""):
 
 from bench.calibration_report import Result, error_stats, evaluate, not_fitting  # noqa: E402
 from bench.calibration_rows import CalibrationRow, load_rows, measured_runtime_rows, reason_counts, stratum  # noqa: E402
+from bench.families import FAMILIES, family, forget_stored, lofo_calibration  # noqa: E402
 from cost_models.calibration import (  # noqa: E402
     FITTED_PATH,
     STACKS,
@@ -73,28 +74,6 @@ from cost_models.error_band import (  # noqa: E402
     ceilings_from_runs,
     regime_keys,
 )
-
-FAMILIES: dict[str, str] = {
-    "megatron_readme_h100": "NVIDIA Megatron-LM README",
-    "narayanan2021_table1": "Megatron papers 2021-22",
-    "narayanan2021_table2/megatron": "Megatron papers 2021-22",
-    "korthikanti2022": "Megatron papers 2021-22",
-    "narayanan2021_table2/deepspeed": "DeepSpeed ZeRO-3 (2021)",
-    "llmfoundry_mpt": "MosaicML llm-foundry",
-    "nemo_perf_2407": "NVIDIA NeMo performance summaries",
-    "nemo_longseq_h100": "NVIDIA NeMo performance summaries",
-    "mcore_moe_readme": "NVIDIA NeMo performance summaries",
-    "dgxc_benchmarking": "NVIDIA DGX Cloud recipes",
-    "torchtitan_2412": "torchtitan",
-    "autopar_runtime_h200": "autopar runtime (H200, 2026-11)",
-}
-"""Source family of each stratum: sources written by the same team with the same software. A
-stratum not named here is a family of its own."""
-
-
-def family(row: CalibrationRow) -> str:
-    return FAMILIES.get(stratum(row), stratum(row))
-
 
 # --------------------------------------------------------------------------------------------------
 # parameters
@@ -373,29 +352,6 @@ def _cal_doc(cal: Calibration) -> dict:
             "deepspeed_bus_efficiency": cal.overlap("deepspeed").bus_efficiency}
 
 
-def lofo_calibration(row: CalibrationRow, path: Path = FITTED_PATH) -> Calibration:
-    """The calibration that never saw `row`'s family (stored by the fit); the full fit for a family
-    it did not name (never fitted on)."""
-    doc = _stored(path)
-    base = default_calibration() if path == FITTED_PATH else Calibration.from_json(doc["calibration"])
-    entry = doc.get("lofo_calibrations", {}).get(family(row))
-    if entry is None:
-        return base
-    stacks = {k: Stack(**v) for k, v in entry["stacks"].items()}
-    ov = dict(base.overlaps)
-    ov["deepspeed"] = replace(ov.get("deepspeed", Overlap()), bus_efficiency=float(entry["deepspeed_bus_efficiency"]))
-    return replace(base, stacks=stacks, overlaps=ov, source=f"fitted without family {family(row)!r}")
-
-
-_STORED: dict[Path, dict] = {}
-
-
-def _stored(path: Path) -> dict:
-    if path not in _STORED:
-        _STORED[path] = json.loads(path.read_text()) if path.exists() else {}
-    return _STORED[path]
-
-
 def write_bands_only(path: Path) -> int:
     """Re-derive the held-out errors, bands and ceilings of the stored fit (after a change to the
     model or the catalog) without refitting: each row priced with its family's stored calibration."""
@@ -409,7 +365,7 @@ def write_bands_only(path: Path) -> int:
     doc["band_widening"] = band_widening(samples)
     doc["published_mfu_ceilings"] = mfu_ceilings(evaluate(usable, default_calibration()))
     path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    _STORED.pop(path, None)
+    forget_stored(path)
     print_lofo(doc["lofo"])
     print(f"wrote lofo, error_bands, band_widening and published_mfu_ceilings into {path}")
     return 0

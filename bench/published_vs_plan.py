@@ -8,7 +8,7 @@ is close to the best its stack reaches: a plan promising far more is a blind spo
     python -m bench.published_vs_plan --summarize out.json   # the summary of an earlier --json run
 
 `--holdout`: every row is priced and searched with the calibration fitted without its source
-family (`bench.fit_calibration.lofo_calibration`: leave-one-family-out), and the summary is given
+family (`bench.families.lofo_calibration`: leave-one-family-out), and the summary is given
 per family.
 
 Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
@@ -33,7 +33,8 @@ import statistics
 import time
 
 from bench.calibration_report import evaluate_row
-from bench.calibration_rows import load_rows
+from bench.calibration_rows import load_rows, stratum
+from bench.families import FAMILIES, family, lofo_calibration
 from cost_models.calibration import default_calibration
 from cost_models.estimate import estimate
 from planner.plan import SearchConstraints
@@ -116,7 +117,6 @@ def compare(row, cal) -> dict:
         if kept.best:
             recommended, recommended_layout = kept.best.estimate["tokens_per_s_per_gpu"], kept.best.layout
     measured = row.measured_tokens_per_s_per_gpu
-    from bench.calibration_rows import stratum
 
     return {
         "row_id": row.row_id,
@@ -142,8 +142,6 @@ def compare(row, cal) -> dict:
 
 def summary_by_family(out: list[dict]) -> list[str]:
     """Best plan / measured (median, 90th percentile) per source family and overall."""
-    from bench.fit_calibration import FAMILIES
-
     fams: dict[str, list[float]] = {}
     for r in out:
         if r["best_over_measured"]:
@@ -218,7 +216,7 @@ def main() -> None:
     ap.add_argument("--source", default=None)
     ap.add_argument("--holdout", action="store_true",
                     help="price and search each row with the calibration fitted without its source family")
-    ap.add_argument("--family", default=None, help="only rows of this source family (bench.fit_calibration.FAMILIES)")
+    ap.add_argument("--family", default=None, help="only rows of this source family (bench.families.FAMILIES)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--summarize", metavar="JSON", default=None,
@@ -231,7 +229,6 @@ def main() -> None:
         print("\n".join(summary_by_family(earlier)))
         print_rows_above(earlier)
         return
-    from bench.fit_calibration import family, lofo_calibration
 
     rows, _ = load_rows()
     rows = [r for r in rows if args.source is None or r.source_id == args.source]

@@ -21,8 +21,10 @@ from cost_models.flops import StepFlops, step_flops
 from cost_models.layout import Layout, LayoutError, validate_layout
 from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
 from cost_models.pipeline import bubble_fraction
-from cost_models.stage_table import KnobPrices, Setting, StageTable, build_table, price_memory, price_time
+from cost_models.stage_data import KnobPrices, Setting, StageTable
+from cost_models.stage_table import build_table, price_memory
 from cost_models.stages import StagePartition
+from cost_models.step_time import price_time
 from model_specs.spec import ModelSpec, TrainingSpec
 
 

@@ -12,14 +12,13 @@ layout through the same path (one setting), so the planner and `autopar evaluate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
-from cost_models import finetune, stacks, step_time
+from cost_models import finetune, stacks
 from cost_models.activations import (
     EAGER_FP32_FROZEN_NORM_BYTES,
     EAGER_FP32_NORM_BYTES,
@@ -30,34 +29,30 @@ from cost_models.activations import (
     retained_logits_bytes,
 )
 from cost_models.calibration import Calibration
-from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
 from cost_models.compute import (
     LayerTime,
     ShardGeometry,
-    embedding_gradient_time,
     layer_gemms,
     layer_time,
     lm_head_times,
     mtp_projection_times,
-    routed_rows,
     trained_mtp_layers,
 )
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
-from cost_models.mesh import MeshLike, mesh_strides
+from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_channels, mesh_comm
 from cost_models.pipeline import (
     FORWARDS_FIRST_SCHEDULES,
     WEIGHT_PASS_SCHEDULES,
     dualpipev_loss_meets_first_chunk,
     split_backward_peaks,
 )
+from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, KnobPrices, Setting, StageTable
 from cost_models.stages import StagePartition
 from model_specs.params import count_params
 from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
-
-RECOMPUTE_MODES = ("none", "selective", "full", "op_sac")
 
 FSDP_ACCUMULATED_GRAD_BYTES = 4
 """Bytes per element of a gradient FSDP2 accumulates over micro-batches without reducing: float32,
@@ -289,31 +284,33 @@ def _set_recompute_rows(
     q[13] = np.where(recomputed, moe, 0.0)
 
 
-def embedding_gradient_times(
-    model: ModelSpec, tp: int, cluster: ClusterSpec, framework: str, training: TrainingSpec, cal: Calibration,
-    store: dict[tuple, Any],
-) -> tuple[float, float, float]:
-    """Seconds per micro-batch of the token-embedding tables' dense gradients
-    (`compute.embedding_gradient_time` of one vocab / tp shard), memoized in the job's `comm_store`:
-    the first rank's table with the LM head on another rank, the same with the head there too, and
-    on the head's rank away from the first, the MTP modules' copy of the table (one lookup per
-    module; an untied copy, so the first price; none for tied tables, whose head is the copy). All
-    0 on a frozen base. `build_table` and the search's bounds read the same three."""
-    key = ("embedding_grads", tp, framework)
-    out = store.get(key)
-    if out is None:
-        out = (0.0, 0.0, 0.0)
-        if not training.frozen_base or training.trainable_embeddings:
-            elsewhere, with_head = (
-                embedding_gradient_time(
-                    model, tp, cluster.gpu, framework, training.param_bytes, training.grad_bytes, same, cal
-                )
-                for same in (False, True)
-            )
-            mtp = trained_mtp_layers(model, False)
-            out = (elsewhere, with_head, 0.0 if model.tie_embeddings else mtp * elsewhere)
-        store[key] = out
-    return out
+def activation_floor(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, mesh: Layout, partition: StagePartition,
+    schedule: str, vpp: int, cal: Calibration,
+) -> np.ndarray | None:
+    """(modes,) bytes that no knob setting of `mesh` (resolved) on `partition` can stay under, per
+    recompute mode, without building its table: the busiest rank's saved activations of the
+    micro-batches it holds in flight (`_split_peaks`), summed over its layers in the order
+    `_rank_sums` adds them, plus the CUDA context; `price_memory` adds only non-negative terms to
+    them (the multi-token-prediction blocks, weights, states, logits, buffers, the allocator's
+    fragmentation). NaN for full recompute (its kept inputs depend on `recompute_layers`). None
+    where `price_memory` may take activations away (activation offload, torch's pipelining
+    schedules, DualPipeV), so no floor is claimed there."""
+    if mesh.framework != "megatron" or mesh.activation_offload_layers or mesh.offload_activations or schedule == "dualpipev":
+        return None
+    cal = stacks.stack_calibration(cal, mesh.stack)
+    g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
+    actx = activation_context(training, mesh, model)
+    per_layer, _ = _layer_arrays(model, cluster, training.precision, g, actx, cal, FineTune.of(training, mesh.stack))
+    owner = _partition_index(partition)[0]
+    n, pp = len(owner), partition.pp
+    a_units, _ = _split_peaks(schedule, pp, vpp, mesh.grad_accum_, mesh.framework, mesh.moe_a2a_overlap)
+    in_flight = a_units.max(axis=0)
+    floor = np.full(len(RECOMPUTE_MODES), np.nan)
+    for mode, name in ((0, "a0"), (1, "a1"), (3, "a3")):
+        saved = np.bincount(owner, weights=per_layer[name][:n], minlength=pp)
+        floor[mode] = float((in_flight * saved).max()) + cal.cuda_context_bytes
+    return floor
 
 
 def _priced_mtp(model: ModelSpec, partition: StagePartition, ft: FineTune | None) -> int:
@@ -353,248 +350,6 @@ def _partition_index(partition: StagePartition) -> tuple[np.ndarray, np.ndarray,
     for a in (owner, mine, bins):
         a.flags.writeable = False
     return owner, mine, bins
-
-
-class Sharding(NamedTuple):
-    """What the data-parallel traffic of a setting depends on: the ZeRO stage, the sharding group
-    (ranks), and the ZeRO++ knobs (hpZ group, int8 weight gathers, int4 gradient reduce-scatters)."""
-
-    zero: int
-    shard: int
-    hpz: int = 1
-    qwz: bool = False
-    qgz: bool = False
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One knob setting (the planner passes many; `estimate` passes one)."""
-
-    zero_stage: int
-    dp_shard: int
-    recompute: str
-    offload_optimizer: bool
-    offload_params: bool = False
-    offload_nvme: bool = False  # offloaded states on NVMe (ZeRO-Infinity), not in host memory
-    hpz: int = 1  # ZeRO++ hpZ secondary group (ranks); 1 = off
-    quantized_weights: bool = False  # ZeRO++ qwZ
-    quantized_gradients: bool = False  # ZeRO++ qgZ
-
-    @property
-    def sharding(self) -> Sharding:
-        return Sharding(self.zero_stage, self.dp_shard, self.hpz, self.quantized_weights, self.quantized_gradients)
-
-
-@dataclass
-class StageTable:
-    """Per-pipeline-rank aggregates for one mesh, micro-batch and partition (arrays of length pp)."""
-
-    model: ModelSpec
-    training: TrainingSpec
-    cluster: ClusterSpec
-    gpus: int
-    mesh: Layout  # resolved; its knobs (zero, recompute...) are ignored here; its schedule sets the bubble rule
-    partition: StagePartition
-    dense_params: np.ndarray
-    expert_params: np.ndarray
-    largest_layer: np.ndarray
-    acts: np.ndarray  # (4, pp): saved bytes per micro-batch, all layers, per RECOMPUTE_MODES
-    working: np.ndarray  # one layer's full activations (recompute working set)
-    layers: np.ndarray  # layer count
-    moe_layers: np.ndarray
-    recomputed_layers: np.ndarray  # layers re-run under full recompute (all, or recompute_layers)
-    recomputed_moe: np.ndarray
-    compute: np.ndarray  # forward + backward seconds per micro-batch (LM head on the last rank)
-    forward: np.ndarray  # the forward part of `compute`
-    recompute: np.ndarray  # (4, pp): extra seconds per micro-batch per RECOMPUTE_MODES
-    class_counts: np.ndarray  # (pp, K): layers of each layer class (`_layer_classes`) per rank
-    class_forward: np.ndarray  # (K,) forward compute seconds of one layer of each class, one micro-batch
-    class_backward: np.ndarray  # (K,) backward compute seconds of one layer
-    logits: float  # bytes on the last rank
-    tp_per_layer: float  # seconds of one layer's forward TP/SP collectives
-    tp_overlap: bool  # TP comm overlap on (`Layout.tp_comm_overlap`)
-    tp_backward_traffic: float  # backward TP traffic / forward's (2: Megatron re-gathers SP inputs)
-    cp_exposed: np.ndarray  # (2, pp): forward, backward seconds of CP exchange not hidden, per micro-batch
-    cp_busy: np.ndarray  # (2, pp): forward, backward seconds of CP traffic on its channel
-    ep_per_moe_layer: float  # one MoE layer's forward dispatch + combine (the backward the same)
-    etp_per_moe_layer: float  # the expert-TP all-gather + reduce-scatter part of `ep_per_moe_layer`
-    p2p: float  # one boundary send, one direction
-    boundary_bytes: float
-    nccl_groups: int
-    channels: tuple[int, int, int, int, int]  # channel of the TP, CP, EP, pipeline, expert-TP groups (`comm.INTRA` / `INTER`)
-    weight_bytes: np.ndarray  # (2, pp) stored bytes of the dense and expert weights (frozen base + adapters)
-    trainable: np.ndarray  # (2, pp) trainable elements, dense and expert: gradients and optimizer states
-    class_weight_bytes: np.ndarray  # (2, K) stored bytes of one layer of each class, dense and expert
-    class_trainable: np.ndarray  # (2, K) trainable elements of one layer of each class
-    largest_weight_bytes: np.ndarray  # (pp,) stored bytes of the rank's largest layer
-    largest_trainable: np.ndarray  # (pp,) trainable elements of the rank's largest layer
-    dequant_bytes: np.ndarray  # (pp,) a layer backward's transient: QLoRA's dequantized copy, a Mamba scan's recompute
-    offloaded_acts: np.ndarray = field(default_factory=lambda: np.zeros((4, 1)))
-    """(4, pp): saved bytes per micro-batch of the layers whose activations go to the host
-    (`Layout.activation_offload_layers`, the first ones of each rank), per RECOMPUTE_MODES."""
-    offloaded_layers: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (pp,) layers offloaded per rank
-    pending_wgrad: np.ndarray = field(default_factory=lambda: np.zeros(1))
-    """(pp,): bytes per micro-batch of the gradients of the rank's weight-GEMM outputs, which a split
-    backward (zero_bubble, zbv) keeps between a chunk's input- and weight-gradient passes
-    (`pipeline.split_backward_peaks`)."""
-    embedding_grad_elements: np.ndarray = field(default_factory=lambda: np.zeros(1))
-    """(pp,): elements of the token-embedding tables whose dense gradient `compute` already holds
-    (`compute.embedding_gradient_time`: the first rank's table, and the head rank's copy for the MTP
-    modules), which `step_time`'s per-element gradient copies leave to it."""
-
-
-_COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
-
-
-def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
-    """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
-    and rank stride it depends on (and of `build_table`'s LM head times and logits bytes). Job objects are matched by identity (the entry keeps them alive,
-    so ids are not reused)."""
-    key = (id(model), id(training), id(cluster), id(cal), gpus)
-    hit = _COMM_STORES.get(key)
-    if hit is not None:
-        m, tr, cl, ca = hit[0]
-        if m is model and tr is training and cl is cluster and ca is cal:
-            return hit[1]
-    objs = (model, training, cluster, cal)
-    if len(_COMM_STORES) > 64:
-        _COMM_STORES.clear()
-    store: dict[tuple, float] = {}
-    _COMM_STORES[key] = (objs, store)
-    return store
-
-
-def mesh_comm(
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: ClusterSpec,
-    gpus: int,
-    mesh: MeshLike,
-    cal: Calibration,
-    micro_batches: tuple[int, ...] | None = None,
-    store: dict[tuple, Any] | None = None,
-    sizes: bool = True,
-) -> list[tuple[float, float, float, float, float, float]]:
-    """Knob-independent communication of one micro-batch, at each of `micro_batches` (sequences;
-    None: the mesh's own micro-batch only), seconds:
-      tp    one layer's forward TP/SP collectives (attention block and MLP; a hybrid layer's mixer);
-      cp    one ring step of context parallelism: this rank's K/V block sent to the next rank
-            (forward; the backward sends K, V and dK, dV: twice the bytes); under all-gather
-            attention (`cp_attention = allgather_mask`), one layer's K/V all-gather;
-      ep    one MoE layer's forward all-to-alls (dispatch + combine; the backward has as many),
-            and under expert TP with SP the expert-TP all-gather of the routed rows after dispatch
-            and their reduce-scatter before combine (Megatron-Core's alltoall dispatcher);
-      etp   the expert-TP part of `ep` (it runs on the expert-TP group's channel);
-      p2p   one pipeline boundary send;
-    and the boundary's bytes. Each is affine in the micro-batch (bytes x seconds per byte +
-    latency). `mesh` needs tp, cp, pp, ep, etp_, dp_, sp_, micro_batch, order. Each part depends on a
-    few degrees, the micro-batch and one rank stride: it is memoized on them, in the job's
-    `comm_store` (`store`: pass it when pricing many meshes of one job). `sizes` False: every
-    collective at its alpha-beta time, without the atlas's measured size ratio
-    (`comm.collective_time`): a lower bound, exactly affine in the micro-batch (the planner's
-    bounds; kept in a store of its own)."""
-    if micro_batches is None:
-        micro_batches = (mesh.micro_batch,)
-    tp, cp, ep = mesh.tp, mesh.cp, mesh.ep
-    ab = training.activation_bytes
-    st = mesh_strides(mesh)
-    h = model.hidden_size
-    sp = mesh.sp_
-    if store is None:
-        store = comm_store(model, training, cluster, cal, gpus)
-    if not sizes:
-        store = store.setdefault(("alpha_beta",), {})  # type: ignore[assignment]
-    expert_parallel = ep > 1 and model.is_moe
-    allgather_cp = getattr(mesh, "cp_attention", "ring") == "allgather_mask"
-    out = []
-    key: tuple
-    for mb in micro_batches:
-        tokens = mb * training.seq_len / cp
-        act_full = tokens * h * ab
-        boundary = act_full / (tp if sp else 1)
-        tp_per_layer = cp_step = ep_per_moe = etp_per_moe = p2p = 0.0
-        if tp > 1:
-            key = ("tp", tp, cp, sp, mb, st.tp)
-            tp_per_layer = store.get(key)  # type: ignore[assignment]
-            if tp_per_layer is None:
-                tp_per_layer = store[key] = _tp_comm(
-                    cluster, gpus, cal, tp, sp, act_full, st.tp, model.tp_blocks_per_layer, sizes
-                )
-        if cp > 1:
-            key = ("cp", tp, cp, mb, st.cp, allgather_cp)
-            cp_step = store.get(key)  # type: ignore[assignment]
-            if cp_step is None:
-                kv_heads = model.num_heads / tp if model.attention == "mla" else max(model.kv_heads / tp, 1.0)
-                block = mb * training.seq_len / cp * kv_heads * (model.qk_head_dim + model.v_dim) * ab
-                group = Group.strided(cluster, cp, st.cp, gpus)
-                if allgather_cp:
-                    cp_step = collective_time("all_gather", block * cp, group, cal, sizes)
-                else:
-                    cp_step = collective_time("p2p", block, group, cal)
-                store[key] = cp_step
-        if expert_parallel:
-            dispatcher = getattr(mesh, "moe_token_dispatcher", "alltoall")
-            key = ("ep", tp, cp, sp, ep, mesh.etp_, mb, st.ep, dispatcher)
-            ep_per_moe = store.get(key)  # type: ignore[assignment]
-            if ep_per_moe is None:
-                copy_bytes = tokens / (tp if sp else 1) * h * ab  # one copy of the tokens this rank routes
-                group = Group.strided(cluster, ep, st.ep, gpus)
-                if dispatcher == "flex":
-                    remote = remote_domains_per_token(
-                        model.num_experts, model.moe_top_k, group.link.domains,
-                        model.moe_router_groups, model.moe_router_group_topk,
-                    )
-                    a2a = dedup_dispatch_time(copy_bytes, model.moe_top_k, remote, group, cal)
-                else:
-                    a2a = collective_time("all_to_all", model.moe_top_k * copy_bytes, group, cal)
-                ep_per_moe = store[key] = 2 * a2a  # dispatch + combine
-        if model.is_moe and sp and mesh.etp_ > 1:
-            key = ("etp", tp, cp, mesh.etp_, mb)
-            etp_per_moe = store.get(key)  # type: ignore[assignment]
-            if etp_per_moe is None:
-                # expert-TP exchange of the routed rows: all-gather after dispatch, reduce-scatter
-                # before combine; stride 1 (expert-TP is innermost)
-                rows = routed_rows(model, ShardGeometry.of(mesh, mb, training.seq_len)) * h * ab
-                etp_group = Group.strided(cluster, mesh.etp_, 1, gpus)
-                etp_per_moe = store[key] = collective_time("all_gather", rows, etp_group, cal, sizes) + collective_time(
-                    "reduce_scatter", rows, etp_group, cal, sizes
-                )
-        if mesh.pp > 1:
-            key = ("p2p", tp, cp, sp, mb, st.pp)
-            p2p = store.get(key)  # type: ignore[assignment]
-            if p2p is None:
-                p2p = store[key] = collective_time("p2p", boundary, Group.strided(cluster, 2, st.pp, gpus), cal)
-        out.append((tp_per_layer, cp_step, ep_per_moe + etp_per_moe, p2p, boundary, etp_per_moe))
-    return out
-
-
-def mesh_channels(cluster: ClusterSpec, gpus: int, mesh: MeshLike) -> tuple[int, int, int, int, int]:
-    """The channel (`comm.INTRA` or `comm.INTER`) of the TP, CP, EP, pipeline and expert-TP groups
-    of `mesh`: which link their traffic occupies (`cost_models.comm`)."""
-    st = mesh_strides(mesh)
-    return (
-        Group.strided(cluster, mesh.tp, st.tp, gpus).channel,
-        Group.strided(cluster, mesh.cp, st.cp, gpus).channel,
-        Group.strided(cluster, mesh.ep, st.ep, gpus).channel,
-        Group.strided(cluster, 2, st.pp, gpus).channel if mesh.pp > 1 else INTRA,
-        Group.strided(cluster, mesh.etp_, 1, gpus).channel,
-    )
-
-
-def _tp_comm(
-    cluster: ClusterSpec, gpus: int, cal: Calibration, tp: int, sp: bool, act_full: float, stride: int, blocks: int = 2,
-    sizes: bool = True,
-) -> float:
-    """Seconds of one layer's forward TP/SP collectives over `act_full` bytes of activations: one
-    all-reduce (or all-gather + reduce-scatter under SP) per TP block of the layer
-    (`ModelSpec.tp_blocks_per_layer`: attention and MLP, or a hybrid layer's one mixer)."""
-    tpg = Group.strided(cluster, tp, stride, gpus)
-    if sp:
-        one = collective_time("all_gather", act_full, tpg, cal, sizes) + collective_time(
-            "reduce_scatter", act_full, tpg, cal, sizes)
-    else:
-        one = collective_time("all_reduce", act_full, tpg, cal, sizes)
-    return blocks * one
 
 
 def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | None = None) -> ActivationContext:
@@ -805,43 +560,6 @@ def cp_exposure(
 # knob arithmetic
 
 
-@dataclass(frozen=True)
-class KnobArrays:
-    """The knobs of many settings as arrays over settings (axis 0 of `KnobPrices`), and each
-    setting's index (`sharding`) into the distinct (ZeRO stage, sharding group) pairs of the
-    settings it was made from (`shardings`), which is all the data-parallel traffic reads."""
-
-    zero: np.ndarray  # ZeRO stage
-    shard: np.ndarray  # sharding group, ranks
-    mode: np.ndarray  # index into RECOMPUTE_MODES
-    offload: np.ndarray  # optimizer offload (bool)
-    offload_params: np.ndarray  # ZeRO-3 parameter offload (bool)
-    sharding: np.ndarray  # index into `shardings`
-    shardings: tuple[Sharding, ...]  # distinct shardings, first-seen order
-    phase: np.ndarray  # 2 x (ZeRO-3) + (full recompute): which layer-phase buffers the setting holds
-    offload_nvme: np.ndarray  # offloaded states on NVMe (bool)
-    hpz: np.ndarray  # ZeRO++ hpZ secondary group, ranks (1 = off)
-
-    @classmethod
-    def of(cls, settings: list[Setting]) -> KnobArrays:
-        distinct: dict[Sharding, int] = {}
-        index = [distinct.setdefault(s.sharding, len(distinct)) for s in settings]
-        zero = np.array([s.zero_stage for s in settings], dtype=np.int64)
-        mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings], dtype=np.int64)
-        return cls(
-            zero,
-            np.array([s.dp_shard for s in settings]),
-            mode,
-            np.array([s.offload_optimizer for s in settings]),
-            np.array([s.offload_params for s in settings]),
-            np.array(index, dtype=np.int64),
-            tuple(distinct),
-            2 * (zero >= 3) + (mode >= 2),  # full and op_sac re-create a layer in the backward
-            np.array([s.offload_nvme for s in settings]),
-            np.array([s.hpz for s in settings], dtype=np.int64),
-        )
-
-
 @lru_cache(maxsize=4096)
 def _split_peaks(
     schedule: str, pp: int, vpp: int, grad_accum: int, framework: str, paired: bool
@@ -856,35 +574,6 @@ def _split_peaks(
     for arr in (a, g):
         arr.flags.writeable = False
     return a, g
-
-
-@dataclass
-class KnobPrices:
-    """Per setting (axis 0) and, where named, per pipeline rank (axis 1)."""
-
-    parameters: np.ndarray  # (J, pp) bytes
-    gradients: np.ndarray
-    optimizer: np.ndarray
-    activations: np.ndarray
-    logits: np.ndarray
-    comm_buffers: np.ndarray
-    reserve: np.ndarray
-    host_optimizer: np.ndarray
-    allocated: np.ndarray  # (J, pp) bytes: everything but `reserve`, as `price_memory` summed it
-    nvme: np.ndarray  # (J, pp) bytes of offloaded state on the node's NVMe (ZeRO-Infinity)
-    stage_time: np.ndarray | None = None  # (J, pp) seconds per micro-batch
-    parts: dict[str, np.ndarray] | None = None  # (J,) seconds per step on the critical path
-    step_s: np.ndarray | None = None  # (J,)
-    knobs: KnobArrays | None = None  # the settings priced, as arrays
-
-    @property
-    def total(self) -> np.ndarray:
-        return self.allocated + self.reserve
-
-    @property
-    def peak(self) -> np.ndarray:
-        """(J,) bytes on the worst rank."""
-        return self.total.max(axis=1)
 
 
 def _shards(t: StageTable, shard: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -1158,58 +847,3 @@ def price_memory(
     if m.activation_offload_layers or m.offload_activations:
         host = host + on_host
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, nvme, knobs=knobs)
-
-
-def price_time(t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration) -> KnobPrices:
-    """Seconds per step for every setting (`cost_models.step_time`: the composition and its
-    sources), filled into `prices` (step, per-rank micro-batch time, named parts)."""
-    J = len(settings)
-    knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
-    dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
-    step, per_mb, parts = step_time.compose(t, knobs, dp, step_time.phase_arrays(t, vpp, cal), vpp, cal)
-    prices.stage_time = per_mb
-    prices.parts = parts
-    prices.step_s = step
-    return prices
-
-
-def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
-    """Seconds no knob setting of this table can beat (`step_time.lower_bound`)."""
-    return step_time.table_lower_bound(t, vpp, cal)
-
-
-_DP_GRIDS: dict[tuple, tuple[tuple[object, ...], step_time.DataParallelTimes]] = {}
-
-
-def _dp_grid(
-    t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration, table_key: tuple
-) -> step_time.DataParallelTimes:
-    """`step_time.data_parallel_times` of a table's (ZeRO stage, sharding group) pairs, memoized on
-    `_dp_table_key` and the pairs (the entry keeps the job objects alive, so their ids are not
-    reused): tables of one mesh and micro-batch count share them. Read-only."""
-    objs = (t.cluster, t.training, cal)
-    key = (table_key, shardings)
-    hit = _DP_GRIDS.get(key)
-    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
-        return hit[1]
-    out = step_time.data_parallel_times(t, shardings, cal)
-    if len(_DP_GRIDS) > 1 << 14:
-        _DP_GRIDS.clear()
-    _DP_GRIDS[key] = (objs, out)
-    return out
-
-
-def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
-    """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
-    training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
-    (its FSDP flavour, Megatron FSDP's gradient fusion) and micro-batch count, the per-rank stored weight bytes and trainable
-    elements (and the embedding tables whose gradient the compute holds), and the layer classes
-    (counts per rank, weights and compute seconds of one layer)."""
-    m = t.mesh
-    return (
-        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
-        m.grad_accum_, m.stack, m.optimizer_state, m.optimizer_fused,
-        m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
-        t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
-        t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),
-    )

@@ -99,12 +99,12 @@ from cost_models.compute import hbm_bandwidth
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
+from cost_models.stage_data import KnobArrays, KnobPrices, Setting, Sharding, StageTable
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec, GPUSpec
     from cost_models.kernels.collectives import SizeCurve
     from cost_models.layout import Layout
-    from cost_models.stage_table import KnobArrays, Sharding, StageTable
     from model_specs.spec import TrainingSpec
 
 STEP_PARTS = (
@@ -774,18 +774,93 @@ def lower_bound(
 
 def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     """`lower_bound` of a built table."""
-    ph = phase_arrays(t, vpp, cal)
-    exposed = ph.sum_f + ph.sum_b[0] - t.compute
+    return float(mode_lower_bounds(t, vpp, cal)[0])
+
+
+def mode_lower_bounds(t: StageTable, vpp: int, cal: Calibration, phases: PhaseArrays | None = None) -> np.ndarray:
+    """(modes,) seconds no setting of table `t` can beat with each recompute mode (`RECOMPUTE_MODES`):
+    `lower_bound` with the mode's own backward phase, which holds its recompute forward, the
+    collectives that forward repeats, and their SMs (the first entry, no recompute, is the table's
+    bound). `compose` times a setting of that mode from the same phase, and its other knobs (ZeRO
+    traffic, once-per-step reduction, optimizer, offload) only add to it
+    (tests/planner/test_search_bounds.py checks every priced step of the reference meshes against
+    it). All modes at once, row by row the same float operations as one mode's."""
+    ph = phase_arrays(t, vpp, cal) if phases is None else phases
+    exposed = ph.sum_f[None, :] + ph.sum_b - t.compute[None, :]  # (modes, pp)
     share = beside_sm_share(t)
-    if share:  # the SMs the knob-independent traffic takes (ZeRO traffic and recompute only add to it)
-        f = comm_beside_compute(ph.busy_f[0][None], (ph.sum_f - ph.compute_f)[None], ph.compute_f[None])
-        b = comm_beside_compute(ph.busy_b[0][None], (ph.sum_b[0] - ph.compute_b[0])[None], ph.compute_b[0][None])
-        exposed = exposed + share * (f + b)[0]
+    if share:  # the SMs the knob-independent traffic takes (ZeRO traffic only adds to it)
+        f = comm_beside_compute(ph.busy_f, (ph.sum_f - ph.compute_f)[None], ph.compute_f[None])
+        b = comm_beside_compute(ph.busy_b, ph.sum_b - ph.compute_b, ph.compute_b)
+        exposed = exposed + share * (f + b)
+    per = t.compute[None, :] + exposed + ph.pp_exposed
+    worst = per.max(axis=1)
+    pp = per.shape[1]
     bubble_free = t.mesh.schedule_ in SPLIT_BACKWARD_SCHEDULES
-    return lower_bound(t.compute, exposed, ph.pp_exposed, vpp, t.mesh.grad_accum_, bubble_free)
+    bubble = (per.sum(axis=1) - worst) / vpp if pp > 1 and not bubble_free else 0.0
+    return t.mesh.grad_accum_ * worst + bubble
+
+
+def price_time(
+    t: StageTable, settings: list[Setting], prices: KnobPrices, vpp: int, cal: Calibration,
+    phases: PhaseArrays | None = None,
+) -> KnobPrices:
+    """Seconds per step for every setting (`cost_models.step_time`: the composition and its
+    sources), filled into `prices` (step, per-rank micro-batch time, named parts). `phases`: the
+    table's `phase_arrays` at `vpp` when the caller has them already."""
+    J = len(settings)
+    knobs = prices.knobs if prices.knobs is not None and len(prices.knobs.zero) == J else KnobArrays.of(settings)
+    dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
+    step, per_mb, parts = compose(t, knobs, dp, phase_arrays(t, vpp, cal) if phases is None else phases, vpp, cal)
+    prices.stage_time = per_mb
+    prices.parts = parts
+    prices.step_s = step
+    return prices
+
+
+def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
+    """Seconds no knob setting of this table can beat (`lower_bound`)."""
+    return table_lower_bound(t, vpp, cal)
+
+
+_DP_GRIDS: dict[tuple, tuple[tuple[object, ...], DataParallelTimes]] = {}
+
+
+def _dp_grid(
+    t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration, table_key: tuple
+) -> DataParallelTimes:
+    """`step_time.data_parallel_times` of a table's (ZeRO stage, sharding group) pairs, memoized on
+    `_dp_table_key` and the pairs (the entry keeps the job objects alive, so their ids are not
+    reused): tables of one mesh and micro-batch count share them. Read-only."""
+    objs = (t.cluster, t.training, cal)
+    key = (table_key, shardings)
+    hit = _DP_GRIDS.get(key)
+    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
+        return hit[1]
+    out = data_parallel_times(t, shardings, cal)
+    if len(_DP_GRIDS) > 1 << 14:
+        _DP_GRIDS.clear()
+    _DP_GRIDS[key] = (objs, out)
+    return out
+
+
+def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
+    """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
+    training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
+    (its FSDP flavour, Megatron FSDP's gradient fusion) and micro-batch count, the per-rank stored weight bytes and trainable
+    elements (and the embedding tables whose gradient the compute holds), and the layer classes
+    (counts per rank, weights and compute seconds of one layer)."""
+    m = t.mesh
+    return (
+        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
+        m.grad_accum_, m.stack, m.optimizer_state, m.optimizer_fused,
+        m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
+        t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
+        t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),
+    )
 
 
 __all__ = [
     "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times", "lower_bound",
-    "phase_arrays", "table_lower_bound",
+    "mode_lower_bounds",
+    "phase_arrays", "price_time", "table_lower_bound", "time_lower_bound",
 ]

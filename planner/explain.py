@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cost_models.error_band import above_published_ceiling
-from planner.plan import Plan
+from planner.plan import HOST_MEMORY_REASON, Plan
 
 GIB = 2**30
 
@@ -72,8 +72,6 @@ def host_sentences(plan: Plan) -> list[str]:
     """Layouts that fit on the GPUs but not in the nodes' host RAM: said whatever their rank among
     the rejections (offloading is what a user reaches for when GPU memory runs out, and loading the
     whole model in every process is what silently exhausts host RAM)."""
-    from planner.search import HOST_MEMORY_REASON
-
     return [
         f"{r.count:,} layouts fit in GPU memory but not in the node's host RAM (offloaded state, or every "
         f"process loading the whole model): e.g. {r.example}."
@@ -110,9 +108,17 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
             "runs (Megatron-Core's delayed or blockwise scaling, torchao's row-wise in torchtitan, tensor-wise in "
             "Accelerate)."
         )
+    floored = (
+        f"{s.floored:,} not priced because their activations alone exceed the GPU memory (combined 1F1B, which "
+        "runs no full recompute), " if s.floored else ""
+    )
+    bounded = (
+        f" ({s.dominated:,} of them bounded, not timed: slower than the best and dominated by a faster, "
+        "smaller layout)" if s.dominated else ""
+    )
     out.append(
-        f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned:,} pruned by the step-time bound, "
-        f"{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU."
+        f"Searched {s.generated:,} layouts: {s.invalid:,} invalid, {s.pruned - s.floored:,} pruned by the step-time "
+        f"bound, {floored}{s.priced:,} priced, {s.feasible:,} fit in {usable_bytes / GIB:.1f} GiB per GPU{bounded}."
     )
     if plan.best is None:
         if plan.closest_miss is not None:

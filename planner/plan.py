@@ -182,6 +182,16 @@ class Candidate(BaseModel):
         return float(self.estimate["tokens_per_s"])
 
 
+HOST_MEMORY_REASON = (
+    "host memory: the offloaded state or the model-loading peak of a node's ranks exceeds the node's usable host RAM"
+)
+"""The `Rejection.reason` of layouts that fit on the GPUs but not in a node's host RAM (the search
+counts them, the explanation names them whatever their rank)."""
+
+NVME_REASON = "NVMe: the states a node's ranks offload to NVMe (ZeRO-Infinity) exceed the node's NVMe capacity"
+"""The `Rejection.reason` of layouts whose ZeRO-Infinity states do not fit a node's NVMe."""
+
+
 class Rejection(BaseModel):
     reason: str  # the constraint, e.g. "memory: ZeRO-0 exceeds capacity" or "tp: crosses the NVLink domain"
     count: int
@@ -203,6 +213,14 @@ class SearchStats(BaseModel):
     pruned: int  # skipped by a bound that proves they cannot win (counted, not priced)
     priced: int  # estimates computed
     feasible: int  # priced and fitting
+    floored: int = 0
+    """Of `pruned`: layouts refused without pricing because the activations their option holds
+    already exceed the usable GPU memory (`stage_table.activation_floor`; combined 1F1B, whose
+    full-recompute settings the rule refuses). They are counted in `rejections` as priced ones are."""
+    dominated: int = 0
+    """Of `feasible`: layouts whose memory fits but whose step was bounded, not timed: a lower bound
+    puts each above the k-th best step and a layout already found is faster and no larger
+    (`planner.search`), so none can rank or be on the Pareto front."""
     seconds: float
     faster_than_reference: int | None = None  # fitting layouts strictly faster than a reference step time
 

@@ -10,18 +10,25 @@ Whole space, priced or provably pruned (branch and bound):
    pairs are computed at once (`_pair_bounds`: layer times per shard geometry and micro-batch
    size, vectorized; communication per mesh).
 3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
-   (`_PairTimes.bound`: `stage_table.time_lower_bound` without building the table, with the even
+   (`_PairTimes.bound`: `step_time.time_lower_bound` without building the table, with the even
    partition's slowest rank and the bubble) and pruned the same way. Both levels count the SMs the
    hidden TP and ring-attention traffic takes from the compute (`step_time.comm_sm_share`) layer
    by layer, at most each pass's compute: a lower bound of what the table's bound counts.
    When that bound is within `BOUND_MARGIN` of the k-th best step time, the table's own bound
-   (`stage_table.time_lower_bound`) decides instead.
-4. Every other layout has its memory priced; those that fit (with the headroom) get a step time.
-   Feasible layouts are kept as arrays per table (`_RankedBlocks`); only the ones the Plan reports
-   (top k, Pareto front) are named.
+   (`step_time.time_lower_bound`) decides instead.
+4. Every other layout has its memory priced; those that fit (with the headroom) get a step time,
+   unless each is bounded above the k-th best step by its recompute mode's bound
+   (`step_time.mode_lower_bounds`) and a layout already kept is strictly faster and no larger (the
+   Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be on the Pareto front, and
+   they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
+   combined-1F1B twin share one table; a combined-1F1B option (which runs no full recompute) whose
+   activations alone exceed the usable memory in every other mode (`stage_table.activation_floor`)
+   gets no table: its settings are counted as refused (`SearchStats.floored`). Feasible layouts are
+   kept as arrays per table
+   (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
 meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts, a
-grid's data-parallel times (`stage_table._dp_grid`) and its parameter/gradient/optimizer bytes
+grid's data-parallel times (`step_time._dp_grid`) and its parameter/gradient/optimizer bytes
 (`stage_table._state_bytes`) are cached per degrees, stride and per-rank parameter counts, so a
 mesh's tables at other micro-batches reuse them; memory rejections are counted per grid setting with numpy and logged once.
 The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
@@ -34,7 +41,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
@@ -60,26 +67,40 @@ from cost_models.flops import flash_backward_factor
 from cost_models.interning import canonical
 from cost_models.layout import DEFAULT_ORDER, Layout, validate_layout
 from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_bytes_per_node
+from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_comm
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict, kernels_dict
+from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, Setting, StageTable
 from cost_models.stage_table import (
-    RECOMPUTE_MODES,
-    KnobArrays,
-    Setting,
+    activation_floor,
     build_table,
-    comm_store,
-    embedding_gradient_times,
     layer_kind_counts,
     layer_kinds,
-    mesh_comm,
     price_memory,
+)
+from cost_models.stages import StagePartition
+from cost_models.step_time import (
+    comm_sm_share,
+    lower_bound,
+    mode_lower_bounds,
+    phase_arrays,
     price_time,
     time_lower_bound,
 )
-from cost_models.stages import StagePartition
-from cost_models.step_time import comm_sm_share, lower_bound
 from model_specs.spec import ModelSpec, TrainingSpec
-from planner.plan import Candidate, ClosestMiss, Plan, PlanInputs, Rejection, SearchConstraints, SearchStats
+from planner.explain import explain
+from planner.placement import place
+from planner.plan import (
+    HOST_MEMORY_REASON,
+    NVME_REASON,
+    Candidate,
+    ClosestMiss,
+    Plan,
+    PlanInputs,
+    Rejection,
+    SearchConstraints,
+    SearchStats,
+)
 from planner.space import (
     Mesh,
     PipeOption,
@@ -157,6 +178,7 @@ def describe(layout: Layout) -> str:
 
 
 FULL_RECOMPUTE = RECOMPUTE_MODES.index("full")
+COMBINED_FULL_RECOMPUTE = "combined 1F1B does not run with full recompute (Megatron-Core's rule)"
 """`KnobArrays.mode` of full recompute."""
 
 GPIPE_DOMINATED = "dominated: GPipe has 1F1B's step time and more activation memory"
@@ -231,6 +253,10 @@ class _RankedBlocks:
         self.steps: list[np.ndarray] = []
         self.peaks: list[np.ndarray] = []
         self.blocks: list[Block] = []
+        # the Pareto staircase of every layout added: steps ascending, each the least peak of all
+        # layouts at or below its step (`dominated`)
+        self.front_steps = np.zeros(0)
+        self.front_peaks = np.zeros(0)
 
     @property
     def full(self) -> bool:
@@ -253,6 +279,20 @@ class _RankedBlocks:
         self.steps.append(step_s)
         self.peaks.append(peak_bytes)
         self.blocks.append(block)
+        steps = np.concatenate([self.front_steps, step_s])
+        peaks = np.concatenate([self.front_peaks, peak_bytes])
+        order = np.lexsort((peaks, steps))
+        steps, peaks = steps[order], peaks[order]
+        before = np.concatenate([[np.inf], np.minimum.accumulate(peaks)[:-1]])
+        keep = peaks < before
+        self.front_steps, self.front_peaks = steps[keep], peaks[keep]
+
+    def dominated(self, step_s: np.ndarray, peak_bytes: np.ndarray) -> bool:
+        """Whether every layout of at least `step_s` (ranking units) and `peak_bytes` has one already
+        added that is strictly faster and no larger: none of them can then be on the Pareto front
+        (`_RankedView.pareto`), whatever its exact step."""
+        at = np.searchsorted(self.front_steps, step_s, side="left") - 1  # the last strictly faster step
+        return bool(np.all((at >= 0) & (self.front_peaks[np.maximum(at, 0)] <= peak_bytes)))
 
     def ranked(self, stack: Stack) -> _RankedView:
         if not self.steps:
@@ -327,7 +367,7 @@ class _ComputeTimes:
     kind_of_layer: np.ndarray  # (layers,) index of each layer's kind
     head: np.ndarray  # (G, M) LM head and cross-entropy (and the MTP modules), forward + backward
     embedding_grad: np.ndarray
-    """(G, 3) `stage_table.embedding_gradient_times`: rank 0's table with the head elsewhere, with
+    """(G, 3) `mesh_comm.embedding_gradient_times`: rank 0's table with the head elsewhere, with
     the head on rank 0, and the MTP modules' copy on the head's rank when that is not rank 0."""
     margin: np.ndarray
     """(G, M) the kernels' slow-end margin of one micro-batch through all layers
@@ -365,7 +405,7 @@ class _ComputeTimes:
             head = head + mtp * (head_fwd + head_bwd + proj_fwd + proj_bwd + last.forward + last.backward)
         kind_list = list(kinds)
         shape = (len(geometries), len(mbs))
-        # as build_table prices it (`stage_table.embedding_gradient_times`)
+        # as build_table prices it (`mesh_comm.embedding_gradient_times`)
         embedding_grad = np.array(
             [embedding_gradient_times(model, tp_, cluster, framework, training, cal, store) for tp_, _, _, _ in geometries]
         ).reshape(-1, 3)
@@ -578,7 +618,7 @@ class _PairTimes:
     exposure: _Exposure
 
     def bound(self, pp: int, option: PipeOption, grad_accum: int, ov: Overlap) -> float:
-        """`stage_table.time_lower_bound` of this pair's layout with pipeline `option` and its
+        """`step_time.time_lower_bound` of this pair's layout with pipeline `option` and its
         partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
         vpp = option.vpp
         sums = self.rank_sums.get((pp, option))
@@ -650,14 +690,6 @@ table's decides a layout that sits on the k-th best step time. A pair bound belo
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
-HOST_MEMORY_REASON = (
-    "host memory: the offloaded state or the model-loading peak of a node's ranks exceeds the node's usable host RAM"
-)
-
-
-NVME_REASON = "NVMe: the states a node's ranks offload to NVMe (ZeRO-Infinity) exceed the node's NVMe capacity"
-
-
 def _memory_reason(s: Setting) -> str:
     knob = f"ZeRO-{s.zero_stage}"
     if s.dp_shard and s.zero_stage > 0:
@@ -721,9 +753,6 @@ def search(
     With `reference_step_s` (e.g. a published layout's predicted step time) the search also counts,
     exactly, the fitting layouts strictly faster than it (`stats.faster_than_reference`): nothing
     whose bound is below the reference is pruned."""
-    from planner.explain import explain
-    from planner.placement import place
-
     t0 = time.perf_counter()
     c = constraints or SearchConstraints()
     stack = Stack.of(c)
@@ -736,7 +765,7 @@ def search(
     # host RAM while the model is built, per ZeRO stage 0-3 (the search's layouts use sharded init)
     loading_by_stage = model_loading_bytes_per_node(model, c.framework, np.arange(4), True, ranks_per_node)
     log = RejectionLog()
-    generated = invalid = pruned = priced = feasible = 0
+    generated = invalid = pruned = priced = feasible = bounded = floored = 0
 
     # --- level 1: meshes --------------------------------------------------------------------------
     valid: list[tuple[Mesh, list[int]]] = []  # meshes that pass validation, with their micro-batches
@@ -851,6 +880,7 @@ def search(
         visited_knobs += n
         generated += n
         pair_times: _PairTimes | None = None
+        pair_tables: dict[PipeOption, StageTable] = {}  # this pair's tables, per option without combined 1F1B
         if ranked.full and lb >= max(ranked.threshold_s, ref * bounds.kappa_max):
             # pairs are sorted by bound (ranking units): every later pair is pruned too, and none of
             # them can be faster than the reference (its kappa is at most kappa_max)
@@ -885,7 +915,33 @@ def search(
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
             base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             partition = _partition(model.num_layers, mesh.pp, option)
-            table = build_table(model, training, cluster, gpus, base, partition, cal)
+            if option.a2a_overlap and ranked.steps and not (ranked.full and near_threshold):
+                # Combined 1F1B runs no full recompute; when the activations alone put every other
+                # setting over the usable memory (`stage_table.activation_floor`), nothing of this
+                # option can fit: its table is not built. Its settings are counted as they would be
+                # priced (memory rejections whose reasons have their examples already), its
+                # full-recompute ones under the rule that refuses them.
+                floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
+                if floor is not None:
+                    modes = knobs_of(grid_key, grid).mode
+                    full = modes == FULL_RECOMPUTE
+                    over = ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable)
+                    if np.all(over | full) and all(rejections.reasons[j] in log.examples for j in np.flatnonzero(over)):
+                        rejections.add(log, over)
+                        if full.any():
+                            log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", int(full.sum()))
+                        pruned += len(grid)
+                        floored += len(grid)
+                        continue
+            # combined 1F1B changes how a table is timed and what its ranks hold in flight, not the
+            # table: an option and its combined twin share one (`stage_table.build_table` reads no
+            # schedule knob of its mesh; tests/planner/test_search_bounds.py checks the two equal)
+            twin = option._replace(a2a_overlap=False)
+            table = pair_tables.get(twin)
+            if table is None:
+                table = pair_tables[twin] = build_table(model, training, cluster, gpus, base, partition, cal)
+            else:
+                table = replace(table, mesh=base)
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
                 pruned += len(grid)
                 continue
@@ -941,12 +997,22 @@ def search(
                         )
             if not len(fits):
                 continue
+            feasible += len(fits)
+            phases = phase_arrays(table, vpp, cal)
+            if ranked.full:
+                # Bounded, not timed: each fitting setting's recompute mode bounds its step from below
+                # (`step_time.mode_lower_bounds`); when every bound is above the ranking's threshold
+                # (and the reference) and a layout already kept is strictly faster and no larger than
+                # each, none of them can enter the top k, the tie window or the Pareto front
+                lb = mode_lower_bounds(table, vpp, cal, phases)[knobs_of(grid_key, grid).mode[fits]] * (1 - BOUND_MARGIN)
+                if lb.min() >= max(ranked.threshold_s / kappa, ref) and ranked.dominated(lb * kappa, peaks[fits]):
+                    bounded += len(fits)
+                    continue
             # every setting is timed (as cheap as timing a subset: the work is per numpy call), the
             # ones that fit are kept
-            timed = price_time(table, grid, prices, vpp, cal)
+            timed = price_time(table, grid, prices, vpp, cal, phases)
             assert timed.step_s is not None
             step_s = timed.step_s[fits]
-            feasible += len(fits)
             if reference_step_s is not None:
                 faster += int(np.count_nonzero(step_s < reference_step_s * (1 - 1e-9)))
             # ranked by the conservative figure: seconds x (1 + the kernels' slow-end margin)
@@ -989,6 +1055,8 @@ def search(
             pruned=pruned,
             priced=priced,
             feasible=feasible,
+            floored=floored,
+            dominated=bounded,
             seconds=time.perf_counter() - t0,
             faster_than_reference=faster if reference_step_s is not None else None,
         ),

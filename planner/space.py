@@ -22,7 +22,7 @@ from typing import NamedTuple
 from cluster_specs.spec import ClusterSpec
 from cost_models.layout import AttentionKernel, Layout, default_attention_kernel, ep_next_to_dp
 from cost_models.pipeline import dualpipev_micro_batches_ok, interleaving_group, zero_bubble_rounds_ok
-from cost_models.stage_table import Setting
+from cost_models.stage_data import Setting
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import SearchConstraints
 
@@ -135,7 +135,7 @@ class Mesh:
             self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.order, micro_batch, self.moe_parallel_folding
         )
 
-    # duck-typed like a resolved Layout for cost_models.mesh / stage_table.mesh_comm
+    # duck-typed like a resolved Layout for cost_models.mesh / mesh_comm.mesh_comm
     @property
     def dp_(self) -> int:
         return self.dp

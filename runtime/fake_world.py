@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.memory import LiveStorageTracker
-from runtime.spec import RunSpec, load_run_spec
+from runtime.spec import RunSpec, load_run_spec, traced_layout
 
 __all__ = [
     "BUILD_HEADER", "TABLE_HEADER", "BuildMemory", "StageMemory", "compare_with_estimate", "format_build", "format_row",
@@ -208,24 +208,6 @@ def measure_stages(run: RunSpec, steps: int = 2, isolate: bool = True) -> list[S
             raise RuntimeError(f"fake-world trace of stage {stage} failed:\n{proc.stderr[-6000:]}")
         out.append(StageMemory(**json.loads(proc.stdout.strip().splitlines()[-1])))
     return out
-
-
-def traced_layout(run: RunSpec, framework: str = "fsdp") -> Any:
-    """The layout as the traced runtime executes it: `framework` (default fsdp: this runtime is eager
-    PyTorch with FSDP2, not Megatron's fused kernels), its cross-entropy (eager, or DTensor's
-    `loss_parallel` under TP), and the RMSNorm of PyTorch's CPU dispatch, which the trace runs: it
-    upcasts and saves float32 tensors (`norm_kernel="eager_fp32"`; on CUDA the same module is a
-    fused kernel that saves its bf16 input, measured on an H100); context parallel as
-    `runtime.context_parallel` runs it (`cp_attention="allgather_mask"`)."""
-    return run.layout.model_copy(
-        update={
-            "framework": framework,
-            "cross_entropy": "loss_parallel" if run.layout.tp > 1 else "eager",
-            "norm_kernel": "eager_fp32",
-            # runtime.context_parallel: all-gathered K/V and a dense mask, on CPU and GPU alike
-            "cp_attention": "allgather_mask",
-        }
-    )
 
 
 def compare_with_estimate(

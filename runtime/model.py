@@ -82,6 +82,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model_specs.spec import ModelSpec
+from runtime.errors import NotSupportedError
 from runtime.weights import SeededInit
 
 __all__ = [
@@ -103,10 +104,6 @@ DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_NORM_EPS = 1e-5
 """Epsilon of every norm (`ModelSpec` carries none; PyTorch's `nn.LayerNorm` default)."""
 INIT_STD = 0.02
-
-
-class NotSupportedError(NotImplementedError):
-    """The reference model cannot represent this ModelSpec feature (or combination)."""
 
 
 # ---- small helpers ------------------------------------------------------------------------------

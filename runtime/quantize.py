@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.model import NotSupportedError
+from runtime.errors import NotSupportedError
 
 __all__ = ["BLOCK", "SCALER_BLOCK", "is_quantized", "quantize_linears", "store_"]
 

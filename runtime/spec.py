@@ -154,3 +154,21 @@ def load_run_spec(source: str | Path | dict[str, Any], **overrides: Any) -> RunS
     if "inputs" in data and "best" in data:
         return run_spec_from_plan(data, **overrides)
     return RunSpec.model_validate({**data, **overrides})
+
+
+def traced_layout(run: RunSpec, framework: str = "fsdp") -> Any:
+    """The layout as the traced runtime executes it: `framework` (default fsdp: this runtime is eager
+    PyTorch with FSDP2, not Megatron's fused kernels), its cross-entropy (eager, or DTensor's
+    `loss_parallel` under TP), and the RMSNorm of PyTorch's CPU dispatch, which the trace runs: it
+    upcasts and saves float32 tensors (`norm_kernel="eager_fp32"`; on CUDA the same module is a
+    fused kernel that saves its bf16 input, measured on an H100); context parallel as
+    `runtime.context_parallel` runs it (`cp_attention="allgather_mask"`)."""
+    return run.layout.model_copy(
+        update={
+            "framework": framework,
+            "cross_entropy": "loss_parallel" if run.layout.tp > 1 else "eager",
+            "norm_kernel": "eager_fp32",
+            # runtime.context_parallel: all-gathered K/V and a dense mask, on CPU and GPU alike
+            "cp_attention": "allgather_mask",
+        }
+    )

@@ -40,7 +40,7 @@ from runtime.host import peak_rss_bytes, seconds_since_start
 from runtime.memory import LiveStorageTracker, peak_memory_bytes, reset_peak_memory
 from runtime.mesh import Meshes, build_meshes
 from runtime.parallelize import ModelParts, build_parts, compute_dtype, tp_reduce_partial_grads
-from runtime.spec import RunSpec
+from runtime.spec import RunSpec, traced_layout
 
 __all__ = ["Trainer", "TrainResult", "global_batch", "init_distributed", "train"]
 
@@ -520,7 +520,7 @@ def predicted_host_peak_bytes(run: RunSpec, device: torch.device, staged_bytes: 
     """The cost model's host memory of this run's worst rank (`cost_models.memory.
     meta_build_host_bytes_per_rank`, the process itself left out): on a CPU device the rank's whole
     allocated peak lives in host memory (the estimate of its worst stage without the allocator
-    reserve, priced as the runtime executes it: `runtime.fake_world.traced_layout` on the
+    reserve, priced as the runtime executes it: `runtime.spec.traced_layout` on the
     local-cpu preset); on a GPU what start-up stages there, `staged_bytes` (the largest local
     tensor as read from a checkpoint; a seeded start stages one tile at a time, negligible)."""
     from cost_models.memory import meta_build_host_bytes_per_rank
@@ -529,7 +529,6 @@ def predicted_host_peak_bytes(run: RunSpec, device: torch.device, staged_bytes: 
     if device.type == "cpu":
         from cluster_specs.presets import get_cluster
         from cost_models.estimate import estimate
-        from runtime.fake_world import traced_layout
 
         try:
             est = estimate(run.model, run.training, get_cluster("local-cpu"), run.gpus, traced_layout(run), run.stage_partition)

@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from torch import nn
 
+from runtime.quantize import is_quantized, store_
+
 __all__ = ["TILE", "SeededInit", "global_names", "is_symbolic", "local_box"]
 
 TILE: dict[str, tuple[int, int]] = {"cpu": (8, 2048), "cuda": (64, 8192)}
@@ -198,8 +200,6 @@ class SeededInit:
         device = local.device
         tr, tc = TILE["cuda" if device.type == "cuda" else "cpu"]
         rows, cols = _matrix(gshape)
-        from runtime.quantize import is_quantized, store_
-
         if is_quantized(local):  # a QLoRA base weight (never sharded): draw it whole, then quantize it
             plain = torch.empty(gshape, dtype=local.dtype, device=device)
             self._fill_box(plain.view(rows, cols), (0, rows, 0, cols), rows, cols, tr, tc, key, fill)

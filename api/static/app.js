@@ -364,7 +364,7 @@ async function planPage(id) {
     html += `<p class="muted">Paste an API token at the top right to see this plan's runs.</p>`;
   }
   html += `<h2>Search</h2><p class="muted">${num(plan.stats.generated, 0)} layouts generated, ${num(plan.stats.invalid, 0)} invalid,
-    ${num(plan.stats.pruned, 0)} pruned, ${num(plan.stats.priced, 0)} priced, ${num(plan.stats.feasible, 0)} fit; ${num(plan.stats.seconds, 2)} s.</p>`;
+    ${num(plan.stats.pruned, 0)} pruned, ${num(plan.stats.priced, 0)} priced, ${num(plan.stats.feasible, 0)} fit${plan.stats.dominated ? `, ${num(plan.stats.dominated, 0)} of them bounded, not timed (slower than the best and dominated)` : ''}; ${num(plan.stats.seconds, 2)} s.</p>`;
   app().innerHTML = html;
   if (!best && plan.closest_miss) {
     const miss = plan.closest_miss;

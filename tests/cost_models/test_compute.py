@@ -304,7 +304,7 @@ def test_the_embedding_gradient_is_the_whole_table_every_micro_batch() -> None:
 def test_the_embedding_gradient_costs_its_rank_and_not_a_frozen_base(monkeypatch: pytest.MonkeyPatch) -> None:
     """On rank 0 (the embedding's) once per micro-batch; not at all on a LoRA base (no gradient)."""
     from cluster_specs.presets import get_cluster
-    from cost_models import stage_table
+    from cost_models import mesh_comm, stage_table
     from cost_models.layout import Layout
     from cost_models.stages import StagePartition
     from model_specs.spec import TrainingSpec
@@ -319,7 +319,7 @@ def test_the_embedding_gradient_costs_its_rank_and_not_a_frozen_base(monkeypatch
         return stage_table.build_table(model, training, cluster, 64, lay, part, CAL).compute
 
     full, lora = compute("full", 64), compute("lora", 64)
-    monkeypatch.setattr(stage_table, "embedding_gradient_time", lambda *a: 0.0)
+    monkeypatch.setattr(mesh_comm, "embedding_gradient_time", lambda *a: 0.0)
     full_free, lora_free = compute("full", 128), compute("lora", 128)
     grad = embedding_gradient_time(model, 2, cluster.gpu, "megatron", 2, 2, False, CAL)
     assert full[0] - full_free[0] == pytest.approx(grad, rel=1e-9)

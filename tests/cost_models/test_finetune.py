@@ -86,7 +86,8 @@ def test_data_parallel_reduction_carries_only_the_adapters() -> None:
     the adapters' (0.5% of them), and its optimizer step touches only the adapters."""
     from cost_models.calibration import default_calibration
     from cost_models.estimate import pricing_context
-    from cost_models.stage_table import Sharding, build_table
+    from cost_models.stage_data import Sharding
+    from cost_models.stage_table import build_table
     from cost_models.step_time import data_parallel_times
 
     m = get_model("llama3-8b")

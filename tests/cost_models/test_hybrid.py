@@ -20,7 +20,8 @@ from cost_models.compute import (
 )
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, validate_layout
-from cost_models.stage_table import _tp_comm, layer_kinds, mesh_comm
+from cost_models.mesh_comm import _tp_comm, mesh_comm
+from cost_models.stage_table import layer_kinds
 from cost_models.stages import StagePartition
 from model_specs.presets import get_model
 from model_specs.spec import ModelSpec, TrainingSpec

@@ -13,8 +13,10 @@ from cost_models.calibration import default_calibration
 from cost_models.compute import hbm_bandwidth
 from cost_models.estimate import setting_of
 from cost_models.layout import Layout, validate_layout
-from cost_models.stage_table import KnobArrays, _dp_grid, _dp_table_key, build_table, price_memory, price_time
+from cost_models.stage_data import KnobArrays
+from cost_models.stage_table import build_table, price_memory
 from cost_models.stages import StagePartition
+from cost_models.step_time import _dp_grid, _dp_table_key, price_time
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
@@ -261,7 +263,7 @@ def test_expert_tp_exchange_is_priced_on_its_own_groups_channel() -> None:
     layer's communication grows by one all-gather and one reduce-scatter of the gathered rows, and
     that part sits on the expert-TP group's channel (NVLink), not on the EP group's (scale-out)."""
     from cost_models.comm import INTER, INTRA, Group, collective_time
-    from cost_models.stage_table import mesh_comm
+    from cost_models.mesh_comm import mesh_comm
 
     model, cluster, cal = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), default_calibration()
     training = TrainingSpec(seq_len=4096, global_batch=256)
@@ -290,7 +292,7 @@ def test_the_expert_grid_sets_the_ep_groups_links_and_keys_the_data_parallel_mem
     TP2 x CP2 on 64 H100 its 8 ranks span 4 nodes instead of 2, so the all-to-all runs slower. The
     memoized data-parallel times are keyed on the grid, so tables of the two grids never share them."""
     from cost_models.comm import Group, collective_time
-    from cost_models.stage_table import mesh_comm
+    from cost_models.mesh_comm import mesh_comm
 
     model, cluster, cal = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), default_calibration()
     training = TrainingSpec(seq_len=8192, global_batch=64)

@@ -16,7 +16,8 @@ from cost_models.comm import INTER
 from cost_models.compute import hbm_bandwidth
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, validate_layout
-from cost_models.stage_table import Sharding, build_table
+from cost_models.stage_data import Sharding
+from cost_models.stage_table import build_table
 from cost_models.stages import StagePartition
 from cost_models.step_time import data_parallel_times
 from model_specs.params import count_params

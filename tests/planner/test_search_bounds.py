@@ -11,8 +11,9 @@ from cost_models.calibration import default_calibration
 from cost_models.compute import ShardGeometry, layer_time, lm_head_times
 from cost_models.layout import validate_layout
 from cost_models.pipeline import SPLIT_BACKWARD_SCHEDULES
-from cost_models.stage_table import build_table, price_memory, price_time, time_lower_bound
+from cost_models.stage_table import build_table, price_memory
 from cost_models.stages import StagePartition
+from cost_models.step_time import price_time, time_lower_bound
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import SearchConstraints
@@ -129,3 +130,115 @@ def test_vectorized_layer_times_match_scalar(name, cluster_name, gpus, seq, batc
             assert vector.backward[j] == pytest.approx(scalar.backward, rel=1e-12)
             assert vector.attention[j] == pytest.approx(scalar.attention, rel=1e-12)
             assert [h[j] for h in head] == pytest.approx(list(lm_head_times(model, g, cluster.gpu, "bf16", ab, cal)), rel=1e-12)
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch,framework",
+                         [(*CASES[1], "megatron"), (*FSDP_CASES[0], "fsdp")])
+def test_mode_bounds_hold_for_every_priced_setting(name, cluster_name, gpus, seq, batch, framework) -> None:
+    """`step_time.mode_lower_bounds`: no setting priced with a recompute mode is faster than that
+    mode's bound; the first mode's is the table's bound, and full recompute's is above it (its
+    recompute forward)."""
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(framework=framework), default_calibration()
+    checked = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=12):
+        grid = settings(mesh, cluster, c)
+        for option in pipeline_options(model, training, mesh, mbs[0], c):
+            layout = to_layout(mesh, mbs[0], option, grid[0], Stack.of(c)).resolved(gpus, training)
+            table = build_table(model, training, cluster, gpus, layout, StagePartition.for_layout(model.num_layers, layout), cal)
+            bounds = step_time.mode_lower_bounds(table, option.vpp, cal)
+            assert bounds[0] == time_lower_bound(table, option.vpp, cal)
+            assert bounds[2] > bounds[0]
+            timed = price_time(table, grid, price_memory(table, grid, option.schedule, option.vpp, cal), option.vpp, cal)
+            assert timed.step_s is not None and timed.knobs is not None
+            assert np.all(timed.step_s >= bounds[timed.knobs.mode] * (1 - 1e-12))
+            checked += len(grid)
+    assert checked > 1000
+
+
+def test_bounded_layouts_leave_the_plan_unchanged(monkeypatch) -> None:
+    """Layouts that fit but are bounded instead of timed (`SearchStats.dominated`), and combined-1F1B
+    options refused by their activation floor without a table (`SearchStats.floored`), change no
+    layout the Plan reports: the same best, alternatives, Pareto front and closest miss as a search
+    that prices and times everything. Without the floor the rejections and sentences are the same
+    too; with it, the floored options' full-recompute settings are counted under the rule that
+    refuses them instead of by their memory."""
+    from planner import search as search_module
+
+    model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    fast = search_module.search(model, training, cluster, 64, refine=False)
+    with monkeypatch.context() as patched:
+        patched.setattr(search_module, "activation_floor", lambda *a: None)
+        unfloored = search_module.search(model, training, cluster, 64, refine=False)
+        patched.setattr(search_module, "mode_lower_bounds", lambda t, vpp, cal, phases=None: np.zeros(4))
+        slow = search_module.search(model, training, cluster, 64, refine=False)
+    assert fast.stats.dominated > 1000 and fast.stats.floored > 1000
+    assert slow.stats.dominated == 0 and slow.stats.floored == 0 and unfloored.stats.floored == 0
+    for key in ("best", "alternatives", "pareto", "closest_miss"):
+        assert getattr(fast, key) == getattr(slow, key) == getattr(unfloored, key), key
+    assert unfloored.rejections == slow.rejections
+    # the sentences but the one that counts the search's work (it names what was bounded)
+    assert [w for w in unfloored.why if not w.startswith("Searched")] == [w for w in slow.why if not w.startswith("Searched")]
+    same = {"generated", "invalid", "feasible", "faster_than_reference"}
+    assert fast.stats.model_dump(include=same) == slow.stats.model_dump(include=same)
+    assert fast.stats.pruned + fast.stats.priced == slow.stats.pruned + slow.stats.priced
+    assert fast.stats.priced == slow.stats.priced - fast.stats.floored
+    reasons = {r.reason: r.count for r in fast.rejections}
+    assert reasons[search_module.COMBINED_FULL_RECOMPUTE] > 0
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", [CASES[1], CASES[2]])
+def test_the_activation_floor_is_below_every_priced_peak(name, cluster_name, gpus, seq, batch) -> None:
+    """`stage_table.activation_floor`: no setting of a combined-1F1B option (or its twin) priced
+    with a recompute mode other than full holds less than that mode's floor."""
+    from cost_models.stage_table import activation_floor
+
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(), default_calibration()
+    checked = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=30):
+        grid = settings(mesh, cluster, c)
+        for mb in mbs[:2]:
+            for option in pipeline_options(model, training, mesh, mb, c):
+                layout = to_layout(mesh, mb, option, grid[0], Stack.of(c), validate=False).resolved(gpus, training)
+                partition = StagePartition.for_layout(model.num_layers, layout)
+                floor = activation_floor(model, training, cluster, layout, partition, option.schedule, option.vpp, cal)
+                assert floor is not None and np.isnan(floor[2])
+                table = build_table(model, training, cluster, gpus, layout, partition, cal)
+                prices = price_memory(table, grid, option.schedule, option.vpp, cal)
+                assert prices.knobs is not None
+                modes = prices.knobs.mode
+                kept = modes != 2
+                assert np.all(prices.peak[kept] >= floor[modes[kept]])
+                checked += int(kept.sum())
+    assert checked > 1000
+
+
+def test_a_combined_1f1b_option_has_its_twins_table() -> None:
+    """The search builds one table for a pipeline option and its combined-1F1B twin
+    (`Layout.moe_a2a_overlap`): `build_table` gives the two the same arrays, only the mesh differs."""
+    from dataclasses import fields
+
+    model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    c, cal = SearchConstraints(), default_calibration()
+    compared = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, 64, c, limit=40):
+        grid = settings(mesh, cluster, c)
+        for option in pipeline_options(model, training, mesh, mbs[0], c):
+            if not option.a2a_overlap:
+                continue
+            twin = option._replace(a2a_overlap=False)
+            tables = []
+            for o in (option, twin):
+                layout = to_layout(mesh, mbs[0], o, grid[0], Stack.of(c), validate=False).resolved(64, training)
+                tables.append(build_table(model, training, cluster, 64, layout, StagePartition.for_layout(model.num_layers, layout), cal))
+            assert tables[0].mesh.moe_a2a_overlap and not tables[1].mesh.moe_a2a_overlap
+            for f in fields(tables[0]):
+                if f.name != "mesh":
+                    np.testing.assert_array_equal(getattr(tables[0], f.name), getattr(tables[1], f.name), err_msg=f.name)
+            compared += 1
+    assert compared > 5
