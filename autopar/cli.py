@@ -6,9 +6,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
+
+from autopar.cli_args import (  # noqa: F401  (shared with the other subcommand modules)
+    FLAGS,
+    _cluster_ref,
+    _comma_list,
+    _flag,
+    _method_fields,
+    _model_ref,
+    _refuse,
+    _validation_message,
+)
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Auto-parallelism planner for LLM training.",
@@ -17,67 +28,11 @@ app = typer.Typer(
 )
 
 
-def _model_ref(model: str) -> Any:
-    """A preset name, or a path to a HuggingFace config.json (or a folder holding one), or to a JSON
-    file of ModelSpec fields (what `autopar models --show NAME` prints)."""
-    from autopar.cli_support import looks_like_path
-
-    path = Path(model)
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if path.suffix == ".json" and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise typer.BadParameter(f"cannot read {path} as JSON: {exc}", param_hint="--model") from exc
-        if isinstance(data, dict) and "num_layers" in data and "model_type" not in data:
-            return data  # ModelSpec fields
-        return {"hf_config": data, "name": path.parent.name or path.stem}
-    if looks_like_path(model) and not path.exists():
-        raise typer.BadParameter(
-            f"model file not found: {path} (a model is a preset name, `autopar models`, or a HuggingFace "
-            "config.json or a folder holding one)", param_hint="--model",
-        )
-    return model
-
-
-def _cluster_ref(cluster: str) -> Any:
-    """A preset name, or a path to a cluster YAML file (README, 'Cluster files')."""
-    from autopar.cli_support import looks_like_path, read_cluster_file
-
-    if looks_like_path(cluster) or Path(cluster).is_file():
-        return read_cluster_file(Path(cluster))
-    return cluster
-
-
 def _need_global_batch(global_batch: int | None, global_batch_tokens: int | None) -> None:
     if not global_batch and not global_batch_tokens:
         typer.echo("error: give the batch: --global-batch N (sequences per optimizer step) or "
                    "--global-batch-tokens N (tokens per step)", err=True)
         raise typer.Exit(2)
-
-
-FLAGS = {
-    "gpus": "--gpus", "nodes": "--nodes", "precision": "--precision", "memory_headroom": "--headroom",
-    "zero_stage": "--zero", "max_zero_stage": "--max-zero", "seq_len": "--seq-len", "global_batch": "--global-batch",
-    "global_batch_tokens": "--global-batch-tokens", "grad_dtype": "--grad-dtype", "lora_rank": "--lora-rank",
-    "lora_alpha": "--lora-alpha", "lora_targets": "--lora-targets", "quant_format": "--quant-format",
-    "micro_batch": "--micro-batch", "recompute_layers": "--recompute-layers", "dp_shard": "--dp-shard",
-    "elementwise_kernels": "--elementwise-kernels", "attention_kernel": "--attention-kernel",
-}
-"""Field names of TrainingSpec / SearchConstraints / Layout as the CLI spells their options (the
-rest are `--` + the name with dashes: `tp` -> `--tp`)."""
-
-
-def _flag(loc: tuple[str, ...] | list[Any]) -> str:
-    """The CLI option of a field path (`("training", "precision")` -> `--precision`)."""
-    name = str(loc[-1]) if loc else "job"
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
-
-
-def _refuse(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _gpu_count(gpus: int | None, nodes: int | None, gpus_per_node: Any) -> int:
@@ -108,15 +63,6 @@ def _gpus(gpus: int | None, nodes: int | None, cluster_ref: Any) -> int:
     return _gpu_count(gpus, nodes, per_node)
 
 
-def _validation_message(exc: Any) -> str:
-    """A pydantic ValidationError as `--option: reason` lines (the CLI's spelling of each field)."""
-    parts = []
-    for err in exc.errors():
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{_flag(err['loc'])}: {msg}" if err["loc"] else msg)
-    return "; ".join(parts)
-
-
 def _int_or_auto(option: str, value: str) -> int | str:
     """An integer option that also takes "auto" (`cost_models.auto_knobs`)."""
     if value == "auto":
@@ -125,24 +71,6 @@ def _int_or_auto(option: str, value: str) -> int | str:
         return int(value)
     except ValueError:
         raise typer.BadParameter(f"{option} takes an integer or auto, not {value!r}") from None
-
-
-def _method_fields(
-    method: str, lora_rank: int | None, lora_alpha: float | None, lora_targets: str | None, quant_format: str | None
-) -> dict[str, Any]:
-    """The training-method fields of `TrainingSpec` from the CLI options (only those given, so the
-    spec's own validation names what does not belong to the method)."""
-    out: dict[str, Any] = {"method": method}
-    if lora_rank is not None:
-        out["lora_rank"] = lora_rank
-    if lora_alpha is not None:
-        out["lora_alpha"] = lora_alpha
-    if lora_targets is not None:
-        names = _comma_list(lora_targets) or []
-        out["lora_targets"] = names[0] if len(names) == 1 and names[0] in ("all-linear", "attention") else names
-    if quant_format is not None:
-        out["quant_format"] = quant_format
-    return out
 
 
 def _technique_fields(master_weights: bool | None, dora: bool, trainable_embeddings: bool) -> dict[str, Any]:
@@ -321,10 +249,6 @@ def evaluate(
         print_evaluation(result, headroom=headroom)
     if not result["ok"]:
         raise typer.Exit(2)
-
-
-def _comma_list(text: str | None) -> list[str] | None:
-    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _partition(text: str) -> str | list[int]:

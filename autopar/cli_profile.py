@@ -34,7 +34,7 @@ def profile(
     """Measure the kernels a plan is priced with (GEMM shapes, attention, memory copy) on this
     machine's GPU, with progress on stderr, and write them as a kernel-atlas file: upload it with
     PUT /v1/clusters/{name}/atlas, or plan with it: autopar plan ... --atlas FILE."""
-    from autopar.cli import _refuse
+    from autopar.cli_args import _refuse
     from autopar.cli_support import require_extra
 
     if device not in ("auto", "cuda", "cpu"):
@@ -84,7 +84,7 @@ def _search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int
     """The plan `autopar plan` would make for these options (its model / cluster resolution)."""
     from pydantic import ValidationError
 
-    from autopar.cli import _cluster_ref, _method_fields, _model_ref, _refuse, _validation_message
+    from autopar.cli_args import _cluster_ref, _method_fields, _model_ref, _refuse, _validation_message
     from cost_models.jobs import JobError, _resolve, resolve_cluster, resolve_model
     from model_specs.spec import TrainingSpec
     from planner.finetune import search_finetune
