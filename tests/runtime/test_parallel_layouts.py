@@ -78,11 +78,13 @@ def _case(name: str, layout: dict[str, Any], *, model: str | dict[str, Any] = "t
 
 CASES: list[dict[str, Any]] = [
     # data parallel: FSDP2 per ZeRO stage, DDP, HSDP
-    _case("fsdp_dp4_zero3", {"zero_stage": 3}),
+    _case("fsdp_dp4_zero3", {"zero_stage": 3}, track_memory=True),
     _case("fsdp_dp4_zero2_mb2", {"zero_stage": 2, "micro_batch": 2}),
     _case("fsdp_dp4_zero1_adamw", {"zero_stage": 1}, opt="adamw", track_memory=True),
     _case("ddp_dp4_zero0", {"zero_stage": 0}),
     _case("hsdp_2x2_zero3", {"dp_shard": 2, "zero_stage": 3}),
+    # tied embeddings and a learned position table: one FSDP2 unit of both ends (edge_units)
+    _case("fsdp_dp4_zero3_gpt2_like", {"zero_stage": 3}, model=GPT2_LIKE, opt="adamw", track_memory=True),
     # tensor (+ sequence) parallel
     _case("tp2_dp2_sp", {"tp": 2, "zero_stage": 3}),
     _case("tp2_dp2_nosp_adamw", {"tp": 2, "sp": False}, opt="adamw"),
@@ -243,7 +245,7 @@ GLOO_STAGING_BYTES = 2.3 * 2**20
 
 
 @pytest.mark.parametrize(
-    "name", ["fsdp_dp4_zero1_adamw", "pp2_dp2_gpipe", "tp2_dp2_sp_selective", "pp2_dp2_zbv", "pp2_dp2_dualpipev_zero2",
+    "name", ["fsdp_dp4_zero1_adamw", "fsdp_dp4_zero3", "fsdp_dp4_zero3_gpt2_like", "pp2_dp2_gpipe", "tp2_dp2_sp_selective", "pp2_dp2_zbv", "pp2_dp2_dualpipev_zero2",
              "pp2_dp2_looped_bfs"]
 )
 def test_fake_world_memory_matches_real_gloo_run(job: tuple[Path, float], name: str) -> None:
