@@ -58,9 +58,10 @@ Measured after, 2026-11-28, same machine and load (this checkout):
                                         in-place collectives) holds: +0.98 GiB, the embedding's
                                         table in float32
     0.55b --steps 3   ranks 4           did not complete on that machine (23.5 GiB, shared): the
-                                        ranks reached 4.7 GiB RSS each in the first steps before
-                                        free memory ran out (twice: once the kernel's OOM killer,
-                                        once a watchdog at 0.3 GiB free). The 2-rank job's RSS over
+                                        ranks reached 5.4 GiB RSS each (sampled every 15 s) in the
+                                        first steps before free memory ran out (three tries: twice
+                                        the kernel's OOM killer, once a watchdog at 0.3 GiB free,
+                                        one started with 23.0 GiB free). The 2-rank job's RSS over
                                         the plan (+1.44 GiB: the process, gloo's copies) puts a rank
                                         at about 5.75 GiB, 23 GiB for the four
 """
