@@ -26,7 +26,11 @@ copy (1002 MiB gradient + 1002 MiB copy beside 250.5 MiB of retained logits), an
 64 in the loss with the 1002 MiB bf16 head gathered.
 
 The fine-tuning stacks (`Layout.stack`) keep the root-group pricing of `stage_table.price_memory`
-(accelerate's transformer-based wrap policy leaves both ends in the root group).
+(accelerate's transformer-based wrap policy leaves both ends in the root group). torchtitan itself
+kept both ends in a root group resharded after forward until pytorch/torchtitan#1094 (2025-07-28;
+`fully_shard(model, reshard_after_forward=not pp_enabled)` at 6b03ffa, December 2024), which is
+how its published peaks (data/calibration, source torchtitan_2412) were measured: priced with these
+units they come out 0.98 GiB (the bf16 head gathered through the loss) higher than with the root.
 """
 
 from __future__ import annotations
