@@ -37,10 +37,33 @@ between runs), 2026-11-28, before = df27df0 (every rank built the whole fp32 mod
                                         3.32 / 2.51 after: the training peak, which the build never
                                         reached for this model, dominates both
 
-The 0.55b job cannot train on 4 ranks of that machine: its ranks allocate 6.0 GiB each at the
-training peak (`python -m runtime.fake_world SPEC --cluster local-cpu --dtype fp32`: FSDP2's root
-group gathers the embedding and the LM head, 0.98 GiB each in fp32, and holds their gradients), so
-`--steps 0` measures its start-up alone.
+Until the embedding and the norm + LM head were FSDP2 units of their own (`runtime.parallelize.
+edge_units`, torchtitan's), the 0.55b job could not train on 4 ranks of that machine: its ranks
+allocated 6.0 GiB each at the training peak (`python -m runtime.fake_world SPEC --cluster local-cpu
+--dtype fp32`: the root group gathered the embedding and the LM head, 0.98 GiB each in fp32, and
+held their gradients). Now 4.25 GiB, the plan's 4.31 (`autopar evaluate --model MODEL.json
+--cluster local-cpu --gpus 4 --seq-len 512 --global-batch 4 --framework fsdp --zero 3 --precision
+fp32 --tp 1 --pp 1 --micro-batch 1`: allocated, the reserve left out); its peak is the embedding's
+reduce-scatter (its 0.98 GiB gradient beside FSDP2's float32 copy of it).
+
+Measured after, 2026-11-28, same machine and load (this checkout):
+
+    0.55b --steps 0   ranks 1 / 2 / 4   start s 21.9 / 27.3 / 24.6, peak RSS per rank 2.35 / 1.35 /
+                                        0.84 GiB (the build: the units change no shard)
+    0.55b --steps 3   ranks 2           peak RSS 8.44 / 8.41 GiB, allocated 7.92 (live-storage
+                                        tracker), predicted 7.00 (fake-world trace 6.94): gloo copies
+                                        the buffers of its collectives (a reduce-scatter allocates
+                                        1.5 x its input, an all-gather 1 x its output, measured on 2
+                                        ranks), which neither the trace nor the cost model (NCCL's
+                                        in-place collectives) holds: +0.98 GiB, the embedding's
+                                        table in float32
+    0.55b --steps 3   ranks 4           did not complete on that machine (23.5 GiB, shared): the
+                                        ranks reached 5.4 GiB RSS each (sampled every 15 s) in the
+                                        first steps before free memory ran out (three tries: twice
+                                        the kernel's OOM killer, once a watchdog at 0.3 GiB free,
+                                        one started with 23.0 GiB free). The 2-rank job's RSS over
+                                        the plan (+1.44 GiB: the process, gloo's copies) puts a rank
+                                        at about 5.75 GiB, 23 GiB for the four
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from cost_models.compute import (
 )
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
+from cost_models.fsdp_units import Phase, edge_units, single_stage_phases
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_channels, mesh_comm
@@ -801,12 +802,38 @@ def price_memory(
         # it replaces the micro-batch's transient peak (its activations, loss and layer buffers)
         transient = t.acts[mode][:, 0] + logits[:, 0] + buffers[:, 0]
         buffers[:, 0] += np.maximum(0.0, embedding_transient - transient)
-    if m.framework == "fsdp" and pp == 1 and m.grad_accum_ == 1:
-        # PyTorch's own step (zero_grad(set_to_none=True), one micro-batch, no pipeline): no
-        # gradient exists before the backward, so the loss phase holds none; the backward frees each
-        # layer's saved tensors as it creates that layer's (sharded) gradients, so the layer phase
-        # peaks either at its start (all activations, no gradient) or at its end (all gradients, the
-        # first layer's activations). Under ZeRO-3 the FSDP2 root group (embedding, final norm, LM
+    if m.framework == "fsdp" and pp == 1 and m.stack is None:
+        # torchtitan's FSDP2 units (and the runtime's): the embedding and the norm + head are units
+        # of their own, so each vocabulary table is unsharded only while its unit works; the peak is
+        # the largest of the step's phases (`fsdp_units.single_stage_phases`, measured there). The
+        # runtime's loop keeps the micro-batch's logits (compute dtype) through the backward, and
+        # the head's backward takes their gradient in the same dtype.
+        actx = activation_context(tr, m, t.model)
+        retained = float(actx.tokens * t.model.vocab_size / m.tp * tr.param_bytes)
+        first_layer = t.acts[mode] / np.maximum(t.layers, 1.0)[None, :]
+        phases = single_stage_phases(
+            edge_units(t.model, tr, m.tp), zero3=zero >= 3, param_bytes=tr.param_bytes,
+            accumulating=m.grad_accum_ > 1, shard=_shards(t, knobs.shard[:, None])[0], acts=acts, grads=grads,
+            logits=logits, layer_phase=layer_phase, first_layer_acts=first_layer,
+            retained_logits=retained, logit_gradient=retained, layer_weight=t.largest_weight_bytes,
+        )
+        if embedding_transient:  # the full-vocabulary gradient of a TP embedding (above)
+            phases.append(Phase(grads + embedding_transient, grads, 0.0 * acts, 0.0 * acts))
+        peaks = np.stack([ph.total for ph in phases])
+        winner, peak = np.argmax(peaks, axis=0), peaks.max(axis=0)
+        # breakdown of the winning phase (it sums to the total)
+        grads = np.choose(winner, [ph.grads for ph in phases])
+        acts = np.choose(winner, [ph.acts for ph in phases])
+        logits = np.choose(winner, [ph.logits for ph in phases])
+        buffers = peak - grads - acts - logits
+    elif m.framework == "fsdp" and pp == 1 and m.grad_accum_ == 1:
+        # A stack's FSDP, still priced with a root group holding both ends (accelerate's
+        # transformer-based wrap policy wraps the decoder layers only), under PyTorch's own step
+        # (zero_grad(set_to_none=True), one micro-batch, no pipeline): no gradient exists before the
+        # backward, so the loss phase holds none; the backward frees each layer's saved tensors as
+        # it creates that layer's (sharded) gradients, so the layer phase peaks either at its start
+        # (all activations, no gradient) or at its end (all gradients, the first layer's
+        # activations). Under ZeRO-3 the FSDP2 root group (embedding, final norm, LM
         # head) is gathered for the LM head's backward and stays gathered, with the head's bf16
         # gradient waiting for the root's reduce-scatter, until the embedding's backward ends.
         # Measured: Mixtral-8x7B EP8 over 64 ranks, ZeRO-3, full recompute: 2 layers 4.18 GiB traced

@@ -27,10 +27,13 @@ Tensor parallel (DTensor `parallelize_module`, Megatron-style):
   are sliced to the local heads.
 - Not supported with tp > 1: MLA attention, attention sinks, MoE layers (expert tensor parallel).
 
-FSDP2 (`fully_shard` per block, then the chunk root), over `Meshes.fsdp` (dp_shard x cp, or HSDP
-(dp_replicate, dp_shard x cp)); ZeRO stages as FSDP2 can express them:
+FSDP2 (`fully_shard` on the token embedding, each block, the final norm with the LM head (one unit
+with the embedding when they are tied: `edge_units`, torchtitan's units), then the chunk root), over
+`Meshes.fsdp` (dp_shard x cp, or HSDP (dp_replicate, dp_shard x cp)); ZeRO stages as FSDP2 can
+express them:
 - ZeRO-3: `reshard_after_forward=True` (parameters re-gathered in backward); gradients
-  reduce-scattered every micro-batch.
+  reduce-scattered every micro-batch. The norm + head unit is never resharded after forward, nor
+  is the embedding unit under a pipeline (torchtitan's default policy, `edge_units`).
 - ZeRO-2: `reshard_after_forward=False` (unsharded parameters kept from forward to backward, freed
   after backward); gradients reduce-scattered every micro-batch, so they stay sharded.
 - ZeRO-1: as ZeRO-2, but gradient reduction only on the last micro-batch (unsharded gradients
@@ -322,9 +325,44 @@ def apply_fsdp(model: Transformer, meshes: Meshes, zero_stage: int, mp_dtype: to
         replicate(model, mesh=rmesh, mp_policy=mp)
         return
     mesh = meshes.fsdp
+    for modules, reshard_unit in edge_units(model, reshard, pp):
+        fully_shard(modules, mesh=mesh, reshard_after_forward=reshard_unit, mp_policy=mp)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    # the root holds no parameter of its own any more (every one is in a unit above): it only
+    # runs FSDP2's root hooks (lazy init, the final reduce-scatter wait)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard and not pp, mp_policy=mp)
+
+
+def edge_units(model: Transformer, reshard: bool, pp: bool) -> list[tuple[list[nn.Module], bool]]:
+    """The FSDP2 units of a chunk's embedding and output ends, with their `reshard_after_forward`,
+    as torchtitan wraps them (its `apply_fsdp`, torchtitan/models/llama3/infra/parallelize.py at
+    v0.2.2, 73a0e69; the tied case from torchtitan/distributed/fsdp.py `apply_fsdp_to_decoder` at
+    b5bcd76), so that only one unit's unsharded parameters and gradients live at a time instead
+    of the whole vocabulary table and LM head in the root for the whole forward and backward:
+
+    - the token embedding (with the learned position table, when there is one) is a unit resharded
+      after forward as the blocks are under torchtitan's default policy (ZeRO-3 without a
+      pipeline; the plan's torchtitan export writes ZeRO-3 as "default"): gathered for the first
+      forward, freed, gathered again for its backward;
+    - the final norm and the output head are one unit never resharded after forward (torchtitan:
+      FSDP would prefetch them straight back for the backward, which starts there): gathered from
+      the end of the forward to the end of their backward, then freed;
+    - tied embeddings (one table used at both ends): the embedding, the final norm and the head
+      are one unit, not resharded after forward (torchtitan's tied case: two units would gather
+      the shared table twice).
+
+    A chunk of a pipeline holds only the ends it has (none for a middle stage)."""
+    emb = [m for m in (model.tok_embeddings, model.pos_embeddings) if m is not None]
+    head = [m for m in (model.norm, model.output) if m is not None]
+    if model.spec.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
+        return [(emb + head, False)]
+    units: list[tuple[list[nn.Module], bool]] = []
+    if emb:
+        units.append((emb, reshard and not pp))
+    if model.output is not None:
+        units.append((head, False))
+    return units
 
 
 # ---- all together -----------------------------------------------------------------------------------

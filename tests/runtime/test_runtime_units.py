@@ -205,6 +205,54 @@ def test_live_storage_tracker_matches_torch_memtracker_and_recompute_saves_memor
     assert peaks["full"] < peaks["op_sac"] < peaks["none"]
 
 
+# ---- FSDP2 units ---------------------------------------------------------------------------------
+
+
+def _fsdp_units(model: dict | str, layout: dict) -> list[dict[str, object]]:
+    """Per chunk of rank 0 at 4 ranks (a fake process group, parameters left on meta): which FSDP2
+    unit (state) holds each end module, and whether that unit reshards after forward."""
+    from torch.distributed.fsdp import fully_shard
+
+    from runtime.fake_world import _fake_group
+    from runtime.mesh import build_meshes
+    from runtime.parallelize import build_parts
+
+    run = load_run_spec({"model": model, "training": TRAIN, "gpus": 4, "layout": layout})
+    with _fake_group(0, 4):
+        parts = build_parts(run, build_meshes(run.layout, "cpu"), torch.device("cpu"), materialize=False)
+        out = []
+        for m in parts.chunks:
+            units: dict[str, object] = {}
+            for name in ("tok_embeddings", "pos_embeddings", "norm", "output"):
+                mod = getattr(m, name)
+                if mod is not None:
+                    state = fully_shard.state(mod)
+                    (group,) = state._fsdp_param_groups
+                    units[name] = (id(state), group.post_forward_mesh_info is not None)
+            root = fully_shard.state(m)
+            units["root_params"] = sum(len(g.fsdp_params) for g in root._fsdp_param_groups)
+            out.append(units)
+    return out
+
+
+def test_fsdp_wraps_the_embedding_and_the_head_as_units_of_their_own() -> None:
+    """torchtitan's units (runtime.parallelize.edge_units): ZeRO-3 without a pipeline reshards the
+    embedding after forward, never the norm + head; the root keeps no parameter."""
+    (u,) = _fsdp_units("tiny", {"zero_stage": 3})
+    assert u["norm"][0] == u["output"][0] != u["tok_embeddings"][0]
+    assert u["tok_embeddings"][1] is True and u["output"][1] is False
+    assert u["root_params"] == 0
+    # tied (GPT-2-like, learned positions): one unit of both tables, the norm and the head, kept
+    tied = {**get_model("tiny").model_dump(mode="json"), "name": "tiny-tied", "tie_embeddings": True,
+            "position_embedding": "learned", "max_position_embeddings": 64}
+    (t,) = _fsdp_units(tied, {"zero_stage": 3})
+    assert len({t[k][0] for k in ("tok_embeddings", "pos_embeddings", "norm", "output")}) == 1
+    assert t["output"][1] is False and t["root_params"] == 0
+    # a pipeline stage holds only its own end, not resharded after forward either
+    (first,) = _fsdp_units("tiny", {"zero_stage": 3, "pp": 2})
+    assert set(first) == {"tok_embeddings", "root_params"} and first["tok_embeddings"][1] is False
+
+
 # ---- data and one-rank launch ---------------------------------------------------------------------
 
 
