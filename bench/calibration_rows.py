@@ -379,6 +379,7 @@ class RecipeSwitches:
     outer_stage_slots: int = 0  # ... the others, which hold this many // pp each
     mtp_layers: int | None = None  # multi-token-prediction modules the recipe trains
     attention_kernel: AttentionKernel | None = None  # `Layout.attention_kernel` the recipe's environment selects
+    fsdp_root_holds_ends: bool | None = None  # `Layout.fsdp_root_holds_ends` of the stack the rows ran
     megatron_core_before_0_10: bool = False
     """The stack is a Megatron-Core older than 0.10 (February 2025). It lacks what 0.10-0.12 added,
     read in Megatron-LM's megatron/training/arguments.py and megatron/core/parallel_state.py at the
@@ -394,6 +395,13 @@ class RecipeSwitches:
 
 
 RECIPE_SWITCHES: tuple[RecipeSwitches, ...] = (
+    RecipeSwitches(
+        "torchtitan_2412", "", "",
+        "torchtitan of December 2024 (6b03ffa: fully_shard(model, reshard_after_forward=not pp_enabled)) kept the "
+        "embedding and the norm + head in FSDP's root group; they became units of their own in "
+        "pytorch/torchtitan#1094 (2025-07-28)",
+        fsdp_root_holds_ends=True,
+    ),
     RecipeSwitches(
         "dgxc_benchmarking", "tag v24.11.1", "",
         "dgxc-benchmarking v24.11.1 runs NeMo's 24.09 container (launch.sh FW_VERSION=24.09): Megatron-Core 0.9",
@@ -454,6 +462,8 @@ def _recipe_switches(c: _Ctx, pp: int) -> dict[str, Any]:
             fields["tp_comm_overlap"] = sw.tp_comm_overlap
         if sw.attention_kernel is not None:
             fields["attention_kernel"] = sw.attention_kernel
+        if sw.fsdp_root_holds_ends is not None:
+            fields["fsdp_root_holds_ends"] = sw.fsdp_root_holds_ends
         modules = sw.recompute_modules.get(c.s("gpu_family"))
         if modules and not c.s("recompute"):
             fields["recompute"], fields["recompute_modules"] = "selective", modules

@@ -344,7 +344,7 @@ def write_fit(doc: dict, path: Path) -> None:
     doc["fitted_elsewhere"] = dict(FITTED_ELSEWHERE)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    _STORED.pop(path, None)
+    forget_stored(path)
 
 
 def _cal_doc(cal: Calibration) -> dict:

@@ -217,6 +217,13 @@ class Layout(BaseModel):
         "0.12 / 0.13), so each GEMM writes param.grad and a hook copies it into the buffer, per micro-batch",
     )
 
+    fsdp_root_holds_ends: bool = Field(
+        False,
+        description="FSDP only: the token embedding and the final norm + LM head stay in the root group, "
+        "gathered from the forward's start to the backward's end (torchtitan before pytorch/torchtitan#1094, "
+        "2025-07-28; accelerate's transformer-based wrap policy); false: each end is an FSDP unit of its own "
+        "(torchtitan since, the runtime); cost_models.fsdp_units",
+    )
     attention_kernel: AttentionKernel | None = Field(
         None,
         description="attention kernel: fused (written for the GPU's own tensor cores: Transformer Engine's "

@@ -802,7 +802,7 @@ def price_memory(
         # it replaces the micro-batch's transient peak (its activations, loss and layer buffers)
         transient = t.acts[mode][:, 0] + logits[:, 0] + buffers[:, 0]
         buffers[:, 0] += np.maximum(0.0, embedding_transient - transient)
-    if m.framework == "fsdp" and pp == 1 and m.stack is None:
+    if m.framework == "fsdp" and pp == 1 and m.stack is None and not m.fsdp_root_holds_ends:
         # torchtitan's FSDP2 units (and the runtime's): the embedding and the norm + head are units
         # of their own, so each vocabulary table is unsharded only while its unit works; the peak is
         # the largest of the step's phases (`fsdp_units.single_stage_phases`, measured there). The
@@ -827,8 +827,8 @@ def price_memory(
         logits = np.choose(winner, [ph.logits for ph in phases])
         buffers = peak - grads - acts - logits
     elif m.framework == "fsdp" and pp == 1 and m.grad_accum_ == 1:
-        # A stack's FSDP, still priced with a root group holding both ends (accelerate's
-        # transformer-based wrap policy wraps the decoder layers only), under PyTorch's own step
+        # A stack's FSDP, or one whose root group holds both ends (`Layout.fsdp_root_holds_ends`;
+        # accelerate's transformer-based wrap policy wraps the decoder layers only), under PyTorch's own step
         # (zero_grad(set_to_none=True), one micro-batch, no pipeline): no gradient exists before the
         # backward, so the loss phase holds none; the backward frees each layer's saved tensors as
         # it creates that layer's (sharded) gradients, so the layer phase peaks either at its start

@@ -146,6 +146,11 @@ def check_supported(run: RunSpec) -> None:
         )
     if lay.pp > 1 and spec.tie_embeddings:
         raise NotSupportedError("tied embeddings across pipeline stages are not implemented")
+    if lay.fsdp_root_holds_ends:
+        raise NotSupportedError(
+            "fsdp_root_holds_ends (both ends in FSDP's root group, torchtitan before pytorch/torchtitan#1094) prices "
+            "an older stack's memory: the runtime wraps the embedding and the norm + head as units of their own"
+        )
     if spec.is_moe and lay.ep > 1 and lay.etp_ != 1:
         raise NotSupportedError("expert tensor parallel (etp > 1) is not implemented")
     if spec.is_moe and lay.ep > 1 and lay.cp > 1 and not lay.moe_parallel_folding:
