@@ -690,6 +690,14 @@ table's decides a layout that sits on the k-th best step time. A pair bound belo
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
+def _floor_over(floor: np.ndarray, modes: np.ndarray, usable: int) -> tuple[np.ndarray, np.ndarray]:
+    """Of a grid's settings (their recompute `modes`) under an activation floor (bytes per mode,
+    `stage_table.activation_floor`): those other than full recompute whose floor, less the bound
+    margin, is over the usable memory, and the full-recompute ones."""
+    full = modes == FULL_RECOMPUTE
+    return ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable), full
+
+
 def _memory_reason(s: Setting) -> str:
     knob = f"ZeRO-{s.zero_stage}"
     if s.dp_shard and s.zero_stage > 0:
@@ -709,11 +717,21 @@ class _GridRejections:
     reasons: list[str]
     counts: np.ndarray  # (settings,) layouts rejected so far
     seen: np.ndarray  # (settings,) the setting's reason is in the log
+    exampled: np.ndarray  # (settings,) the setting's reason has its example in the log (they stay)
 
     @classmethod
     def of(cls, reasons: list[str]) -> _GridRejections:
         n = len(reasons)
-        return cls(reasons, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool))
+        return cls(reasons, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+
+    def have_examples(self, log: RejectionLog, over: np.ndarray) -> bool:
+        """Whether the reason of every setting where `over` holds has its example in the log
+        already (the log never drops an example, so a setting found so is not looked up again)."""
+        for j in np.flatnonzero(over & ~self.exampled).tolist():
+            if self.reasons[j] not in log.examples:
+                return False
+            self.exampled[j] = True
+        return True
 
     def add(self, log: RejectionLog, over: np.ndarray) -> list[int]:
         """Count the settings where `over` (bool, per setting) holds; return those whose reason is
@@ -863,6 +881,9 @@ def search(
     # rejections and the pair's layout count
     pair_shapes: dict[tuple[int, int, int, int, int, bool], tuple[list[tuple[int, str]], tuple[int, int, int], list[Setting], _GridRejections, int]] = {}
     ref = reference_step_s or 0.0
+    # per (mesh degrees, micro-batch, option): the settings its activation floor puts over the usable
+    # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
+    floors: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
     for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
@@ -913,20 +934,25 @@ def search(
                     continue
                 # within the margin of the threshold only the table's own bound decides
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
-            base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
+            base: Layout | None = None
             partition = _partition(model.num_layers, mesh.pp, option)
             if option.a2a_overlap and ranked.steps and not (ranked.full and near_threshold):
                 # Combined 1F1B runs no full recompute; when the activations alone put every other
                 # setting over the usable memory (`stage_table.activation_floor`), nothing of this
                 # option can fit: its table is not built. Its settings are counted as they would be
                 # priced (memory rejections whose reasons have their examples already), its
-                # full-recompute ones under the rule that refuses them.
-                floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
-                if floor is not None:
-                    modes = knobs_of(grid_key, grid).mode
-                    full = modes == FULL_RECOMPUTE
-                    over = ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable)
-                    if np.all(over | full) and all(rejections.reasons[j] in log.examples for j in np.flatnonzero(over)):
+                # full-recompute ones under the rule that refuses them. The floor's settings over
+                # it are memoized on all the floor reads of the layout (`floor_key`).
+                floor_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mesh.moe_parallel_folding, mb, option)
+                if floor_key in floors:
+                    floor_over = floors[floor_key]
+                else:
+                    base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
+                    floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
+                    floor_over = floors[floor_key] = None if floor is None else _floor_over(floor, knobs_of(grid_key, grid).mode, usable)
+                if floor_over is not None:
+                    over, full = floor_over
+                    if np.all(over | full) and rejections.have_examples(log, over):
                         rejections.add(log, over)
                         if full.any():
                             log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", int(full.sum()))
@@ -936,6 +962,8 @@ def search(
             # combined 1F1B changes how a table is timed and what its ranks hold in flight, not the
             # table: an option and its combined twin share one (`stage_table.build_table` reads no
             # schedule knob of its mesh; tests/planner/test_search_bounds.py checks the two equal)
+            if base is None:
+                base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             twin = option._replace(a2a_overlap=False)
             table = pair_tables.get(twin)
             if table is None:
