@@ -83,6 +83,7 @@ from cost_models.step_time import (
     comm_sm_share,
     lower_bound,
     mode_lower_bounds,
+    once_per_step_floor,
     phase_arrays,
     price_time,
     time_lower_bound,
@@ -1032,8 +1033,16 @@ def search(
                 # (`step_time.mode_lower_bounds`); when every bound is above the ranking's threshold
                 # (and the reference) and a layout already kept is strictly faster and no larger than
                 # each, none of them can enter the top k, the tie window or the Pareto front
-                lb = mode_lower_bounds(table, vpp, cal, phases)[knobs_of(grid_key, grid).mode[fits]] * (1 - BOUND_MARGIN)
-                if lb.min() >= max(ranked.threshold_s / kappa, ref) and ranked.dominated(lb * kappa, peaks[fits]):
+                mode_lb = mode_lower_bounds(table, vpp, cal, phases)[knobs_of(grid_key, grid).mode[fits]]
+                lb = mode_lb * (1 - BOUND_MARGIN)
+                floor_s = max(ranked.threshold_s / kappa, ref)
+                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
+                    bounded += len(fits)
+                    continue
+                # ... or, failing that, with what every step adds once (`step_time.once_per_step_floor`:
+                # the busiest rank's gradient-reduction tail and optimizer step, the fixed overhead)
+                lb = (mode_lb + once_per_step_floor(table, knobs_of(grid_key, grid), cal)[fits]) * (1 - BOUND_MARGIN)
+                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
                     bounded += len(fits)
                     continue
             # every setting is timed (as cheap as timing a subset: the work is per numpy call), the
