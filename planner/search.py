@@ -18,12 +18,15 @@ Whole space, priced or provably pruned (branch and bound):
    (`step_time.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time,
    unless each is bounded above the k-th best step by its recompute mode's bound
-   (`step_time.mode_lower_bounds`) and a layout already kept is strictly faster and no larger (the
+   (`step_time.mode_lower_bounds`; failing that, the same plus what its step adds once, the
+   busiest rank's gradient-reduction tail and optimizer step and the fixed overhead:
+   `step_time.once_per_step_floor`) and a layout already kept is strictly faster and no larger (the
    Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be on the Pareto front, and
    they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
    combined-1F1B twin share one table; a combined-1F1B option (which runs no full recompute) whose
    activations alone exceed the usable memory in every other mode (`stage_table.activation_floor`)
-   gets no table: its settings are counted as refused (`SearchStats.floored`). Feasible layouts are
+   gets no table: its settings are counted as refused (`SearchStats.floored`; the floor is
+   memoized per mesh degrees, micro-batch and option, as it reads no rank order). Feasible layouts are
    kept as arrays per table
    (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
