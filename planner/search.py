@@ -955,9 +955,9 @@ def search(
                     floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
                     floor_over = floors[floor_key] = None if floor is None else _floor_over(floor, knobs_of(grid_key, grid).mode, usable)
                 if floor_over is not None:
-                    over, full = floor_over
-                    if np.all(over | full) and rejections.have_examples(log, over):
-                        rejections.add(log, over)
+                    floored_over, full = floor_over
+                    if np.all(floored_over | full) and rejections.have_examples(log, floored_over):
+                        rejections.add(log, floored_over)
                         if full.any():
                             log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", int(full.sum()))
                         pruned += len(grid)
