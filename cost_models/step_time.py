@@ -705,12 +705,7 @@ def compose(
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
-    # a fine-tuning stack's loop replaces its framework's fitted fixed cost (`cost_models.stacks`); the
-    # cluster's own fixed cost (`Calibration.step_overhead_s`, from its profiles) adds to either
-    if m.stack is None:
-        overhead = cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
-    else:
-        overhead = stacks.stack_overhead_s(cal, m.stack, mb_count) + cal.step_overhead_s
+    overhead = _step_overhead(t, cal)
     parts[10] = overhead
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
@@ -720,6 +715,32 @@ def compose(
     parts[7] += excess
     step = step + excess
     return step, per_mb, dict(zip(STEP_PARTS, parts, strict=True))
+
+
+def _step_overhead(t: StageTable, cal: Calibration) -> float:
+    """Fixed seconds per step of table `t`'s layout: a fine-tuning stack's loop replaces its
+    framework's fitted fixed cost (`cost_models.stacks`); the cluster's own fixed cost
+    (`Calibration.step_overhead_s`, from its profiles) adds to either."""
+    m = t.mesh
+    if m.stack is None:
+        return cal.step_overhead(stack_key(m.framework, m.fsdp_flat_params))
+    return stacks.stack_overhead_s(cal, m.stack, m.grad_accum_) + cal.step_overhead_s
+
+
+def once_per_step_floor(t: StageTable, knobs: KnobArrays, cal: Calibration) -> np.ndarray:
+    """(J,) seconds `compose` adds to every setting's step beyond the micro-batches and the bubble
+    that `mode_lower_bounds` bounds: the busiest rank's once-per-step tail (the exposed gradient
+    reduction, never less than its last bucket `reduce_tail` nor 0, and the optimizer step at the
+    setting's tier, `DataParallelTimes.optimizer`; the tail's SMs stolen from the last backward are
+    not counted) and the fixed step overhead. `compose`'s step holds the tail of its tail rank (the
+    largest) and the overhead as separate parts, and its roofline only raises it, so
+    `mode_lower_bounds` of the setting's mode plus this is still a bound
+    (tests/planner/test_search_bounds.py checks it against every priced step)."""
+    dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
+    pair = knobs.sharding
+    tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
+    tail = np.maximum(dp.reduce_tail[pair], 0.0) + dp.optimizer[pair, :, tier]  # (J, pp)
+    return tail.max(axis=1) + _step_overhead(t, cal)
 
 
 def channel_traffic(
@@ -861,6 +882,6 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
 
 __all__ = [
     "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times", "lower_bound",
-    "mode_lower_bounds",
+    "mode_lower_bounds", "once_per_step_floor",
     "phase_arrays", "price_time", "table_lower_bound", "time_lower_bound",
 ]

@@ -18,12 +18,15 @@ Whole space, priced or provably pruned (branch and bound):
    (`step_time.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time,
    unless each is bounded above the k-th best step by its recompute mode's bound
-   (`step_time.mode_lower_bounds`) and a layout already kept is strictly faster and no larger (the
+   (`step_time.mode_lower_bounds`; failing that, the same plus what its step adds once, the
+   busiest rank's gradient-reduction tail and optimizer step and the fixed overhead:
+   `step_time.once_per_step_floor`) and a layout already kept is strictly faster and no larger (the
    Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be on the Pareto front, and
    they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
    combined-1F1B twin share one table; a combined-1F1B option (which runs no full recompute) whose
    activations alone exceed the usable memory in every other mode (`stage_table.activation_floor`)
-   gets no table: its settings are counted as refused (`SearchStats.floored`). Feasible layouts are
+   gets no table: its settings are counted as refused (`SearchStats.floored`; the floor is
+   memoized per mesh degrees, micro-batch and option, as it reads no rank order). Feasible layouts are
    kept as arrays per table
    (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
@@ -83,6 +86,7 @@ from cost_models.step_time import (
     comm_sm_share,
     lower_bound,
     mode_lower_bounds,
+    once_per_step_floor,
     phase_arrays,
     price_time,
     time_lower_bound,
@@ -690,6 +694,14 @@ table's decides a layout that sits on the k-th best step time. A pair bound belo
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
+def _floor_over(floor: np.ndarray, modes: np.ndarray, usable: int) -> tuple[np.ndarray, np.ndarray]:
+    """Of a grid's settings (their recompute `modes`) under an activation floor (bytes per mode,
+    `stage_table.activation_floor`): those other than full recompute whose floor, less the bound
+    margin, is over the usable memory, and the full-recompute ones."""
+    full = modes == FULL_RECOMPUTE
+    return ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable), full
+
+
 def _memory_reason(s: Setting) -> str:
     knob = f"ZeRO-{s.zero_stage}"
     if s.dp_shard and s.zero_stage > 0:
@@ -709,11 +721,21 @@ class _GridRejections:
     reasons: list[str]
     counts: np.ndarray  # (settings,) layouts rejected so far
     seen: np.ndarray  # (settings,) the setting's reason is in the log
+    exampled: np.ndarray  # (settings,) the setting's reason has its example in the log (they stay)
 
     @classmethod
     def of(cls, reasons: list[str]) -> _GridRejections:
         n = len(reasons)
-        return cls(reasons, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool))
+        return cls(reasons, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+
+    def have_examples(self, log: RejectionLog, over: np.ndarray) -> bool:
+        """Whether the reason of every setting where `over` holds has its example in the log
+        already (the log never drops an example, so a setting found so is not looked up again)."""
+        for j in np.flatnonzero(over & ~self.exampled).tolist():
+            if self.reasons[j] not in log.examples:
+                return False
+            self.exampled[j] = True
+        return True
 
     def add(self, log: RejectionLog, over: np.ndarray) -> list[int]:
         """Count the settings where `over` (bool, per setting) holds; return those whose reason is
@@ -863,6 +885,9 @@ def search(
     # rejections and the pair's layout count
     pair_shapes: dict[tuple[int, int, int, int, int, bool], tuple[list[tuple[int, str]], tuple[int, int, int], list[Setting], _GridRejections, int]] = {}
     ref = reference_step_s or 0.0
+    # per (mesh degrees, micro-batch, option): the settings its activation floor puts over the usable
+    # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
+    floors: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
     for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
@@ -913,21 +938,26 @@ def search(
                     continue
                 # within the margin of the threshold only the table's own bound decides
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
-            base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
+            base: Layout | None = None
             partition = _partition(model.num_layers, mesh.pp, option)
             if option.a2a_overlap and ranked.steps and not (ranked.full and near_threshold):
                 # Combined 1F1B runs no full recompute; when the activations alone put every other
                 # setting over the usable memory (`stage_table.activation_floor`), nothing of this
                 # option can fit: its table is not built. Its settings are counted as they would be
                 # priced (memory rejections whose reasons have their examples already), its
-                # full-recompute ones under the rule that refuses them.
-                floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
-                if floor is not None:
-                    modes = knobs_of(grid_key, grid).mode
-                    full = modes == FULL_RECOMPUTE
-                    over = ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable)
-                    if np.all(over | full) and all(rejections.reasons[j] in log.examples for j in np.flatnonzero(over)):
-                        rejections.add(log, over)
+                # full-recompute ones under the rule that refuses them. The floor's settings over
+                # it are memoized on all the floor reads of the layout (`floor_key`).
+                floor_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mesh.moe_parallel_folding, mb, option)
+                if floor_key in floors:
+                    floor_over = floors[floor_key]
+                else:
+                    base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
+                    floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
+                    floor_over = floors[floor_key] = None if floor is None else _floor_over(floor, knobs_of(grid_key, grid).mode, usable)
+                if floor_over is not None:
+                    floored_over, full = floor_over
+                    if np.all(floored_over | full) and rejections.have_examples(log, floored_over):
+                        rejections.add(log, floored_over)
                         if full.any():
                             log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", int(full.sum()))
                         pruned += len(grid)
@@ -936,6 +966,8 @@ def search(
             # combined 1F1B changes how a table is timed and what its ranks hold in flight, not the
             # table: an option and its combined twin share one (`stage_table.build_table` reads no
             # schedule knob of its mesh; tests/planner/test_search_bounds.py checks the two equal)
+            if base is None:
+                base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             twin = option._replace(a2a_overlap=False)
             table = pair_tables.get(twin)
             if table is None:
@@ -1004,8 +1036,16 @@ def search(
                 # (`step_time.mode_lower_bounds`); when every bound is above the ranking's threshold
                 # (and the reference) and a layout already kept is strictly faster and no larger than
                 # each, none of them can enter the top k, the tie window or the Pareto front
-                lb = mode_lower_bounds(table, vpp, cal, phases)[knobs_of(grid_key, grid).mode[fits]] * (1 - BOUND_MARGIN)
-                if lb.min() >= max(ranked.threshold_s / kappa, ref) and ranked.dominated(lb * kappa, peaks[fits]):
+                mode_lb = mode_lower_bounds(table, vpp, cal, phases)[knobs_of(grid_key, grid).mode[fits]]
+                lb = mode_lb * (1 - BOUND_MARGIN)
+                floor_s = max(ranked.threshold_s / kappa, ref)
+                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
+                    bounded += len(fits)
+                    continue
+                # ... or, failing that, with what every step adds once (`step_time.once_per_step_floor`:
+                # the busiest rank's gradient-reduction tail and optimizer step, the fixed overhead)
+                lb = (mode_lb + once_per_step_floor(table, knobs_of(grid_key, grid), cal)[fits]) * (1 - BOUND_MARGIN)
+                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
                     bounded += len(fits)
                     continue
             # every setting is timed (as cheap as timing a subset: the work is per numpy call), the

@@ -136,8 +136,9 @@ def test_vectorized_layer_times_match_scalar(name, cluster_name, gpus, seq, batc
                          [(*CASES[1], "megatron"), (*FSDP_CASES[0], "fsdp")])
 def test_mode_bounds_hold_for_every_priced_setting(name, cluster_name, gpus, seq, batch, framework) -> None:
     """`step_time.mode_lower_bounds`: no setting priced with a recompute mode is faster than that
-    mode's bound; the first mode's is the table's bound, and full recompute's is above it (its
-    recompute forward)."""
+    mode's bound, nor than that bound plus what the setting adds once per step
+    (`step_time.once_per_step_floor`); the first mode's is the table's bound, and full recompute's
+    is above it (its recompute forward)."""
     model, cluster = get_model(name), get_cluster(cluster_name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     c, cal = SearchConstraints(framework=framework), default_calibration()
@@ -153,6 +154,9 @@ def test_mode_bounds_hold_for_every_priced_setting(name, cluster_name, gpus, seq
             timed = price_time(table, grid, price_memory(table, grid, option.schedule, option.vpp, cal), option.vpp, cal)
             assert timed.step_s is not None and timed.knobs is not None
             assert np.all(timed.step_s >= bounds[timed.knobs.mode] * (1 - 1e-12))
+            once = step_time.once_per_step_floor(table, timed.knobs, cal)
+            assert np.all(once > 0)
+            assert np.all(timed.step_s >= (bounds[timed.knobs.mode] + once) * (1 - 1e-12))
             checked += len(grid)
     assert checked > 1000
 
@@ -173,6 +177,7 @@ def test_bounded_layouts_leave_the_plan_unchanged(monkeypatch) -> None:
         patched.setattr(search_module, "activation_floor", lambda *a: None)
         unfloored = search_module.search(model, training, cluster, 64, refine=False)
         patched.setattr(search_module, "mode_lower_bounds", lambda t, vpp, cal, phases=None: np.zeros(4))
+        patched.setattr(search_module, "once_per_step_floor", lambda t, knobs, cal: np.zeros(len(knobs.zero)))
         slow = search_module.search(model, training, cluster, 64, refine=False)
     assert fast.stats.dominated > 1000 and fast.stats.floored > 1000
     assert slow.stats.dominated == 0 and slow.stats.floored == 0 and unfloored.stats.floored == 0
