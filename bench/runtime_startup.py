@@ -57,13 +57,20 @@ Measured after, 2026-11-28, same machine and load (this checkout):
                                         ranks), which neither the trace nor the cost model (NCCL's
                                         in-place collectives) holds: +0.98 GiB, the embedding's
                                         table in float32
-    0.55b --steps 3   ranks 4           did not complete on that machine (23.5 GiB, shared): the
-                                        ranks reached 5.4 GiB RSS each (sampled every 15 s) in the
-                                        first steps before free memory ran out (three tries: twice
-                                        the kernel's OOM killer, once a watchdog at 0.3 GiB free,
-                                        one started with 23.0 GiB free). The 2-rank job's RSS over
-                                        the plan (+1.44 GiB: the process, gloo's copies) puts a rank
-                                        at about 5.75 GiB, 23 GiB for the four
+    0.55b --steps 3   ranks 4           did not complete on that machine while it was shared (the
+                                        ranks reached 5.4 GiB RSS each, sampled every 15 s, before
+                                        free memory ran out: twice the kernel's OOM killer, once a
+                                        watchdog at 0.3 GiB free)
+
+Measured 2026-11-28 on the same machine with nothing else running (load average below 1):
+
+    0.55b --steps 3   ranks 4           completes: launch to first step 7.9 s, peak RSS per rank
+                                        5.91 / 5.89 / 5.84 / 5.82 GiB (1.6 GiB over the plan's
+                                        4.31 allocated; tracker 5.23, gloo's copies), least free
+                                        memory 0.67 GiB; with the rank's allocator returning freed
+                                        memory (`runtime.host.return_freed_memory`, which a CPU
+                                        rank now calls at start) 5.56 GiB on every rank, +1.25 GiB
+                                        over the plan, start 7.3 s, least free memory 1.5 GiB
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime.host import peak_rss_bytes, seconds_since_start
+from runtime.host import peak_rss_bytes, return_freed_memory, seconds_since_start
 from runtime.memory import LiveStorageTracker, peak_memory_bytes, reset_peak_memory
 from runtime.mesh import Meshes, build_meshes
 from runtime.parallelize import ModelParts, build_parts, compute_dtype, tp_reduce_partial_grads
@@ -115,6 +115,7 @@ def init_distributed(run: RunSpec) -> torch.device:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+        return_freed_memory()  # a CPU rank's tensors are host memory: give freed pages back (runtime.host)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != run.world_size:
         raise ValueError(f"the layout needs {run.world_size} ranks; launched with {world}")

@@ -318,3 +318,44 @@ def test_training_on_a_tokenized_file(tmp_path: Path) -> None:
     np.full(1000, 60000, dtype=np.uint16).tofile(bad)
     with pytest.raises(ValueError, match="vocab size"):
         global_batch(load_run_spec({**run_json, "data_path": str(bad)}), step=0)
+
+
+_FREED_SCENARIO = """
+import resource, sys
+from runtime.host import return_freed_memory
+if sys.argv[1] == "on":
+    assert return_freed_memory() is True
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+big = bytearray(16 << 20); del big  # glibc raises its mmap threshold past 16 MiB after this free
+before = rss()
+chunks, pins = [], []
+for _ in range(128):  # 128 MiB in 1 MiB blocks, touched, each pinned in place by a small object after it
+    chunks.append(bytearray(1 << 20)); pins.append(bytearray(4096))  # 4 KiB: glibc, not pymalloc
+grown = rss() - before
+del chunks
+print(grown >> 20, (rss() - before) >> 20)
+"""
+
+
+def test_a_cpu_rank_returns_freed_memory_to_the_kernel():
+    """runtime.host.return_freed_memory (glibc mallopt): 1 MiB buffers freed between live small
+    objects go back to the kernel at once; without it, once glibc has raised its mmap threshold,
+    they stay resident (the gather and reduce-scatter buffers of a CPU rank)."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        from runtime.host import return_freed_memory
+
+        assert return_freed_memory() is False
+        return
+    kept = {}
+    for mode in ("on", "off"):
+        out = subprocess.run([sys.executable, "-c", _FREED_SCENARIO, mode], capture_output=True, text=True, check=True)
+        grown, left = map(int, out.stdout.split())
+        assert grown >= 100
+        kept[mode] = left
+    assert kept["on"] < 16 and kept["off"] >= 100
