@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import multiprocessing
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -91,14 +92,23 @@ class _Job:
     queued_at: float = field(default_factory=time.monotonic)
 
 
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when this process's parent dies (Linux prctl PR_SET_PDEATHSIG = 1,
+    prctl(2); nothing elsewhere). The runtime's workers do the same (`runtime.process`), which the
+    service does not import."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+
+
 def _worker_main(conn: Connection, stop_flag: Any) -> None:
     """A worker process: read (kind, payload, budget_s) from `conn`, answer with the outcome, until
     the pipe closes. `stop_flag.value` is set to 1 by the server to cancel the job at hand."""
     import signal
 
-    from runtime.process import set_parent_death_signal
-
-    set_parent_death_signal()  # dies with the forkserver, which exits with the server
+    _die_with_parent()  # dies with the forkserver, which exits with the server
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C of `autopar serve` is the server's to handle
     while True:
         try:

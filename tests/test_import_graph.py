@@ -69,6 +69,16 @@ def test_no_package_imports_a_higher_layer() -> None:
     assert upward == []
 
 
+SIBLINGS_APART = {("api", "runtime"), ("runtime", "api")}
+"""Packages of one layer that never import each other: the service stays free of the runtime (and torch)."""
+
+
+def test_the_service_and_the_runtime_import_neither_other() -> None:
+    graph = import_graph()
+    across = [(a, b) for a, b in graph.edges if (a.split(".")[0], b.split(".")[0]) in SIBLINGS_APART]
+    assert across == []
+
+
 def test_the_graph_sees_function_level_imports() -> None:
     # `planner.search` imports `planner.partition` (and with it OR-Tools) only when it refines a plan
     graph = import_graph()

@@ -30,7 +30,7 @@ from cost_models.layout import Layout, validate_layout
 from cost_models.stages import StagePartition, even_partition, megatron_split
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
-from planner.exporters import EXPORTERS, ExportError, export, formats
+from planner.exporters import ExportError, export, formats
 from planner.exporters.torchtitan import flavor_of
 from planner.plan import Candidate, Plan, PlanInputs, SearchStats
 
