@@ -87,16 +87,16 @@ def flavor_of(model: ModelSpec) -> tuple[str | None, str | None]:
     return name, FLAVORS.get(name, {}).get((model.hidden_size, model.num_layers))
 
 
-def _stage_modules(job: Job) -> list[list[str]]:
+def stage_modules(job: Job, head: str = "output") -> list[list[str]]:
     """Module FQNs per virtual stage in model order (the embedding on the first, the final norm
-    and output projection on the last)."""
+    and the output projection `head` on the last: torchtitan 0.2 names it `output`, 0.3 `lm_head`)."""
     parts: list[list[str]] = []
     start = 0
     for n in job.chunk_layers:
         parts.append([f"layers.{i}" for i in range(start, start + n)])
         start += n
     parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
+    parts[-1] += ["norm", head]
     return parts
 
 
@@ -126,7 +126,7 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
             # the F&B pairs priced (`cost_models.step_time`): EP all-to-alls beside the other micro-batch's compute
             p["pipeline_parallel_expert_parallel_overlap"] = True
         p["pipeline_parallel_microbatch_size"] = lay.micro_batch
-        p["module_fqns_per_model_part"] = _stage_modules(job)
+        p["module_fqns_per_model_part"] = stage_modules(job)
     p["context_parallel_degree"] = lay.cp
     if lay.cp > 1:
         p["context_parallel_rotate_method"] = CP_ROTATE[lay.cp_attention]

@@ -32,7 +32,7 @@ from planner.exporters.common import (
     notes_lines,
     summary_lines,
 )
-from planner.exporters.torchtitan import SCHEDULES, _tail_notes, titan_job
+from planner.exporters.torchtitan import SCHEDULES, _tail_notes, stage_modules, titan_job
 
 RELEASE = "0.3.0"
 MODULE = "autopar_torchtitan"
@@ -47,18 +47,6 @@ CONFIG_FUNCTIONS: dict[str, dict[str, str]] = {
 }
 """Flavors of a model module without a function of their own start from the module's first one, with
 the flavor's model swapped in (`model_registry(flavor)`)."""
-
-
-def _stage_modules(job: Job) -> list[list[str]]:
-    """Module FQNs per virtual stage in model order, as 0.3 names them (`lm_head`, not 0.2's `output`)."""
-    parts: list[list[str]] = []
-    start = 0
-    for n in job.chunk_layers:
-        parts.append([f"layers.{i}" for i in range(start, start + n)])
-        start += n
-    parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "lm_head"]
-    return parts
 
 
 def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
@@ -81,7 +69,7 @@ def _parallelism(job: Job, lost: list[str]) -> dict[str, Any]:
     if lay.pp > 1:
         p["pipeline_parallel_schedule"] = SCHEDULES[lay.schedule_]
         p["pipeline_parallel_microbatch_size"] = lay.micro_batch
-        p["module_fqns_per_model_part"] = _stage_modules(job)
+        p["module_fqns_per_model_part"] = stage_modules(job, head="lm_head")  # 0.3's name
     p["context_parallel_degree"] = lay.cp
     if lay.cp > 1 and lay.cp_attention == "allgather_mask":
         lost.append("allgather_mask CP attention: torchtitan 0.3 runs torch's context parallelism (no rotate-method key)")
