@@ -71,6 +71,18 @@ Measured 2026-11-28 on the same machine with nothing else running (load average 
                                         memory (`runtime.host.return_freed_memory`, which a CPU
                                         rank now calls at start) 5.56 GiB on every rank, +1.25 GiB
                                         over the plan, start 7.3 s, least free memory 1.5 GiB
+
+Measured 2026-11-28 after FSDP2's collectives on gloo stopped copying (`runtime.gloo_comms`: gloo's
+reduce-scatter cloned its whole input, the embedding's 0.98 GiB gradient at this job's peak; its
+all-gather filled a flat copy of its output on a worker thread), same shared machine (load 15-20):
+
+    0.55b --steps 3   ranks 2           peak RSS 7.26 / 7.26 GiB (8.44 / 8.41 before), allocated
+                                        6.94 (7.92 before; the fake-world trace's 6.94), predicted
+                                        7.00: RSS 0.26 GiB over the plan (was 1.44)
+    small --steps 3   ranks 4           peak RSS 1.59 GiB per rank, allocated 1.26, predicted 1.25;
+                                        at 2b7096f (--root of that commit) 1.76, 1.44 and 1.25
+    0.55b --steps 3   ranks 4           not run again: about 18 GiB for the job, more than this
+                                        shared machine had free
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 op creates and subtracts them when the storage is freed (a weakref on the storage, whose Python
 object torch keeps unique per storage). It sees what the tensors of this process hold: parameters,
 gradients, optimizer states, activations, communication buffers allocated by torch (FSDP's
-all-gather/reduce-scatter outputs, all-to-all buffers), but not gloo's internal staging buffers
-nor allocator rounding. verification-notes.md: such a tracker matched real 4-rank gloo runs within
+all-gather/reduce-scatter outputs, all-to-all buffers, the clone gloo's own reduce-scatter makes
+of its input, which `runtime.gloo_comms` spares FSDP2), but not what gloo allocates on its worker
+threads (its all-gather's flat output) nor allocator rounding. verification-notes.md: such a tracker matched real 4-rank gloo runs within
 0.35% (and torch's `MemTracker` refuses pipeline stages, which run once per micro-batch).
 
 Storages that exist before the tracker starts are counted when an op first returns them (for a

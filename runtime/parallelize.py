@@ -71,6 +71,7 @@ from torch import nn
 from cost_models.pipeline import interleaving_group
 from runtime.context_parallel import apply_context_parallel, cp_positions
 from runtime.expert_parallel import apply_expert_parallel, expert_params
+from runtime.gloo_comms import use_in_place_collectives
 from runtime.lora import apply_lora, init_adapters
 from runtime.mesh import Meshes
 from runtime.model import MLAttention, MoE, NotSupportedError, Transformer, build_model
@@ -316,6 +317,7 @@ def apply_fsdp(model: Transformer, meshes: Meshes, zero_stage: int, mp_dtype: to
                     inner.mlp.experts, mesh=emesh, reshard_after_forward=reshard, mp_policy=mp,
                     shard_placement_fn=_expert_shard_placement(emesh),
                 )
+                use_in_place_collectives(inner.mlp.experts, emesh)
                 inner.mlp.experts.set_gradient_divide_factor(float(lay.dp_ * lay.cp))  # type: ignore[operator]
                 if emesh is not None and emesh.device_type == "cpu" and emesh.size() > 1:
                     # gloo has no PREMUL_SUM: sum, then divide locally. (Not on one rank, where
@@ -330,13 +332,15 @@ def apply_fsdp(model: Transformer, meshes: Meshes, zero_stage: int, mp_dtype: to
         replicate(model, mesh=rmesh, mp_policy=mp)
         return
     mesh = meshes.fsdp
+    # on gloo, each unit reduces and gathers without gloo's copies (runtime.gloo_comms: gloo's
+    # worker thread frees them, and the buffers it works on, whenever it next gets the GIL)
     for modules, reshard_unit in edge_units(model, reshard, pp):
-        fully_shard(modules, mesh=mesh, reshard_after_forward=reshard_unit, mp_policy=mp)
+        use_in_place_collectives(fully_shard(modules, mesh=mesh, reshard_after_forward=reshard_unit, mp_policy=mp), mesh)
     for block in model.layers.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        use_in_place_collectives(fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp), mesh)
     # the root holds no parameter of its own any more (every one is in a unit above): it only
     # runs FSDP2's root hooks (lazy init, the final reduce-scatter wait)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard and not pp, mp_policy=mp)
+    use_in_place_collectives(fully_shard(model, mesh=mesh, reshard_after_forward=reshard and not pp, mp_policy=mp), mesh)
 
 
 def edge_units(model: Transformer, reshard: bool, pp: bool) -> list[tuple[list[nn.Module], bool]]:

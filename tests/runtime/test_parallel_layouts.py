@@ -78,7 +78,7 @@ def _case(name: str, layout: dict[str, Any], *, model: str | dict[str, Any] = "t
 
 CASES: list[dict[str, Any]] = [
     # data parallel: FSDP2 per ZeRO stage, DDP, HSDP
-    _case("fsdp_dp4_zero3", {"zero_stage": 3}),
+    _case("fsdp_dp4_zero3", {"zero_stage": 3}, track_memory=True),
     _case("fsdp_dp4_zero2_mb2", {"zero_stage": 2, "micro_batch": 2}),
     _case("fsdp_dp4_zero1_adamw", {"zero_stage": 1}, opt="adamw", track_memory=True),
     _case("ddp_dp4_zero0", {"zero_stage": 0}),
@@ -93,7 +93,7 @@ CASES: list[dict[str, Any]] = [
     _case("tp2_dp2_sp_gpt2_like", {"tp": 2}, model=GPT2_LIKE),
     # pipeline parallel
     _case("pp2_dp2_gpipe", {"pp": 2, "schedule": "gpipe"}, track_memory=True),
-    _case("pp2_dp2_1f1b_zero3_full", {"pp": 2, "zero_stage": 3, "recompute": "full", "recompute_layers": 1}),
+    _case("pp2_dp2_1f1b_zero3_full", {"pp": 2, "zero_stage": 3, "recompute": "full", "recompute_layers": 1}, track_memory=True),
     _case("pp2_dp2_interleaved", {"pp": 2, "vpp": 2}),
     _case("pp4_1f1b", {"pp": 4}),
     _case("pp2_dp2_zero_bubble", {"pp": 2, "schedule": "zero_bubble", "framework": "fsdp"}, opt="adamw"),
@@ -245,24 +245,28 @@ GLOO_STAGING_BYTES = 2.3 * 2**20
 
 
 @pytest.mark.parametrize(
-    "name", ["fsdp_dp4_zero1_adamw", "fsdp_dp4_zero3_gpt2_like", "pp2_dp2_gpipe", "tp2_dp2_sp_selective", "pp2_dp2_zbv", "pp2_dp2_dualpipev_zero2",
-             "pp2_dp2_looped_bfs"]
+    "name", ["fsdp_dp4_zero1_adamw", "fsdp_dp4_zero3", "fsdp_dp4_zero3_gpt2_like", "pp2_dp2_1f1b_zero3_full", "pp2_dp2_gpipe",
+             "tp2_dp2_sp_selective", "pp2_dp2_zbv", "pp2_dp2_dualpipev_zero2", "pp2_dp2_looped_bfs"]
 )
 def test_fake_world_memory_matches_real_gloo_run(job: tuple[Path, float], name: str) -> None:
     """runtime.fake_world (fake process group + FakeTensorMode) measures what the real 4-rank
-    run allocated, per pipeline stage (measured: FSDP within 528 bytes, the real run's data
-    tensors; PP within 0.25%; TP + SP: the real run holds 33-74 KiB more, a constant that is
-    1.5% of this tiny model; ZB-V and DualPipeV, two chunks per rank with split weight-gradient
-    passes: the real run holds 17-50 KiB more, 0.2-0.9%).
+    run allocated, per pipeline stage (measured, python -m bench.gloo_memory_gap --runs 5: FSDP
+    ZeRO-1 and ZeRO-3, tied or untied, +0.5 KiB in every run, the real run's data tensors; PP
+    16.5 KiB; TP + SP 32.5 KiB, 0.7% of this tiny model; ZB-V and DualPipeV, two chunks per rank
+    with split weight-gradient passes, 16.5-48.5 KiB, <= 0.9%; 1F1B with ZeRO-3 and full
+    recompute 0.5 / 16.5 KiB).
+
+    FSDP's collectives run through `runtime.gloo_comms` on gloo. With gloo's own, the gloo
+    worker thread freed the clone its reduce-scatter makes of the whole gradient input, and the
+    all-gather output it had filled, whenever it next got the GIL (at 2b7096f): the tied ZeRO-3
+    case held +146.8 KiB in 1 job of 5 (over the 128 KiB below: a layer's 646 KiB clone
+    outliving the next unit's all-gather), the untied one +234.1 KiB (4.2%) in 2 jobs of 3 and
+    +0.5 in the third (the embedding unit's clone), 1F1B ZeRO-3 full recompute stage 0 +329.8
+    KiB (5.9%) in 2 of 3 and +16.5 in the third (still so with the reduce-scatter fixed alone:
+    a gathered layer freed after the next was allocated).
 
     Measured, not tested (torch 2.13, bytes real - traced): interleaved 1F1B 82-115 KiB (1.2-1.9%),
-    zero bubble 0.5-66 KiB (<= 1.0%), TP2 x PP2 1F1B 33-115 KiB (1.2-3.3%), and two known gaps:
-    1F1B with ZeRO-3 and full recompute (pp2_dp2_1f1b_zero3_full) 330 KiB (5.6-5.9%) on both
-    stages; FSDP ZeRO-3 with untied embeddings (fsdp_dp4_zero3) 234 KiB (4.2%): gloo copies the
-    buffers of its collectives in the calling thread, which the fake process group does not
-    (measured on 2 gloo ranks: a 100 MiB reduce_scatter_tensor allocates 150 MiB more,
-    all_gather_into_tensor and all_reduce 100 MiB), and the embedding unit's gather and
-    reduce-scatter are this model's largest (the tied case, one unit kept gathered, matches). Two fake-world bugs made the trace of every schedule with two chunks per rank or a
+    zero bubble 0.5-66 KiB (<= 1.0%), TP2 x PP2 1F1B 33-115 KiB (1.2-3.3%). Two fake-world bugs made the trace of every schedule with two chunks per rank or a
     split backward wrong before (fixed in `parallelize.build_parts` and
     `Trainer._static_stage_args`): deep-copied fake chunks double-counted FSDP's sharded
     parameters (interleaved 1F1B +9.5%), and received activations that did not require grad made
