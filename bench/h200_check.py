@@ -13,9 +13,12 @@
    attention, which runs FlashAttention-2 there) and with the calibrated model of this checkout:
    predicted vs measured step time and peak memory. Measured memory is `max_memory_allocated`, so
    the prediction is the worst stage's total less the allocator reserve (as `autopar run` compares).
-   `hf_full16` (HF transformers, fp32 weights under bf16 autocast) is priced as the same layout with
-   eager elementwise kernels and fp32 gradients; its per-GEMM cast of the fp32 weights to bf16 is not
-   in the model.
+   `hf_full16` (`hf_peer.py --layers 16 --seq 8192 --accum 8`: transformers' `LlamaForCausalLM` built
+   in float32, each micro-batch's forward under `torch.autocast(bfloat16)`, torch's fused AdamW, no
+   checkpointing, one GPU) is priced in the `hf` fine-tuning stack as the planner prices an HF
+   Trainer job with `bf16=True` over a float32 model (`HF_FULL16`): ZeRO-0 without a wrapper, eager
+   elementwise kernels and HF's float32 RMSNorm, float32 weights, gradients and AdamW states and
+   autocast's casts of the GEMM weights (`cost_models.stacks.autocast_weights`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ FOLDER = Path(__file__).resolve().parents[1] / "data" / "measurements" / "h200-2
 GIB = 2**30
 
 RUNS = {"prof_full_none": "plan_full_none.json", "prof_full_full": "plan_full_full.json", "prof_lora16": "plan_lora_16L.json"}
+
+HF_FULL16 = ("plan_full_none.json", {"stack": "hf", "zero_stage": 0, "elementwise_kernels": "eager", "norm_kernel": "eager_fp32",
+                                     "optimizer_fused": True}, {"master_weights": True})
+"""hf_full16 as the hf stack prices it (module doc, 2): the plan with the same model, batch (micro-batch 1,
+8 accumulated) and sequence (8192) as `hf_peer.py`'s run, the layout's stack fields and the training's
+float32 weights (`TrainingSpec.master_weights`: `from_pretrained(dtype=float32)` beside `bf16=True`).
+`hf_peer.py` builds the model with `torch.set_default_dtype(torch.float32)` and steps
+`torch.optim.AdamW(fused=True)`."""
 
 
 def kernel_errors() -> dict:
@@ -98,11 +109,11 @@ def run_errors() -> list[dict]:
         peak = max(s.total - s.reserve for s in est.memory)
         out.append(_row(name, est.step_s, measured["step_s"], peak, max(measured["peak_memory_bytes_per_rank"])))
     hf = runs["hf_full16"]
-    plan = json.loads((FOLDER / "plan_full_none.json").read_text())
-    est = _priced(plan, {"elementwise_kernels": "eager", "zero_stage": 0}, {"grad_dtype": "fp32"})
+    plan_file, layout_update, training_update = HF_FULL16
+    est = _priced(json.loads((FOLDER / plan_file).read_text()), layout_update, training_update)
     peak = max(s.total - s.reserve for s in est.memory)
     row = _row("hf_full16", est.step_s, hf["step_s"], peak, hf["max_allocated"])
-    row["note"] = "HF transformers: eager elementwise kernels, fp32 gradients; fp32 weights cast per GEMM not priced"
+    row["note"] = "stack hf: float32 weights under bf16 autocast, eager kernels, one GPU"
     out.append(row)
     return out
 

@@ -20,8 +20,29 @@ forward and backward.
   loads `dtype="auto"` (the checkpoint's, bf16 for every model priced here) and `bf16=True` in
   TrainingArguments only turns autocast on, so a full fine-tune trains bf16 weights with bf16
   moments and no master (2 + 2 + 4) unless the user loads float32 (`master_weights`): then 4 + 4 + 8
-  and autocast's cached bf16 copy of each weight (2 bytes, kept from its first use in the forward
-  to the backward that needs it).
+  and autocast's cached bf16 copy of each GEMM weight (2 bytes, kept from its first use in the
+  forward to the backward that needs it). The exporter writes either as it was priced (`dtype`
+  float32 or bfloat16 beside `bf16=True`, `planner.exporters.hf`).
+  The float32 weights' mechanism (`autocast_weights`) is torch's autocast: every op on its
+  lower-precision list (`linear`, `matmul`, SDPA) casts a float32 argument to bf16 first
+  (`cached_cast` in pytorch/pytorch `aten/src/ATen/autocast_mode.cpp`). With `cache_enabled` (the
+  default) a cast is cached only for a float32 leaf that requires grad and is not a view: the
+  trained weights. The cache is cleared when the outermost autocast region exits
+  (`torch.autocast.__exit__`, `torch/amp/autocast_mode.py`: `clear_autocast_cache` once the nesting
+  returns to 0), i.e. after each micro-batch's forward (Trainer's `compute_loss` runs inside
+  `autocast_smart_context_manager`, the backward outside it). Each GEMM saves its bf16 weight for
+  the input gradient, so the copy lives on until that weight's backward: 2 bytes per element of the
+  GEMM weights (the layers' linears and the LM head; the token embedding's lookup and the norms'
+  multiply are not on the list and read the float32 weight). Time, per micro-batch: the forward's
+  cast of every GEMM weight (`CAST_FORWARD_BYTES`), again in a checkpointed layer's recompute
+  (`torch.utils.checkpoint` re-enters autocast with the forward's state, a fresh region, so the
+  weights are cast again), and the backward's cast of each bf16 weight gradient to the float32 leaf's
+  dtype (autograd's `ToCopyBackward0`: `CAST_BACKWARD_BYTES`). Under FSDP (ZeRO >= 1) the wrapper's
+  mixed-precision policy gathers bf16 parameters, so autocast finds nothing to cast there.
+- gradient accumulation (every stack): autograd's `AccumulateGrad` adds each micro-batch's gradient
+  into the step's `param.grad` in place from the second micro-batch on (read both, write the sum:
+  `ACCUMULATE_PASSES` passes over the gradient's dtype); the first micro-batch's gradient is stored
+  as it is.
 - torchtune: `dtype: bf16` builds every parameter, adapters included, in bf16 and the optimizer
   (`torch.optim.AdamW`, or bitsandbytes' / torchao's) keeps its moments in the parameter's dtype:
   2 + 2 + 4, no master (`master_weights` False: torchtune's recipes have no mixed precision).
@@ -83,6 +104,16 @@ FUSED_ADAMW_PASSES, FOREACH_ADAMW_PASSES = 7, 20
 step: fused (torch's `_fused_adamw`: read weight, gradient, m, v; write weight, m, v) and foreach
 (torch's `_multi_tensor_adamw`, op by op: lerp of m 3, mul and addcmul of v 2 + 3, sqrt and the two
 scalings of the denominator 2 + 2 + 2, addcdiv into the weight 4, weight decay 2)."""
+FP32_BYTES = 4
+CAST_FORWARD_BYTES = FP32_BYTES + 2
+"""HBM bytes per GEMM weight element of autocast's cast in a forward (module doc): read the float32
+weight (4), write its bf16 copy (2)."""
+CAST_BACKWARD_BYTES = 2 + FP32_BYTES
+"""HBM bytes per GEMM weight element of the backward's cast of the bf16 weight gradient to the
+float32 weight's dtype (`ToCopyBackward0`): read 2, write 4."""
+ACCUMULATE_PASSES = 3
+"""Passes over a gradient element of autograd's in-place accumulation (`AccumulateGrad`: `grad +=
+new`, read two tensors and write one), in every micro-batch after a step's first."""
 INT8_BLOCK, INT4_BLOCK = 256, 128
 """Elements per float32 scale of block-wise 8-bit and 4-bit optimizer states (module doc)."""
 SCALE_BYTES = 4
@@ -125,8 +156,9 @@ def moment_bytes(optimizer_state: str, weight_bytes: float) -> float:
 @dataclass(frozen=True)
 class TrainedBytes:
     """Bytes per trained element under a stack: the stored weight, its gradient, the optimizer's
-    states (`paged`: they live in unified memory, not PyTorch's allocator) and the compute-dtype
-    copy a float32 weight has while the step's forward and backward use it."""
+    states (`paged`: they live in unified memory, not PyTorch's allocator) and, per GEMM weight
+    element (not per trained element: the embedding and the norms are not cast), autocast's cached
+    compute-dtype copy of a float32 weight from the forward to its backward (`autocast_weights`)."""
 
     weight: float
     gradient: float
@@ -160,9 +192,37 @@ def trainable_bytes(training: TrainingSpec, stack: str | None, optimizer_state: 
     else:
         weight = 4.0 if fp32 or training.precision == "fp32" else float(training.param_bytes)
     moments = moment_bytes(optimizer_state, weight) if training.optimizer == "adamw" else 0.0
-    # a float32 weight under autocast (full fine-tuning) is cast once per step and the cast kept
-    copy = float(training.param_bytes) if weight > training.param_bytes and not training.frozen_base else 0.0
+    # autocast's cached bf16 copy of a float32 GEMM weight (module doc), per GEMM weight element
+    copy = float(training.param_bytes) if autocast_weights(training, stack) else 0.0
     return TrainedBytes(weight, weight, moments, copy, optimizer_state in ("paged", "int8_paged"))
+
+
+def autocast_weights(training: TrainingSpec, stack: str | None) -> bool:
+    """Whether a stack trains float32 weights under 16-bit autocast (module doc): a full fine-tune
+    whose weights are loaded in float32 (`master_weights`), with bf16 or fp16 compute. HF Trainer with
+    `bf16=True` over a float32 model; a model loaded in bf16 trains without (pure bf16)."""
+    return (stack is not None and not training.frozen_base and training.precision in ("bf16", "fp16")
+            and master_weights(training, stack))
+
+
+def cast_bytes(training: TrainingSpec, stack: str | None) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per GEMM weight element and micro-batch of autocast's casts
+    (`CAST_FORWARD_BYTES`, `CAST_BACKWARD_BYTES`; a checkpointed layer's recompute casts again, as
+    a forward); (0, 0) without float32 weights under autocast."""
+    if not autocast_weights(training, stack):
+        return 0.0, 0.0
+    half = float(training.param_bytes)
+    return FP32_BYTES + half, half + FP32_BYTES
+
+
+def accumulation_bytes(training: TrainingSpec, stack: str | None, optimizer_state: str, micro_batches: int) -> float:
+    """HBM bytes per gradient element a stack's gradient accumulation moves per micro-batch, on
+    average over the step (module doc): `ACCUMULATE_PASSES` x the gradient's bytes in each of the
+    micro_batches - 1 micro-batches after the first; 0 with one micro-batch or no stack."""
+    if stack is None or micro_batches <= 1:
+        return 0.0
+    gradient = trainable_bytes(training, stack, optimizer_state).gradient
+    return ACCUMULATE_PASSES * gradient * (micro_batches - 1) / micro_batches
 
 
 def optimizer_step_bytes(training: TrainingSpec, stack: str, optimizer_state: str, fused: bool) -> float:

@@ -438,6 +438,7 @@ def build_table(
     if trained_outside:
         compute[0] += emb_with_head if head_rank == 0 else emb_elsewhere
         embedding_tables[0] += table
+    gemm_weights = _gemm_weight_elements(model, training, mesh, partition, head_rank)
     mtp = _priced_mtp(model, partition, ft)
     if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head
@@ -493,8 +494,24 @@ def build_table(
         # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
         *_offloaded(acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers),
         pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
-        embedding_grad_elements=embedding_tables,
+        embedding_grad_elements=embedding_tables, gemm_weight_elements=gemm_weights,
     )
+
+
+def _gemm_weight_elements(model: ModelSpec, training: TrainingSpec, mesh: Layout, partition: StagePartition,
+                          head_rank: int) -> np.ndarray:
+    """(pp,) trained GEMM weight elements of each rank that autocast casts under a stack training
+    float32 weights (`stacks.autocast_weights`; `StageTable.gemm_weight_elements`): the linears of
+    the rank's layers and, on the head rank, the LM head (with tied embeddings the head's GEMM reads
+    the table, whose cast is cached like any trained weight's); zeros otherwise."""
+    out = np.zeros(partition.pp)
+    if not stacks.autocast_weights(training, mesh.stack):
+        return out
+    for rank in range(partition.pp):
+        out[rank] = sum(float(finetune.linear_elements(model, i, mesh.tp, mesh.ep, mesh.etp_))
+                        for i in partition.rank_layers(rank))
+    out[head_rank] += model.vocab_size * model.hidden_size / mesh.tp
+    return out
 
 
 def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, trained: bool) -> np.ndarray:
@@ -623,7 +640,7 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
         id(knobs), id(t.model), id(t.training), m.framework, m.grad_accum_ > 1, m.pp > 1,
         m.stack, m.optimizer_state, m.optimizer_in_backward,
         m.tp, m.cp, m.ep, m.etp_, t.dense_params.tobytes(), t.expert_params.tobytes(),
-        t.weight_bytes.tobytes(), t.trainable.tobytes(),
+        t.weight_bytes.tobytes(), t.trainable.tobytes(), t.gemm_weight_elements.tobytes(),
     )
     hit = _STATE_BYTES.get(key)
     if hit is not None and hit[0][0] is knobs and hit[0][1] is t.model and hit[0][2] is t.training:
@@ -663,9 +680,11 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
         copies = tr.param_bytes * (D + E)
         params = params + np.where(zero == 0, copies, 0.0)
     elif tb.copy:
-        # a stack's float32 weights under autocast: the cached compute-dtype cast of every trained
-        # weight, from its first use in the forward to the backward (without FSDP's per-layer casts)
-        params = params + np.where(zero == 0, tb.copy * (D + E), 0.0)
+        # a stack's float32 weights under autocast: the cached compute-dtype cast of every GEMM
+        # weight, from its first use in the forward to its backward (`stacks.autocast_weights`; the
+        # embedding and the norms are read in float32); under FSDP its mixed precision gathers bf16
+        # parameters and autocast casts nothing
+        params = params + np.where(zero == 0, tb.copy * t.gemm_weight_elements[None, :], 0.0)
     # PyTorch FSDP has no ZeRO-1 of its own: with one micro-batch per step it reduces each layer's
     # unsharded gradient right after that layer's backward, as ZeRO-2 does; with several it keeps
     # the unsharded gradients until the last one (runtime.parallelize)

@@ -11,6 +11,8 @@ import pytest
 from cluster_specs.presets import get_cluster
 from cost_models import stacks
 from cost_models.activations import ActivationContext, adapter_saved_bytes
+from cost_models.calibration import default_calibration
+from cost_models.compute import hbm_bandwidth
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, validate_layout
 from model_specs.presets import get_model
@@ -85,6 +87,49 @@ def test_trained_bytes_follow_each_stacks_dtypes() -> None:
     assert int8.optimizer == pytest.approx(2 * (1 + 4 / 256)) and not int8.paged
     assert stacks.trainable_bytes(full, "torchtune", "int4").optimizer == pytest.approx(2 * (0.5 + 4 / 128))
     assert stacks.trainable_bytes(full, "torchtune", "int8_paged").paged
+
+
+def test_autocast_casts_and_accumulation_move_the_bytes_of_their_kernels() -> None:
+    """torch autocast's casts of float32 GEMM weights (read 4, write 2; the gradient back: read 2,
+    write 4) and autograd's in-place accumulation (3 passes from the second micro-batch on)."""
+    fp32 = TrainingSpec(seq_len=128, global_batch=8, master_weights=True)
+    bf16 = TrainingSpec(seq_len=128, global_batch=8)
+    lora = TrainingSpec(seq_len=128, global_batch=8, method="lora", master_weights=True)
+    assert stacks.autocast_weights(fp32, "hf") and stacks.cast_bytes(fp32, "hf") == (6.0, 6.0)
+    assert stacks.cast_bytes(bf16, "hf") == (0.0, 0.0)  # loaded in bf16: nothing to cast
+    assert stacks.cast_bytes(lora, "hf") == (0.0, 0.0)  # a frozen base is not trained in float32
+    assert stacks.cast_bytes(fp32, None) == (0.0, 0.0)  # the framework loops price their own casts
+    assert not stacks.autocast_weights(TrainingSpec(seq_len=128, global_batch=8, precision="fp32", master_weights=True), "hf")
+    assert stacks.accumulation_bytes(fp32, "hf", "full", 8) == pytest.approx(3 * 4 * 7 / 8)
+    assert stacks.accumulation_bytes(bf16, "hf", "full", 8) == pytest.approx(3 * 2 * 7 / 8)
+    assert stacks.accumulation_bytes(fp32, "hf", "full", 1) == 0.0
+    assert stacks.accumulation_bytes(fp32, None, "full", 8) == 0.0
+
+
+def test_float32_weights_under_autocast_are_priced_from_their_mechanism() -> None:
+    """A 2-layer Llama-3-8B on one H200, 4 micro-batches of 1 x 1024 in the hf stack, loaded in float32
+    vs bf16, by hand: N = 1,486,901,248 parameters, G = 2 x 218,103,808 layer linears + 128,256 x 4,096
+    LM head = 961,544,192 GEMM weights. Memory: 4 N + 2 G of weights and cached casts (2 N in bf16),
+    4 N of gradients, 8 N of AdamW states. Time: per micro-batch 6 + 6 bytes of casts per GEMM weight
+    and, averaged, 3 x 3/4 x (4 - 2) bytes more of accumulation per parameter; the fused AdamW step
+    moves 28 against 14 bytes per parameter; full recompute casts the layers' weights again (6 bytes)."""
+    m = get_model("llama3-8b").model_copy(update={"num_layers": 2})
+    h200 = get_cluster("dgx-h200")
+    n, g, layer = 1_486_901_248, 2 * 218_103_808 + 128_256 * 4_096, 218_103_808
+    hbm = hbm_bandwidth(h200.gpu, default_calibration(), "fsdp")
+
+    def priced(master: bool, recompute: str = "none"):  # type: ignore[no-untyped-def]
+        tr = TrainingSpec(seq_len=1024, global_batch=4, master_weights=master)
+        return estimate(m, tr, h200, 1, _hf(micro_batch=1, recompute=recompute))
+
+    fp32, bf16 = priced(True), priced(False)
+    assert fp32.memory[0].parameters == 4 * n + 2 * g and bf16.memory[0].parameters == 2 * n
+    assert fp32.memory[0].gradients == 4 * n and fp32.memory[0].optimizer == 8 * n
+    assert (fp32.time.compute - bf16.time.compute) * hbm == pytest.approx(4 * 12 * g + 3 * 3 * 2 * n, rel=1e-9)
+    assert (fp32.time.optimizer - bf16.time.optimizer) * hbm == pytest.approx((28 - 14) * n, rel=1e-9)
+    fp32_full, bf16_full = priced(True, "full"), priced(False, "full")
+    full = (fp32_full.time.compute + fp32_full.time.recompute) - (bf16_full.time.compute + bf16_full.time.recompute)
+    assert (full - (fp32.time.compute - bf16.time.compute)) * hbm == pytest.approx(4 * 6 * 2 * layer, rel=1e-9)
 
 
 def test_each_technique_saves_the_memory_it_should() -> None:
