@@ -90,7 +90,7 @@ def technique_grid(training: TrainingSpec, c: SearchConstraints, gpus: int) -> l
     return out
 
 
-def weights_of(training: TrainingSpec, stack: str) -> str | None:
+def weights_of(training: TrainingSpec, stack: str | None) -> str | None:
     """How a full fine-tune's trained weights are kept in the stack (`cost_models.stacks`), for the
     explanation: float32 under 16-bit autocast (the model loaded in float32: its exporter writes that
     dtype beside bf16 / fp16), or in the compute dtype without a float32 master. None under a frozen
