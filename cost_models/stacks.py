@@ -140,6 +140,29 @@ STACK_DEFAULTS: dict[str, StackDefaults] = {
 }
 
 
+UNWRAPPED = "unwrapped"
+"""Owner of the trained weights (`weights_owner`) of a layout of framework `fsdp` with no fine-tuning
+stack at dp x cp = 1: the runtime builds no FSDP mesh there (`runtime.mesh.Meshes.fsdp` is None), so
+nothing shards or casts its parameters; it trains the float32 weights it built under 16-bit autocast
+(`runtime.train.Trainer._autocast`, `runtime.parallelize` module doc: "or autocast does without
+FSDP") and steps them with `torch.optim.AdamW(foreach=True)`. torchtitan does the same on one device
+(`torchtitan/distributed/utils.py` `maybe_enable_amp`: "the following code will only be executed for
+DDP or single-device training", `torch.autocast` when FSDP is not enabled). Whatever the layout's ZeRO
+stage says, such a layout stores float32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
+trained element) and autocast's cached copy of each GEMM weight, and pays the casts and the gradient
+accumulation of `autocast_weights` (module doc)."""
+
+
+def weights_owner(framework: str, stack: str | None, dp: int, cp: int) -> str | None:
+    """Whose rules keep a layout's trained weights (the `stack` argument of `trainable_bytes`,
+    `cast_bytes`, `accumulation_bytes`, `optimizer_step_bytes`): the fine-tuning stack's; `UNWRAPPED`
+    for the runtime's single-replica layouts (framework fsdp, no stack, dp x cp = 1); None, the
+    framework's own mixed-precision rules (`TrainingSpec.param_bytes`, ...), otherwise."""
+    if stack is None and framework == "fsdp" and dp * cp == 1:
+        return UNWRAPPED
+    return stack
+
+
 def defaults(stack: str) -> StackDefaults:
     return STACK_DEFAULTS[stack]
 
@@ -174,7 +197,7 @@ class TrainedBytes:
 def master_weights(training: TrainingSpec, stack: str | None) -> bool:
     """Whether the trained weights are float32: the user's `master_weights`, else the stack's
     default (module doc); adapters under PEFT are float32 whatever the base."""
-    if stack == "hf" and training.frozen_base:
+    if stack == UNWRAPPED or (stack == "hf" and training.frozen_base):
         return True
     if training.master_weights is not None:
         return training.master_weights
@@ -231,6 +254,8 @@ def optimizer_step_bytes(training: TrainingSpec, stack: str, optimizer_state: st
     `FOREACH_ADAMW_PASSES` times over tensors of the weight's dtype."""
     tb = trainable_bytes(training, stack, optimizer_state)
     fused_bytes = 2 * tb.optimizer + tb.gradient + 2 * tb.weight
+    if stack == UNWRAPPED:  # the runtime's torch.optim.AdamW(foreach=True) (`UNWRAPPED`)
+        fused = False
     if fused or optimizer_state != "full":  # bitsandbytes' and torchao's 8 / 4-bit steps are single kernels
         return fused_bytes
     return fused_bytes * FOREACH_ADAMW_PASSES / FUSED_ADAMW_PASSES
@@ -260,7 +285,8 @@ def stack_calibration(cal: Calibration, stack: str | None) -> Calibration:
 def fragmentation(cal: Calibration, framework: str, stack: str | None, dp: int) -> float:
     """The caching allocator's reserved-over-allocated fraction: FSDP2's (`Calibration.
     fsdp_fragmentation`, its collectives' buffers of varying sizes) wherever FSDP shards, the plain
-    one (`Calibration.fragmentation`) for a stack on one GPU, which runs without a sharding wrapper."""
+    one (`Calibration.fragmentation`) for a stack on one GPU, which runs without a sharding wrapper,
+    as the runtime's single-replica layouts do (`stack` is the layout's `weights_owner`: `UNWRAPPED`)."""
     if stack is not None and dp == 1:
         return cal.fragmentation
     return cal.fragmentation_of(framework)

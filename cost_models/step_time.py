@@ -375,7 +375,11 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     ar_repl = per_pair("all_reduce", repl_gs)
     z3 = zero >= 3
     layerwise_rs = zero >= 2  # reduce-scatter as each layer's backward ends (ZeRO-2/3, FSDP)
-    fsdp = m.framework == "fsdp"
+    # the runtime's single-replica layouts run no FSDP at any ZeRO stage (`stacks.UNWRAPPED`): no copy-out
+    # or copy-in kernels, and their float32 weights are cast by autocast
+    owner = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp)
+    unwrapped = (zero == 0) | (owner == stacks.UNWRAPPED)
+    fsdp = m.framework == "fsdp" and owner != stacks.UNWRAPPED
     fsdp2 = fsdp and not m.fsdp_flat_params
     # FSDP frees a layer's unsharded parameters after its backward (FSDP2's reshard after backward,
     # FSDP1's SHARD_GRAD_OP), so without a pipeline its ZeRO-1/2 gather them again in every
@@ -437,15 +441,15 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # a stack's float32 weights under autocast (`stacks.autocast_weights`; ZeRO-0 only: FSDP gathers
     # bf16 parameters): every GEMM weight cast to the compute dtype in each forward, again in a
     # checkpointed layer's recompute, and its bf16 gradient cast back in the backward
-    cast_f, cast_b = stacks.cast_bytes(tr, m.stack)
+    cast_f, cast_b = stacks.cast_bytes(tr, owner)
     gemm_weights = t.gemm_weight_elements[None, :]
-    kernels_f = kernels_f + np.where(zero == 0, cast_f * gemm_weights / hbm, 0.0)
-    kernels_b = kernels_b + np.where(zero == 0, cast_b * gemm_weights / hbm, 0.0)
+    kernels_f = kernels_f + np.where(unwrapped, cast_f * gemm_weights / hbm, 0.0)
+    kernels_b = kernels_b + np.where(unwrapped, cast_b * gemm_weights / hbm, 0.0)
     recompute_layers = np.divide(t.recomputed_layers, t.layers, out=np.zeros(pp), where=t.layers > 0)[None, :]
     head = np.zeros(pp)
     head[t.partition.head_rank] = t.model.vocab_size * t.model.hidden_size / m.tp if cast_f else 0.0
     kernels_recompute = np.where(
-        zero == 0, cast_f * recompute_layers * np.maximum(t.gemm_weight_elements - head, 0.0)[None, :] / hbm, 0.0
+        unwrapped, cast_f * recompute_layers * np.maximum(t.gemm_weight_elements - head, 0.0)[None, :] / hbm, 0.0
     )
 
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
@@ -485,8 +489,8 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # HBM traffic per local parameter: read and write the optimizer states (fp32 master, m, v: 2 x
     # 12 bytes for AdamW), read the gradient, write the working weight
     moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
-    if m.stack is not None:  # a stack's trained weights are the optimizer's (read and written), no master
-        moved = stacks.optimizer_step_bytes(tr, m.stack, m.optimizer_state, m.optimizer_fused)
+    if owner is not None:  # a stack's trained weights are the optimizer's (read and written), no master
+        moved = stacks.optimizer_step_bytes(tr, owner, m.optimizer_state, m.optimizer_fused)
     optimizer = np.empty(local.shape + (3,))
     optimizer[..., 0] = local * moved / hbm
     # offloaded (ZeRO-Offload, Ren et al. 2021): the gradient partition goes down the rank's host link,
@@ -516,7 +520,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # a stack's gradient accumulation (`stacks.accumulation_bytes`: autograd's in-place add from the
     # second micro-batch on) over the gradients the rank holds while it accumulates: unsharded below
     # ZeRO-2 (as `stage_table`'s memory holds them), its shard from ZeRO-2 on
-    accumulate = stacks.accumulation_bytes(tr, m.stack, m.optimizer_state, m.grad_accum_)
+    accumulate = stacks.accumulation_bytes(tr, owner, m.optimizer_state, m.grad_accum_)
     if accumulate:
         held = np.where(zero >= 2, D / dense_shard + E / expert_shard, D + E)
         kernels_b = kernels_b + accumulate * held / hbm

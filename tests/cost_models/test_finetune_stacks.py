@@ -132,6 +132,33 @@ def test_float32_weights_under_autocast_are_priced_from_their_mechanism() -> Non
     assert (full - (fp32.time.compute - bf16.time.compute)) * hbm == pytest.approx(4 * 6 * 2 * layer, rel=1e-9)
 
 
+def test_the_runtime_on_one_replica_is_priced_as_it_runs_at_every_zero_stage() -> None:
+    """The runtime builds no FSDP mesh at dp x cp = 1 and trains float32 weights under bf16 autocast
+    (`stacks.UNWRAPPED`), so the 2-layer Llama-3-8B of the test above, in framework fsdp without a stack,
+    on one H200, is priced at ZeRO 0-3 alike and as the hf stack prices a float32 model: by hand,
+    4 N + 2 G of weights and cached casts, 4 N of gradients, 8 N of AdamW states, the same compute
+    (casts and accumulation), and torch's foreach AdamW step over float32 tensors: (2 x 8 + 4 + 2 x 4)
+    x 20 / 7 = 80 bytes per parameter against the fused 28. On two GPUs FSDP shards and casts them:
+    ZeRO-1 stores the bf16 working weights (2 N) and its step moves 2 x 12 + 2 + 2 bytes over half of them."""
+    m = get_model("llama3-8b").model_copy(update={"num_layers": 2})
+    h200 = get_cluster("dgx-h200")
+    n, g = 1_486_901_248, 2 * 218_103_808 + 128_256 * 4_096
+    hbm = hbm_bandwidth(h200.gpu, default_calibration(), "fsdp")
+    kernels = dict(elementwise_kernels="eager", norm_kernel="eager_fp32", micro_batch=1)
+    tr = TrainingSpec(seq_len=1024, global_batch=4)
+    hf = estimate(m, tr.model_copy(update={"master_weights": True}), h200, 1, _hf(micro_batch=1))
+    for zero in (0, 1, 3):
+        est = estimate(m, tr, h200, 1, Layout(framework="fsdp", zero_stage=zero, **kernels))  # type: ignore[arg-type]
+        mem = est.memory[0]
+        assert (mem.parameters, mem.gradients, mem.optimizer, mem.comm_buffers) == (4 * n + 2 * g, 4 * n, 8 * n, 0)
+        assert est.time.compute == pytest.approx(hf.time.compute, rel=1e-12)
+        assert est.time.optimizer * hbm == pytest.approx(80 * n, rel=1e-9)
+    assert hf.time.optimizer * hbm == pytest.approx(28 * n, rel=1e-9)
+    two = estimate(m, tr.model_copy(update={"global_batch": 8}), h200, 2, Layout(framework="fsdp", zero_stage=1, **kernels))  # type: ignore[arg-type]
+    assert two.memory[0].parameters == 2 * n and two.time.optimizer * hbm == pytest.approx(28 * n / 2, rel=1e-9)
+    assert stacks.weights_owner("fsdp", None, 1, 2) is None and stacks.weights_owner("megatron", None, 1, 1) is None
+
+
 def test_each_technique_saves_the_memory_it_should() -> None:
     """torchtune's flags table, one technique at a time: Llama-3.2-3B shape on one A100, batch 2 x 4096."""
     m = get_model("llama3-8b").model_copy(update={"num_layers": 8})
@@ -194,3 +221,17 @@ def test_what_a_stack_cannot_run_is_refused_with_its_reason(layout: dict, field:
     tr = TrainingSpec(seq_len=1024, global_batch=8, method="lora")
     problems = validate_layout(get_model("llama3-8b"), tr, 2, Layout(**layout))
     assert field in {v.field for v in problems}, problems
+
+
+def test_the_explanation_says_how_a_one_replica_plan_runs() -> None:
+    from planner.explain import unwrapped_sentences
+
+    full = Plan.model_validate_json((H200 / "plan_full_none.json").read_text())
+    (line,) = unwrapped_sentences(full)
+    assert "ZeRO-1 shards nothing" in line and "float32 weights" in line and "bf16 autocast" in line
+    lora = Plan.model_validate_json((H200 / "plan_lora_16L.json").read_text())
+    assert "float32 adapters" in unwrapped_sentences(lora)[0]
+    assert lora.best is not None
+    two = lora.model_copy(update={"best": lora.best.model_copy(update={"layout": lora.best.layout.model_copy(update={"dp": 2})})})
+    assert unwrapped_sentences(two) == []
+
