@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cluster_specs.catalog import get_gpu
 from cluster_specs.spec import ClusterSpec
-from cost_models.calibration import default_calibration
+from cost_models.calibration import Calibration, default_calibration
 from cost_models.estimate import estimate
 from cost_models.kernels.atlas import atlas_for
 from cost_models.layout import Layout
@@ -88,14 +88,24 @@ def kernel_errors() -> dict:
     }
 
 
-def _priced(plan: dict, layout_update: dict | None = None, training_update: dict | None = None):
+def _priced(plan: dict, layout_update: dict | None = None, training_update: dict | None = None,
+            calibration: Calibration | None = None):
     inputs = plan["inputs"]
     model = ModelSpec(**inputs["model"])
     cluster = ClusterSpec(**inputs["cluster"])
     training = TrainingSpec(**{**inputs["training"], **(training_update or {})})
     layout = Layout(**{**plan["best"]["layout"], **(layout_update or {})})
     partition = StagePartition.explicit(plan["best"]["partition"], layout.resolved(inputs["gpus"], training))
-    return estimate(model, training, cluster, inputs["gpus"], layout, partition, calibration=default_calibration())
+    return estimate(model, training, cluster, inputs["gpus"], layout, partition, calibration=calibration or default_calibration())
+
+
+def hf_full16(calibration: Calibration | None = None) -> tuple[float, float, float, float]:
+    """(predicted step s, measured step s, predicted peak allocated bytes, measured bytes) of `hf_full16`
+    priced in the hf stack (`HF_FULL16`) with `calibration` (the stored one by default)."""
+    hf = json.loads((FOLDER / "runs.json").read_text())["hf_full16"]
+    plan_file, layout_update, training_update = HF_FULL16
+    est = _priced(json.loads((FOLDER / plan_file).read_text()), layout_update, training_update, calibration)
+    return est.step_s, hf["step_s"], max(s.total - s.reserve for s in est.memory), hf["max_allocated"]
 
 
 def run_errors() -> list[dict]:
@@ -108,11 +118,7 @@ def run_errors() -> list[dict]:
         measured = runs[name]
         peak = max(s.total - s.reserve for s in est.memory)
         out.append(_row(name, est.step_s, measured["step_s"], peak, max(measured["peak_memory_bytes_per_rank"])))
-    hf = runs["hf_full16"]
-    plan_file, layout_update, training_update = HF_FULL16
-    est = _priced(json.loads((FOLDER / plan_file).read_text()), layout_update, training_update)
-    peak = max(s.total - s.reserve for s in est.memory)
-    row = _row("hf_full16", est.step_s, hf["step_s"], peak, hf["max_allocated"])
+    row = _row("hf_full16", *hf_full16())
     row["note"] = "stack hf: float32 weights under bf16 autocast, eager kernels, one GPU"
     out.append(row)
     return out

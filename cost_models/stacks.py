@@ -273,13 +273,20 @@ def adapter_input_bytes(training: TrainingSpec, stack: str | None) -> tuple[floa
 def stack_calibration(cal: Calibration, stack: str | None) -> Calibration:
     """`cal` with the stack's host seconds per kernel launch (`Calibration.stack_overheads`): an
     eager Python stack dispatches every op through its module calls (PEFT's adapter wrappers, HF's
-    modules), which the launch floor of `cost_models.compute` counts kernel by kernel. Memoized, so
-    the pricing caches keyed on the calibration's identity keep hitting."""
+    modules), which the launch floor of `cost_models.compute` counts kernel by kernel; and, where the
+    stack has one (`StackOverhead.compute`), its own stretch of every kernel time in place of its
+    framework's `Stack.compute`. Memoized, so the pricing caches keyed on the calibration's identity
+    keep hitting."""
     if stack is None:
         return cal
     from dataclasses import replace
 
-    return replace(cal, kernel_launch_s=cal.stack_overhead(stack).kernel_launch_s)
+    o = cal.stack_overhead(stack)
+    if o.compute is None:
+        return replace(cal, kernel_launch_s=o.kernel_launch_s)
+    # the stack's own stretch of its kernel times in place of its framework's (`StackOverhead.compute`)
+    framework_stacks = {k: replace(v, compute=o.compute) for k, v in cal.stacks.items()}
+    return replace(cal, kernel_launch_s=o.kernel_launch_s, stacks=framework_stacks)
 
 
 def fragmentation(cal: Calibration, framework: str, stack: str | None, dp: int) -> float:

@@ -369,7 +369,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     w_fwd = np.where(qwz, min(1.0, QWZ_BYTES_PER_ELEMENT / pb), 1.0)  # (pairs, 1) gathered bytes per stored byte
     w_bwd = np.where(hpz, 1.0, w_fwd)
     g_rs = np.where(qgz, QGZ_BYTES_PER_ELEMENT / gb, 1.0)  # reduced bytes per gradient byte
-    hbm = hbm_bandwidth(cl.gpu, cal, stack_key(m.framework, m.fsdp_flat_params))
+    hbm = hbm_bandwidth(cl.gpu, stacks.stack_calibration(cal, m.stack), stack_key(m.framework, m.fsdp_flat_params))
     ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
     ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
     ar_repl = per_pair("all_reduce", repl_gs)

@@ -235,3 +235,26 @@ def test_the_explanation_says_how_a_one_replica_plan_runs() -> None:
     two = lora.model_copy(update={"best": lora.best.model_copy(update={"layout": lora.best.layout.model_copy(update={"dp": 2})})})
     assert unwrapped_sentences(two) == []
 
+
+def test_a_stacks_own_stretch_replaces_its_frameworks_in_every_kernel_time() -> None:
+    """`StackOverhead.compute` (fitted by bench.finetune_runs --fit; None: the framework's `Stack.compute`)
+    multiplies a stack layout's kernel times in place of the framework's, and nothing else's."""
+    from dataclasses import replace
+
+    from cost_models.calibration import StackOverhead
+
+    cal = default_calibration()
+    fsdp = cal.stack("fsdp").compute
+    own = replace(cal, stack_overheads={**cal.stack_overheads, "hf": StackOverhead(kernel_launch_s=1.5e-5, compute=2 * fsdp)})
+    assert stacks.stack_calibration(own, "hf").stack("fsdp").compute == 2 * fsdp
+    assert stacks.stack_calibration(cal, "hf").stack("fsdp").compute == fsdp  # the prior: borrowed
+    assert stacks.stack_calibration(own, "torchtune").stack("fsdp").compute == fsdp
+    m, h200 = get_model("llama3-8b").model_copy(update={"num_layers": 2}), get_cluster("dgx-h200")
+    tr = TrainingSpec(seq_len=4096, global_batch=4, master_weights=True)
+    borrowed, doubled = (estimate(m, tr, h200, 1, _hf(micro_batch=1), calibration=c) for c in (cal, own))
+    # GEMMs, attention and the memory-bound kernels (casts and accumulation among them) all stretch twice
+    # as much; only the launches' exposed latency does not (`Stack.latency_exposed`, 0 in the fit)
+    assert doubled.time.compute == pytest.approx(2 * borrowed.time.compute, rel=1e-3)
+    assert doubled.time.optimizer == pytest.approx(2 * borrowed.time.optimizer, rel=1e-9)
+    runtime = Layout(framework="fsdp", zero_stage=1, micro_batch=1)
+    assert estimate(m, tr, h200, 1, runtime, calibration=own).step_s == estimate(m, tr, h200, 1, runtime, calibration=cal).step_s
