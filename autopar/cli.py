@@ -487,12 +487,14 @@ def plan(
             _refuse(f"--atlas: {exc}")
     if result.best is not None and result.best.layout.stack and not as_json and not export:
         from cost_models.stacks import defaults
-        from planner.finetune import STACK_NAMES, techniques_of
+        from planner.finetune import STACK_NAMES, techniques_of, weights_of
 
         lay = result.best.layout
         chosen = techniques_of(lay, defaults(lay.stack).cross_entropy)
+        weights = weights_of(result.inputs.training, lay.stack)
         typer.echo(f"stack: {lay.stack} ({STACK_NAMES[lay.stack]}) on {lay.framework}, ZeRO-{lay.zero_stage}; "
-                   f"techniques: {', '.join(chosen) or 'none'}; export it with --export {lay.stack}")
+                   f"{weights + '; ' if weights else ''}techniques: {', '.join(chosen) or 'none'}; "
+                   f"export it with --export {lay.stack}")
     if export:
         from planner.exporters import ExportError
         from planner.exporters import export as export_plan

@@ -9,11 +9,14 @@ Every row is priced as the recipe that produced it ran (`RowRecipe`): the stack,
 techniques at the commit the row quotes (the CSV's `notes` name the config; the recipe configs are
 torchtune's `recipes/configs/llama2/*`, `llama3_1/*`, `llama3_2/*` at those commits; NeMo 24.07's
 fine-tuning table; PEFT's MetaMathQA benchmark script), its batch, sequence and parallel layout.
-Nothing here is fitted per row: the recipes say what ran, `--fit` fits one host constant per stack
-(`Calibration.stack_overheads`: its seconds per kernel launch, `fit_launch`) on every row of the stack
-with a throughput and, for `hf`, the H200 HF + PEFT step, with each source family predicted by the fit
-without it, and writes them beside the other fitted constants (run it after `bench.fit_calibration`,
-whose `Stack` constants price the stacks' kernels; each keeps the other's fields).
+Nothing here is fitted per row: the recipes say what ran, `--fit` fits two constants per stack
+(`Calibration.stack_overheads`: its host seconds per kernel launch, `fit_launch`, and its own stretch
+of the kernel times, `fit_compute`, in place of its framework's `Stack.compute`) on every row of the
+stack with a throughput and, for `hf`, the H200 HF steps (`h200_hf_steps`), with each source family
+predicted by the fit without it, keeps the stretch only where that beats the prior on the held-out
+families (`fit_overheads`), and writes them beside the other fitted constants (run it after
+`bench.fit_calibration`, whose `Stack` constants price the stacks' kernels; each keeps the other's
+fields).
 
 What each memory figure measures (`memory_kind`): allocated / active (torch's peak allocated or active
 bytes: compared with the priced total less the allocator reserve), reserved (torch's
@@ -29,7 +32,7 @@ import csv
 import json
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -329,8 +332,23 @@ def _with(cal: Calibration, overheads: dict[str, StackOverhead]) -> Calibration:
     return replace(cal, stack_overheads=overheads)
 
 
-H200_HF_FAMILY = "autopar H200 HF + PEFT run (2026-11)"
-"""The source family of the H200 HF + PEFT LoRA step (`h200_runs`), beside the CSV's `source_id`s."""
+H200_HF_FAMILY = "autopar H200 HF runs (2026-11)"
+"""The source family of the H200 steps of transformers' `LlamaForCausalLM` (`hf_peer.py`, `h200_hf_steps`):
+the HF + PEFT LoRA step (`hf_lora`) and the full fine-tune of a float32 model under bf16 autocast
+(`hf_full16`, `bench.h200_check.HF_FULL16`), beside the CSV's `source_id`s."""
+
+
+def h200_hf_steps(cal: Calibration | None = None) -> list[tuple[float, float]]:
+    """(predicted, measured) step seconds of the hf stack's H200 runs (`H200_HF_FAMILY`)."""
+    from bench.h200_check import hf_full16
+
+    lora = h200_runs(cal)[1]
+    full = hf_full16(cal)
+    return [(lora["est"].step_s, lora["step_s"]), (full[0], full[1])]
+
+COMPUTE_BOUNDS = (0.5, 3.0)
+"""Bounds of a stack's kernel-time stretch (`StackOverhead.compute`): those `bench.fit_calibration` gives
+the frameworks' `Stack.compute`."""
 
 LAUNCH_BOUNDS_US = (2.0, 100.0)
 """Bounds of a stack's host microseconds per kernel launch: a bare CUDA launch (2-4 us, CUDA C++ Best
@@ -351,12 +369,11 @@ def fit_families(rows: list[dict[str, str]], stack: str) -> dict[str, list[dict[
 
 
 def _log_errors(cal: Calibration, fams: dict[str, list[dict[str, str]] | None]) -> dict[str, list[float]]:
-    """log(predicted / measured) tokens/s (step time for the H200 run: the inverse sign) per family."""
+    """log(predicted / measured) tokens/s (step time for the H200 runs: the inverse sign) per family."""
     out: dict[str, list[float]] = {}
     for fam, rows in fams.items():
         if rows is None:
-            run = h200_runs(cal)[1]
-            out[fam] = [math.log(run["step_s"] / run["est"].step_s)]
+            out[fam] = [math.log(measured / predicted) for predicted, measured in h200_hf_steps(cal)]
         else:
             out[fam] = [math.log(price_row(r, cal).tps_ratio or 1.0) for r in rows]
     return out
@@ -396,36 +413,105 @@ def fit_launch(cal: Calibration, stack: str, fams: dict[str, list[dict[str, str]
     return math.exp(x) * 1e-6, (math.exp(x) * 1e-6, math.exp(x) * 1e-6)
 
 
+def _loss(cal: Calibration, stack: str, o: StackOverhead, fams: dict[str, list[dict[str, str]] | None]) -> float:
+    """The family-balanced squared log error (`fit_launch`) with the stack's constants `o`."""
+    errs = _log_errors(_with(cal, {**cal.stack_overheads, stack: o}), fams)
+    return sum(sum(e * e for e in es) / len(es) for es in errs.values() if es)
+
+
+def fit_compute(cal: Calibration, stack: str, fams: dict[str, list[dict[str, str]] | None]) -> tuple[float, bool]:
+    """(the stack's kernel-time stretch minimizing the family-balanced squared log error over `fams`
+    with its stored launch cost, whether it sits at a bound of `COMPUTE_BOUNDS`): a bounded
+    golden-section search over the log of the stretch (scipy `minimize_scalar`)."""
+    from scipy.optimize import minimize_scalar
+
+    base = cal.stack_overhead(stack)
+    lo, hi = (math.log(b) for b in COMPUTE_BOUNDS)
+    found = minimize_scalar(lambda x: _loss(cal, stack, replace(base, compute=math.exp(x)), fams), bounds=(lo, hi),
+                            method="bounded", options={"xatol": 1e-3})
+    x = float(found.x)
+    return math.exp(x), bool(min(x - lo, hi - x) < 1e-2)
+
+
+def fit_stack(cal: Calibration, stack: str, fams: dict[str, list[dict[str, str]] | None]) -> tuple[StackOverhead, dict[str, Any]]:
+    """The stack's host seconds per kernel launch and kernel-time stretch (`StackOverhead.kernel_launch_s`,
+    `compute`) fitted on `fams`, one after the other twice (coordinate descent from the priors: the
+    launch cost `fit_launch` at the stretch, then the stretch `fit_compute` at that launch cost), and
+    how well the rows tell them apart: the interval of launch costs at the least loss, whether the
+    stretch ran to a bound, and the loss's curvature in the log of the stretch at its minimum (0: the
+    rows do not identify it). Whether the stretch is kept is `fit_overheads`' call."""
+    o = replace(Calibration().stack_overhead(stack), step_s=0.0, micro_batch_s=0.0)
+    interval: tuple[float, float] = (o.kernel_launch_s, o.kernel_launch_s)
+    at_bound = False
+    for _ in range(2):
+        launch, interval = fit_launch(_with(cal, {**cal.stack_overheads, stack: o}), stack, fams)
+        o = replace(o, kernel_launch_s=launch)
+        compute, at_bound = fit_compute(_with(cal, {**cal.stack_overheads, stack: o}), stack, fams)
+        o = replace(o, compute=compute)
+    assert o.compute is not None
+    step = 0.02  # in the log of the stretch
+    around = [_loss(cal, stack, replace(o, compute=o.compute * math.exp(d)), fams) for d in (-step, 0.0, step)]
+    curvature = (around[0] - 2 * around[1] + around[2]) / step**2
+    info = {"kernel_launch_s": o.kernel_launch_s, "minimum_over_s": list(interval), "launch_identified": interval[0] == interval[1],
+            "compute": o.compute, "compute_at_bound": at_bound, "compute_curvature": float(curvature)}
+    return o, info
+
+
+def prior_stretch(cal: Calibration, stack: str, fams: dict[str, list[dict[str, str]] | None]) -> StackOverhead:
+    """The stack's constants with the prior stretch (`StackOverhead.compute` None: its framework's
+    `Stack.compute`) and the launch cost fitted at it (`fit_launch`)."""
+    o = StackOverhead()
+    return replace(o, kernel_launch_s=fit_launch(_with(cal, {**cal.stack_overheads, stack: o}), stack, fams)[0])
+
+
+def _apes(errs: list[float]) -> dict[str, float]:
+    ape = sorted(100 * abs(math.exp(e) - 1) for e in errs)
+    return {"median_ape": statistics.median(ape), "max_ape": ape[-1]}
+
+
 def fit_overheads(rows: list[dict[str, str]], cal: Calibration) -> tuple[dict[str, StackOverhead], dict[str, Any]]:
-    """Each stack's host seconds per kernel launch (`StackOverhead.kernel_launch_s`: the one fitted
-    constant per stack, `fit_launch`) on its throughput rows and, for `hf`, the H200 HF + PEFT step;
-    and each source family predicted by the fit without it (leave-one-family-out). Per step and per
-    micro-batch host seconds stay 0: every published stack row runs one micro-batch per optimizer
-    step, so they cannot be told from the launch cost, and fitted beside it both sat at their 0
-    bound. Returns (the overheads, the report stored beside them)."""
+    """Each stack's host seconds per kernel launch and kernel-time stretch (`fit_stack`) on its
+    throughput rows and, for `hf`, the H200 HF steps; and each source family predicted by the fit
+    without it (leave-one-family-out), beside its prediction with the prior stretch (the framework's
+    `Stack.compute`) and the launch cost fitted without it (`prior_stretch`). The stack's own stretch is
+    kept only where the rows identify it (not at a bound, the loss curved at its minimum) and it
+    predicts the held-out families no worse than the prior does (mean of their median errors): a
+    stretch that fits the stack's families together but predicts each of them worse from the others
+    describes their disagreement, not the stack. Otherwise the prior stands, with the launch cost
+    fitted at it. Per step and per micro-batch host seconds stay 0: every published stack row runs
+    one micro-batch per optimizer step, so they cannot be told from the launch cost, and fitted beside
+    it both sat at their 0 bound. Returns (the overheads, the report stored beside them)."""
     overheads = dict(cal.stack_overheads)
-    summary: dict[str, Any] = {"objective": "family-balanced squared log error of tokens/s (step time for the H200 run)",
+    summary: dict[str, Any] = {"objective": "family-balanced squared log error of tokens/s (step time for the H200 runs)",
                                "stacks": {}}
     for stack in stacks.STACKS:
         fams = fit_families(rows, stack)
-        launch, interval = fit_launch(cal, stack, fams)
-        overheads[stack] = StackOverhead(step_s=0.0, micro_batch_s=0.0, kernel_launch_s=launch)
-        fitted = _log_errors(_with(cal, overheads), fams)
+        own, info = fit_stack(cal, stack, fams)
         held: dict[str, Any] = {}
         for fam in fams:
             rest = {k: v for k, v in fams.items() if k != fam}
             if not rest:
                 continue
-            without = StackOverhead(step_s=0.0, micro_batch_s=0.0, kernel_launch_s=fit_launch(cal, stack, rest)[0])
+            without, rest_info = fit_stack(cal, stack, rest)
             errs = _log_errors(_with(cal, {**overheads, stack: without}), {fam: fams[fam]})[fam]
-            ape = sorted(100 * abs(math.exp(e) - 1) for e in errs)
-            held[fam] = {"n": len(errs), "kernel_launch_s": without.kernel_launch_s,
-                         "median_ape": statistics.median(ape), "max_ape": ape[-1]}
+            prior = prior_stretch(cal, stack, rest)
+            prior_errs = _log_errors(_with(cal, {**overheads, stack: prior}), {fam: fams[fam]})[fam]
+            held[fam] = {"n": len(errs), "kernel_launch_s": without.kernel_launch_s, "compute": without.compute,
+                         "compute_at_bound": rest_info["compute_at_bound"], **_apes(errs),
+                         "prior_compute": {"kernel_launch_s": prior.kernel_launch_s, **_apes(prior_errs)}}
+        own_held = statistics.mean(h["median_ape"] for h in held.values()) if held else math.inf
+        prior_held = statistics.mean(h["prior_compute"]["median_ape"] for h in held.values()) if held else 0.0
+        identified = not info["compute_at_bound"] and info["compute_curvature"] > 0
+        kept = identified and own_held <= prior_held
+        overheads[stack] = own if kept else prior_stretch(cal, stack, fams)
+        fitted = _log_errors(_with(cal, overheads), fams)
         summary["stacks"][stack] = {
-            "kernel_launch_s": launch,
-            "minimum_over_s": list(interval),
-            "identified": interval[0] == interval[1],
-            "families": {k: (len(v) if v is not None else 1) for k, v in fams.items()},
+            **info,
+            "compute_identified": identified,
+            "held_out_mean_median_ape": {"own_compute": own_held, "prior_compute": prior_held},
+            "compute_kept": kept,
+            "stored": asdict(overheads[stack]),
+            "families": {k: (len(v) if v is not None else len(h200_hf_steps(cal))) for k, v in fams.items()},
             "in_sample_median_ape": statistics.median(100 * abs(math.exp(e) - 1) for es in fitted.values() for e in es),
             "leave_one_family_out": held,
         }
@@ -518,12 +604,20 @@ def main(argv: list[str] | None = None) -> None:
         for name, o in overheads.items():
             st = fit["stacks"][name]
             lo, hi = (x * 1e6 for x in st["minimum_over_s"])
-            how = "fitted" if st["identified"] else f"not identified (the loss is least and flat over {lo:.1f}-{hi:.1f} us): kept"
-            print(f"{name}: kernel launch {o.kernel_launch_s * 1e6:.1f} us, {how} (host seconds per kernel; per step and "
-                  f"per micro-batch 0); in-sample median |error| {st['in_sample_median_ape']:.1f}%")
+            launch = "fitted" if st["launch_identified"] else f"not identified (least and flat over {lo:.1f}-{hi:.1f} us)"
+            held = st["held_out_mean_median_ape"]
+            print(f"{name}: own stretch {st['compute']:.3f} at {st['kernel_launch_s'] * 1e6:.1f} us per kernel (launch {launch}; "
+                  f"stretch {'at a bound' if st['compute_at_bound'] else 'inside its bounds'}, curvature "
+                  f"{st['compute_curvature']:.2f}); held-out families' mean median |error| {held['own_compute']:.1f}% with it, "
+                  f"{held['prior_compute']:.1f}% with the framework's stretch")
+            kept = f"stretch {o.compute:.3f}" if o.compute is not None else "the framework's stretch (prior)"
+            print(f"  stored: {kept}, kernel launch {o.kernel_launch_s * 1e6:.1f} us; in-sample median |error| "
+                  f"{st['in_sample_median_ape']:.1f}%")
             for fam, h in st["leave_one_family_out"].items():
-                print(f"  held out {fam:<40} n={h['n']:>2}  refit {h['kernel_launch_s'] * 1e6:5.1f} us  "
-                      f"median |error| {h['median_ape']:5.1f}%  max {h['max_ape']:5.1f}%")
+                p = h["prior_compute"]
+                print(f"  held out {fam:<34} n={h['n']:>2}  refit stretch {h['compute']:.3f}{' (at a bound)' if h['compute_at_bound'] else ''}"
+                      f", {h['kernel_launch_s'] * 1e6:5.1f} us: median |error| {h['median_ape']:5.1f}%  max {h['max_ape']:5.1f}%;  "
+                      f"framework's stretch, {p['kernel_launch_s'] * 1e6:5.1f} us: {p['median_ape']:5.1f}%  max {p['max_ape']:5.1f}%")
         write_overheads(overheads, report=fit)
         cal = _with(cal, overheads)
     report(cal)

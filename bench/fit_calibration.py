@@ -310,7 +310,9 @@ def mfu_ceilings(results: list[Result]) -> dict[str, dict[str, float | int | str
 
 FITTED_ELSEWHERE: dict[str, str] = {
     "stack_overheads": "bench/finetune_runs.py --fit: least squares on log tokens/s of data/calibration/finetune_runs.csv's "
-    "throughput rows priced in their stacks and the H200 HF + PEFT LoRA step (data/measurements/h200-2026-11)",
+    "throughput rows priced in their stacks and the H200 HF steps (data/measurements/h200-2026-11): each stack's host "
+    "seconds per kernel launch and its own kernel-time stretch, kept where it predicts the held-out families no worse "
+    "than its framework's",
 }
 """Fields of the stored calibration another bench fits, with the command that fits them: this fit keeps
 them as stored (the fine-tuning stacks' host overheads price no published pre-training row, so they

@@ -13,9 +13,12 @@
    attention, which runs FlashAttention-2 there) and with the calibrated model of this checkout:
    predicted vs measured step time and peak memory. Measured memory is `max_memory_allocated`, so
    the prediction is the worst stage's total less the allocator reserve (as `autopar run` compares).
-   `hf_full16` (HF transformers, fp32 weights under bf16 autocast) is priced as the same layout with
-   eager elementwise kernels and fp32 gradients; its per-GEMM cast of the fp32 weights to bf16 is not
-   in the model.
+   `hf_full16` (`hf_peer.py --layers 16 --seq 8192 --accum 8`: transformers' `LlamaForCausalLM` built
+   in float32, each micro-batch's forward under `torch.autocast(bfloat16)`, torch's fused AdamW, no
+   checkpointing, one GPU) is priced in the `hf` fine-tuning stack as the planner prices an HF
+   Trainer job with `bf16=True` over a float32 model (`HF_FULL16`): ZeRO-0 without a wrapper, eager
+   elementwise kernels and HF's float32 RMSNorm, float32 weights, gradients and AdamW states and
+   autocast's casts of the GEMM weights (`cost_models.stacks.autocast_weights`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from cluster_specs.catalog import get_gpu
 from cluster_specs.spec import ClusterSpec
-from cost_models.calibration import default_calibration
+from cost_models.calibration import Calibration, default_calibration
 from cost_models.estimate import estimate
 from cost_models.kernels.atlas import atlas_for
 from cost_models.layout import Layout
@@ -38,6 +41,14 @@ FOLDER = Path(__file__).resolve().parents[1] / "data" / "measurements" / "h200-2
 GIB = 2**30
 
 RUNS = {"prof_full_none": "plan_full_none.json", "prof_full_full": "plan_full_full.json", "prof_lora16": "plan_lora_16L.json"}
+
+HF_FULL16 = ("plan_full_none.json", {"stack": "hf", "zero_stage": 0, "elementwise_kernels": "eager", "norm_kernel": "eager_fp32",
+                                     "optimizer_fused": True}, {"master_weights": True})
+"""hf_full16 as the hf stack prices it (module doc, 2): the plan with the same model, batch (micro-batch 1,
+8 accumulated) and sequence (8192) as `hf_peer.py`'s run, the layout's stack fields and the training's
+float32 weights (`TrainingSpec.master_weights`: `from_pretrained(dtype=float32)` beside `bf16=True`).
+`hf_peer.py` builds the model with `torch.set_default_dtype(torch.float32)` and steps
+`torch.optim.AdamW(fused=True)`."""
 
 
 def kernel_errors() -> dict:
@@ -77,14 +88,24 @@ def kernel_errors() -> dict:
     }
 
 
-def _priced(plan: dict, layout_update: dict | None = None, training_update: dict | None = None):
+def _priced(plan: dict, layout_update: dict | None = None, training_update: dict | None = None,
+            calibration: Calibration | None = None):
     inputs = plan["inputs"]
     model = ModelSpec(**inputs["model"])
     cluster = ClusterSpec(**inputs["cluster"])
     training = TrainingSpec(**{**inputs["training"], **(training_update or {})})
     layout = Layout(**{**plan["best"]["layout"], **(layout_update or {})})
     partition = StagePartition.explicit(plan["best"]["partition"], layout.resolved(inputs["gpus"], training))
-    return estimate(model, training, cluster, inputs["gpus"], layout, partition, calibration=default_calibration())
+    return estimate(model, training, cluster, inputs["gpus"], layout, partition, calibration=calibration or default_calibration())
+
+
+def hf_full16(calibration: Calibration | None = None) -> tuple[float, float, float, float]:
+    """(predicted step s, measured step s, predicted peak allocated bytes, measured bytes) of `hf_full16`
+    priced in the hf stack (`HF_FULL16`) with `calibration` (the stored one by default)."""
+    hf = json.loads((FOLDER / "runs.json").read_text())["hf_full16"]
+    plan_file, layout_update, training_update = HF_FULL16
+    est = _priced(json.loads((FOLDER / plan_file).read_text()), layout_update, training_update, calibration)
+    return est.step_s, hf["step_s"], max(s.total - s.reserve for s in est.memory), hf["max_allocated"]
 
 
 def run_errors() -> list[dict]:
@@ -97,12 +118,8 @@ def run_errors() -> list[dict]:
         measured = runs[name]
         peak = max(s.total - s.reserve for s in est.memory)
         out.append(_row(name, est.step_s, measured["step_s"], peak, max(measured["peak_memory_bytes_per_rank"])))
-    hf = runs["hf_full16"]
-    plan = json.loads((FOLDER / "plan_full_none.json").read_text())
-    est = _priced(plan, {"elementwise_kernels": "eager", "zero_stage": 0}, {"grad_dtype": "fp32"})
-    peak = max(s.total - s.reserve for s in est.memory)
-    row = _row("hf_full16", est.step_s, hf["step_s"], peak, hf["max_allocated"])
-    row["note"] = "HF transformers: eager elementwise kernels, fp32 gradients; fp32 weights cast per GEMM not priced"
+    row = _row("hf_full16", *hf_full16())
+    row["note"] = "stack hf: float32 weights under bf16 autocast, eager kernels, one GPU"
     out.append(row)
     return out
 

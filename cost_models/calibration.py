@@ -58,14 +58,22 @@ class StackOverhead:
     its eager modules (the launch floor of `cost_models.compute`: op dispatch through Python module
     calls, PEFT's adapter wrappers among them).
 
-    Only `kernel_launch_s` is fitted (`bench/finetune_runs.py --fit`, one constant per stack, with
-    each source family predicted by the fit without it). Every published stack row runs one
+    `kernel_launch_s` and `compute` are fitted (`bench/finetune_runs.py --fit`, one each per stack,
+    with each source family predicted by the fit without it). Every published stack row runs one
     micro-batch per optimizer step, so the per-step and per-micro-batch seconds cannot be told from
     the launch cost on them; fitted beside it they both went to their 0 bound, and they stay 0."""
 
     step_s: float = 0.0
     micro_batch_s: float = 0.0
     kernel_launch_s: float = 6e-6
+    compute: float | None = None
+    """The stack's own multiplier of its kernel times (`Stack.compute`'s meaning: the gaps between
+    kernels and the small kernels no model prices) in place of its framework's. Prior None: the
+    framework's fitted `Stack.compute` (FSDP's, fitted on multi-GPU pre-training runs with prefetch
+    and overlapped collectives, which an eager fine-tuning loop on one to a few GPUs does not run).
+    The fit keeps a stack's own value only where its rows identify it and it predicts each source
+    family held out no worse than the prior (`bench.finetune_runs.fit_overheads`); on the rows of
+    2026-11 it did not (`stack_overheads_fit` in calibration.json), so the prior stands."""
 
 
 def _default_stack_overheads() -> dict[str, StackOverhead]:

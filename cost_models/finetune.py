@@ -166,6 +166,19 @@ def layer_state(model: ModelSpec, index: int, tp: Scalars, ep: Scalars, etp: Sca
     return LayerState(dense_linear, expert_linear, dense_ad, expert_ad, largest)
 
 
+def linear_elements(model: ModelSpec, index: int, tp: Scalars, ep: Scalars, etp: Scalars) -> Scalars:
+    """Per-rank elements of layer `index`'s linear weights, cut as `layer_state` cuts them (attention,
+    MLP and shared experts over tp, the router whole, routed experts over ep x etp)."""
+    total: Scalars = 0.0
+    for x in layer_linears(model, index):
+        elements = float(x.in_features * x.out_features)
+        if x.expert:
+            total = total + elements / etp * _copies(x, ep)
+        else:
+            total = total + (elements if x.split == "replicated" else elements / tp) * x.count
+    return total
+
+
 def adapter_seconds(
     model: ModelSpec, index: int, tokens: object, tp: object, ep: object, etp: object, act_bytes: int,
     bandwidth: float, ft: FineTune,

@@ -20,8 +20,29 @@ forward and backward.
   loads `dtype="auto"` (the checkpoint's, bf16 for every model priced here) and `bf16=True` in
   TrainingArguments only turns autocast on, so a full fine-tune trains bf16 weights with bf16
   moments and no master (2 + 2 + 4) unless the user loads float32 (`master_weights`): then 4 + 4 + 8
-  and autocast's cached bf16 copy of each weight (2 bytes, kept from its first use in the forward
-  to the backward that needs it).
+  and autocast's cached bf16 copy of each GEMM weight (2 bytes, kept from its first use in the
+  forward to the backward that needs it). The exporter writes either as it was priced (`dtype`
+  float32 or bfloat16 beside `bf16=True`, `planner.exporters.hf`).
+  The float32 weights' mechanism (`autocast_weights`) is torch's autocast: every op on its
+  lower-precision list (`linear`, `matmul`, SDPA) casts a float32 argument to bf16 first
+  (`cached_cast` in pytorch/pytorch `aten/src/ATen/autocast_mode.cpp`). With `cache_enabled` (the
+  default) a cast is cached only for a float32 leaf that requires grad and is not a view: the
+  trained weights. The cache is cleared when the outermost autocast region exits
+  (`torch.autocast.__exit__`, `torch/amp/autocast_mode.py`: `clear_autocast_cache` once the nesting
+  returns to 0), i.e. after each micro-batch's forward (Trainer's `compute_loss` runs inside
+  `autocast_smart_context_manager`, the backward outside it). Each GEMM saves its bf16 weight for
+  the input gradient, so the copy lives on until that weight's backward: 2 bytes per element of the
+  GEMM weights (the layers' linears and the LM head; the token embedding's lookup and the norms'
+  multiply are not on the list and read the float32 weight). Time, per micro-batch: the forward's
+  cast of every GEMM weight (`CAST_FORWARD_BYTES`), again in a checkpointed layer's recompute
+  (`torch.utils.checkpoint` re-enters autocast with the forward's state, a fresh region, so the
+  weights are cast again), and the backward's cast of each bf16 weight gradient to the float32 leaf's
+  dtype (autograd's `ToCopyBackward0`: `CAST_BACKWARD_BYTES`). Under FSDP (ZeRO >= 1) the wrapper's
+  mixed-precision policy gathers bf16 parameters, so autocast finds nothing to cast there.
+- gradient accumulation (every stack): autograd's `AccumulateGrad` adds each micro-batch's gradient
+  into the step's `param.grad` in place from the second micro-batch on (read both, write the sum:
+  `ACCUMULATE_PASSES` passes over the gradient's dtype); the first micro-batch's gradient is stored
+  as it is.
 - torchtune: `dtype: bf16` builds every parameter, adapters included, in bf16 and the optimizer
   (`torch.optim.AdamW`, or bitsandbytes' / torchao's) keeps its moments in the parameter's dtype:
   2 + 2 + 4, no master (`master_weights` False: torchtune's recipes have no mixed precision).
@@ -83,6 +104,16 @@ FUSED_ADAMW_PASSES, FOREACH_ADAMW_PASSES = 7, 20
 step: fused (torch's `_fused_adamw`: read weight, gradient, m, v; write weight, m, v) and foreach
 (torch's `_multi_tensor_adamw`, op by op: lerp of m 3, mul and addcmul of v 2 + 3, sqrt and the two
 scalings of the denominator 2 + 2 + 2, addcdiv into the weight 4, weight decay 2)."""
+FP32_BYTES = 4
+CAST_FORWARD_BYTES = FP32_BYTES + 2
+"""HBM bytes per GEMM weight element of autocast's cast in a forward (module doc): read the float32
+weight (4), write its bf16 copy (2)."""
+CAST_BACKWARD_BYTES = 2 + FP32_BYTES
+"""HBM bytes per GEMM weight element of the backward's cast of the bf16 weight gradient to the
+float32 weight's dtype (`ToCopyBackward0`): read 2, write 4."""
+ACCUMULATE_PASSES = 3
+"""Passes over a gradient element of autograd's in-place accumulation (`AccumulateGrad`: `grad +=
+new`, read two tensors and write one), in every micro-batch after a step's first."""
 INT8_BLOCK, INT4_BLOCK = 256, 128
 """Elements per float32 scale of block-wise 8-bit and 4-bit optimizer states (module doc)."""
 SCALE_BYTES = 4
@@ -109,6 +140,29 @@ STACK_DEFAULTS: dict[str, StackDefaults] = {
 }
 
 
+UNWRAPPED = "unwrapped"
+"""Owner of the trained weights (`weights_owner`) of a layout of framework `fsdp` with no fine-tuning
+stack at dp x cp = 1: the runtime builds no FSDP mesh there (`runtime.mesh.Meshes.fsdp` is None), so
+nothing shards or casts its parameters; it trains the float32 weights it built under 16-bit autocast
+(`runtime.train.Trainer._autocast`, `runtime.parallelize` module doc: "or autocast does without
+FSDP") and steps them with `torch.optim.AdamW(foreach=True)`. torchtitan does the same on one device
+(`torchtitan/distributed/utils.py` `maybe_enable_amp`: "the following code will only be executed for
+DDP or single-device training", `torch.autocast` when FSDP is not enabled). Whatever the layout's ZeRO
+stage says, such a layout stores float32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
+trained element) and autocast's cached copy of each GEMM weight, and pays the casts and the gradient
+accumulation of `autocast_weights` (module doc)."""
+
+
+def weights_owner(framework: str, stack: str | None, dp: int, cp: int) -> str | None:
+    """Whose rules keep a layout's trained weights (the `stack` argument of `trainable_bytes`,
+    `cast_bytes`, `accumulation_bytes`, `optimizer_step_bytes`): the fine-tuning stack's; `UNWRAPPED`
+    for the runtime's single-replica layouts (framework fsdp, no stack, dp x cp = 1); None, the
+    framework's own mixed-precision rules (`TrainingSpec.param_bytes`, ...), otherwise."""
+    if stack is None and framework == "fsdp" and dp * cp == 1:
+        return UNWRAPPED
+    return stack
+
+
 def defaults(stack: str) -> StackDefaults:
     return STACK_DEFAULTS[stack]
 
@@ -125,8 +179,9 @@ def moment_bytes(optimizer_state: str, weight_bytes: float) -> float:
 @dataclass(frozen=True)
 class TrainedBytes:
     """Bytes per trained element under a stack: the stored weight, its gradient, the optimizer's
-    states (`paged`: they live in unified memory, not PyTorch's allocator) and the compute-dtype
-    copy a float32 weight has while the step's forward and backward use it."""
+    states (`paged`: they live in unified memory, not PyTorch's allocator) and, per GEMM weight
+    element (not per trained element: the embedding and the norms are not cast), autocast's cached
+    compute-dtype copy of a float32 weight from the forward to its backward (`autocast_weights`)."""
 
     weight: float
     gradient: float
@@ -142,7 +197,7 @@ class TrainedBytes:
 def master_weights(training: TrainingSpec, stack: str | None) -> bool:
     """Whether the trained weights are float32: the user's `master_weights`, else the stack's
     default (module doc); adapters under PEFT are float32 whatever the base."""
-    if stack == "hf" and training.frozen_base:
+    if stack == UNWRAPPED or (stack == "hf" and training.frozen_base):
         return True
     if training.master_weights is not None:
         return training.master_weights
@@ -160,9 +215,37 @@ def trainable_bytes(training: TrainingSpec, stack: str | None, optimizer_state: 
     else:
         weight = 4.0 if fp32 or training.precision == "fp32" else float(training.param_bytes)
     moments = moment_bytes(optimizer_state, weight) if training.optimizer == "adamw" else 0.0
-    # a float32 weight under autocast (full fine-tuning) is cast once per step and the cast kept
-    copy = float(training.param_bytes) if weight > training.param_bytes and not training.frozen_base else 0.0
+    # autocast's cached bf16 copy of a float32 GEMM weight (module doc), per GEMM weight element
+    copy = float(training.param_bytes) if autocast_weights(training, stack) else 0.0
     return TrainedBytes(weight, weight, moments, copy, optimizer_state in ("paged", "int8_paged"))
+
+
+def autocast_weights(training: TrainingSpec, stack: str | None) -> bool:
+    """Whether a stack trains float32 weights under 16-bit autocast (module doc): a full fine-tune
+    whose weights are loaded in float32 (`master_weights`), with bf16 or fp16 compute. HF Trainer with
+    `bf16=True` over a float32 model; a model loaded in bf16 trains without (pure bf16)."""
+    return (stack is not None and not training.frozen_base and training.precision in ("bf16", "fp16")
+            and master_weights(training, stack))
+
+
+def cast_bytes(training: TrainingSpec, stack: str | None) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per GEMM weight element and micro-batch of autocast's casts
+    (`CAST_FORWARD_BYTES`, `CAST_BACKWARD_BYTES`; a checkpointed layer's recompute casts again, as
+    a forward); (0, 0) without float32 weights under autocast."""
+    if not autocast_weights(training, stack):
+        return 0.0, 0.0
+    half = float(training.param_bytes)
+    return FP32_BYTES + half, half + FP32_BYTES
+
+
+def accumulation_bytes(training: TrainingSpec, stack: str | None, optimizer_state: str, micro_batches: int) -> float:
+    """HBM bytes per gradient element a stack's gradient accumulation moves per micro-batch, on
+    average over the step (module doc): `ACCUMULATE_PASSES` x the gradient's bytes in each of the
+    micro_batches - 1 micro-batches after the first; 0 with one micro-batch or no stack."""
+    if stack is None or micro_batches <= 1:
+        return 0.0
+    gradient = trainable_bytes(training, stack, optimizer_state).gradient
+    return ACCUMULATE_PASSES * gradient * (micro_batches - 1) / micro_batches
 
 
 def optimizer_step_bytes(training: TrainingSpec, stack: str, optimizer_state: str, fused: bool) -> float:
@@ -171,6 +254,8 @@ def optimizer_step_bytes(training: TrainingSpec, stack: str, optimizer_state: st
     `FOREACH_ADAMW_PASSES` times over tensors of the weight's dtype."""
     tb = trainable_bytes(training, stack, optimizer_state)
     fused_bytes = 2 * tb.optimizer + tb.gradient + 2 * tb.weight
+    if stack == UNWRAPPED:  # the runtime's torch.optim.AdamW(foreach=True) (`UNWRAPPED`)
+        fused = False
     if fused or optimizer_state != "full":  # bitsandbytes' and torchao's 8 / 4-bit steps are single kernels
         return fused_bytes
     return fused_bytes * FOREACH_ADAMW_PASSES / FUSED_ADAMW_PASSES
@@ -188,19 +273,27 @@ def adapter_input_bytes(training: TrainingSpec, stack: str | None) -> tuple[floa
 def stack_calibration(cal: Calibration, stack: str | None) -> Calibration:
     """`cal` with the stack's host seconds per kernel launch (`Calibration.stack_overheads`): an
     eager Python stack dispatches every op through its module calls (PEFT's adapter wrappers, HF's
-    modules), which the launch floor of `cost_models.compute` counts kernel by kernel. Memoized, so
-    the pricing caches keyed on the calibration's identity keep hitting."""
+    modules), which the launch floor of `cost_models.compute` counts kernel by kernel; and, where the
+    stack has one (`StackOverhead.compute`), its own stretch of every kernel time in place of its
+    framework's `Stack.compute`. Memoized, so the pricing caches keyed on the calibration's identity
+    keep hitting."""
     if stack is None:
         return cal
     from dataclasses import replace
 
-    return replace(cal, kernel_launch_s=cal.stack_overhead(stack).kernel_launch_s)
+    o = cal.stack_overhead(stack)
+    if o.compute is None:
+        return replace(cal, kernel_launch_s=o.kernel_launch_s)
+    # the stack's own stretch of its kernel times in place of its framework's (`StackOverhead.compute`)
+    framework_stacks = {k: replace(v, compute=o.compute) for k, v in cal.stacks.items()}
+    return replace(cal, kernel_launch_s=o.kernel_launch_s, stacks=framework_stacks)
 
 
 def fragmentation(cal: Calibration, framework: str, stack: str | None, dp: int) -> float:
     """The caching allocator's reserved-over-allocated fraction: FSDP2's (`Calibration.
     fsdp_fragmentation`, its collectives' buffers of varying sizes) wherever FSDP shards, the plain
-    one (`Calibration.fragmentation`) for a stack on one GPU, which runs without a sharding wrapper."""
+    one (`Calibration.fragmentation`) for a stack on one GPU, which runs without a sharding wrapper,
+    as the runtime's single-replica layouts do (`stack` is the layout's `weights_owner`: `UNWRAPPED`)."""
     if stack is not None and dp == 1:
         return cal.fragmentation
     return cal.fragmentation_of(framework)

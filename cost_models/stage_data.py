@@ -107,6 +107,10 @@ class StageTable:
     """(pp,): elements of the token-embedding tables whose dense gradient `compute` already holds
     (`compute.embedding_gradient_time`: the first rank's table, and the head rank's copy for the MTP
     modules), which `step_time`'s per-element gradient copies leave to it."""
+    gemm_weight_elements: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """(pp,): trained elements of the rank's GEMM weights (its layers' linears and the LM head) that
+    autocast casts to the compute dtype when a stack trains float32 weights under autocast
+    (`stacks.autocast_weights`); zeros otherwise."""
 
 
 @dataclass(frozen=True)

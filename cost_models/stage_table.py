@@ -438,6 +438,7 @@ def build_table(
     if trained_outside:
         compute[0] += emb_with_head if head_rank == 0 else emb_elsewhere
         embedding_tables[0] += table
+    gemm_weights = _gemm_weight_elements(model, training, mesh, partition, head_rank)
     mtp = _priced_mtp(model, partition, ft)
     if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head
@@ -493,8 +494,24 @@ def build_table(
         # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
         *_offloaded(acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers),
         pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
-        embedding_grad_elements=embedding_tables,
+        embedding_grad_elements=embedding_tables, gemm_weight_elements=gemm_weights,
     )
+
+
+def _gemm_weight_elements(model: ModelSpec, training: TrainingSpec, mesh: Layout, partition: StagePartition,
+                          head_rank: int) -> np.ndarray:
+    """(pp,) trained GEMM weight elements of each rank that autocast casts under a stack training
+    float32 weights (`stacks.autocast_weights`; `StageTable.gemm_weight_elements`): the linears of
+    the rank's layers and, on the head rank, the LM head (with tied embeddings the head's GEMM reads
+    the table, whose cast is cached like any trained weight's); zeros otherwise."""
+    out = np.zeros(partition.pp)
+    if not stacks.autocast_weights(training, stacks.weights_owner(mesh.framework, mesh.stack, mesh.dp_, mesh.cp)):
+        return out
+    for rank in range(partition.pp):
+        out[rank] = sum(float(finetune.linear_elements(model, i, mesh.tp, mesh.ep, mesh.etp_))
+                        for i in partition.rank_layers(rank))
+    out[head_rank] += model.vocab_size * model.hidden_size / mesh.tp
+    return out
 
 
 def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, trained: bool) -> np.ndarray:
@@ -621,9 +638,9 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
     objs = (knobs, t.model, t.training)
     key = (
         id(knobs), id(t.model), id(t.training), m.framework, m.grad_accum_ > 1, m.pp > 1,
-        m.stack, m.optimizer_state, m.optimizer_in_backward,
+        m.stack, stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp), m.optimizer_state, m.optimizer_in_backward,
         m.tp, m.cp, m.ep, m.etp_, t.dense_params.tobytes(), t.expert_params.tobytes(),
-        t.weight_bytes.tobytes(), t.trainable.tobytes(),
+        t.weight_bytes.tobytes(), t.trainable.tobytes(), t.gemm_weight_elements.tobytes(),
     )
     hit = _STATE_BYTES.get(key)
     if hit is not None and hit[0][0] is knobs and hit[0][1] is t.model and hit[0][2] is t.training:
@@ -646,13 +663,16 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
     # stored weights in bytes (a frozen base at its storage dtype, adapters), trainable elements
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
     D, E = t.trainable[0][None, :], t.trainable[1][None, :]
-    # bytes per trained element under the stack (`stacks.trainable_bytes`): the tables store trained
-    # weights at the compute dtype; a stack's float32 ones add the difference
-    tb = stacks.trainable_bytes(tr, m.stack, m.optimizer_state)
-    WD = WD + (tb.weight - tr.param_bytes) * D if m.stack is not None else WD
-    WE = WE + (tb.weight - tr.param_bytes) * E if m.stack is not None else WE
+    # bytes per trained element under the stack (`stacks.trainable_bytes`; the runtime's single-replica
+    # layouts keep float32 weights: `stacks.UNWRAPPED`): the tables store trained weights at the compute
+    # dtype; float32 ones add the difference
+    owner = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp)
+    unwrapped = (zero == 0) | (owner == stacks.UNWRAPPED)  # no sharding wrapper: ZeRO-0, or no FSDP mesh
+    tb = stacks.trainable_bytes(tr, owner, m.optimizer_state)
+    WD = WD + (tb.weight - tr.param_bytes) * D if owner is not None else WD
+    WE = WE + (tb.weight - tr.param_bytes) * E if owner is not None else WE
     params = np.where(zero >= 3, WD / ds, WD) + np.where(zero >= 3, WE / es, WE)
-    if m.framework == "fsdp" and m.stack is None:
+    if m.framework == "fsdp" and owner is None:
         # ZeRO-0 under FSDP2 is `replicate` (runtime.parallelize): its mixed-precision policy casts the
         # float32 trained weights to a compute-dtype copy of every block that lives beside them for the
         # whole step (measured on the fake-world trace of Llama-3-8B over 8 ranks: 0.41 GiB more per
@@ -663,15 +683,17 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
         copies = tr.param_bytes * (D + E)
         params = params + np.where(zero == 0, copies, 0.0)
     elif tb.copy:
-        # a stack's float32 weights under autocast: the cached compute-dtype cast of every trained
-        # weight, from its first use in the forward to the backward (without FSDP's per-layer casts)
-        params = params + np.where(zero == 0, tb.copy * (D + E), 0.0)
+        # a stack's float32 weights under autocast: the cached compute-dtype cast of every GEMM
+        # weight, from its first use in the forward to its backward (`stacks.autocast_weights`; the
+        # embedding and the norms are read in float32); under FSDP its mixed precision gathers bf16
+        # parameters and autocast casts nothing
+        params = params + np.where(unwrapped, tb.copy * t.gemm_weight_elements[None, :], 0.0)
     # PyTorch FSDP has no ZeRO-1 of its own: with one micro-batch per step it reduces each layer's
     # unsharded gradient right after that layer's backward, as ZeRO-2 does; with several it keeps
     # the unsharded gradients until the last one (runtime.parallelize)
     grads_sharded_from = 1 if (m.framework == "fsdp" and m.grad_accum_ == 1) else 2
-    grad_bytes = tr.grad_bytes if m.stack is None else tb.gradient
-    if m.framework == "fsdp" and m.grad_accum_ > 1 and m.stack is None:
+    grad_bytes = tr.grad_bytes if owner is None else tb.gradient
+    if m.framework == "fsdp" and m.grad_accum_ > 1 and owner is None:
         # FSDP2 accumulating without reduction keeps each unsharded gradient in its reduce dtype
         # (float32: `FSDPParam.to_accumulated_grad_if_needed`), not the bf16 compute dtype. The
         # runtime accumulates so under ZeRO-0/1, and torch.distributed.pipelining does under every
@@ -684,7 +706,7 @@ def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarr
         grad_bytes = max(tr.grad_bytes, FSDP_ACCUMULATED_GRAD_BYTES)
     grads = np.where(
         zero >= grads_sharded_from,
-        (tr.grad_bytes if m.stack is None else tb.gradient) * (D / ds + E / es),
+        (tr.grad_bytes if owner is None else tb.gradient) * (D / ds + E / es),
         grad_bytes * (D + E),
     )
     if m.optimizer_in_backward:
@@ -818,7 +840,10 @@ def price_memory(
     # backward gathers its weight). The rank holds the larger; `comm_buffers` reports what the
     # layer phase adds beyond the logits, so the breakdown still sums to the total.
     # per (ZeRO-3, full recompute) pair of flags (`KnobArrays.phase`), then per setting
-    layer_phase = (np.where(_PHASE_Z3, z3_buffers[None, :], 0.0) + np.where(_PHASE_FULL, t.working[None, :], 0.0))[knobs.phase]
+    # (the runtime's single-replica layouts gather nothing at any ZeRO stage: `stacks.UNWRAPPED`)
+    no_fsdp = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp) == stacks.UNWRAPPED
+    phase = knobs.phase % 2 if no_fsdp else knobs.phase
+    layer_phase = (np.where(_PHASE_Z3, z3_buffers[None, :], 0.0) + np.where(_PHASE_FULL, t.working[None, :], 0.0))[phase]
     # QLoRA: each quantized linear is dequantized to a 16-bit copy before its GEMM (forward and backward)
     layer_phase = layer_phase + t.dequant_bytes[None, :]
     buffers = np.maximum(0.0, layer_phase - logits)
@@ -836,7 +861,7 @@ def price_memory(
         retained = float(actx.tokens * t.model.vocab_size / m.tp * tr.param_bytes)
         first_layer = t.acts[mode] / np.maximum(t.layers, 1.0)[None, :]
         phases = single_stage_phases(
-            edge_units(t.model, tr, m.tp), zero3=zero >= 3, param_bytes=tr.param_bytes,
+            edge_units(t.model, tr, m.tp), zero3=(zero >= 3) & (not no_fsdp), param_bytes=tr.param_bytes,
             accumulating=m.grad_accum_ > 1, shard=_shards(t, knobs.shard[:, None])[0], acts=acts, grads=grads,
             logits=logits, layer_phase=layer_phase, first_layer_acts=first_layer,
             retained_logits=retained, logit_gradient=retained, layer_weight=t.largest_weight_bytes,
@@ -894,7 +919,8 @@ def price_memory(
             buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
-    reserve = cal.cuda_context_bytes + stacks.fragmentation(cal, m.framework, m.stack, m.dp_) * allocated
+    owner = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp)
+    reserve = cal.cuda_context_bytes + stacks.fragmentation(cal, m.framework, owner, m.dp_) * allocated
     if m.activation_offload_layers or m.offload_activations:
         host = host + on_host
     return KnobPrices(params, grads, opt, acts, logits, buffers, reserve, host, allocated, nvme, knobs=knobs)

@@ -86,7 +86,7 @@ optimizer): what the search prunes with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,7 +99,7 @@ from cost_models.compute import hbm_bandwidth
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
-from cost_models.stage_data import KnobArrays, KnobPrices, Setting, Sharding, StageTable
+from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, KnobPrices, Setting, Sharding, StageTable
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec, GPUSpec
@@ -240,8 +240,15 @@ class DataParallelTimes:
     optimizer: np.ndarray  # (pairs, pp, 3) optimizer step on the GPU / offloaded to host memory / to NVMe
     param_copy: np.ndarray  # (pairs, pp, 2) per micro-batch and pass: the weight shard copied from host memory / NVMe
     kernels_f: np.ndarray  # (pairs, pp) per micro-batch: the sharding's HBM-bound kernels on the compute stream, forward
-    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, the gradients' copy-in)
+    kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, the gradients' copy-in,
+    # a stack's autocast gradient casts and gradient accumulation)
+    kernels_recompute: np.ndarray = field(default_factory=lambda: np.zeros((1, 1)))
+    """(pairs, pp) per micro-batch, under full recompute only: a stack's autocast casts of the float32
+    weights again in each checkpointed layer's re-run forward (`stacks.cast_bytes`)."""
 
+
+FULL_RECOMPUTE = RECOMPUTE_MODES.index("full")
+"""Row of RECOMPUTE_MODES whose settings re-run each checkpointed layer's forward whole."""
 
 _PER_PAIR: dict[tuple, tuple[tuple, tuple]] = {}
 """`data_parallel_times`'s per-collective prices by (collective, calibration, bus efficiency, each
@@ -362,13 +369,17 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     w_fwd = np.where(qwz, min(1.0, QWZ_BYTES_PER_ELEMENT / pb), 1.0)  # (pairs, 1) gathered bytes per stored byte
     w_bwd = np.where(hpz, 1.0, w_fwd)
     g_rs = np.where(qgz, QGZ_BYTES_PER_ELEMENT / gb, 1.0)  # reduced bytes per gradient byte
-    hbm = hbm_bandwidth(cl.gpu, cal, stack_key(m.framework, m.fsdp_flat_params))
+    hbm = hbm_bandwidth(cl.gpu, stacks.stack_calibration(cal, m.stack), stack_key(m.framework, m.fsdp_flat_params))
     ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
     ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
     ar_repl = per_pair("all_reduce", repl_gs)
     z3 = zero >= 3
     layerwise_rs = zero >= 2  # reduce-scatter as each layer's backward ends (ZeRO-2/3, FSDP)
-    fsdp = m.framework == "fsdp"
+    # the runtime's single-replica layouts run no FSDP at any ZeRO stage (`stacks.UNWRAPPED`): no copy-out
+    # or copy-in kernels, and their float32 weights are cast by autocast
+    owner = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp)
+    unwrapped = (zero == 0) | (owner == stacks.UNWRAPPED)
+    fsdp = m.framework == "fsdp" and owner != stacks.UNWRAPPED
     fsdp2 = fsdp and not m.fsdp_flat_params
     # FSDP frees a layer's unsharded parameters after its backward (FSDP2's reshard after backward,
     # FSDP1's SHARD_GRAD_OP), so without a pipeline its ZeRO-1/2 gather them again in every
@@ -427,6 +438,20 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     kernels_f = (quant_f_k + copy_out_f_k) @ counts.T + rest_copy_out_f
     kernels_b = (quant_b_k + copy_out_b_k + copy_in_k) @ counts.T + rest_copy_out_b + rest_copy_in
 
+    # a stack's float32 weights under autocast (`stacks.autocast_weights`; ZeRO-0 only: FSDP gathers
+    # bf16 parameters): every GEMM weight cast to the compute dtype in each forward, again in a
+    # checkpointed layer's recompute, and its bf16 gradient cast back in the backward
+    cast_f, cast_b = stacks.cast_bytes(tr, owner)
+    gemm_weights = t.gemm_weight_elements[None, :]
+    kernels_f = kernels_f + np.where(unwrapped, cast_f * gemm_weights / hbm, 0.0)
+    kernels_b = kernels_b + np.where(unwrapped, cast_b * gemm_weights / hbm, 0.0)
+    recompute_layers = np.divide(t.recomputed_layers, t.layers, out=np.zeros(pp), where=t.layers > 0)[None, :]
+    head = np.zeros(pp)
+    head[t.partition.head_rank] = t.model.vocab_size * t.model.hidden_size / m.tp if cast_f else 0.0
+    kernels_recompute = np.where(
+        unwrapped, cast_f * recompute_layers * np.maximum(t.gemm_weight_elements - head, 0.0)[None, :] / hbm, 0.0
+    )
+
     # --- per micro-batch traffic by channel, rank totals ------------------------------------------
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
     D, E = t.trainable[0][None, :], t.trainable[1][None, :]
@@ -464,8 +489,8 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # HBM traffic per local parameter: read and write the optimizer states (fp32 master, m, v: 2 x
     # 12 bytes for AdamW), read the gradient, write the working weight
     moved = 2 * tr.optimizer_bytes + tr.grad_bytes + tr.param_bytes
-    if m.stack is not None:  # a stack's trained weights are the optimizer's (read and written), no master
-        moved = stacks.optimizer_step_bytes(tr, m.stack, m.optimizer_state, m.optimizer_fused)
+    if owner is not None:  # a stack's trained weights are the optimizer's (read and written), no master
+        moved = stacks.optimizer_step_bytes(tr, owner, m.optimizer_state, m.optimizer_fused)
     optimizer = np.empty(local.shape + (3,))
     optimizer[..., 0] = local * moved / hbm
     # offloaded (ZeRO-Offload, Ren et al. 2021): the gradient partition goes down the rank's host link,
@@ -492,10 +517,19 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     param_copy[..., 0] = np.where(zero >= 3, shard_bytes / cl.host_to_device_bytes_per_s, 0.0)
     from_nvme = ranks_per_node * shard_bytes / max(cl.nvme_read_bytes_per_s, 1.0)
     param_copy[..., 1] = np.where(zero >= 3, np.maximum(param_copy[..., 0], from_nvme), 0.0)
+    # a stack's gradient accumulation (`stacks.accumulation_bytes`: autograd's in-place add from the
+    # second micro-batch on) over the gradients the rank holds while it accumulates: unsharded below
+    # ZeRO-2 (as `stage_table`'s memory holds them), its shard from ZeRO-2 on
+    accumulate = stacks.accumulation_bytes(tr, owner, m.optimizer_state, m.grad_accum_)
+    if accumulate:
+        held = np.where(zero >= 2, D / dense_shard + E / expert_shard, D + E)
+        kernels_b = kernels_b + accumulate * held / hbm
     out = DataParallelTimes(
-        exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b
+        exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b,
+        kernels_recompute,
     )
-    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b):
+    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b,
+              kernels_recompute):
         a.flags.writeable = False
     return out
 
@@ -634,6 +668,7 @@ def compose(
 
     # the sharding's compute-stream kernels lengthen the compute that collectives run beside
     kernels_f, kernels_b = dp.kernels_f[pair], dp.kernels_b[pair]  # (J, pp)
+    kernels_b = kernels_b + np.where((mode == FULL_RECOMPUTE)[:, None], dp.kernels_recompute[pair], 0.0)
     compute_f = phases.compute_f[None, :] + kernels_f
     compute_b = phases.compute_b[mode] + kernels_b
     sum_f = phases.sum_f[None, :] + kernels_f + dp.exposed_f[pair]
@@ -877,6 +912,7 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
         t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),
+        t.gemm_weight_elements.tobytes(), t.recomputed_layers.tobytes(),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cost_models import stacks
 from cost_models.error_band import above_published_ceiling
 from planner.plan import HOST_MEMORY_REASON, Plan
 
@@ -95,6 +96,23 @@ def kernel_sentences(est: dict) -> list[str]:
     ]
 
 
+def unwrapped_sentences(plan: Plan) -> list[str]:
+    """How the runtime runs a single-replica layout of framework fsdp (`cost_models.stacks.UNWRAPPED`):
+    no FSDP mesh, whatever the ZeRO stage, and the weights it was priced with."""
+    lay, tr = plan.best.layout if plan.best else None, plan.inputs.training
+    if lay is None or lay.dp is None or stacks.weights_owner(lay.framework, lay.stack, lay.dp, lay.cp) != stacks.UNWRAPPED:
+        return []
+    how = f"float32 {'adapters' if tr.frozen_base else 'weights'}, gradients"
+    how += " and AdamW moments" if tr.optimizer == "adamw" else ""
+    if tr.precision != "fp32":  # `runtime.parallelize.compute_dtype`: bf16 for every 16-bit and FP8 precision
+        how += " under bf16 autocast"
+    if stacks.autocast_weights(tr, stacks.UNWRAPPED):
+        how += " (its cached copy of every GEMM weight, cast again each micro-batch, and autograd's float32 gradient accumulation)"
+    step = ", stepped by torch's foreach AdamW" if tr.optimizer == "adamw" else ""
+    return [f"One replica (dp x cp = 1): the runtime builds no FSDP mesh, so ZeRO-{lay.zero_stage} shards nothing; "
+            f"priced as it runs: {how}{step}."]
+
+
 def explain(plan: Plan, usable_bytes: int) -> list[str]:
     out: list[str] = []
     s = plan.stats
@@ -157,6 +175,7 @@ def explain(plan: Plan, usable_bytes: int) -> list[str]:
         f"({top3}); peak memory {est['memory']['peak_bytes'] / GIB:.1f} GiB of {usable_bytes / GIB:.1f} GiB usable "
         f"({(usable_bytes - est['memory']['peak_bytes']) / GIB:.1f} GiB free)."
     )
+    out += unwrapped_sentences(plan)
     host = est.get("host_memory") or {}
     if host.get("bytes_per_node"):
         out.append(host_memory_sentence(host))

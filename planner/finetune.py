@@ -90,6 +90,20 @@ def technique_grid(training: TrainingSpec, c: SearchConstraints, gpus: int) -> l
     return out
 
 
+def weights_of(training: TrainingSpec, stack: str | None) -> str | None:
+    """How a full fine-tune's trained weights are kept in the stack (`cost_models.stacks`), for the
+    explanation: float32 under 16-bit autocast (the model loaded in float32: its exporter writes that
+    dtype beside bf16 / fp16), or in the compute dtype without a float32 master. None under a frozen
+    base (the adapters' dtype is the stack's own)."""
+    if training.frozen_base:
+        return None
+    if stacks.autocast_weights(training, stack):
+        return f"float32 weights, gradients and AdamW states under {training.precision} autocast (model loaded in float32)"
+    if stacks.master_weights(training, stack) or training.precision == "fp32":
+        return "float32 weights"
+    return f"{training.precision} weights and optimizer states, no float32 master (model loaded in {training.precision})"
+
+
 def techniques_of(layout: Any, default_loss: str) -> list[str]:
     """Names of the techniques a layout runs (for the CLI and the explanation)."""
     out = []
@@ -142,8 +156,10 @@ def search_finetune(
     combo, plan = min(ties, key=lambda cp: (len(techniques_of(cp[1].best.layout, default_loss)), cp[1].best.step_s))  # type: ignore[union-attr]
     assert plan.best is not None
     chosen = techniques_of(plan.best.layout, default_loss)
+    weights = weights_of(training, c.stack)
     lines = [
-        f"stack {c.stack} ({STACK_NAMES[c.stack]}) on {plan.best.layout.framework}; techniques: "
+        f"stack {c.stack} ({STACK_NAMES[c.stack]}) on {plan.best.layout.framework}; "
+        f"{weights + '; ' if weights else ''}techniques: "
         f"{', '.join(chosen) or 'none beyond the stack defaults'} (searched {len(plans)} combinations, "
         f"{len(feasible)} fit)"
     ]

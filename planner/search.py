@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
+from cost_models import stacks
 from cost_models.calibration import Calibration, Overlap, default_calibration
 from cost_models.compute import (
     LayerTime,
@@ -822,8 +823,9 @@ def search(
     with warnings.catch_warnings():
         if not valid:  # no mesh passed: numpy's means over an empty geometry set warn, and mean nothing
             warnings.simplefilter("ignore", RuntimeWarning)
-        bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework, stack.attention_kernel,
-                              c.fsdp_flat_params)
+        # a fine-tuning stack's own kernel stretch and launch cost (`stacks.stack_calibration`), as its tables price them
+        bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, stacks.stack_calibration(cal, c.stack),
+                              c.framework, stack.attention_kernel, c.fsdp_flat_params)
     # visit pairs in increasing bound order, ties in generation order (a stable sort)
     order = np.argsort(bounds.bound_s, kind="stable")
     pairs = _visit_order(bounds, order)

@@ -3,7 +3,8 @@ Trainer, PEFT and Accelerate read, in four sections, each the keyword arguments 
 reads it:
 
 - `model`: `AutoModelForCausalLM.from_pretrained` keywords: the dtype the plan stored the trained
-  weights in (bf16 without a master copy, float32 with one) and SDPA attention.
+  weights in (bf16 without a master copy; float32 with one, which `bf16=True` then trains under
+  autocast: `cost_models.stacks.autocast_weights`) and SDPA attention.
 - `bitsandbytes_config` (qlora): `transformers.BitsAndBytesConfig` (NF4 with double quantization, or
   int8; `bnb_4bit_quant_storage` in the compute dtype so FSDP / ZeRO-3 shard the packed weights).
 - `lora_config` (lora / qlora): `peft.LoraConfig` (the adapted modules this model has, no dropout,
@@ -35,6 +36,7 @@ from planner.exporters.common import (
     peft_config,
     summary_lines,
 )
+from planner.finetune import weights_of
 
 OPTIM = {"full": "adamw_torch_fused", "paged": "paged_adamw_32bit", "int8": "adamw_bnb_8bit",
          "int8_paged": "paged_adamw_8bit", "int4": "adamw_torch_4bit"}
@@ -102,9 +104,11 @@ def export_hf(job: Job) -> ExportResult:
         # the loss, norm and kernels are the stack's own settings here (Liger, compile), not losses
         lost += [x for x in accelerate.lost if not any(k in x for k in ("cross entropy", "RMSNorm", "fused", "compile"))]
         sections["accelerate_config"] = yaml.safe_load(accelerate.text)
+    weights = weights_of(job.training, "hf")
     head = comment_block([
         "Hugging Face fine-tuning stack (transformers Trainer + PEFT + Accelerate) written by autopar",
         *summary_lines(job),
+        *([f"Priced with {weights}: model.dtype and training_arguments.bf16 / fp16 below say so"] if weights else []),
         "In train.py: cfg = yaml.safe_load(open('hf_finetune.yaml'));",
         "  model = AutoModelForCausalLM.from_pretrained(NAME, **cfg['model'], quantization_config="
         "BitsAndBytesConfig(**cfg['bitsandbytes_config']) if 'bitsandbytes_config' in cfg else None)",

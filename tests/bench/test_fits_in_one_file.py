@@ -1,6 +1,7 @@
 """The two fits that write cost_models/data/calibration.json keep each other's fields:
 `bench.fit_calibration` (the framework `Stack` constants, DeepSpeed's bus efficiency, the held-out
-figures and bands) and `bench.finetune_runs --fit` (`Calibration.stack_overheads`)."""
+figures and bands) and `bench.finetune_runs --fit` (`Calibration.stack_overheads`, the stacks' own
+kernel-time stretch among them)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from bench import finetune_runs as fr
 from bench import fit_calibration as fc
 from cost_models.calibration import FITTED_PATH, Calibration, StackOverhead
 
-OVERHEADS = {"hf": StackOverhead(step_s=0.123, micro_batch_s=0.0045, kernel_launch_s=2.5e-5),
+OVERHEADS = {"hf": StackOverhead(step_s=0.123, micro_batch_s=0.0045, kernel_launch_s=2.5e-5, compute=1.07),
              "torchtune": StackOverhead(step_s=0.0, micro_batch_s=0.002, kernel_launch_s=1.1e-5)}
+"""A stack with its own kernel-time stretch (`StackOverhead.compute`) and one with the prior (None)."""
 
 
 def _stored(tmp_path: Path) -> Path:
@@ -60,3 +62,6 @@ def test_the_stored_file_names_who_fits_what() -> None:
     doc = json.loads(FITTED_PATH.read_text())
     assert set(doc["fitted_elsewhere"]) == set(fc.FITTED_ELSEWHERE)
     assert set(doc["calibration"]["stack_overheads"]) == {"hf", "torchtune"}
+    for stack, stored in doc["calibration"]["stack_overheads"].items():
+        fit = doc["stack_overheads_fit"]["stacks"][stack]  # the stack's own stretch is stored only where kept
+        assert (stored["compute"] is not None) == fit["compute_kept"] and stored == fit["stored"], stack

@@ -11,6 +11,8 @@ import pytest
 from cluster_specs.presets import get_cluster
 from cost_models import stacks
 from cost_models.activations import ActivationContext, adapter_saved_bytes
+from cost_models.calibration import default_calibration
+from cost_models.compute import hbm_bandwidth
 from cost_models.estimate import estimate
 from cost_models.layout import Layout, validate_layout
 from model_specs.presets import get_model
@@ -87,6 +89,76 @@ def test_trained_bytes_follow_each_stacks_dtypes() -> None:
     assert stacks.trainable_bytes(full, "torchtune", "int8_paged").paged
 
 
+def test_autocast_casts_and_accumulation_move_the_bytes_of_their_kernels() -> None:
+    """torch autocast's casts of float32 GEMM weights (read 4, write 2; the gradient back: read 2,
+    write 4) and autograd's in-place accumulation (3 passes from the second micro-batch on)."""
+    fp32 = TrainingSpec(seq_len=128, global_batch=8, master_weights=True)
+    bf16 = TrainingSpec(seq_len=128, global_batch=8)
+    lora = TrainingSpec(seq_len=128, global_batch=8, method="lora", master_weights=True)
+    assert stacks.autocast_weights(fp32, "hf") and stacks.cast_bytes(fp32, "hf") == (6.0, 6.0)
+    assert stacks.cast_bytes(bf16, "hf") == (0.0, 0.0)  # loaded in bf16: nothing to cast
+    assert stacks.cast_bytes(lora, "hf") == (0.0, 0.0)  # a frozen base is not trained in float32
+    assert stacks.cast_bytes(fp32, None) == (0.0, 0.0)  # the framework loops price their own casts
+    assert not stacks.autocast_weights(TrainingSpec(seq_len=128, global_batch=8, precision="fp32", master_weights=True), "hf")
+    assert stacks.accumulation_bytes(fp32, "hf", "full", 8) == pytest.approx(3 * 4 * 7 / 8)
+    assert stacks.accumulation_bytes(bf16, "hf", "full", 8) == pytest.approx(3 * 2 * 7 / 8)
+    assert stacks.accumulation_bytes(fp32, "hf", "full", 1) == 0.0
+    assert stacks.accumulation_bytes(fp32, None, "full", 8) == 0.0
+
+
+def test_float32_weights_under_autocast_are_priced_from_their_mechanism() -> None:
+    """A 2-layer Llama-3-8B on one H200, 4 micro-batches of 1 x 1024 in the hf stack, loaded in float32
+    vs bf16, by hand: N = 1,486,901,248 parameters, G = 2 x 218,103,808 layer linears + 128,256 x 4,096
+    LM head = 961,544,192 GEMM weights. Memory: 4 N + 2 G of weights and cached casts (2 N in bf16),
+    4 N of gradients, 8 N of AdamW states. Time: per micro-batch 6 + 6 bytes of casts per GEMM weight
+    and, averaged, 3 x 3/4 x (4 - 2) bytes more of accumulation per parameter; the fused AdamW step
+    moves 28 against 14 bytes per parameter; full recompute casts the layers' weights again (6 bytes)."""
+    m = get_model("llama3-8b").model_copy(update={"num_layers": 2})
+    h200 = get_cluster("dgx-h200")
+    n, g, layer = 1_486_901_248, 2 * 218_103_808 + 128_256 * 4_096, 218_103_808
+    hbm = hbm_bandwidth(h200.gpu, default_calibration(), "fsdp")
+
+    def priced(master: bool, recompute: str = "none"):  # type: ignore[no-untyped-def]
+        tr = TrainingSpec(seq_len=1024, global_batch=4, master_weights=master)
+        return estimate(m, tr, h200, 1, _hf(micro_batch=1, recompute=recompute))
+
+    fp32, bf16 = priced(True), priced(False)
+    assert fp32.memory[0].parameters == 4 * n + 2 * g and bf16.memory[0].parameters == 2 * n
+    assert fp32.memory[0].gradients == 4 * n and fp32.memory[0].optimizer == 8 * n
+    assert (fp32.time.compute - bf16.time.compute) * hbm == pytest.approx(4 * 12 * g + 3 * 3 * 2 * n, rel=1e-9)
+    assert (fp32.time.optimizer - bf16.time.optimizer) * hbm == pytest.approx((28 - 14) * n, rel=1e-9)
+    fp32_full, bf16_full = priced(True, "full"), priced(False, "full")
+    full = (fp32_full.time.compute + fp32_full.time.recompute) - (bf16_full.time.compute + bf16_full.time.recompute)
+    assert (full - (fp32.time.compute - bf16.time.compute)) * hbm == pytest.approx(4 * 6 * 2 * layer, rel=1e-9)
+
+
+def test_the_runtime_on_one_replica_is_priced_as_it_runs_at_every_zero_stage() -> None:
+    """The runtime builds no FSDP mesh at dp x cp = 1 and trains float32 weights under bf16 autocast
+    (`stacks.UNWRAPPED`), so the 2-layer Llama-3-8B of the test above, in framework fsdp without a stack,
+    on one H200, is priced at ZeRO 0-3 alike and as the hf stack prices a float32 model: by hand,
+    4 N + 2 G of weights and cached casts, 4 N of gradients, 8 N of AdamW states, the same compute
+    (casts and accumulation), and torch's foreach AdamW step over float32 tensors: (2 x 8 + 4 + 2 x 4)
+    x 20 / 7 = 80 bytes per parameter against the fused 28. On two GPUs FSDP shards and casts them:
+    ZeRO-1 stores the bf16 working weights (2 N) and its step moves 2 x 12 + 2 + 2 bytes over half of them."""
+    m = get_model("llama3-8b").model_copy(update={"num_layers": 2})
+    h200 = get_cluster("dgx-h200")
+    n, g = 1_486_901_248, 2 * 218_103_808 + 128_256 * 4_096
+    hbm = hbm_bandwidth(h200.gpu, default_calibration(), "fsdp")
+    kernels = dict(elementwise_kernels="eager", norm_kernel="eager_fp32", micro_batch=1)
+    tr = TrainingSpec(seq_len=1024, global_batch=4)
+    hf = estimate(m, tr.model_copy(update={"master_weights": True}), h200, 1, _hf(micro_batch=1))
+    for zero in (0, 1, 3):
+        est = estimate(m, tr, h200, 1, Layout(framework="fsdp", zero_stage=zero, **kernels))  # type: ignore[arg-type]
+        mem = est.memory[0]
+        assert (mem.parameters, mem.gradients, mem.optimizer, mem.comm_buffers) == (4 * n + 2 * g, 4 * n, 8 * n, 0)
+        assert est.time.compute == pytest.approx(hf.time.compute, rel=1e-12)
+        assert est.time.optimizer * hbm == pytest.approx(80 * n, rel=1e-9)
+    assert hf.time.optimizer * hbm == pytest.approx(28 * n, rel=1e-9)
+    two = estimate(m, tr.model_copy(update={"global_batch": 8}), h200, 2, Layout(framework="fsdp", zero_stage=1, **kernels))  # type: ignore[arg-type]
+    assert two.memory[0].parameters == 2 * n and two.time.optimizer * hbm == pytest.approx(28 * n / 2, rel=1e-9)
+    assert stacks.weights_owner("fsdp", None, 1, 2) is None and stacks.weights_owner("megatron", None, 1, 1) is None
+
+
 def test_each_technique_saves_the_memory_it_should() -> None:
     """torchtune's flags table, one technique at a time: Llama-3.2-3B shape on one A100, batch 2 x 4096."""
     m = get_model("llama3-8b").model_copy(update={"num_layers": 8})
@@ -149,3 +221,40 @@ def test_what_a_stack_cannot_run_is_refused_with_its_reason(layout: dict, field:
     tr = TrainingSpec(seq_len=1024, global_batch=8, method="lora")
     problems = validate_layout(get_model("llama3-8b"), tr, 2, Layout(**layout))
     assert field in {v.field for v in problems}, problems
+
+
+def test_the_explanation_says_how_a_one_replica_plan_runs() -> None:
+    from planner.explain import unwrapped_sentences
+
+    full = Plan.model_validate_json((H200 / "plan_full_none.json").read_text())
+    (line,) = unwrapped_sentences(full)
+    assert "ZeRO-1 shards nothing" in line and "float32 weights" in line and "bf16 autocast" in line
+    lora = Plan.model_validate_json((H200 / "plan_lora_16L.json").read_text())
+    assert "float32 adapters" in unwrapped_sentences(lora)[0]
+    assert lora.best is not None
+    two = lora.model_copy(update={"best": lora.best.model_copy(update={"layout": lora.best.layout.model_copy(update={"dp": 2})})})
+    assert unwrapped_sentences(two) == []
+
+
+def test_a_stacks_own_stretch_replaces_its_frameworks_in_every_kernel_time() -> None:
+    """`StackOverhead.compute` (fitted by bench.finetune_runs --fit; None: the framework's `Stack.compute`)
+    multiplies a stack layout's kernel times in place of the framework's, and nothing else's."""
+    from dataclasses import replace
+
+    from cost_models.calibration import StackOverhead
+
+    cal = default_calibration()
+    fsdp = cal.stack("fsdp").compute
+    own = replace(cal, stack_overheads={**cal.stack_overheads, "hf": StackOverhead(kernel_launch_s=1.5e-5, compute=2 * fsdp)})
+    assert stacks.stack_calibration(own, "hf").stack("fsdp").compute == 2 * fsdp
+    assert stacks.stack_calibration(cal, "hf").stack("fsdp").compute == fsdp  # the prior: borrowed
+    assert stacks.stack_calibration(own, "torchtune").stack("fsdp").compute == fsdp
+    m, h200 = get_model("llama3-8b").model_copy(update={"num_layers": 2}), get_cluster("dgx-h200")
+    tr = TrainingSpec(seq_len=4096, global_batch=4, master_weights=True)
+    borrowed, doubled = (estimate(m, tr, h200, 1, _hf(micro_batch=1), calibration=c) for c in (cal, own))
+    # GEMMs, attention and the memory-bound kernels (casts and accumulation among them) all stretch twice
+    # as much; only the launches' exposed latency does not (`Stack.latency_exposed`, 0 in the fit)
+    assert doubled.time.compute == pytest.approx(2 * borrowed.time.compute, rel=1e-3)
+    assert doubled.time.optimizer == pytest.approx(2 * borrowed.time.optimizer, rel=1e-9)
+    runtime = Layout(framework="fsdp", zero_stage=1, micro_batch=1)
+    assert estimate(m, tr, h200, 1, runtime, calibration=own).step_s == estimate(m, tr, h200, 1, runtime, calibration=cal).step_s

@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cluster_specs.presets import get_cluster
 from model_specs.presets import get_model
@@ -30,6 +31,8 @@ JOBS = {
     "tt-qlora-8b-24gb": ("llama3-8b", "rtx4090-pcie-8", 1, {"method": "qlora"}, {"stack": "torchtune"}),
     "tt-lora-70b-8x80gb": ("llama3-70b", "dgx-h100", 8, {"method": "lora"}, {"stack": "torchtune"}),
     "tt-full-8b-48gb": ("llama3-8b", "l40s-pcie-8", 1, {"method": "full"}, {"stack": "torchtune"}),
+    "hf-full-0.6b-fp32": ("qwen3-0.6b", "l40s-pcie-8", 1, {"method": "full", "master_weights": True}, {"stack": "hf"}),
+    "hf-full-0.6b-bf16": ("qwen3-0.6b", "l40s-pcie-8", 1, {"method": "full"}, {"stack": "hf"}),
 }
 
 
@@ -106,7 +109,10 @@ def test_the_hf_stack_reads_the_hf_exports(tmp_path: Path) -> None:
         fsdp_ckpt = lay.framework == "fsdp" and plan_of(name).inputs.gpus > 1  # then the Accelerate plugin checkpoints
         assert got["args"]["checkpointing"] == (lay.recompute == "full" and not fsdp_ckpt)
         assert got["args"]["liger"] == (lay.cross_entropy_ == "fused_linear")
-        assert got["lora"]["r"] == tr.lora_rank_ and got["lora"]["use_dora"] == tr.dora
+        if tr.frozen_base:
+            assert got["lora"]["r"] == tr.lora_rank_ and got["lora"]["use_dora"] == tr.dora
+        else:  # what the plan priced: a float32 model under bf16 autocast, or a bf16 model
+            assert got["model"]["dtype"] == ("float32" if tr.master_weights else "bfloat16") and got["args"]["bf16"]
         assert ("bnb" in got) == (tr.method == "qlora")
         assert got["accelerate"]["num_processes"] == plan_of(name).inputs.gpus
         expected = "NO" if plan_of(name).inputs.gpus == 1 else ("DEEPSPEED" if lay.framework == "deepspeed" else "FSDP")
@@ -125,6 +131,20 @@ def test_torchtune_reads_the_torchtune_exports(tmp_path: Path) -> None:
         assert got["recipe"].startswith("lora" if tr.frozen_base else "full")
         assert got["recipe"].endswith("distributed" if plan.inputs.gpus > 1 else "single_device")
         assert got["model"] == "torchtune.models.llama3_1." + ("lora_" if tr.frozen_base else "") + "llama3_1"
+
+
+def test_a_full_hf_plan_exports_and_explains_the_weights_it_priced() -> None:
+    """bf16=True over a float32 model (mixed precision by autocast: 4 + 4 + 8 bytes and the casts) or over a
+    bf16 one (2 + 2 + 4): the exported `dtype` and the plan's first sentence say which was priced."""
+    fp32, bf16 = plan_of("hf-full-0.6b-fp32"), plan_of("hf-full-0.6b-bf16")
+    assert fp32.best is not None and bf16.best is not None
+    assert "float32 weights, gradients and AdamW states under bf16 autocast" in fp32.why[0]
+    assert "bf16 weights and optimizer states, no float32 master" in bf16.why[0]
+    for plan, dtype in ((fp32, "float32"), (bf16, "bfloat16")):
+        cfg = yaml.safe_load(export(plan, "hf").text)
+        assert cfg["model"]["dtype"] == dtype and cfg["training_arguments"]["bf16"] is True
+    params = [p.best.estimate["memory"]["stages"][0]["parameters_bytes"] for p in (fp32, bf16)]  # type: ignore[union-attr]
+    assert params[0] > 2 * params[1]  # 4 bytes and the 2-byte casts of the GEMM weights against 2 bytes
 
 
 def test_each_stack_exports_only_its_own_plans() -> None:
