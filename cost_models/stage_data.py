@@ -107,6 +107,9 @@ class StageTable:
     """(pp,): elements of the token-embedding tables whose dense gradient `compute` already holds
     (`compute.embedding_gradient_time`: the first rank's table, and the head rank's copy for the MTP
     modules), which `step_time`'s per-element gradient copies leave to it."""
+    class_attention_f: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """(K,) seconds of one layer's attention kernel forward of each layer class, one micro-batch
+    (what `stage_table.cp_exposure` hides the ring's exchange behind)."""
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,12 @@ topology (`planner.placement`).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
@@ -73,13 +74,14 @@ from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_by
 from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_comm
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict, kernels_dict
-from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, Setting, StageTable
+from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, KnobPrices, Setting, StageTable
 from cost_models.stage_table import (
     activation_floor,
     build_table,
     layer_kind_counts,
     layer_kinds,
     price_memory,
+    reorder,
 )
 from cost_models.stages import StagePartition
 from cost_models.step_time import (
@@ -702,6 +704,32 @@ def _floor_over(floor: np.ndarray, modes: np.ndarray, usable: int) -> tuple[np.n
     return ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable), full
 
 
+class _RankOrders:
+    """What the rank orders of one mesh's degrees share at one micro-batch and pipeline option: the
+    table, whose communication alone reads the order (`stage_table.reorder` prices it again for
+    another order, field for field what `build_table` gives), and the memory prices, which read no
+    communication (tests/planner/test_search_bounds.py checks both)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[tuple, StageTable] = {}
+        self.prices: dict[tuple, KnobPrices] = {}
+
+    def table(self, key: tuple, build: Callable[[], StageTable], mesh: Layout, cal: Calibration) -> StageTable:
+        """The table of `mesh` (resolved) under `key` (its degrees without the order, micro-batch and
+        option without combined 1F1B): another order's reordered, or `build()`."""
+        other = self.tables.get(key)
+        table = self.tables[key] = build() if other is None else reorder(other, mesh, cal)
+        return table
+
+    def memory(self, key: tuple, price: Callable[[], KnobPrices]) -> KnobPrices:
+        """The memory prices under `key` (degrees without the order, micro-batch, option): another
+        order's, or `price()`; a copy, whose times `step_time.price_time` fills in."""
+        prices = self.prices.get(key)
+        if prices is None:
+            prices = self.prices[key] = price()
+        return copy.copy(prices)
+
+
 def _memory_reason(s: Setting) -> str:
     knob = f"ZeRO-{s.zero_stage}"
     if s.dp_shard and s.zero_stage > 0:
@@ -888,6 +916,7 @@ def search(
     # per (mesh degrees, micro-batch, option): the settings its activation floor puts over the usable
     # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
     floors: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
+    orders = _RankOrders()  # tables and memory prices shared between a mesh's rank orders
     for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
@@ -970,14 +999,20 @@ def search(
                 base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             twin = option._replace(a2a_overlap=False)
             table = pair_tables.get(twin)
+            degrees_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mesh.moe_parallel_folding, mb)
             if table is None:
-                table = pair_tables[twin] = build_table(model, training, cluster, gpus, base, partition, cal)
+                table = pair_tables[twin] = orders.table(
+                    (*degrees_key, twin), partial(build_table, model, training, cluster, gpus, base, partition, cal), base, cal
+                )
             else:
-                table = replace(table, mesh=base)
+                table = copy.copy(table)
+                table.mesh = base
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
                 pruned += len(grid)
                 continue
-            prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
+            prices = orders.memory(
+                (*degrees_key, option), partial(price_memory, table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
+            )
             peaks = prices.peak
             priced += len(grid)
             over_mask = peaks > usable

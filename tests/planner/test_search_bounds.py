@@ -2,6 +2,8 @@
 below it, and the vectorized compute times agree with the scalar cost model: pruning with them is
 exact."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -247,3 +249,93 @@ def test_a_combined_1f1b_option_has_its_twins_table() -> None:
                     np.testing.assert_array_equal(getattr(tables[0], f.name), getattr(tables[1], f.name), err_msg=f.name)
             compared += 1
     assert compared > 5
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch,framework",
+                         [(*CASES[1], "megatron"), (*CASES[2], "megatron"), (*FSDP_CASES[0], "fsdp")])
+def test_a_reordered_table_is_the_built_one(name, cluster_name, gpus, seq, batch, framework) -> None:
+    """`stage_table.reorder`: another rank order's table with its communication priced again equals,
+    field for field, the table `build_table` gives that order, and its memory prices (which the
+    search shares between the orders) are the first order's."""
+    from dataclasses import fields
+
+    from cost_models.stage_table import reorder
+    from planner.space import ORDERS
+
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(framework=framework), default_calibration()
+    compared = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=40):
+        if mesh.pp == 1 or mesh.order != ORDERS[0]:
+            continue
+        grid = settings(mesh, cluster, c)
+        for option in pipeline_options(model, training, mesh, mbs[-1], c)[:3]:
+            first = to_layout(mesh, mbs[-1], option, grid[0], Stack.of(c), validate=False).resolved(gpus, training)
+            partition = StagePartition.for_layout(model.num_layers, first)
+            table = build_table(model, training, cluster, gpus, first, partition, cal)
+            prices = price_memory(table, grid, option.schedule, option.vpp, cal)
+            for order in ORDERS[1:]:
+                other = to_layout(dataclasses.replace(mesh, order=order), mbs[-1], option, grid[0], Stack.of(c), validate=False)
+                other = other.resolved(gpus, training)
+                built = build_table(model, training, cluster, gpus, other, partition, cal)
+                reordered = reorder(table, other, cal)
+                for f in fields(built):
+                    np.testing.assert_array_equal(getattr(reordered, f.name), getattr(built, f.name), err_msg=f.name)
+                again = price_memory(built, grid, option.schedule, option.vpp, cal)
+                for f in ("allocated", "reserve", "host_optimizer", "nvme"):
+                    np.testing.assert_array_equal(getattr(again, f), getattr(prices, f), err_msg=f)
+                compared += 1
+    assert compared > 10
+
+
+def test_a_reordered_table_refuses_other_degrees() -> None:
+    """`stage_table.reorder` takes a mesh that differs in its rank order only."""
+    from cost_models.stage_table import reorder
+
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    cal = default_calibration()
+    c = SearchConstraints()
+    mesh = next(m for m in meshes(model, cluster, 64, c) if m.pp == 2 and m.tp == 2)
+    grid = settings(mesh, cluster, c)
+    layout = to_layout(mesh, 1, PipeOption(1, "1f1b"), grid[0], Stack.of(c), validate=False).resolved(64, training)
+    table = build_table(model, training, cluster, 64, layout, StagePartition.for_layout(model.num_layers, layout), cal)
+    wider = to_layout(dataclasses.replace(mesh, tp=4, dp=mesh.dp // 2), 1, PipeOption(1, "1f1b"), grid[0], Stack.of(c), validate=False)
+    with pytest.raises(ValueError, match="rank order"):
+        reorder(table, wider.resolved(64, training), cal)
+
+
+def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatch) -> None:
+    """The search's tables and memory prices shared between the rank orders of one mesh's degrees
+    (`stage_table.reorder`) give the Plan, its rejections and its counts of a search that builds and
+    prices every order's own."""
+    from planner import search as search_module
+
+    model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    reordered = []
+    real_reorder = search_module.reorder
+
+    def counted(t, mesh, cal):
+        reordered.append(mesh.order)
+        return real_reorder(t, mesh, cal)
+
+    monkeypatch.setattr(search_module, "reorder", counted)
+    shared = search_module.search(model, training, cluster, 64, refine=False)
+    assert len(set(reordered)) > 1
+
+    class OwnTables(search_module._RankOrders):
+        """Every order builds and prices its own table."""
+
+        def table(self, key, build, mesh, cal):
+            return build()
+
+        def memory(self, key, price):
+            return price()
+
+    monkeypatch.setattr(search_module, "_RankOrders", OwnTables)
+    own = search_module.search(model, training, cluster, 64, refine=False)
+    for key in ("best", "alternatives", "pareto", "closest_miss", "rejections", "why"):
+        assert getattr(shared, key) == getattr(own, key), key
+    assert shared.stats.model_dump(exclude={"seconds"}) == own.stats.model_dump(exclude={"seconds"})
