@@ -106,6 +106,20 @@ def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[LayerKind, tu
     return out
 
 
+@lru_cache(maxsize=4096)
+def _layer_saved_bytes(model: ModelSpec, actx: ActivationContext) -> np.ndarray:
+    """(modes, layers) saved bytes per micro-batch of every layer under each of `RECOMPUTE_MODES`
+    (read-only): `_layer_arrays`' `a0`..`a3` rows, the same floats, without pricing the layers' times
+    (`activation_floor` reads only these)."""
+    acts = _layer_acts(model, actx)
+    firsts, of_layer = _layer_classes(model)
+    kinds = layer_kinds(model)
+    per_class = np.array([[acts[kinds[i]][mode] for i in firsts] for mode in range(len(RECOMPUTE_MODES))], dtype=float)
+    out = per_class[:, of_layer]
+    out.flags.writeable = False
+    return out
+
+
 @lru_cache(maxsize=256)
 def _layer_classes(model: ModelSpec) -> tuple[tuple[int, ...], np.ndarray]:
     """Layers that are priced alike: the first layer of each distinct (kind, parameter counts)
@@ -301,16 +315,14 @@ def activation_floor(
     if mesh.framework != "megatron" or mesh.activation_offload_layers or mesh.offload_activations or schedule == "dualpipev":
         return None
     cal = stacks.stack_calibration(cal, mesh.stack)
-    g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
-    actx = activation_context(training, mesh, model)
-    per_layer, _ = _layer_arrays(model, cluster, training.precision, g, actx, cal, FineTune.of(training, mesh.stack))
+    per_layer = _layer_saved_bytes(model, activation_context(training, mesh, model))
     owner = _partition_index(partition)[0]
     n, pp = len(owner), partition.pp
     a_units, _ = _split_peaks(schedule, pp, vpp, mesh.grad_accum_, mesh.framework, mesh.moe_a2a_overlap)
     in_flight = a_units.max(axis=0)
     floor = np.full(len(RECOMPUTE_MODES), np.nan)
-    for mode, name in ((0, "a0"), (1, "a1"), (3, "a3")):
-        saved = np.bincount(owner, weights=per_layer[name][:n], minlength=pp)
+    for mode in (0, 1, 3):
+        saved = np.bincount(owner, weights=per_layer[mode][:n], minlength=pp)
         floor[mode] = float((in_flight * saved).max()) + cal.cuda_context_bytes
     return floor
 

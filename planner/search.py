@@ -256,6 +256,7 @@ class _RankedBlocks:
         self.k = k
         self.tie_rel = tie_rel  # layouts within (1 + tie_rel) of the best are kept for the tie-break
         self.best = np.zeros(0)  # the k smallest distinct step times so far (1 ns apart), ascending
+        self._threshold_s = math.inf  # `threshold_s`
         self.steps: list[np.ndarray] = []
         self.peaks: list[np.ndarray] = []
         self.blocks: list[Block] = []
@@ -275,13 +276,15 @@ class _RankedBlocks:
     @property
     def threshold_s(self) -> float:
         """Pruning threshold once `full`: the k-th best distinct step time, and never less than the
-        tie window above the best (`choose_among_ties` needs every layout in it)."""
-        return max(float(self.best[-1]), float(self.best[0]) * (1.0 + self.tie_rel))
+        tie window above the best (`choose_among_ties` needs every layout in it). Kept by `add`:
+        the search reads it for every pipeline option it bounds."""
+        return self._threshold_s
 
     def add(self, step_s: np.ndarray, peak_bytes: np.ndarray, block: Block) -> None:
         if not self.full or step_s.min() < self.best[-1]:
             # equivalent layouts (same price from another rank order or split) share one slot
             self.best = np.unique(np.round(np.concatenate([self.best, step_s]), 9))[: self.k]
+            self._threshold_s = max(float(self.best[-1]), float(self.best[0]) * (1.0 + self.tie_rel))
         self.steps.append(step_s)
         self.peaks.append(peak_bytes)
         self.blocks.append(block)
@@ -447,9 +450,10 @@ class _PairBounds:
     comm2: list[tuple[float, float, float, float]]  # the same at micro-batch 2
     exposure: _Exposure
     kappa_max: float = 1.0
-    layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict]] = field(default_factory=dict)
+    layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict, dict]] = field(default_factory=dict)
     """Memo of `pair_times`' per-layer compute per (geometry row, micro-batch column): every pair of
-    one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`)."""
+    one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`,
+    `_PairTimes.bounds`)."""
 
     def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
         mesh = self.meshes[mesh_index]
@@ -460,13 +464,16 @@ class _PairBounds:
         comm = tuple(a + (b - a) * steps for a, b in zip(self.comm1[mesh_index], self.comm2[mesh_index], strict=True))
         parts = self.layer_compute.get((row, at))
         if parts is None:
-            parts = self.layer_compute[(row, at)] = (times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {})
-        layer_compute, head, rank_sums = parts
+            parts = self.layer_compute[(row, at)] = (
+                times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {}, {}
+            )
+        layer_compute, head, rank_sums, option_sums = parts
         kind_exposed = self.exposure.per_kind(
             mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at]
         )  # type: ignore[arg-type]
         embedding_grad = tuple(times.embedding_grad[row].tolist())
-        return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure)  # type: ignore[index]
+        return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure,  # type: ignore[arg-type]
+                          option_sums)
 
 
 @dataclass(frozen=True)
@@ -622,11 +629,23 @@ class _PairTimes:
     on the layer times, not on the mesh's communication), shared by the pairs of one shard
     geometry and micro-batch."""
     exposure: _Exposure
+    option_sums: dict[tuple, tuple[np.ndarray, ...]]
+    """Memo per (pp, the pair's pipeline options) of `rank_sums` stacked over the options, with each
+    option's virtual stages and whether it pairs F&B or splits the backward (`bounds`)."""
 
     def bound(self, pp: int, option: PipeOption, grad_accum: int, ov: Overlap) -> float:
         """`step_time.time_lower_bound` of this pair's layout with pipeline `option` and its
         partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
-        vpp = option.vpp
+        compute, counts = self._sums(pp, option)
+        pp_exposed = 2 * option.vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
+        bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
+        # F&B pairs (DualPipeV, combined 1F1B) may hide the all-to-alls (`step_time`): bound their exposure by zero
+        paired = option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap
+        exposed = np.zeros(pp) if paired else counts @ self.kind_exposed
+        return lower_bound(compute, exposed, pp_exposed, option.vpp, grad_accum, bubble_free)
+
+    def _sums(self, pp: int, option: PipeOption) -> tuple[np.ndarray, np.ndarray]:
+        """The per-rank compute and layers of each kind per rank of pipeline `option` (`rank_sums`)."""
         sums = self.rank_sums.get((pp, option))
         if sums is None:
             owner = _rank_of_layer(len(self.layer_compute), pp, option)
@@ -640,13 +659,33 @@ class _PairTimes:
             counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
             counts[head_rank, self.exposure.kind_of_layer[-1]] += self.exposure.mtp_layers
             sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
-        compute, counts = sums
-        pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
-        bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
-        # F&B pairs (DualPipeV, combined 1F1B) may hide the all-to-alls (`step_time`): bound their exposure by zero
-        paired = option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap
-        exposed = np.zeros(pp) if paired else counts @ self.kind_exposed
-        return lower_bound(compute, exposed, pp_exposed, vpp, grad_accum, bubble_free)
+        return sums
+
+    def bounds(self, pp: int, options: list[PipeOption], grad_accum: int, ov: Overlap) -> list[float]:
+        """`bound` of every pipeline option of the pair, in `options`' order: the same sums, as
+        arrays over the options (the per-option rank sums stacked once per list of options and
+        shared like `rank_sums`)."""
+        key = (pp, tuple(options))
+        stacked = self.option_sums.get(key)
+        if stacked is None:
+            sums = [self._sums(pp, option) for option in options]
+            stacked = self.option_sums[key] = (
+                np.stack([compute for compute, _ in sums]),
+                np.stack([counts for _, counts in sums]),
+                np.array([float(option.vpp) for option in options]),
+                np.array([option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap for option in options]),
+                np.array([option.schedule in SPLIT_BACKWARD_SCHEDULES for option in options]),
+            )
+        compute, counts, vpp, paired, free = stacked
+        # as `bound`, row by row: F&B pairs expose no all-to-all, split-backward schedules no bubble
+        exposed = np.where(paired[:, None], 0.0, counts @ self.kind_exposed)
+        pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else np.zeros(len(options))
+        per = compute + exposed + pp_exposed[:, None]
+        worst = per.max(axis=1)
+        if pp == 1:
+            return (grad_accum * worst + 0.0).tolist()
+        bubble = np.where(free, 0.0, (per.sum(axis=1) - worst) / vpp)
+        return (grad_accum * worst + bubble).tolist()
 
 
 def _node_refusal(
@@ -942,7 +981,8 @@ def search(
             generated += later
             pruned += n + later
             break
-        for option in options:
+        option_bounds: list[float] | None = None
+        for at, option in enumerate(options):
             vpp, schedule = option.vpp, option.schedule
             near_threshold = True
             if schedule == "gpipe" and c.schedule != "gpipe":
@@ -960,8 +1000,10 @@ def search(
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in SPLIT_BACKWARD_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
-                pair_times = pair_times or bounds.pair_times(mesh_index, mb)
-                bound = pair_times.bound(mesh.pp, option, ga, overlap)
+                if option_bounds is None:  # every option's bound at once, the first time one is needed
+                    pair_times = bounds.pair_times(mesh_index, mb)
+                    option_bounds = pair_times.bounds(mesh.pp, options, ga, overlap)
+                bound = option_bounds[at]
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
