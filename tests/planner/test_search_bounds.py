@@ -71,7 +71,10 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
         for mb in mbs[:: max(1, len(mbs) // 3)]:
             times = bounds.pair_times(index, mb)
             times_no_sms = bounds_no_sms.pair_times(index, mb)
-            for option in pipeline_options(model, training, mesh, mb, c):
+            options = pipeline_options(model, training, mesh, mb, c)
+            # every option's bound at once (`_PairTimes.bounds`): each option's own, to rounding
+            together = times.bounds(mesh.pp, options, training.global_batch // (mb * mesh.dp), ov)
+            for at, option in enumerate(options):
                 vpp = option.vpp
                 layout = to_layout(mesh, mb, option, settings(mesh, cluster, c)[0], Stack.of(c)).resolved(gpus, training)
                 table = build_table(model, training, cluster, gpus, layout, StagePartition.for_layout(model.num_layers, layout), cal)
@@ -81,6 +84,7 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                     exact_no_sms = time_lower_bound(table, vpp, cal)
                 pair_bound = times.bound(mesh.pp, option, layout.grad_accum_, ov)
                 pair_bound_no_sms = times_no_sms.bound(mesh.pp, option, layout.grad_accum_, ov)
+                assert together[at] == pytest.approx(pair_bound, rel=1e-13)
                 assert pair_bound_no_sms * (1 - 1e-12) <= pair_bound <= exact * (1 + 1e-12)
                 raised += pair_bound > pair_bound_no_sms * (1 + 1e-9)
                 # the pair bound prices the collectives at their alpha-beta time (exactly affine in the
@@ -222,6 +226,31 @@ def test_the_activation_floor_is_below_every_priced_peak(name, cluster_name, gpu
                 assert np.all(prices.peak[kept] >= floor[modes[kept]])
                 checked += int(kept.sum())
     assert checked > 1000
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", [CASES[1], CASES[2]])
+def test_the_floors_saved_bytes_are_the_tables(name, cluster_name, gpus, seq, batch) -> None:
+    """`stage_table._layer_saved_bytes`, which the activation floor reads, holds the same floats as
+    the saved-bytes rows of `_layer_arrays`, which the tables read."""
+    from cost_models.finetune import FineTune
+    from cost_models.stage_table import _layer_arrays, _layer_saved_bytes, activation_context
+
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(), default_calibration()
+    checked = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=20):
+        for mb in mbs[:2]:
+            layout = to_layout(mesh, mb, PipeOption(1, "1f1b"), settings(mesh, cluster, c)[0], Stack.of(c), validate=False)
+            layout = layout.resolved(gpus, training)
+            actx = activation_context(training, layout, model)
+            g = ShardGeometry.of(layout, mb, seq)
+            per_layer, _ = _layer_arrays(model, cluster, training.precision, g, actx, cal, FineTune.of(training, layout.stack))
+            saved = _layer_saved_bytes(model, actx)
+            for mode in range(4):
+                np.testing.assert_array_equal(saved[mode], per_layer[f"a{mode}"])
+            checked += 1
+    assert checked > 10
 
 
 def test_a_combined_1f1b_option_has_its_twins_table() -> None:
