@@ -10,7 +10,8 @@ Whole space, priced or provably pruned (branch and bound):
    pairs are computed at once (`_pair_bounds`: layer times per shard geometry and micro-batch
    size, vectorized; communication per mesh).
 3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
-   (`_PairTimes.bound`: `step_time.time_lower_bound` without building the table, with the even
+   (`_PairTimes.bound`, all options of a pair at once: `_PairTimes.bounds`;
+   `step_time.time_lower_bound` without building the table, with the even
    partition's slowest rank and the bubble) and pruned the same way. Both levels count the SMs the
    hidden TP and ring-attention traffic takes from the compute (`step_time.comm_sm_share`) layer
    by layer, at most each pass's compute: a lower bound of what the table's bound counts.
@@ -30,7 +31,9 @@ Whole space, priced or provably pruned (branch and bound):
    kept as arrays per table
    (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
-meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts, a
+meshes differing only in a valid rank order share their validation probe, and at one micro-batch and
+pipeline option their table's order-free fields and memory prices (`_RankOrders`,
+`stage_table.reorder`: only the communication is priced again); `mesh_comm` parts, a
 grid's data-parallel times (`step_time._dp_grid`) and its parameter/gradient/optimizer bytes
 (`stage_table._state_bytes`) are cached per degrees, stride and per-rank parameter counts, so a
 mesh's tables at other micro-batches reuse them; memory rejections are counted per grid setting with numpy and logged once.
