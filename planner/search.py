@@ -1003,10 +1003,13 @@ def search(
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in SPLIT_BACKWARD_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
-                if option_bounds is None:  # every option's bound at once, the first time one is needed
+                if pair_times is None:  # the first option the pair bounds: its own bound
                     pair_times = bounds.pair_times(mesh_index, mb)
-                    option_bounds = pair_times.bounds(mesh.pp, options, ga, overlap)
-                bound = option_bounds[at]
+                    bound = pair_times.bound(mesh.pp, option, ga, overlap)
+                else:  # a second one: every option's at once (most pairs stop at the first)
+                    if option_bounds is None:
+                        option_bounds = pair_times.bounds(mesh.pp, options, ga, overlap)
+                    bound = option_bounds[at]
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
