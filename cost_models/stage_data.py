@@ -111,6 +111,9 @@ class StageTable:
     """(pp,): trained elements of the rank's GEMM weights (its layers' linears and the LM head) that
     autocast casts to the compute dtype when a stack trains float32 weights under autocast
     (`stacks.autocast_weights`); zeros otherwise."""
+    class_attention_f: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """(K,) seconds of one layer's attention kernel forward of each layer class, one micro-batch
+    (what `stage_table.cp_exposure` hides the ring's exchange behind)."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ layout through the same path (one setting), so the planner and `autopar evaluate
 
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 from typing import Any
 
@@ -102,6 +103,20 @@ def _layer_acts(model: ModelSpec, actx: ActivationContext) -> dict[LayerKind, tu
     for i, key in enumerate(layer_kinds(model)):
         if key not in out:
             out[key] = tuple(layer_activation_bytes(model, i, actx, mode) for mode in RECOMPUTE_MODES)  # type: ignore[assignment]
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _layer_saved_bytes(model: ModelSpec, actx: ActivationContext) -> np.ndarray:
+    """(modes, layers) saved bytes per micro-batch of every layer under each of `RECOMPUTE_MODES`
+    (read-only): `_layer_arrays`' `a0`..`a3` rows, the same floats, without pricing the layers' times
+    (`activation_floor` reads only these)."""
+    acts = _layer_acts(model, actx)
+    firsts, of_layer = _layer_classes(model)
+    kinds = layer_kinds(model)
+    per_class = np.array([[acts[kinds[i]][mode] for i in firsts] for mode in range(len(RECOMPUTE_MODES))], dtype=float)
+    out = per_class[:, of_layer]
+    out.flags.writeable = False
     return out
 
 
@@ -300,16 +315,14 @@ def activation_floor(
     if mesh.framework != "megatron" or mesh.activation_offload_layers or mesh.offload_activations or schedule == "dualpipev":
         return None
     cal = stacks.stack_calibration(cal, mesh.stack)
-    g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
-    actx = activation_context(training, mesh, model)
-    per_layer, _ = _layer_arrays(model, cluster, training.precision, g, actx, cal, FineTune.of(training, mesh.stack))
+    per_layer = _layer_saved_bytes(model, activation_context(training, mesh, model))
     owner = _partition_index(partition)[0]
     n, pp = len(owner), partition.pp
     a_units, _ = _split_peaks(schedule, pp, vpp, mesh.grad_accum_, mesh.framework, mesh.moe_a2a_overlap)
     in_flight = a_units.max(axis=0)
     floor = np.full(len(RECOMPUTE_MODES), np.nan)
-    for mode, name in ((0, "a0"), (1, "a1"), (3, "a3")):
-        saved = np.bincount(owner, weights=per_layer[name][:n], minlength=pp)
+    for mode in (0, 1, 3):
+        saved = np.bincount(owner, weights=per_layer[mode][:n], minlength=pp)
         floor[mode] = float((in_flight * saved).max()) + cal.cuda_context_bytes
     return floor
 
@@ -464,12 +477,8 @@ def build_table(
         compute[head_rank] += mtp * (head_fwd + head_bwd + proj[0] + proj[1])
         forward[head_rank] += mtp * (head_fwd + proj[0])
 
-    comm = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
-    tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = comm
     _, per_class = _layer_arrays(model, cluster, training.precision, g, actx, cal, ft)
-    cp_exposed, cp_busy = _cp_exposure_memo(
-        cp_step, mesh.cp, per_class["attn_f"], flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
-    )
+    placed = _placed_comm(model, training, cluster, gpus, mesh, cal, per_class["attn_f"], counts, store)
     upcast = mesh.stack is not None and stacks.defaults(mesh.stack).upcasts_logits
     logits_key = ("logits", actx, mesh.cross_entropy_, upcast)
     logits = store.get(logits_key)
@@ -477,24 +486,20 @@ def build_table(
         logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_, upcast)
     if mtp:
         logits = logits * (1 + mtp)  # each MTP module's loss holds its own logits until the backward
-    channels_key = (
-        "channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order, mesh.moe_parallel_folding
-    )
-    channels = store.get(channels_key)
-    if channels is None:
-        channels = store[channels_key] = mesh_channels(cluster, gpus, mesh)
     return StageTable(
         model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
         re_layers, re_moe, compute, forward, reco, counts, per_class["fwd"], per_class["fb"] - per_class["fwd"],
-        logits, tp_per_layer, mesh.tp_comm_overlap_,
-        tp_backward_traffic(mesh.framework, mesh.sp_), cp_exposed, cp_busy, ep_per_moe, etp_per_moe, p2p, boundary,
-        mesh.communicator_groups, channels, weight_bytes, trainable,
+        logits, placed["tp_per_layer"], mesh.tp_comm_overlap_,
+        tp_backward_traffic(mesh.framework, mesh.sp_), placed["cp_exposed"], placed["cp_busy"], placed["ep_per_moe_layer"],
+        placed["etp_per_moe_layer"], placed["p2p"], placed["boundary_bytes"],
+        mesh.communicator_groups, placed["channels"], weight_bytes, trainable,
         np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
         peaks[0], peaks[1], peaks[2],
         # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
         *_offloaded(acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers),
         pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
         embedding_grad_elements=embedding_tables, gemm_weight_elements=gemm_weights,
+        class_attention_f=per_class["attn_f"],
     )
 
 
@@ -512,6 +517,52 @@ def _gemm_weight_elements(model: ModelSpec, training: TrainingSpec, mesh: Layout
                         for i in partition.rank_layers(rank))
     out[head_rank] += model.vocab_size * model.hidden_size / mesh.tp
     return out
+
+
+def _placed_comm(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: Layout, cal: Calibration,
+    attention_f: np.ndarray, counts: np.ndarray, store: dict[tuple, Any],
+) -> dict[str, Any]:
+    """The `StageTable` fields that read where the mesh's groups sit on the topology (its rank
+    order): seconds of the per-layer TP, EP and expert-TP collectives and of a pipeline send, the
+    boundary bytes, the CP exchange per rank (`cp_exposure`) and each group's channel. `attention_f`
+    (K,): one layer's attention forward of each layer class; `counts` (pp, K): layers of each class
+    per rank; `store`: the job's `comm_store`. Nothing else of a table reads the order."""
+    tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
+    cp_exposed, cp_busy = _cp_exposure_memo(
+        cp_step, mesh.cp, attention_f, flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
+    )
+    channels_key = (
+        "channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order, mesh.moe_parallel_folding
+    )
+    channels = store.get(channels_key)
+    if channels is None:
+        channels = store[channels_key] = mesh_channels(cluster, gpus, mesh)
+    return dict(tp_per_layer=tp_per_layer, cp_exposed=cp_exposed, cp_busy=cp_busy, ep_per_moe_layer=ep_per_moe,
+                etp_per_moe_layer=etp_per_moe, p2p=p2p, boundary_bytes=boundary, channels=channels)
+
+
+def reorder(t: StageTable, mesh: Layout, cal: Calibration) -> StageTable:
+    """Table `t` for `mesh` (resolved), which differs from `t.mesh` in its rank order at most (and in
+    knobs a table ignores): the order places the groups on the topology, so only the communication
+    fields (`_placed_comm`) are priced again; every other field (parameters, activations, compute,
+    the layer classes) reads the degrees, the micro-batch and the partition alone and is shared
+    (read-only arrays). Equal, field for field, to `build_table` of `mesh` on `t.partition`
+    (tests/planner/test_search_bounds.py)."""
+    m = t.mesh
+    degrees = ("tp", "pp", "cp", "dp_", "ep", "etp_", "micro_batch", "moe_parallel_folding", "framework", "stack")
+    if any(getattr(m, d) != getattr(mesh, d) for d in degrees):
+        raise ValueError("reorder: the mesh differs from the table's in more than its rank order")
+    cal = stacks.stack_calibration(cal, mesh.stack)  # as `build_table` prices it
+    placed = _placed_comm(
+        t.model, t.training, t.cluster, t.gpus, mesh, cal, t.class_attention_f, t.class_counts,
+        comm_store(t.model, t.training, t.cluster, cal, t.gpus),
+    )
+    table = copy.copy(t)
+    table.mesh = mesh
+    for name, value in placed.items():
+        setattr(table, name, value)
+    return table
 
 
 def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, trained: bool) -> np.ndarray:

@@ -10,7 +10,8 @@ Whole space, priced or provably pruned (branch and bound):
    pairs are computed at once (`_pair_bounds`: layer times per shard geometry and micro-batch
    size, vectorized; communication per mesh).
 3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
-   (`_PairTimes.bound`: `step_time.time_lower_bound` without building the table, with the even
+   (`_PairTimes.bound`, all options of a pair at once: `_PairTimes.bounds`;
+   `step_time.time_lower_bound` without building the table, with the even
    partition's slowest rank and the bubble) and pruned the same way. Both levels count the SMs the
    hidden TP and ring-attention traffic takes from the compute (`step_time.comm_sm_share`) layer
    by layer, at most each pass's compute: a lower bound of what the table's bound counts.
@@ -30,7 +31,9 @@ Whole space, priced or provably pruned (branch and bound):
    kept as arrays per table
    (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
-meshes differing only in a valid rank order share their validation probe; `mesh_comm` parts, a
+meshes differing only in a valid rank order share their validation probe, and at one micro-batch and
+pipeline option their table's order-free fields and memory prices (`_RankOrders`,
+`stage_table.reorder`: only the communication is priced again); `mesh_comm` parts, a
 grid's data-parallel times (`step_time._dp_grid`) and its parameter/gradient/optimizer bytes
 (`stage_table._state_bytes`) are cached per degrees, stride and per-rank parameter counts, so a
 mesh's tables at other micro-batches reuse them; memory rejections are counted per grid setting with numpy and logged once.
@@ -40,11 +43,12 @@ topology (`planner.placement`).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
@@ -74,13 +78,14 @@ from cost_models.memory import MemoryBreakdown, bytes_per_node, model_loading_by
 from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_comm
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZERO_BUBBLE_ZERO3
 from cost_models.report import estimate_dict, kernels_dict
-from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, Setting, StageTable
+from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, KnobPrices, Setting, StageTable
 from cost_models.stage_table import (
     activation_floor,
     build_table,
     layer_kind_counts,
     layer_kinds,
     price_memory,
+    reorder,
 )
 from cost_models.stages import StagePartition
 from cost_models.step_time import (
@@ -255,6 +260,7 @@ class _RankedBlocks:
         self.k = k
         self.tie_rel = tie_rel  # layouts within (1 + tie_rel) of the best are kept for the tie-break
         self.best = np.zeros(0)  # the k smallest distinct step times so far (1 ns apart), ascending
+        self._threshold_s = math.inf  # `threshold_s`
         self.steps: list[np.ndarray] = []
         self.peaks: list[np.ndarray] = []
         self.blocks: list[Block] = []
@@ -274,13 +280,15 @@ class _RankedBlocks:
     @property
     def threshold_s(self) -> float:
         """Pruning threshold once `full`: the k-th best distinct step time, and never less than the
-        tie window above the best (`choose_among_ties` needs every layout in it)."""
-        return max(float(self.best[-1]), float(self.best[0]) * (1.0 + self.tie_rel))
+        tie window above the best (`choose_among_ties` needs every layout in it). Kept by `add`:
+        the search reads it for every pipeline option it bounds."""
+        return self._threshold_s
 
     def add(self, step_s: np.ndarray, peak_bytes: np.ndarray, block: Block) -> None:
         if not self.full or step_s.min() < self.best[-1]:
             # equivalent layouts (same price from another rank order or split) share one slot
             self.best = np.unique(np.round(np.concatenate([self.best, step_s]), 9))[: self.k]
+            self._threshold_s = max(float(self.best[-1]), float(self.best[0]) * (1.0 + self.tie_rel))
         self.steps.append(step_s)
         self.peaks.append(peak_bytes)
         self.blocks.append(block)
@@ -446,9 +454,10 @@ class _PairBounds:
     comm2: list[tuple[float, float, float, float]]  # the same at micro-batch 2
     exposure: _Exposure
     kappa_max: float = 1.0
-    layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict]] = field(default_factory=dict)
+    layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict, dict]] = field(default_factory=dict)
     """Memo of `pair_times`' per-layer compute per (geometry row, micro-batch column): every pair of
-    one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`)."""
+    one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`,
+    `_PairTimes.bounds`)."""
 
     def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
         mesh = self.meshes[mesh_index]
@@ -459,13 +468,16 @@ class _PairBounds:
         comm = tuple(a + (b - a) * steps for a, b in zip(self.comm1[mesh_index], self.comm2[mesh_index], strict=True))
         parts = self.layer_compute.get((row, at))
         if parts is None:
-            parts = self.layer_compute[(row, at)] = (times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {})
-        layer_compute, head, rank_sums = parts
+            parts = self.layer_compute[(row, at)] = (
+                times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {}, {}
+            )
+        layer_compute, head, rank_sums, option_sums = parts
         kind_exposed = self.exposure.per_kind(
             mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at]
         )  # type: ignore[arg-type]
         embedding_grad = tuple(times.embedding_grad[row].tolist())
-        return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure)  # type: ignore[index]
+        return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure,  # type: ignore[arg-type]
+                          option_sums)
 
 
 @dataclass(frozen=True)
@@ -621,11 +633,23 @@ class _PairTimes:
     on the layer times, not on the mesh's communication), shared by the pairs of one shard
     geometry and micro-batch."""
     exposure: _Exposure
+    option_sums: dict[tuple, tuple[np.ndarray, ...]]
+    """Memo per (pp, the pair's pipeline options) of `rank_sums` stacked over the options, with each
+    option's virtual stages and whether it pairs F&B or splits the backward (`bounds`)."""
 
     def bound(self, pp: int, option: PipeOption, grad_accum: int, ov: Overlap) -> float:
         """`step_time.time_lower_bound` of this pair's layout with pipeline `option` and its
         partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
-        vpp = option.vpp
+        compute, counts = self._sums(pp, option)
+        pp_exposed = 2 * option.vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
+        bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
+        # F&B pairs (DualPipeV, combined 1F1B) may hide the all-to-alls (`step_time`): bound their exposure by zero
+        paired = option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap
+        exposed = np.zeros(pp) if paired else counts @ self.kind_exposed
+        return lower_bound(compute, exposed, pp_exposed, option.vpp, grad_accum, bubble_free)
+
+    def _sums(self, pp: int, option: PipeOption) -> tuple[np.ndarray, np.ndarray]:
+        """The per-rank compute and layers of each kind per rank of pipeline `option` (`rank_sums`)."""
         sums = self.rank_sums.get((pp, option))
         if sums is None:
             owner = _rank_of_layer(len(self.layer_compute), pp, option)
@@ -639,13 +663,33 @@ class _PairTimes:
             counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
             counts[head_rank, self.exposure.kind_of_layer[-1]] += self.exposure.mtp_layers
             sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
-        compute, counts = sums
-        pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
-        bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
-        # F&B pairs (DualPipeV, combined 1F1B) may hide the all-to-alls (`step_time`): bound their exposure by zero
-        paired = option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap
-        exposed = np.zeros(pp) if paired else counts @ self.kind_exposed
-        return lower_bound(compute, exposed, pp_exposed, vpp, grad_accum, bubble_free)
+        return sums
+
+    def bounds(self, pp: int, options: list[PipeOption], grad_accum: int, ov: Overlap) -> list[float]:
+        """`bound` of every pipeline option of the pair, in `options`' order: the same sums, as
+        arrays over the options (the per-option rank sums stacked once per list of options and
+        shared like `rank_sums`)."""
+        key = (pp, tuple(options))
+        stacked = self.option_sums.get(key)
+        if stacked is None:
+            sums = [self._sums(pp, option) for option in options]
+            stacked = self.option_sums[key] = (
+                np.stack([compute for compute, _ in sums]),
+                np.stack([counts for _, counts in sums]),
+                np.array([float(option.vpp) for option in options]),
+                np.array([option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap for option in options]),
+                np.array([option.schedule in SPLIT_BACKWARD_SCHEDULES for option in options]),
+            )
+        compute, counts, vpp, paired, free = stacked
+        # as `bound`, row by row: F&B pairs expose no all-to-all, split-backward schedules no bubble
+        exposed = np.where(paired[:, None], 0.0, counts @ self.kind_exposed)
+        pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else np.zeros(len(options))
+        per = compute + exposed + pp_exposed[:, None]
+        worst = per.max(axis=1)
+        if pp == 1:
+            return (grad_accum * worst + 0.0).tolist()
+        bubble = np.where(free, 0.0, (per.sum(axis=1) - worst) / vpp)
+        return (grad_accum * worst + bubble).tolist()
 
 
 def _node_refusal(
@@ -701,6 +745,32 @@ def _floor_over(floor: np.ndarray, modes: np.ndarray, usable: int) -> tuple[np.n
     margin, is over the usable memory, and the full-recompute ones."""
     full = modes == FULL_RECOMPUTE
     return ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable), full
+
+
+class _RankOrders:
+    """What the rank orders of one mesh's degrees share at one micro-batch and pipeline option: the
+    table, whose communication alone reads the order (`stage_table.reorder` prices it again for
+    another order, field for field what `build_table` gives), and the memory prices, which read no
+    communication (tests/planner/test_search_bounds.py checks both)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[tuple, StageTable] = {}
+        self.prices: dict[tuple, KnobPrices] = {}
+
+    def table(self, key: tuple, build: Callable[[], StageTable], mesh: Layout, cal: Calibration) -> StageTable:
+        """The table of `mesh` (resolved) under `key` (its degrees without the order, micro-batch and
+        option without combined 1F1B): another order's reordered, or `build()`."""
+        other = self.tables.get(key)
+        table = self.tables[key] = build() if other is None else reorder(other, mesh, cal)
+        return table
+
+    def memory(self, key: tuple, price: Callable[[], KnobPrices]) -> KnobPrices:
+        """The memory prices under `key` (degrees without the order, micro-batch, option): another
+        order's, or `price()`; a copy, whose times `step_time.price_time` fills in."""
+        prices = self.prices.get(key)
+        if prices is None:
+            prices = self.prices[key] = price()
+        return copy.copy(prices)
 
 
 def _memory_reason(s: Setting) -> str:
@@ -890,6 +960,7 @@ def search(
     # per (mesh degrees, micro-batch, option): the settings its activation floor puts over the usable
     # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
     floors: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
+    orders = _RankOrders()  # tables and memory prices shared between a mesh's rank orders
     for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
@@ -915,7 +986,8 @@ def search(
             generated += later
             pruned += n + later
             break
-        for option in options:
+        option_bounds: list[float] | None = None
+        for at, option in enumerate(options):
             vpp, schedule = option.vpp, option.schedule
             near_threshold = True
             if schedule == "gpipe" and c.schedule != "gpipe":
@@ -933,8 +1005,13 @@ def search(
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in SPLIT_BACKWARD_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
-                pair_times = pair_times or bounds.pair_times(mesh_index, mb)
-                bound = pair_times.bound(mesh.pp, option, ga, overlap)
+                if pair_times is None:  # the first option the pair bounds: its own bound
+                    pair_times = bounds.pair_times(mesh_index, mb)
+                    bound = pair_times.bound(mesh.pp, option, ga, overlap)
+                else:  # a second one: every option's at once (most pairs stop at the first)
+                    if option_bounds is None:
+                        option_bounds = pair_times.bounds(mesh.pp, options, ga, overlap)
+                    bound = option_bounds[at]
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
@@ -972,14 +1049,20 @@ def search(
                 base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
             twin = option._replace(a2a_overlap=False)
             table = pair_tables.get(twin)
+            degrees_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mesh.moe_parallel_folding, mb)
             if table is None:
-                table = pair_tables[twin] = build_table(model, training, cluster, gpus, base, partition, cal)
+                table = pair_tables[twin] = orders.table(
+                    (*degrees_key, twin), partial(build_table, model, training, cluster, gpus, base, partition, cal), base, cal
+                )
             else:
-                table = replace(table, mesh=base)
+                table = copy.copy(table)
+                table.mesh = base
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
                 pruned += len(grid)
                 continue
-            prices = price_memory(table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
+            prices = orders.memory(
+                (*degrees_key, option), partial(price_memory, table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
+            )
             peaks = prices.peak
             priced += len(grid)
             over_mask = peaks > usable

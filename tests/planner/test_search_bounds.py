@@ -2,6 +2,8 @@
 below it, and the vectorized compute times agree with the scalar cost model: pruning with them is
 exact."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -69,7 +71,10 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
         for mb in mbs[:: max(1, len(mbs) // 3)]:
             times = bounds.pair_times(index, mb)
             times_no_sms = bounds_no_sms.pair_times(index, mb)
-            for option in pipeline_options(model, training, mesh, mb, c):
+            options = pipeline_options(model, training, mesh, mb, c)
+            # every option's bound at once (`_PairTimes.bounds`): each option's own, to rounding
+            together = times.bounds(mesh.pp, options, training.global_batch // (mb * mesh.dp), ov)
+            for at, option in enumerate(options):
                 vpp = option.vpp
                 layout = to_layout(mesh, mb, option, settings(mesh, cluster, c)[0], Stack.of(c)).resolved(gpus, training)
                 table = build_table(model, training, cluster, gpus, layout, StagePartition.for_layout(model.num_layers, layout), cal)
@@ -79,6 +84,7 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                     exact_no_sms = time_lower_bound(table, vpp, cal)
                 pair_bound = times.bound(mesh.pp, option, layout.grad_accum_, ov)
                 pair_bound_no_sms = times_no_sms.bound(mesh.pp, option, layout.grad_accum_, ov)
+                assert together[at] == pytest.approx(pair_bound, rel=1e-13)
                 assert pair_bound_no_sms * (1 - 1e-12) <= pair_bound <= exact * (1 + 1e-12)
                 raised += pair_bound > pair_bound_no_sms * (1 + 1e-9)
                 # the pair bound prices the collectives at their alpha-beta time (exactly affine in the
@@ -222,6 +228,31 @@ def test_the_activation_floor_is_below_every_priced_peak(name, cluster_name, gpu
     assert checked > 1000
 
 
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch", [CASES[1], CASES[2]])
+def test_the_floors_saved_bytes_are_the_tables(name, cluster_name, gpus, seq, batch) -> None:
+    """`stage_table._layer_saved_bytes`, which the activation floor reads, holds the same floats as
+    the saved-bytes rows of `_layer_arrays`, which the tables read."""
+    from cost_models.finetune import FineTune
+    from cost_models.stage_table import _layer_arrays, _layer_saved_bytes, activation_context
+
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(), default_calibration()
+    checked = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=20):
+        for mb in mbs[:2]:
+            layout = to_layout(mesh, mb, PipeOption(1, "1f1b"), settings(mesh, cluster, c)[0], Stack.of(c), validate=False)
+            layout = layout.resolved(gpus, training)
+            actx = activation_context(training, layout, model)
+            g = ShardGeometry.of(layout, mb, seq)
+            per_layer, _ = _layer_arrays(model, cluster, training.precision, g, actx, cal, FineTune.of(training, layout.stack))
+            saved = _layer_saved_bytes(model, actx)
+            for mode in range(4):
+                np.testing.assert_array_equal(saved[mode], per_layer[f"a{mode}"])
+            checked += 1
+    assert checked > 10
+
+
 def test_a_combined_1f1b_option_has_its_twins_table() -> None:
     """The search builds one table for a pipeline option and its combined-1F1B twin
     (`Layout.moe_a2a_overlap`): `build_table` gives the two the same arrays, only the mesh differs."""
@@ -247,3 +278,93 @@ def test_a_combined_1f1b_option_has_its_twins_table() -> None:
                     np.testing.assert_array_equal(getattr(tables[0], f.name), getattr(tables[1], f.name), err_msg=f.name)
             compared += 1
     assert compared > 5
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,seq,batch,framework",
+                         [(*CASES[1], "megatron"), (*CASES[2], "megatron"), (*FSDP_CASES[0], "fsdp")])
+def test_a_reordered_table_is_the_built_one(name, cluster_name, gpus, seq, batch, framework) -> None:
+    """`stage_table.reorder`: another rank order's table with its communication priced again equals,
+    field for field, the table `build_table` gives that order, and its memory prices (which the
+    search shares between the orders) are the first order's."""
+    from dataclasses import fields
+
+    from cost_models.stage_table import reorder
+    from planner.space import ORDERS
+
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    c, cal = SearchConstraints(framework=framework), default_calibration()
+    compared = 0
+    for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=40):
+        if mesh.pp == 1 or mesh.order != ORDERS[0]:
+            continue
+        grid = settings(mesh, cluster, c)
+        for option in pipeline_options(model, training, mesh, mbs[-1], c)[:3]:
+            first = to_layout(mesh, mbs[-1], option, grid[0], Stack.of(c), validate=False).resolved(gpus, training)
+            partition = StagePartition.for_layout(model.num_layers, first)
+            table = build_table(model, training, cluster, gpus, first, partition, cal)
+            prices = price_memory(table, grid, option.schedule, option.vpp, cal)
+            for order in ORDERS[1:]:
+                other = to_layout(dataclasses.replace(mesh, order=order), mbs[-1], option, grid[0], Stack.of(c), validate=False)
+                other = other.resolved(gpus, training)
+                built = build_table(model, training, cluster, gpus, other, partition, cal)
+                reordered = reorder(table, other, cal)
+                for f in fields(built):
+                    np.testing.assert_array_equal(getattr(reordered, f.name), getattr(built, f.name), err_msg=f.name)
+                again = price_memory(built, grid, option.schedule, option.vpp, cal)
+                for f in ("allocated", "reserve", "host_optimizer", "nvme"):
+                    np.testing.assert_array_equal(getattr(again, f), getattr(prices, f), err_msg=f)
+                compared += 1
+    assert compared > 10
+
+
+def test_a_reordered_table_refuses_other_degrees() -> None:
+    """`stage_table.reorder` takes a mesh that differs in its rank order only."""
+    from cost_models.stage_table import reorder
+
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    cal = default_calibration()
+    c = SearchConstraints()
+    mesh = next(m for m in meshes(model, cluster, 64, c) if m.pp == 2 and m.tp == 2)
+    grid = settings(mesh, cluster, c)
+    layout = to_layout(mesh, 1, PipeOption(1, "1f1b"), grid[0], Stack.of(c), validate=False).resolved(64, training)
+    table = build_table(model, training, cluster, 64, layout, StagePartition.for_layout(model.num_layers, layout), cal)
+    wider = to_layout(dataclasses.replace(mesh, tp=4, dp=mesh.dp // 2), 1, PipeOption(1, "1f1b"), grid[0], Stack.of(c), validate=False)
+    with pytest.raises(ValueError, match="rank order"):
+        reorder(table, wider.resolved(64, training), cal)
+
+
+def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatch) -> None:
+    """The search's tables and memory prices shared between the rank orders of one mesh's degrees
+    (`stage_table.reorder`) give the Plan, its rejections and its counts of a search that builds and
+    prices every order's own."""
+    from planner import search as search_module
+
+    model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    reordered = []
+    real_reorder = search_module.reorder
+
+    def counted(t, mesh, cal):
+        reordered.append(mesh.order)
+        return real_reorder(t, mesh, cal)
+
+    monkeypatch.setattr(search_module, "reorder", counted)
+    shared = search_module.search(model, training, cluster, 64, refine=False)
+    assert len(set(reordered)) > 1
+
+    class OwnTables(search_module._RankOrders):
+        """Every order builds and prices its own table."""
+
+        def table(self, key, build, mesh, cal):
+            return build()
+
+        def memory(self, key, price):
+            return price()
+
+    monkeypatch.setattr(search_module, "_RankOrders", OwnTables)
+    own = search_module.search(model, training, cluster, 64, refine=False)
+    for key in ("best", "alternatives", "pareto", "closest_miss", "rejections", "why"):
+        assert getattr(shared, key) == getattr(own, key), key
+    assert shared.stats.model_dump(exclude={"seconds"}) == own.stats.model_dump(exclude={"seconds"})
