@@ -24,6 +24,7 @@ from cost_models.pipeline import (
     zero_bubble_rounds_ok,
 )
 from cost_models.stages import StagePartition, megatron_split
+from cost_models.zero3_gathers import parse_version
 from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 
@@ -157,6 +158,12 @@ class Layout(BaseModel):
     order: str = DEFAULT_ORDER
     framework: Framework = Field(
         "megatron", description="execution framework whose overlap and kernels are assumed (calibration)"
+    )
+    framework_version: str | None = Field(
+        None,
+        description="the framework's release, where it changes what a step costs: deepspeed only, a release "
+        "number such as 0.3.13 (before 0.5.5 ZeRO-3 gathers one parameter at a time, each after a device "
+        "sync: cost_models.zero3_gathers); None: today's release, what every plan runs",
     )
     cross_entropy: CrossEntropy | None = Field(
         None,
@@ -623,7 +630,9 @@ def framework_violations(lay: Layout) -> list[Violation]:
       DeepSpeed's pipeline engine have neither a breadth-first schedule nor one that splits the
       weight gradient; the split ones not with ZeRO-3, whose per-layer reshard drops the deferred
       weight gradients
-      (tests/runtime/test_parallel_layouts.py measured it)."""
+      (tests/runtime/test_parallel_layouts.py measured it).
+    - framework_version: only DeepSpeed's releases are told apart (`cost_models.zero3_gathers`),
+      given as a release number."""
     v: list[Violation] = []
     fw = lay.framework
     if lay.recompute == "op_sac" and fw != "fsdp":
@@ -648,6 +657,14 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if lay.grad_accum_ < 2:
             v.append(Violation("moe_a2a_overlap", "combined 1F1B pairs one micro-batch's all-to-alls with another's "
                                "compute: it needs at least 2 micro-batches per step"))
+    if lay.framework_version is not None:
+        if fw != "deepspeed":
+            v.append(Violation("framework_version", f"releases are told apart for framework deepspeed only, not {fw}"))
+        else:
+            try:
+                parse_version(lay.framework_version)
+            except ValueError as exc:
+                v.append(Violation("framework_version", str(exc)))
     if fw == "deepspeed":
         if lay.cp > 1:
             v.append(Violation("cp", "DeepSpeed has no context parallelism (framework deepspeed)"))
