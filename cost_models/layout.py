@@ -24,7 +24,7 @@ from cost_models.pipeline import (
     zero_bubble_rounds_ok,
 )
 from cost_models.stages import StagePartition, megatron_split
-from cost_models.zero3_gathers import parse_version
+from cost_models.zero3_gathers import DEEPSPEED_FEATURES, deepspeed_has, parse_version
 from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 
@@ -665,6 +665,8 @@ def framework_violations(lay: Layout) -> list[Violation]:
                 parse_version(lay.framework_version)
             except ValueError as exc:
                 v.append(Violation("framework_version", str(exc)))
+            else:
+                v += _release_violations(lay)
     if fw == "deepspeed":
         if lay.cp > 1:
             v.append(Violation("cp", "DeepSpeed has no context parallelism (framework deepspeed)"))
@@ -682,6 +684,23 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if split:
             v.append(Violation("account_for_embedding_in_pipeline_split",
                                f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
+    return v
+
+
+def _release_violations(lay: Layout) -> list[Violation]:
+    """What an older DeepSpeed release (`Layout.framework_version`) did not have yet
+    (`zero3_gathers.DEEPSPEED_FEATURES`)."""
+    v: list[Violation] = []
+    version = lay.framework_version
+    used = {
+        "zero3": ("zero_stage", lay.zero_stage == 3),
+        "nvme_offload": ("offload_device", lay.offload_device == "nvme" and (lay.offload_optimizer or lay.offload_params)),
+        "zeropp": ("zero_hpz_partition_size", lay.zero_hpz_partition_size > 1 or lay.zero_quantized_weights
+                   or lay.zero_quantized_gradients),
+    }
+    for feature, (field, on) in used.items():
+        if on and not deepspeed_has(feature, version):
+            v.append(Violation(field, f"DeepSpeed {version} predates {DEEPSPEED_FEATURES[feature][1]}"))
     return v
 
 

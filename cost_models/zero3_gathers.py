@@ -78,6 +78,20 @@ DEEPSPEED_BATCHED_SINCE = (0, 5, 5)
 """The first DeepSpeed release without a device sync before every parameter's gather (PR #1188,
 commit c0eeb69d, 2021-10-31; tag v0.5.5, 2021-11-02). Releases before it gather `PER_PARAMETER`."""
 
+DEEPSPEED_FEATURES: dict[str, tuple[tuple[int, int, int], str]] = {
+    "zero3": ((0, 3, 12), "ZeRO-3 (PR #834, commit 599258f9; v0.3.12, 2021-03-12)"),
+    "nvme_offload": ((0, 3, 15), "NVMe offload, ZeRO-Infinity (PR #976, commit 0d4a54a0; v0.3.15, 2021-04-19)"),
+    "zeropp": ((0, 10, 0), "ZeRO++ hpZ / qwZ / qgZ (PR #3784, commit d18aa2c7; v0.10.0, 2023-07-17)"),
+}
+"""The first DeepSpeed release with each ZeRO feature a layout can name, and where it came in (tags
+and commits read in microsoft/DeepSpeed)."""
+
+
+def deepspeed_has(feature: str, version: str | None) -> bool:
+    """Whether DeepSpeed `version` (None: today's) has `feature` (`DEEPSPEED_FEATURES`)."""
+    return version is None or parse_version(version) >= DEEPSPEED_FEATURES[feature][0]
+
+
 PERSISTENCE_THRESHOLD = 100_000
 """Elements under which a parameter stays gathered (`stage3_param_persistence_threshold` default,
 deepspeed/runtime/zero/constants.py at v0.3.13)."""

@@ -149,3 +149,20 @@ def test_framework_version_rules(fields: dict, message: str) -> None:
     found = [v for v in violations if v.field == "framework_version"]
     assert found and message in found[0].message
 
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "feature"),
+    [
+        ({"zero_stage": 3, "framework_version": "0.3.11"}, "zero_stage", "ZeRO-3 (PR #834"),
+        ({**Z3, "framework_version": "0.3.13", "offload_optimizer": True, "offload_device": "nvme"}, "offload_device",
+         "ZeRO-Infinity"),
+        ({**Z3, "framework_version": "0.9.5", "zero_quantized_weights": True}, "zero_hpz_partition_size", "ZeRO++"),
+    ],
+)
+def test_an_older_release_lacks_later_features(fields: dict, field: str, feature: str) -> None:
+    lay = Layout(**{"framework": "deepspeed", **fields})
+    found = [v for v in validate_layout(GPT, TR, GPUS, lay) if v.field == field]
+    assert found and feature in found[0].message and fields["framework_version"] in found[0].message
+    today = lay.model_copy(update={"framework_version": None})
+    assert not [v for v in validate_layout(GPT, TR, GPUS, today) if v.field == field]
