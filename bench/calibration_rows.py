@@ -37,6 +37,7 @@ Conventions applied per source (the CSV's README lists the sources):
 from __future__ import annotations
 
 import csv
+import datetime as _dt
 import os
 import re
 from collections import Counter
@@ -568,7 +569,7 @@ def _layout(
     fields: dict[str, Any] = dict(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero, micro_batch=mb, grad_accum=ga,
         dp_shard=dp_shard, recompute=recompute, sp=sp, framework=framework, cross_entropy=cross_entropy,
-        elementwise_kernels=elementwise, **split,
+        elementwise_kernels=elementwise, framework_version=_framework_version(c, framework), **split,
     )
     fw_name = c.s("framework").lower()
     if "maxtext" in fw_name or (sid == "narayanan2021_table2" and framework == "deepspeed"):
@@ -590,6 +591,38 @@ def _layout(
         fields["moe_parallel_folding"] = False
         c.notes.append("no MoE parallel folding: EP inside DP, expert TP = TP (Megatron-Core before 0.10)")
     return Layout(**(fields | switches))
+
+
+DEEPSPEED_RELEASES = REPO / "data" / "calibration" / "deepspeed_releases.csv"
+"""DeepSpeed's tagged releases with their dates (the data README says how they were read)."""
+
+
+def _framework_version(c: _Ctx, framework: str) -> str | None:
+    """The release a row ran (`Layout.framework_version`), from its published facts only, never
+    its measured value; the one place a row is mapped to a release. Only DeepSpeed's releases are
+    told apart (`cost_models.zero3_gathers`): a release number in the framework text ("DeepSpeed
+    0.3.13"), else the release current when the source appeared, the last one in
+    `DEEPSPEED_RELEASES` dated before the month of the source's arXiv identifier (YYMM.NNNNN: the
+    runs precede the paper). Without either the row is priced as today's release."""
+    if framework != "deepspeed":
+        return None
+    named = re.search(r"deepspeed\s+v?(\d+\.\d+(?:\.\d+)?)", c.s("framework"), re.IGNORECASE)
+    if named:
+        c.notes.append(f"DeepSpeed {named.group(1)} (named by the source)")
+        return named.group(1)
+    arxiv = re.search(r"arXiv\W*(\d{2})(\d{2})\.\d{4,5}", c.s("source"))
+    if not arxiv:
+        c.notes.append("no DeepSpeed release and no publication date: priced as today's release")
+        return None
+    month = _dt.date(2000 + int(arxiv.group(1)), int(arxiv.group(2)), 1)
+    with DEEPSPEED_RELEASES.open(newline="") as f:
+        releases = sorted((_dt.date.fromisoformat(r["date"]), r["version"]) for r in csv.DictReader(f))
+    before = [(day, version) for day, version in releases if day < month]
+    if not before:
+        raise _Skip(f"published {month:%Y-%m}, before DeepSpeed's first ZeRO-3 release ({releases[0][1]})")
+    day, version = before[-1]
+    c.notes.append(f"DeepSpeed release not stated: {version} ({day}), the last before the source's arXiv month {month:%Y-%m}")
+    return version
 
 
 def _megatron_core_before_0_10(c: _Ctx, framework: str) -> bool:

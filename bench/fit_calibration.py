@@ -16,10 +16,13 @@ to its kernels is a few constants per software stack (`calibration.Stack`, one s
 stretched by gaps and unpriced small kernels),
 `latency_exposed` (the share of a kernel call's fixed latency each launch adds), `step_s` (fixed
 seconds per step), `fp8_compute` (what the stack's FP8 recipe adds to the measured FP8 GEMMs); for
-DeepSpeed, whose published runs are six 16-bit ZeRO-3 rows of 2021 bound by their gathers, only
-`compute` and its collective efficiency (`overlaps.deepspeed.bus_efficiency`: those gathers moved
-about 0.10 of the bus bandwidth a NCCL ring reaches over the nodes' NICs, about 80% of one NIC per
-GPU; `stack_params`). The fine-tuning stacks' host overheads (`Calibration.stack_overheads`) are
+DeepSpeed, whose published runs are six 16-bit ZeRO-3 rows of 2021 on DeepSpeed 0.3.13, only
+`compute` and its collective efficiency (`overlaps.deepspeed.bus_efficiency`, the share of the bus
+bandwidth its gathers and reduce-scatters reach; `stack_params`). Those rows' gathers are priced one
+parameter tensor at a time, synchronised, with the host's work per rank of each call
+(`cost_models.zero3_gathers`, the release a layout input): fitted on them the efficiency is a
+plausible share of the ring's bus bandwidth, where pricing them as today's release needed about
+0.10. The fine-tuning stacks' host overheads (`Calibration.stack_overheads`) are
 `bench.finetune_runs --fit`'s: this fit keeps them as stored (`FITTED_ELSEWHERE`). A stack's
 constants only move the rows of that stack, so each stack is fitted on its own rows (scipy
 least_squares, trust-region reflective, bounds; from the priors): a refit takes seconds to a
@@ -125,12 +128,10 @@ def stack_params(framework: str) -> list[Param]:
         # its only published runs (ZeRO-3, 2021: six rows of one table, one optimizer step per
         # global batch of 1536-2240 sequences, steps of 60-260 s) are bound by their gathers: the
         # collective efficiency, not the kernels' latency, FP8 (none trained in FP8) or a fixed cost
-        # per step (fitted, it sat at its 5 s bound: 5 s per step is no physical cost of
-        # these steps, it stood in for the gathers' time growing with the rank count). DeepSpeed
-        # v0.3.13's ZeRO-3 (March 2021, the release these runs could use) gathers one parameter
-        # tensor at a time, each after a torch.cuda.synchronize() (`Init._allgather_param`,
-        # deepspeed/runtime/zero/partition_parameters.py at v0.3.13), as a ring over every rank:
-        # the collective efficiency carries that
+        # per step (fitted, it sat at its 5 s bound: 5 s per step is no physical cost of these
+        # steps). How DeepSpeed 0.3.13 gathers (one parameter tensor at a time, each after a device
+        # sync, the host's work growing with the rank count) is priced by the release
+        # (`cost_models.zero3_gathers`), not by this efficiency
         params.append(_overlap("deepspeed", "bus_efficiency", 0.01, 1.0))
     else:
         params += [_stack(framework, "step_s", 0.0, 5.0), _stack(framework, "latency_exposed", 0.0, 1.0),

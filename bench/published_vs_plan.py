@@ -14,7 +14,7 @@ per family.
 Rows of stacks that run a subset of the layouts are searched in that subset (`FSDP_ONLY_SOURCES`),
 and without the features their stack did not have yet (`COMBINED_1F1B_SOURCES`,
 `MLA_CONTEXT_PARALLEL_SOURCES`; a Megatron-Core before 0.10: no MoE parallel folding, no FSDP, no
-optimizer offload, `RecipeSwitches.megatron_core_before_0_10`). Each row's JSON names the layout
+optimizer offload, `RecipeSwitches.megatron_core_before_0_10`; DeepSpeed's release, `Layout.framework_version`). Each row's JSON names the layout
 behind its best / measured (`recommended_layout`).
 
 "Fully specified" rows are those whose layout the source states (TP, PP, DP and the batch); the
@@ -87,6 +87,7 @@ def constraints_for(row) -> SearchConstraints:
         norm_kernel=lay.norm_kernel, attention_kernel=lay.attention_kernel_, memory_headroom=0.0, top_k=3,
         allow_moe_a2a_overlap=row.source_id in COMBINED_1F1B_SOURCES or lay.moe_a2a_overlap,
         moe_parallel_folding=lay.moe_parallel_folding, fsdp_flat_params=lay.fsdp_flat_params,
+        framework_version=lay.framework_version,
         megatron_fsdp_gradient_fusion=lay.framework != "megatron",
         max_zero_stage=0 if not row.distributed_optimizer else (1 if older else 3),
         allow_offload=not older and row.distributed_optimizer, **fixed,

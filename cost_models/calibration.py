@@ -47,7 +47,7 @@ class Overlap:
     ep: float = 0.0  # share of the MoE all-to-all hidden behind other work (schedules that overlap it)
     pp: float = 0.5  # share of pipeline send/recv hidden behind compute in the steady state
     bus_efficiency: float = 1.0  # share of the NCCL bus bandwidth the framework's data-parallel /
-    # ZeRO collectives reach (DeepSpeed ZeRO-3 gathers many small partitions, far below NCCL's peak)
+    # ZeRO collectives reach (how a release splits them into calls: `cost_models.zero3_gathers`)
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,8 @@ def _default_overlaps() -> dict[str, Overlap]:
         # PyTorch FSDP2 (torchtitan, llm-foundry): backward prefetch of one layer, no TP overlap
         # unless async TP is on
         "fsdp": Overlap(dp=1.0, zero3=1.0, tp=0.5, ep=0.0, pp=0.5),
-        # DeepSpeed ZeRO: overlap_comm=true, less aggressive prefetch
+        # DeepSpeed ZeRO: overlap_comm=true, less aggressive prefetch (today's release; before 0.5.5
+        # its ZeRO-3 hid nothing: `cost_models.zero3_gathers`)
         "deepspeed": Overlap(dp=0.8, zero3=0.7, tp=0.0, ep=0.0, pp=0.5),
     }
 

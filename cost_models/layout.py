@@ -24,6 +24,7 @@ from cost_models.pipeline import (
     zero_bubble_rounds_ok,
 )
 from cost_models.stages import StagePartition, megatron_split
+from cost_models.zero3_gathers import DEEPSPEED_FEATURES, deepspeed_has, parse_version
 from model_specs.params import adapted_names, linear_names
 from model_specs.spec import MAX_GLOBAL_BATCH, ModelSpec, TrainingSpec
 
@@ -157,6 +158,12 @@ class Layout(BaseModel):
     order: str = DEFAULT_ORDER
     framework: Framework = Field(
         "megatron", description="execution framework whose overlap and kernels are assumed (calibration)"
+    )
+    framework_version: str | None = Field(
+        None,
+        description="the framework's release, where it changes what a step costs: deepspeed only, a release "
+        "number such as 0.3.13 (before 0.5.5 ZeRO-3 gathers one parameter at a time, each after a device "
+        "sync: cost_models.zero3_gathers); None: today's release, what every plan runs",
     )
     cross_entropy: CrossEntropy | None = Field(
         None,
@@ -623,7 +630,9 @@ def framework_violations(lay: Layout) -> list[Violation]:
       DeepSpeed's pipeline engine have neither a breadth-first schedule nor one that splits the
       weight gradient; the split ones not with ZeRO-3, whose per-layer reshard drops the deferred
       weight gradients
-      (tests/runtime/test_parallel_layouts.py measured it)."""
+      (tests/runtime/test_parallel_layouts.py measured it).
+    - framework_version: only DeepSpeed's releases are told apart (`cost_models.zero3_gathers`),
+      given as a release number."""
     v: list[Violation] = []
     fw = lay.framework
     if lay.recompute == "op_sac" and fw != "fsdp":
@@ -648,6 +657,16 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if lay.grad_accum_ < 2:
             v.append(Violation("moe_a2a_overlap", "combined 1F1B pairs one micro-batch's all-to-alls with another's "
                                "compute: it needs at least 2 micro-batches per step"))
+    if lay.framework_version is not None:
+        if fw != "deepspeed":
+            v.append(Violation("framework_version", f"releases are told apart for framework deepspeed only, not {fw}"))
+        else:
+            try:
+                parse_version(lay.framework_version)
+            except ValueError as exc:
+                v.append(Violation("framework_version", str(exc)))
+            else:
+                v += _release_violations(lay)
     if fw == "deepspeed":
         if lay.cp > 1:
             v.append(Violation("cp", "DeepSpeed has no context parallelism (framework deepspeed)"))
@@ -665,6 +684,23 @@ def framework_violations(lay: Layout) -> list[Violation]:
         if split:
             v.append(Violation("account_for_embedding_in_pipeline_split",
                                f"the uneven-split options are Megatron-Core's (framework {fw}: give a partition)"))
+    return v
+
+
+def _release_violations(lay: Layout) -> list[Violation]:
+    """What an older DeepSpeed release (`Layout.framework_version`) did not have yet
+    (`zero3_gathers.DEEPSPEED_FEATURES`)."""
+    v: list[Violation] = []
+    version = lay.framework_version
+    used = {
+        "zero3": ("zero_stage", lay.zero_stage == 3),
+        "nvme_offload": ("offload_device", lay.offload_device == "nvme" and (lay.offload_optimizer or lay.offload_params)),
+        "zeropp": ("zero_hpz_partition_size", lay.zero_hpz_partition_size > 1 or lay.zero_quantized_weights
+                   or lay.zero_quantized_gradients),
+    }
+    for feature, (field, on) in used.items():
+        if on and not deepspeed_has(feature, version):
+            v.append(Violation(field, f"DeepSpeed {version} predates {DEEPSPEED_FEATURES[feature][1]}"))
     return v
 
 

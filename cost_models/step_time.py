@@ -92,7 +92,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cluster_specs.catalog import gpu_generation
-from cost_models import stacks
+from cost_models import stacks, zero3_gathers
 from cost_models.calibration import Calibration, stack_key
 from cost_models.comm import CHANNELS, HOST, INTER, INTRA, RING_KINDS, Group, collective_cost
 from cost_models.compute import hbm_bandwidth
@@ -100,6 +100,7 @@ from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
 from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, KnobPrices, Setting, Sharding, StageTable
+from cost_models.stage_table import _layer_classes
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec, GPUSpec
@@ -242,6 +243,8 @@ class DataParallelTimes:
     kernels_f: np.ndarray  # (pairs, pp) per micro-batch: the sharding's HBM-bound kernels on the compute stream, forward
     kernels_b: np.ndarray  # (pairs, pp) ... backward (ZeRO++ (de)quantization, FSDP2's copy-out, the gradients' copy-in,
     # a stack's autocast gradient casts and gradient accumulation)
+    exposed_r: np.ndarray  # (pairs, pp) per micro-batch under full recompute: the recompute's own gathers
+    # (per-parameter ZeRO-3, `cost_models.zero3_gathers`; 0 where the backward's gather serves the recompute)
     kernels_recompute: np.ndarray = field(default_factory=lambda: np.zeros((1, 1)))
     """(pairs, pp) per micro-batch, under full recompute only: a stack's autocast casts of the float32
     weights again in each checkpointed layer's re-run forward (`stacks.cast_bytes`)."""
@@ -401,6 +404,34 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
     deficit_f = np.maximum(0.0, zf_k - ov.zero3 * t.class_forward[None, :])
     deficit_b = np.maximum(0.0, zb_k - ov.zero3 * t.class_backward[None, :])
+    per_parameter = zero3_gathers.gather_mode(m.framework, m.framework_version) == zero3_gathers.PER_PARAMETER
+    deficit_r = np.zeros_like(zf_k)
+    if per_parameter:
+        # one collective per parameter tensor, each after a device sync: nothing hides behind compute,
+        # and the recompute's forward gathers again (`cost_models.zero3_gathers`)
+        tens = np.array([zero3_gathers.layer_tensors(t.model, i, m.tp) for i in _layer_classes(t.model)[0]], dtype=float).T
+        host = np.array([[zero3_gathers.host_seconds(g.size, cal.kernel_launch_s)] for g in shard_gs])  # (pairs, 1)
+        host_e = zero3_gathers.host_seconds(edp_g.size, cal.kernel_launch_s)
+
+        def each(nbytes: np.ndarray, n: np.ndarray, cost: tuple, host_s: Any) -> np.ndarray:
+            """`n` collectives of nbytes / n each, and their host seconds."""
+            n = np.broadcast_to(n, np.broadcast_shapes(np.shape(nbytes), np.shape(n)))
+            one = seconds(np.where(n > 0, nbytes / np.maximum(n, 1.0), 0.0), cost)
+            return n * (one + host_s)
+
+        ng, nr, nge, nre, kept = (tens[i][None, :] for i in range(5))
+        gather_k = each(cwd * w_fwd, ng, ag_shard, host) + each(cwe * w_fwd, nge, ag_edp, host_e)
+        gather_back_k = each(cwd * w_bwd, ng, ag_back, host) + each(cwe * w_bwd, nge, ag_edp, host_e)
+        rs_k = each(ctd * gb * g_rs, nr, rs_shard, host) + each(cte * gb * g_rs, nre, rs_edp, host_e)
+        zf_k = np.where(gather_f, gather_k, 0.0)
+        zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
+        deficit_f, deficit_b = zf_k, zb_k
+        # the recompute gathers every tensor (each zero-filled and copied out, as in the forward); the
+        # backward then finds `kept` of the dense ones still gathered
+        again = (ng - kept) / np.maximum(ng, 1.0)
+        fill = zero3_gathers.GATHER_HBM_BYTES_PER_BYTE * w_fwd / hbm
+        deficit_r = np.where(z3, again * (each(cwd * w_fwd, ng, ag_shard, host) + fill * cwd)
+                             + each(cwe * w_fwd, nge, ag_edp, host_e) + fill * cwe, 0.0)
     # ZeRO++'s quantize / dequantize kernels run on the compute stream, HBM-bound, per layer and pass
     elements_k = (cwd + cwe) / pb
     quant_f_k = np.where(z3 & qwz, QWZ_HBM_BYTES_PER_ELEMENT * elements_k / hbm, 0.0)
@@ -425,8 +456,14 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
     rest_gather = np.where(gather_f, seconds(rest_wd[None, :] * w_fwd, ag_shard) + seconds(rest_we[None, :] * w_fwd, ag_edp), 0.0)
     rest_rs = np.where(layerwise_rs, seconds(rest_td[None, :] * gb * g_rs, rs_shard) + seconds(rest_te[None, :] * gb * g_rs, rs_edp), 0.0)
+    if per_parameter:  # every layer's collectives are exposed already; the ends' tensors one by one
+        first_gather = last_rs = np.zeros_like(first_gather)
+        edge = zero3_gathers.edge_tensors(t.model, m.tp)
+        rest_gather = np.where(gather_f, each(rest_wd[None, :] * w_fwd, np.where(rest_wd > 0, edge.gathered, 0)[None, :], ag_shard, host), 0.0)
+        rest_rs = np.where(layerwise_rs, each(rest_td[None, :] * gb * g_rs, np.where(rest_td > 0, edge.reduced, 0)[None, :], rs_shard, host), 0.0)
     exposed_f = deficit_f @ counts.T + first_gather + rest_gather
     exposed_b = deficit_b @ counts.T + last_rs + rest_rs
+    exposed_r = deficit_r @ counts.T
     # the compute-stream kernels, per layer and of the embedding / head / final norm
     rest_copy_out = FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm
     rest_copy_out_f = np.where(gather_f & fsdp2, rest_copy_out, 0.0)
@@ -435,6 +472,12 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # `compute.embedding_gradient_time`'s, in the compute already)
     rest_copied = rest_td + rest_te - (0.0 if fsdp else np.minimum(rest_td, t.embedding_grad_elements))
     rest_copy_in = np.where(copies_in, rest_copied[None, :] * (pb + gb) / hbm, 0.0)
+    if per_parameter:  # the gathered tensors' zero fill and copy-out, the gradients' copy-in (zero3_gathers)
+        gathered_f, gathered_b = zero3_gathers.GATHER_HBM_BYTES_PER_BYTE * np.stack([
+            np.where(gather_f, (cwd + cwe) * w_fwd, 0.0), np.where(z3, (cwd + cwe) * w_bwd, 0.0)]) / hbm
+        copy_out_f_k = copy_out_f_k + gathered_f
+        copy_out_b_k = copy_out_b_k + gathered_b
+        copy_in_k = copy_in_k + np.where(layerwise_rs, zero3_gathers.REDUCE_HBM_BYTES_PER_BYTE * (ctd + cte) * gb * g_rs / hbm, 0.0)
     kernels_f = (quant_f_k + copy_out_f_k) @ counts.T + rest_copy_out_f
     kernels_b = (quant_b_k + copy_out_b_k + copy_in_k) @ counts.T + rest_copy_out_b + rest_copy_in
 
@@ -526,10 +569,10 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         kernels_b = kernels_b + accumulate * held / hbm
     out = DataParallelTimes(
         exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b,
-        kernels_recompute,
+        exposed_r, kernels_recompute,
     )
     for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b,
-              kernels_recompute):
+              exposed_r, kernels_recompute):
         a.flags.writeable = False
     return out
 
@@ -672,7 +715,8 @@ def compose(
     compute_f = phases.compute_f[None, :] + kernels_f
     compute_b = phases.compute_b[mode] + kernels_b
     sum_f = phases.sum_f[None, :] + kernels_f + dp.exposed_f[pair]
-    sum_b = phases.sum_b[mode] + kernels_b + dp.exposed_b[pair]
+    exposed_b = dp.exposed_b[pair] + _FULL[mode] * dp.exposed_r[pair]  # the recompute's own gathers, where it has them
+    sum_b = phases.sum_b[mode] + kernels_b + exposed_b
     lost = fsdp_drops_comm_overlap(t, knobs.zero)
     if lost is not None:  # Megatron-FSDP beside TP / CP before Blackwell: what their overlap hides is exposed
         lost_f = lost[:, None] * (phases.tp_hidden_f + phases.cp_hidden_f)[None, :]  # (J, pp)
@@ -736,7 +780,7 @@ def compose(
         parts[2] += mb_count * tp_lost[rows, slow]
         parts[3] += mb_count * cp_lost[rows, slow]
     parts[5] = mb_count * phases.pp_exposed
-    parts[6] = mb_count * (dp.exposed_f[pair, slow] + dp.exposed_b[pair, slow]) + exposed_reduce[rows, tail_rank] + gather_s
+    parts[6] = mb_count * (dp.exposed_f[pair, slow] + exposed_b[rows, slow]) + exposed_reduce[rows, tail_rank] + gather_s
     parts[7] = mb_count * (per_mb - phases.pp_exposed - sum_f - sum_b)[rows, slow]
     parts[8] = bubble
     parts[9] = optimizer[rows, tail_rank]
@@ -902,13 +946,13 @@ def _dp_grid(
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
     training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
-    (its FSDP flavour, Megatron FSDP's gradient fusion) and micro-batch count, the per-rank stored weight bytes and trainable
+    (its FSDP flavour, Megatron FSDP's gradient fusion, its release) and micro-batch count, the per-rank stored weight bytes and trainable
     elements (and the embedding tables whose gradient the compute holds), and the layer classes
     (counts per rank, weights and compute seconds of one layer)."""
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
-        m.grad_accum_, m.stack, m.optimizer_state, m.optimizer_fused,
+        m.grad_accum_, m.stack, m.optimizer_state, m.optimizer_fused, m.framework_version,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
         t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),

@@ -23,6 +23,7 @@ from cost_models.layout import (
     OptimizerState,
     Schedule,
 )
+from cost_models.zero3_gathers import parse_version
 from model_specs.spec import ModelSpec, TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
@@ -117,6 +118,12 @@ class SearchConstraints(BaseModel):
         "(Megatron-Core 0.14+); off for NeMo 2.3 / 2.4 and Megatron-Core 0.12 / 0.13, which turn it off under "
         "Megatron FSDP, and every layout is priced so (Layout.megatron_fsdp_gradient_fusion)",
     )
+    framework_version: str | None = Field(
+        None,
+        description="framework deepspeed: the user's DeepSpeed release (a number such as 0.3.13), priced as it runs "
+        "ZeRO-3 (before 0.5.5: one synchronised gather per parameter; Layout.framework_version, "
+        "cost_models.zero3_gathers); None: today's release, what the exports are written for",
+    )
     max_tp: int | None = Field(
         None, ge=1, le=MAX_GPUS_PER_NODE, description="default: the NVLink domain size (tensor parallelism never leaves it)"
     )
@@ -130,6 +137,10 @@ class SearchConstraints(BaseModel):
             raise ValueError(f"fsdp_flat_params (FSDP1) needs framework fsdp, not {self.framework}")
         if not self.megatron_fsdp_gradient_fusion and self.framework != "megatron":
             raise ValueError(f"megatron_fsdp_gradient_fusion=False needs framework megatron, not {self.framework}")
+        if self.framework_version is not None:
+            if self.framework != "deepspeed":
+                raise ValueError(f"framework_version: releases are told apart for framework deepspeed only, not {self.framework}")
+            parse_version(self.framework_version)  # a ValueError naming the field
         explicit = "framework" in self.model_fields_set  # else the stack's own (planner.finetune)
         if explicit and self.stack is not None and self.framework not in (("fsdp", "deepspeed") if self.stack == "hf" else ("fsdp",)):
             raise ValueError(f"stack {self.stack} does not run on framework {self.framework}")

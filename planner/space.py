@@ -23,6 +23,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.layout import AttentionKernel, Layout, default_attention_kernel, ep_next_to_dp
 from cost_models.pipeline import dualpipev_micro_batches_ok, interleaving_group, zero_bubble_rounds_ok
 from cost_models.stage_data import Setting
+from cost_models.zero3_gathers import deepspeed_has
 from model_specs.spec import ModelSpec, TrainingSpec
 from planner.plan import SearchConstraints
 
@@ -317,12 +318,16 @@ def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Set
     zeros = [0, 1] if c.framework == "deepspeed" and mesh.pp > 1 else [0, 1, 2, 3]  # DeepSpeed PP: ZeRO 0-1
     zeros = [z for z in zeros if z <= c.max_zero_stage]
     deepspeed = c.framework == "deepspeed"
+    release = c.framework_version if deepspeed else None  # an older DeepSpeed lacks later features
+    if deepspeed and not deepspeed_has("zero3", release):
+        zeros = [z for z in zeros if z < 3]
+    zeropp = deepspeed_has("zeropp", release)
     for zero in _pinned(c.zero_stage, zeros):
         zero3_ds = deepspeed and zero == 3
-        hpzs = hpz_groups(mesh, cluster, c.framework) if zero3_ds else [1]
+        hpzs = hpz_groups(mesh, cluster, c.framework) if zero3_ds and zeropp else [1]
         quantized = [(False, False), (True, False), (False, True), (True, True)] if (
-            zero3_ds and c.allow_quantized_comm and mesh.dp > 1) else [(False, False)]
-        tiers = (False, True) if zero3_ds and cluster.has_nvme else (False,)
+            zero3_ds and zeropp and c.allow_quantized_comm and mesh.dp > 1) else [(False, False)]
+        tiers = (False, True) if zero3_ds and cluster.has_nvme and deepspeed_has("nvme_offload", release) else (False,)
         for shard in shard_groups(mesh, cluster, c.framework) if zero > 0 else [mesh.dp]:
             for recompute in [c.recompute] if c.recompute else recompute_modes(c.framework):
                 for hpz in hpzs:
@@ -375,13 +380,14 @@ class Stack(NamedTuple):
     optimizer_state: str = "full"
     optimizer_in_backward: bool = False
     offload_activations: bool = False
+    framework_version: str | None = None  # the framework's release (Layout.framework_version); None: today's
 
     @classmethod
     def of(cls, c: SearchConstraints) -> Stack:
         return cls(
             c.framework, c.cross_entropy, c.elementwise_kernels, c.norm_kernel, c.fsdp_flat_params,
             c.megatron_fsdp_gradient_fusion, c.attention_kernel or default_attention_kernel(c.framework),
-            c.stack, c.optimizer_state, c.optimizer_in_backward, c.offload_activations,
+            c.stack, c.optimizer_state, c.optimizer_in_backward, c.offload_activations, c.framework_version,
         )
 
 
@@ -432,6 +438,8 @@ def to_layout(
         values["megatron_fsdp_gradient_fusion"] = False
     if stack.attention_kernel != default_attention_kernel(stack.framework):
         values["attention_kernel"] = stack.attention_kernel
+    if stack.framework_version is not None:
+        values["framework_version"] = stack.framework_version
     if stack.stack is not None:
         values.update(stack=stack.stack, optimizer_state=stack.optimizer_state,
                       optimizer_in_backward=stack.optimizer_in_backward, offload_activations=stack.offload_activations)

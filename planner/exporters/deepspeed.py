@@ -237,6 +237,12 @@ def initialize_lines(job: Job, filename: str = "ds_config.json") -> list[str]:
 def export_deepspeed(job: Job) -> ExportResult:
     lost: list[str] = mtp_note(job, "DeepSpeed (a Transformers model)")
     lay, tr = job.lay, job.training
+    if lay.framework_version is not None:
+        lost.append(
+            f"the plan was priced as DeepSpeed {lay.framework_version} runs it (Layout.framework_version, "
+            f"cost_models.zero3_gathers); this file is written for {RELEASE}, whose ZeRO-3 gathers and reduces "
+            "per module, prefetched: it runs no slower than priced"
+        )
     batch, micro, accum = _batch(job, lost)
     config: dict[str, Any] = {
         "train_batch_size": batch,

@@ -289,3 +289,39 @@ def test_nemotron_h_rows_are_priced_with_the_hybrid_model(parsed):
         assert count_params(r.model).total == 56_324_350_464
         assert (r.layout.tp, r.layout.pp, r.layout.cp) == (8, 1, 1) and r.training.precision == "fp8"
         assert r.measured_tokens_per_s_per_gpu and any("nemotron-h-56b preset" in a for a in r.assumptions)
+
+
+def test_deepspeed_rows_run_the_release_current_when_their_source_appeared(parsed):
+    """Narayanan et al. (arXiv 2104.04473) name no DeepSpeed release: the last one before April 2021
+    is 0.3.13, whose ZeRO-3 gathers one parameter at a time (`cost_models.zero3_gathers`)."""
+    rows, _ = parsed
+    deepspeed = [r for r in rows.values() if r.layout.framework == "deepspeed"]
+    assert len(deepspeed) == 6
+    for r in deepspeed:
+        assert r.layout.framework_version == "0.3.13"
+        assert any("0.3.13 (2021-03-16)" in note for note in r.assumptions)
+    assert all(r.layout.framework_version is None for r in rows.values() if r.layout.framework != "deepspeed")
+
+
+@pytest.mark.parametrize(
+    ("framework", "source", "version"),
+    [
+        ("DeepSpeed ZeRO-3", "Some paper (arXiv 2201.01234)", "0.5.8"),  # 0.5.9 is dated 2022-01-03
+        ("DeepSpeed ZeRO-3", "Some paper (arXiv 2106.01234)", "0.3.16"),
+        ("DeepSpeed 0.6.0", "Some paper (arXiv 2104.04473)", "0.6.0"),  # a named release wins
+        ("DeepSpeed ZeRO-3", "a blog post", None),  # no date: today's release
+        ("Megatron-LM", "Some paper (arXiv 2104.04473)", None),
+    ],
+)
+def test_release_from_the_rows_published_facts(framework: str, source: str, version: str | None) -> None:
+    from bench.calibration_rows import _Ctx, _framework_version
+
+    fw = "deepspeed" if "deepspeed" in framework.lower() else "megatron"
+    assert _framework_version(_Ctx({"framework": framework, "source": source}), fw) == version
+
+
+def test_a_deepspeed_row_older_than_its_zero3_is_refused() -> None:
+    from bench.calibration_rows import _Ctx, _framework_version, _Skip
+
+    with pytest.raises(_Skip, match="before DeepSpeed's first ZeRO-3 release"):
+        _framework_version(_Ctx({"framework": "DeepSpeed ZeRO-3", "source": "arXiv 2012.01234"}), "deepspeed")

@@ -496,6 +496,16 @@ def test_deepspeed_reports_what_it_cannot_express() -> None:
     assert _has(export(FIXTURES["llama3-70b-interleaved"](), "deepspeed").lost, "interleaved")
 
 
+def test_deepspeed_export_of_an_older_release_says_it_writes_todays() -> None:
+    """A plan priced as DeepSpeed 0.3.13 runs ZeRO-3 (cost_models.zero3_gathers) is exported for
+    today's release, which gathers per module: `lost` says so; a plan of today's release says nothing."""
+    tr = TrainingSpec(seq_len=4096, global_batch=32)
+    old = make_plan("llama3-8b", 8, Layout(zero_stage=3, framework="deepspeed", framework_version="0.3.13"), training=tr)
+    assert _has(export(old, "deepspeed").lost, "DeepSpeed 0.3.13", "written for DeepSpeed 0.19.8")
+    today = make_plan("llama3-8b", 8, Layout(zero_stage=3, framework="deepspeed"), training=tr)
+    assert not _has(export(today, "deepspeed").lost, "priced as DeepSpeed")
+
+
 def test_accelerate_reports_pipeline_and_experts() -> None:
     lost = export(FIXTURES["mixtral-8x7b-hybrid"](), "accelerate").lost
     assert _has(lost, "pipeline parallelism (pp=2")

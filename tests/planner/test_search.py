@@ -11,7 +11,7 @@ from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.plan import Plan, SearchConstraints
 from planner.search import search
-from planner.space import Stack, meshes, micro_batches, pipeline_options, settings, to_layout
+from planner.space import PipeOption, Stack, meshes, micro_batches, pipeline_options, settings, to_layout
 
 
 def test_best_matches_evaluate() -> None:
@@ -134,6 +134,20 @@ def test_deepspeed_plans_only_what_deepspeed_runs() -> None:
         lay = cand.layout
         assert lay.cp == 1 and lay.vpp == 1
         assert lay.pp == 1 or lay.zero_stage <= 1
+        assert lay.framework_version is None  # a plan (and its export) runs today's DeepSpeed (zero3_gathers)
+
+
+def test_an_older_deepspeed_is_searched_without_what_it_lacked() -> None:
+    """DeepSpeed 0.3.13 (the Narayanan et al. 2021 rows' release): no ZeRO++ (0.10.0), no NVMe
+    offload (0.3.15); its layouts name the release, so they are priced as it gathers."""
+    model, cluster = get_model("llama3-8b"), get_cluster("dgx-a100-80g")
+    c = SearchConstraints(framework="deepspeed", framework_version="0.3.13", zero_stage=3, allow_quantized_comm=True)
+    mesh = next(m for m in meshes(model, cluster, 16, c) if m.dp == 16)
+    old = settings(mesh, cluster, c)
+    new = settings(mesh, cluster, c.model_copy(update={"framework_version": None}))
+    assert all(s.hpz == 1 and not s.quantized_weights and not s.quantized_gradients and not s.offload_nvme for s in old)
+    assert any(s.hpz > 1 for s in new) and any(s.quantized_weights for s in new) and any(s.offload_nvme for s in new)
+    assert to_layout(mesh, 1, PipeOption(1, "1f1b"), old[0], Stack.of(c)).framework_version == "0.3.13"
 
 
 def test_model_notes_lead_the_explanation() -> None:
