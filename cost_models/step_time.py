@@ -258,9 +258,16 @@ _PER_PAIR: dict[tuple, tuple[tuple, tuple]] = {}
 pair's group), the groups being `Group.strided`'s shared objects; an entry keeps its calibration and
 groups alive, so their ids stay theirs."""
 
-_SECONDS: dict[tuple, np.ndarray] = {}
-"""`data_parallel_times`'s collective seconds by (id of a `_PER_PAIR` price, the bytes); cleared
-with `_PER_PAIR`, so an id in a key is its price's."""
+PER_PAIR_ENTRIES = 1 << 14
+"""Prices `_PER_PAIR` keeps; it starts over beyond this (the memo then simply misses)."""
+
+_SECONDS: dict[tuple, tuple[tuple, np.ndarray]] = {}
+"""`data_parallel_times`'s collective seconds by (id of a `_PER_PAIR` price, the bytes). An entry
+keeps its price and is used only for that very object: `_PER_PAIR` may start over between the
+prices of one table and their seconds, and a price dropped from it then dies with the table's
+pricing, so its id can come back as another calibration's price (the leave-one-family-out refits
+of `bench.fit_calibration` read such stale seconds: llm-foundry's fsdp refit landed on compute
+1.1214 in the full run and 1.1266 alone, on the code of 2b7096f)."""
 
 
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
@@ -322,26 +329,27 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         whole = curves[0][0] if len(curves) == 1 and len(curves[0][1]) == len(groups) else None
         for a in (per_byte, lat, onehot):
             a.flags.writeable = False
-        if len(_PER_PAIR) > 1 << 14:
+        if len(_PER_PAIR) > PER_PAIR_ENTRIES:
             _PER_PAIR.clear()
-            _SECONDS.clear()  # its keys hold the ids of `_PER_PAIR`'s prices
         cost = (per_byte, lat, onehot, whole, curves)
         _PER_PAIR[key] = ((cal, groups), cost)
         return cost
 
     def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
         """Alpha-beta seconds x the measured size ratio of each pair's span (`comm.size_ratio`),
-        memoized on the price (`per_pair`'s shared tuples) and the bytes (`_SECONDS`: the tables of
-        one search repeat their volumes); the array returned is read-only."""
+        memoized on the price (`per_pair`'s shared tuples, by identity: the entry keeps its price) and
+        the bytes (`_SECONDS`: the tables of one search repeat their volumes); the array returned is
+        read-only."""
         nb = np.asarray(nbytes)
-        key = (id(cost), nb.shape, nb.dtype.char, nb.tobytes())  # `cost` lives in `_PER_PAIR`
-        out = _SECONDS.get(key)
-        if out is None:
-            out = _seconds(nb, cost)
-            out.flags.writeable = False
-            if len(_SECONDS) > 1 << 15:
-                _SECONDS.clear()
-            _SECONDS[key] = out
+        key = (id(cost), nb.shape, nb.dtype.char, nb.tobytes())
+        hit = _SECONDS.get(key)
+        if hit is not None and hit[0] is cost:
+            return hit[1]
+        out = _seconds(nb, cost)
+        out.flags.writeable = False
+        if len(_SECONDS) > 1 << 15:
+            _SECONDS.clear()
+        _SECONDS[key] = (cost, out)
         return out
 
     def _seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
