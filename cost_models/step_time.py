@@ -956,7 +956,8 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
     (its FSDP flavour, Megatron FSDP's gradient fusion, its release) and micro-batch count, the per-rank stored weight bytes and trainable
     elements (and the embedding tables whose gradient the compute holds), and the layer classes
-    (counts per rank, weights and compute seconds of one layer)."""
+    (counts per rank, weights and compute seconds of one layer); under an older release that gathers
+    per parameter tensor, the model too."""
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
@@ -965,6 +966,9 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
         t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
         t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),
         t.gemm_weight_elements.tobytes(), t.recomputed_layers.tobytes(),
+        # a release that gathers per parameter tensor reads the model's tensors (`zero3_gathers`): the
+        # model itself (by value, and kept alive by the key), only then
+        t.model if m.framework_version is not None else None,
     )
 
 
