@@ -73,7 +73,7 @@ class StageTable:
     compute: np.ndarray  # forward + backward seconds per micro-batch (LM head on the last rank)
     forward: np.ndarray  # the forward part of `compute`
     recompute: np.ndarray  # (4, pp): extra seconds per micro-batch per RECOMPUTE_MODES
-    class_counts: np.ndarray  # (pp, K): layers of each layer class (`_layer_classes`) per rank
+    class_counts: np.ndarray  # (pp, K): layers of each layer class (`layer_classes`) per rank
     class_forward: np.ndarray  # (K,) forward compute seconds of one layer of each class, one micro-batch
     class_backward: np.ndarray  # (K,) backward compute seconds of one layer
     logits: float  # bytes on the last rank

@@ -112,7 +112,7 @@ def _layer_saved_bytes(model: ModelSpec, actx: ActivationContext) -> np.ndarray:
     (read-only): `_layer_arrays`' `a0`..`a3` rows, the same floats, without pricing the layers' times
     (`activation_floor` reads only these)."""
     acts = _layer_acts(model, actx)
-    firsts, of_layer = _layer_classes(model)
+    firsts, of_layer = layer_classes(model)
     kinds = layer_kinds(model)
     per_class = np.array([[acts[kinds[i]][mode] for i in firsts] for mode in range(len(RECOMPUTE_MODES))], dtype=float)
     out = per_class[:, of_layer]
@@ -121,7 +121,7 @@ def _layer_saved_bytes(model: ModelSpec, actx: ActivationContext) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def _layer_classes(model: ModelSpec) -> tuple[tuple[int, ...], np.ndarray]:
+def layer_classes(model: ModelSpec) -> tuple[tuple[int, ...], np.ndarray]:
     """Layers that are priced alike: the first layer of each distinct (kind, parameter counts)
     class in model order, and every layer's class index (read-only)."""
     pc = count_params(model)
@@ -144,7 +144,7 @@ def _layer_arrays(
     model: ModelSpec, cluster: ClusterSpec, precision: str, g: ShardGeometry, actx: ActivationContext, cal: Calibration,
     ft: FineTune | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Per-layer quantities for one shard geometry: priced once per layer class (`_layer_classes`),
+    """Per-layer quantities for one shard geometry: priced once per layer class (`layer_classes`),
     as arrays over the classes and spread over the model's layers (read-only). Weights: `dense`,
     `expert` (elements on the rank), `dense_w`, `expert_w` (stored bytes), `dense_t`, `expert_t`
     (trainable elements: all of them, or the adapters of a frozen base), `deq` (bytes a layer's
@@ -156,7 +156,7 @@ def _layer_arrays(
     pc = count_params(model)
     tp, ep, etp = g.tp, g.ep, g.etp
     all_kinds = layer_kinds(model)
-    firsts, of_layer = _layer_classes(model)
+    firsts, of_layer = layer_classes(model)
     scan_transient = mamba_backward_transient_bytes(model, actx)
     # floats here (one shard geometry); the cost functions are typed for arrays too (`Scalars`)
     names = ("dense", "expert", "a0", "a1", "a2", "a3", "fwd", "fb", "sel", "osac", "attn_f", "moe",
@@ -266,7 +266,7 @@ def _rank_sums(
     working = peak(np.where(recomputed, a0, 0.0))
     acts = np.stack([acts0, acts1, acts2, acts3])
     reco = np.stack([np.zeros(pp), sel, full, osac])
-    _, of_layer = _layer_classes(model)
+    _, of_layer = layer_classes(model)
     n_classes = len(per_class["fwd"])
     class_counts = np.bincount(owner * n_classes + of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
     if mtp:
@@ -515,8 +515,14 @@ def _gemm_weight_elements(model: ModelSpec, training: TrainingSpec, mesh: Layout
     for rank in range(partition.pp):
         out[rank] = sum(float(finetune.linear_elements(model, i, mesh.tp, mesh.ep, mesh.etp_))
                         for i in partition.rank_layers(rank))
-    out[head_rank] += model.vocab_size * model.hidden_size / mesh.tp
+    out[head_rank] += head_gemm_elements(model, mesh.tp)
     return out
+
+
+def head_gemm_elements(model: ModelSpec, tp: int) -> float:
+    """Elements of the LM head's GEMM weight on one TP rank (vocabulary x hidden / tp): the part of
+    `StageTable.gemm_weight_elements` that sits outside the layers (not re-run by a recompute)."""
+    return model.vocab_size * model.hidden_size / tp
 
 
 def _placed_comm(

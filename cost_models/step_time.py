@@ -86,7 +86,7 @@ optimizer): what the search prunes with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -100,7 +100,7 @@ from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
 from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, KnobPrices, Setting, Sharding, StageTable
-from cost_models.stage_table import _layer_classes
+from cost_models.stage_table import head_gemm_elements, layer_classes
 
 if TYPE_CHECKING:
     from cluster_specs.spec import ClusterSpec, GPUSpec
@@ -245,9 +245,8 @@ class DataParallelTimes:
     # a stack's autocast gradient casts and gradient accumulation)
     exposed_r: np.ndarray  # (pairs, pp) per micro-batch under full recompute: the recompute's own gathers
     # (per-parameter ZeRO-3, `cost_models.zero3_gathers`; 0 where the backward's gather serves the recompute)
-    kernels_recompute: np.ndarray = field(default_factory=lambda: np.zeros((1, 1)))
-    """(pairs, pp) per micro-batch, under full recompute only: a stack's autocast casts of the float32
-    weights again in each checkpointed layer's re-run forward (`stacks.cast_bytes`)."""
+    kernels_recompute: np.ndarray  # (pairs, pp) per micro-batch, under full recompute only: a stack's autocast
+    # casts of the float32 weights again in each checkpointed layer's re-run forward (`stacks.cast_bytes`)
 
 
 FULL_RECOMPUTE = RECOMPUTE_MODES.index("full")
@@ -417,7 +416,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     if per_parameter:
         # one collective per parameter tensor, each after a device sync: nothing hides behind compute,
         # and the recompute's forward gathers again (`cost_models.zero3_gathers`)
-        tens = np.array([zero3_gathers.layer_tensors(t.model, i, m.tp) for i in _layer_classes(t.model)[0]], dtype=float).T
+        tens = np.array([zero3_gathers.layer_tensors(t.model, i, m.tp) for i in layer_classes(t.model)[0]], dtype=float).T
         host = np.array([[zero3_gathers.host_seconds(g.size, cal.kernel_launch_s)] for g in shard_gs])  # (pairs, 1)
         host_e = zero3_gathers.host_seconds(edp_g.size, cal.kernel_launch_s)
 
@@ -428,7 +427,8 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
             return n * (one + host_s)
 
         ng, nr, nge, nre, kept = (tens[i][None, :] for i in range(5))
-        gather_k = each(cwd * w_fwd, ng, ag_shard, host) + each(cwe * w_fwd, nge, ag_edp, host_e)
+        dense_gather, expert_gather = each(cwd * w_fwd, ng, ag_shard, host), each(cwe * w_fwd, nge, ag_edp, host_e)
+        gather_k = dense_gather + expert_gather
         gather_back_k = each(cwd * w_bwd, ng, ag_back, host) + each(cwe * w_bwd, nge, ag_edp, host_e)
         rs_k = each(ctd * gb * g_rs, nr, rs_shard, host) + each(cte * gb * g_rs, nre, rs_edp, host_e)
         zf_k = np.where(gather_f, gather_k, 0.0)
@@ -438,8 +438,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         # backward then finds `kept` of the dense ones still gathered
         again = (ng - kept) / np.maximum(ng, 1.0)
         fill = zero3_gathers.GATHER_HBM_BYTES_PER_BYTE * w_fwd / hbm
-        deficit_r = np.where(z3, again * (each(cwd * w_fwd, ng, ag_shard, host) + fill * cwd)
-                             + each(cwe * w_fwd, nge, ag_edp, host_e) + fill * cwe, 0.0)
+        deficit_r = np.where(z3, again * (dense_gather + fill * cwd) + expert_gather + fill * cwe, 0.0)
     # ZeRO++'s quantize / dequantize kernels run on the compute stream, HBM-bound, per layer and pass
     elements_k = (cwd + cwe) / pb
     quant_f_k = np.where(z3 & qwz, QWZ_HBM_BYTES_PER_ELEMENT * elements_k / hbm, 0.0)
@@ -498,7 +497,7 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     kernels_b = kernels_b + np.where(unwrapped, cast_b * gemm_weights / hbm, 0.0)
     recompute_layers = np.divide(t.recomputed_layers, t.layers, out=np.zeros(pp), where=t.layers > 0)[None, :]
     head = np.zeros(pp)
-    head[t.partition.head_rank] = t.model.vocab_size * t.model.hidden_size / m.tp if cast_f else 0.0
+    head[t.partition.head_rank] = head_gemm_elements(t.model, m.tp) if cast_f else 0.0
     kernels_recompute = np.where(
         unwrapped, cast_f * recompute_layers * np.maximum(t.gemm_weight_elements - head, 0.0)[None, :] / hbm, 0.0
     )
