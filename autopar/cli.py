@@ -150,7 +150,8 @@ def evaluate(
     ),
     attention_kernel: str | None = typer.Option(
         None, help="fused (Transformer Engine / cuDNN attention, FlashAttention-3) | flash2 (FlashAttention-2, "
-        "PyTorch SDPA's flash backend); default by framework: megatron fused, fsdp / deepspeed flash2"
+        "PyTorch SDPA's flash backend) | triton_flash (FlashAttention in Triton: llm-foundry's attn_impl triton); "
+        "default by framework: megatron fused, fsdp / deepspeed flash2"
     ),
     moe_a2a_overlap: bool = typer.Option(
         False, "--moe-a2a-overlap", help="Megatron combined 1F1B (--overlap-moe-expert-parallel-comm): EP all-to-alls beside compute"
@@ -394,8 +395,8 @@ def plan(
     ),
     attention_kernel: str | None = typer.Option(
         None, help="the attention kernel every layout is priced with: fused (Transformer Engine / cuDNN attention, "
-        "FlashAttention-3) | flash2 (FlashAttention-2, PyTorch SDPA's flash backend); default by framework: "
-        "megatron fused, fsdp / deepspeed flash2"
+        "FlashAttention-3) | flash2 (FlashAttention-2, PyTorch SDPA's flash backend) | triton_flash (FlashAttention "
+        "in Triton: llm-foundry's attn_impl triton); default by framework: megatron fused, fsdp / deepspeed flash2"
     ),
     fsdp1: bool = typer.Option(
         False, "--fsdp1", help="framework fsdp: price every layout as FSDP1 (flat parameters: llm-foundry, Accelerate "

@@ -578,6 +578,10 @@ def _layout(
         # a PyTorch SDPA / FlashAttention-2 kernel
         fields["attention_kernel"] = "fused"
         c.notes.append("attention: fused kernel (not FlashAttention-2)")
+    elif sid == "llmfoundry_mpt" and not _llmfoundry_flash2(c):
+        # llm-foundry's benchmark scripts before January 2024 left --attn_impl at its default, triton
+        fields["attention_kernel"] = "triton_flash"
+        c.notes.append("attention: FlashAttention in Triton (llm-foundry attn_impl triton; Layout.attention_kernel triton_flash)")
     elif framework in ("fsdp", "deepspeed"):
         # llm-foundry's attn_impl flash (the flash-attn 2 package); torchtitan's SDPA, whose flash
         # backend (FlashAttention-2) PyTorch preferred after pytorch/pytorch#138522 (October 2024)
@@ -591,6 +595,22 @@ def _layout(
         fields["moe_parallel_folding"] = False
         c.notes.append("no MoE parallel folding: EP inside DP, expert TP = TP (Megatron-Core before 0.10)")
     return Layout(**(fields | switches))
+
+
+LLMFOUNDRY_FLASH2_SECTIONS = ("H100 80GB BF16 (Large Scale, >= 128 GPUs)",)
+"""Sections of llm-foundry's `scripts/train/benchmarking/README.md` measured with FlashAttention-2.
+That table came with commit 5e85bd62 (2024-01-06), whose `sweep.py` passes `--attn_impl flash` for
+every model (the flash-attn 2.4.2 of the `gpu-flash2` extra). The other tables (H100 BF16 and FP8 of
+commit b2a43a14, 2023-10-19; the A100 tables before them) came from `sweep.sh` runs that name no
+`--attn_impl`, so `submit_benchmarks.py` set its default, `triton` (`parser.add_argument('--attn_impl',
+type=str, default='triton')` at b2a43a14 and at 1ef7b4d2, 2023-05-24): llm-foundry's FlashAttention
+in Triton (`Layout.attention_kernel` "triton_flash")."""
+
+
+def _llmfoundry_flash2(c: _Ctx) -> bool:
+    """Whether an llm-foundry row's table ran FlashAttention-2 (`LLMFOUNDRY_FLASH2_SECTIONS`), read
+    from the row's section name."""
+    return any(section in c.s("source_detail") for section in LLMFOUNDRY_FLASH2_SECTIONS)
 
 
 DEEPSPEED_RELEASES = REPO / "data" / "calibration" / "deepspeed_releases.csv"

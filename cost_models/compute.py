@@ -12,9 +12,10 @@ the input gradient dX (m x k) = dY (m x n) @ W^T (n x k), a GEMM (m, k, n), and 
 dW (k x n) = X^T (k x m) @ dY (m x n), a GEMM (k, n, m) (`backward_gemms`).
 
 Attention runs the stack's kernel (`Layout.attention_kernel`): FlashAttention-2 (PyTorch SDPA's
-flash backend, flash-attn 2), or a fused kernel written for the GPU's own tensor cores
+flash backend, flash-attn 2), a fused kernel written for the GPU's own tensor cores
 (Transformer Engine's cuDNN attention, FlashAttention-3 / -4: the first of them the GPU's atlas
-measured), at the atlas's rate for its pass (forward; backward, `flash_backward_factor` x the
+measured), or FlashAttention in Triton (llm-foundry's `attn_impl: triton`: FlashAttention-2's rate
+x `kernels.attention.TRITON_FLASH_SPEED`, a published ratio, not a measurement), at the atlas's rate for its pass (forward; backward, `flash_backward_factor` x the
 forward's FLOPs), head dimension and length: one causal call over the sequence, or under ring
 context parallelism calls over blocks of the 2 x cp load-balanced chunks (no mask).
 
@@ -57,6 +58,8 @@ from cost_models.calibration import Calibration, stack_key
 from cost_models.finetune import FineTune
 from cost_models.flops import attention_pairs, flash_backward_factor, ssd_scan_flops_forward
 from cost_models.kernels.atlas import atlas_for
+from cost_models.kernels.attention import TRITON_FLASH_SPEED
+from cost_models.kernels.gemm import EXTRAPOLATED
 from cost_models.layout import default_attention_kernel
 from cost_models.mesh import MeshLike, Scalars
 from model_specs.spec import ModelSpec
@@ -90,7 +93,8 @@ class ShardGeometry:
     eager: bool = False  # one kernel per PyTorch op for the memory-bound ops (`Layout.elementwise_kernels`)
     cp_ring: bool = True  # context parallelism passes K/V blocks around a ring (`Layout.cp_attention` "ring")
     torch_ring: bool = False  # ... torch's context_parallel runs that ring (framework fsdp), not Transformer Engine
-    flash2: bool = False  # FlashAttention-2 runs the attention, not a fused kernel (`Layout.attention_kernel`)
+    flash2: bool = False  # FlashAttention-2's curves price the attention, not a fused kernel's (`Layout.attention_kernel`)
+    attention_speed: float = 1.0  # the kernel's rate over those curves' (`TRITON_FLASH_SPEED` for "triton_flash")
     framework: str = "megatron"  # the stack (`calibration.stack_key`): its `Calibration.stack` constants
     checkpoint_early_stop: bool = False  # full recompute by PyTorch's non-reentrant checkpoint (`LayerTime.early_stop_fwd`)
     # Arrays (broadcasting against each other) price many geometries at once: every time below is
@@ -125,15 +129,18 @@ def checkpoint_early_stop(framework: str, fsdp_flat_params: bool = False, stack:
     return framework == "fsdp" and not fsdp_flat_params and stack in (None, "torchtune")
 
 
-def stack_kernels(framework: str, attention_kernel: str | None = None, fsdp_flat_params: bool = False) -> dict[str, bool | str]:
+def stack_kernels(framework: str, attention_kernel: str | None = None, fsdp_flat_params: bool = False
+                  ) -> dict[str, bool | float | str]:
     """The `ShardGeometry` fields a software stack sets, for a layout (`ShardGeometry.of`) and for the
     search's vectorized geometries alike: `torch_ring`, whether its context parallelism is torch's
     `context_parallel` ring (fsdp: the runtime, torchtitan) rather than Transformer Engine's
-    (Megatron-Core: `ring_merge_times`), `flash2`, whether FlashAttention-2 attends
-    (`attention_kernel`, or the framework's default: `Layout.attention_kernel_`), and the stack
-    whose `Calibration.stack` constants price its kernels (`calibration.stack_key`)."""
+    (Megatron-Core: `ring_merge_times`), `flash2`, whether FlashAttention-2's curves price the
+    attention (`attention_kernel`, or the framework's default: `Layout.attention_kernel_`; also for
+    FlashAttention in Triton, at `attention_speed` = `TRITON_FLASH_SPEED` of their rate), and the
+    stack whose `Calibration.stack` constants price its kernels (`calibration.stack_key`)."""
     kernel = attention_kernel or default_attention_kernel(framework)
-    return {"torch_ring": framework == "fsdp", "flash2": kernel == "flash2",
+    return {"torch_ring": framework == "fsdp", "flash2": kernel in ("flash2", "triton_flash"),
+            "attention_speed": TRITON_FLASH_SPEED if kernel == "triton_flash" else 1.0,
             "framework": stack_key(framework, fsdp_flat_params)}
 
 
@@ -735,8 +742,8 @@ def attention_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec
     """(forward, backward) seconds of one layer's attention kernel on one rank: this rank's heads
     (nh / tp) for its share of query positions (1 / cp, load-balanced causal chunks) against the
     keys before them (causal FLOPs: the kernels skip masked tiles), at the atlas's rate of the
-    stack's kernel (`attention_rate`) for one causal call over the sequence, or under context
-    parallelism for calls over blocks of the 2 x cp chunks (no mask); the backward's FLOPs are
+    stack's kernel (`attention_rate`, x `ShardGeometry.attention_speed`) for one causal call over the
+    sequence, or under context parallelism for calls over blocks of the 2 x cp chunks (no mask); the backward's FLOPs are
     `flash_backward_factor` x the forward's. (0, 0) in a layer without attention (hybrid models)."""
     if not model.has_attention(index):
         return 0.0, 0.0
@@ -762,8 +769,8 @@ def attention_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec
     else:
         fwd_rate = attention_rate(gpu, cal, g.flash2, float(g.seq_len), d, True, "fwd", g.framework)
         bwd_rate = attention_rate(gpu, cal, g.flash2, float(g.seq_len), d, True, "bwd", g.framework)
-    fwd = attn_flops / fwd_rate
-    return fwd, flash_backward_factor(model) * attn_flops / bwd_rate
+    fwd = attn_flops / (fwd_rate * g.attention_speed)
+    return fwd, flash_backward_factor(model) * attn_flops / (bwd_rate * g.attention_speed)
 
 
 def attention_time(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec, cal: Calibration) -> Scalars:
@@ -976,7 +983,10 @@ def kernel_provenance(
         for p, t in (("fwd", fwd), ("bwd", bwd)):
             causal_code = atlas.attention_rate(kernels, float(g.seq_len), d, True, p)[1]
             block_code = atlas.attention_rate(kernels, np.maximum(seq, 1.0), d, False, p)[1]
-            parts.append((t, np.where(np.asarray(g.cp) > 1, block_code, causal_code)))
+            code = np.where(np.asarray(g.cp) > 1, block_code, causal_code)
+            if g.attention_speed != 1.0:  # a kernel priced from another's measured rate
+                code = np.maximum(code, EXTRAPOLATED)
+            parts.append((t, code))
     shape = np.broadcast_shapes(*(np.shape(t) for t, _ in parts), *(np.shape(c) for _, c in parts))
     if shape == ():
         split = [0.0] * 4

@@ -50,7 +50,7 @@ CrossEntropy = Literal["eager", "loss_parallel", "vocab_parallel", "fused", "chu
 NormKernel = Literal["fused", "eager_fp32"]
 ElementwiseKernels = Literal["fused", "eager"]
 CpAttention = Literal["ring", "allgather_mask"]
-AttentionKernel = Literal["fused", "flash2"]
+AttentionKernel = Literal["fused", "flash2", "triton_flash"]
 OffloadDevice = Literal["cpu", "nvme"]
 FinetuneStack = Literal["hf", "torchtune"]
 """A fine-tuning stack (`cost_models.stacks`): hf = Hugging Face Trainer / accelerate + PEFT (on FSDP or
@@ -235,7 +235,9 @@ class Layout(BaseModel):
         None,
         description="attention kernel: fused (written for the GPU's own tensor cores: Transformer Engine's "
         "cuDNN attention in Megatron-Core, FlashAttention-3) or flash2 (FlashAttention-2: the flash-attn 2 "
-        "package, PyTorch SDPA's flash backend, first in its default priority order); default by framework "
+        "package, PyTorch SDPA's flash backend, first in its default priority order) or triton_flash "
+        "(FlashAttention written in Triton, flash-attn's flash_attn_triton.py on the pre-MLIR Triton: "
+        "llm-foundry's attn_impl triton; cost_models.kernels.attention.TRITON_FLASH_SPEED); default by framework "
         "(megatron fused, fsdp and deepspeed flash2); cost_models.compute.attention_rate",
     )
 

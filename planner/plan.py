@@ -85,8 +85,9 @@ class SearchConstraints(BaseModel):
     attention_kernel: AttentionKernel | None = Field(
         None,
         description="the attention kernel of the user's stack (Layout.attention_kernel), for every layout priced: "
-        "fused (Transformer Engine / cuDNN attention, FlashAttention-3) or flash2 (FlashAttention-2, PyTorch SDPA's "
-        "default flash backend); default by framework (megatron fused, fsdp and deepspeed flash2)",
+        "fused (Transformer Engine / cuDNN attention, FlashAttention-3), flash2 (FlashAttention-2, PyTorch SDPA's "
+        "default flash backend) or triton_flash (FlashAttention in Triton: llm-foundry's attn_impl triton); default by "
+        "framework (megatron fused, fsdp and deepspeed flash2)",
     )
     allow_offload: bool = True
     allow_quantized_comm: bool = Field(

@@ -42,6 +42,19 @@ FLOPS_PER_FORWARD = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 BLOCK = 128.0
 """Tile edge (queries and keys) of the FlashAttention-2/3 and cuDNN kernels."""
 
+TRITON_FLASH_SPEED = 0.5
+"""Rate of FlashAttention written in Triton (`Layout.attention_kernel` "triton_flash": flash-attn's
+`flash_attn/flash_attn_triton.py` at commit eff9fe6b, which llm-foundry copies as
+`llmfoundry/models/layers/flash_attn_triton.py` and compiles with the pre-MLIR Triton of 2022 for its
+`attn_impl: triton`, the default of its benchmark scripts until January 2024) relative to
+FlashAttention-2's rate on the same GPU, shape and pass. No atlas measures it; it is derived from two
+published statements: that file's docstring ("Overall Triton forward + backward is slightly slower
+than CUDA forward + backward", the CUDA kernel being FlashAttention 1) and the FlashAttention-2 paper
+(T. Dao, arXiv 2307.08691, abstract: "around 2x speedup compared to FlashAttention"). On Hopper
+neither kernel uses warpgroup MMA (the 2022 Triton predates sm_90 support; FlashAttention-2 issues
+Ampere's mma.sync), so the ratio carries over from the A100, where both statements were measured.
+Its times are `EXTRAPOLATED` (`cost_models.compute.layer_kernel_split`)."""
+
 
 def tile_efficiency(seq: Scalars, causal: bool) -> Scalars:
     """Share of the 128 x 128 (query, key) tiles of one self-attention call over `seq` positions

@@ -43,6 +43,7 @@ from planner.exporters.common import (
     fp8_note,
     framework_note,
     mtp_note,
+    triton_attention_note,
     nodes_note,
     notes_lines,
     peft_lines,
@@ -87,6 +88,7 @@ FUSED_KERNELS_NOTE = (
 def _losses(job: Job, lost: list[str]) -> None:
     lay = job.lay
     lost += mtp_note(job, "Accelerate (a Transformers model)")
+    lost += triton_attention_note(job, "Accelerate (a Transformers model)", "SDPA (FlashAttention-2)")
     if lay.pp > 1:
         cut = " | ".join(str(n) for n in job.chunk_layers)
         lost.append(

@@ -317,6 +317,18 @@ def mtp_note(job: Job, target: str) -> list[str]:
     ]
 
 
+def triton_attention_note(job: Job, target: str, kernel: str) -> list[str]:
+    """What a target loses of a plan priced with FlashAttention in Triton (`Layout.attention_kernel`
+    "triton_flash", llm-foundry's `attn_impl: triton`): it attends with `kernel` instead, which runs
+    about twice as fast as the plan priced (`cost_models.kernels.attention.TRITON_FLASH_SPEED`)."""
+    if job.lay.attention_kernel_ != "triton_flash":
+        return []
+    return [
+        f"FlashAttention in Triton (llm-foundry's attn_impl triton): {target} attends with {kernel}, which runs "
+        "about twice as fast as the plan's price of the attention"
+    ]
+
+
 def method_note(job: Job, target: str, instead: str) -> list[str]:
     """What a target that trains every weight loses of a LoRA / QLoRA plan, and where to run it."""
     tr = job.training

@@ -49,6 +49,7 @@ from planner.exporters.common import (
     Job,
     framework_note,
     mtp_note,
+    triton_attention_note,
     peft_config,
     summary_lines,
 )
@@ -236,6 +237,7 @@ def initialize_lines(job: Job, filename: str = "ds_config.json") -> list[str]:
 
 def export_deepspeed(job: Job) -> ExportResult:
     lost: list[str] = mtp_note(job, "DeepSpeed (a Transformers model)")
+    lost += triton_attention_note(job, "DeepSpeed (a Transformers model)", "SDPA (FlashAttention-2)")
     lay, tr = job.lay, job.training
     if lay.framework_version is not None:
         lost.append(

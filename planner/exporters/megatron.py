@@ -43,6 +43,7 @@ from planner.exporters.common import (
     method_note,
     notes_lines,
     summary_lines,
+    triton_attention_note,
 )
 
 Arg = tuple[str, ...]  # a flag and its value(s)
@@ -467,6 +468,7 @@ def export_megatron(job: Job) -> ExportResult:
     ]
     lost += framework_note(job, "megatron", "Megatron-LM")
     lost += deepspeed_only_notes(job, "Megatron-LM")
+    lost += triton_attention_note(job, "Megatron-LM", "Transformer Engine's fused attention")
     recipe = fp8_recipe(job)
     lost += fp8_note(job, "Megatron-LM", f"Megatron-Core's {recipe} scaling (--fp8-recipe {recipe})")
     lines = [

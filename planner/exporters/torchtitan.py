@@ -38,6 +38,7 @@ from planner.exporters.common import (
     framework_note,
     method_note,
     mtp_note,
+    triton_attention_note,
     notes_lines,
     summary_lines,
 )
@@ -255,6 +256,7 @@ def export_torchtitan(job: Job) -> ExportResult:
     tt = titan_job(job)
     lost = tt.lost
     lost += mtp_note(job, "torchtitan")
+    lost += triton_attention_note(job, "torchtitan", "SDPA (FlashAttention-2 on Hopper)")
     tr, model = job.training, job.model
     name, flavor = tt.name, tt.flavor
     if name is None:

@@ -29,6 +29,7 @@ from planner.exporters.common import (
     Job,
     comment_block,
     mtp_note,
+    triton_attention_note,
     notes_lines,
     summary_lines,
 )
@@ -120,6 +121,7 @@ def export_torchtitan_module(job: Job) -> ExportResult:
     tt = titan_job(job)
     lost = tt.lost
     lost += mtp_note(job, "torchtitan 0.3 (this module)")
+    lost += triton_attention_note(job, "torchtitan 0.3 (this module)", "SDPA (FlashAttention-2 on Hopper)")
     name, flavor = tt.name, tt.flavor
     model = job.model
     if name is None or flavor is None or name not in CONFIG_FUNCTIONS:

@@ -29,7 +29,15 @@ from typing import Any
 import yaml
 
 from cost_models import stacks
-from planner.exporters.common import ExportError, ExportResult, Job, comment_block, notes_lines, summary_lines
+from planner.exporters.common import (
+    ExportError,
+    ExportResult,
+    Job,
+    comment_block,
+    notes_lines,
+    summary_lines,
+    triton_attention_note,
+)
 
 OPTIMIZERS = {
     "full": {"_component_": "torch.optim.AdamW", "fused": True, "lr": 2e-5},
@@ -137,7 +145,7 @@ def torchtune_config(job: Job) -> tuple[dict[str, Any], str]:
 
 def export_torchtune(job: Job) -> ExportResult:
     lay, tr = job.lay, job.training
-    lost: list[str] = []
+    lost: list[str] = triton_attention_note(job, "torchtune", "SDPA (FlashAttention-2 on Hopper)")
     if lay.recompute in ("selective", "op_sac"):
         lost.append(f"recompute {lay.recompute}: torchtune checkpoints whole layers; the config turns checkpointing off")
     if lay.zero_stage in (1, 2) and job.gpus > 1:

@@ -176,13 +176,20 @@ def test_torchtitan_and_maxtext_rows(parsed):
 
 
 def test_each_row_attends_with_the_kernel_its_stack_ran(parsed):
-    """FlashAttention-2 for llm-foundry (flash-attn 2), torchtitan (SDPA's flash backend) and the Nemotron-H
-    recipe (NVTE_FUSED_ATTN=0); the fused kernel for MaxText (cudnn_flash_te), Megatron-DeepSpeed (2021)
-    and every other Megatron row."""
+    """FlashAttention-2 for llm-foundry's large-scale table (`--attn_impl flash`), torchtitan (SDPA's
+    flash backend) and the Nemotron-H recipe (NVTE_FUSED_ATTN=0); FlashAttention in Triton for
+    llm-foundry's older tables (`--attn_impl` left at its default, triton); the fused kernel for MaxText
+    (cudnn_flash_te), Megatron-DeepSpeed (2021) and every other Megatron row."""
     rows, _ = parsed
     flash2 = {i for i, r in rows.items() if r.layout.attention_kernel_ == "flash2"}
     sources = {rows[i].source_id for i in flash2}
     assert sources == {"llmfoundry_mpt", "torchtitan_2412", "dgxc_benchmarking"}
+    foundry = [r for r in rows.values() if r.source_id == "llmfoundry_mpt"]
+    large_scale = [r for r in foundry if r.layout.attention_kernel_ == "flash2"]
+    assert len(large_scale) == 18 and all(r.gpus >= 128 and r.layout.attention_kernel_ == "flash2" for r in large_scale)
+    triton = [r for r in foundry if r.layout.attention_kernel_ == "triton_flash"]
+    assert len(triton) == len(foundry) - 18 and {r.cluster.gpu.name for r in triton} == {"H100-80GB", "A100-80GB", "A100-40GB"}
+    assert all(any("attn_impl triton" in a for a in r.assumptions) for r in triton)
     assert {i for i in flash2 if rows[i].source_id == "dgxc_benchmarking"} == set(range(483, 490))  # Nemotron-H
     assert all(rows[i].layout.attention_kernel_ == "flash2" for i in range(64, 74))
     assert rows[403].layout.attention_kernel_ == "fused" and rows[403].layout.framework == "fsdp"  # MaxText

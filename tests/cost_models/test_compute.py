@@ -35,8 +35,10 @@ from cost_models.compute import (
     moe_kernel_bytes,
     ring_merge_times,
     routed_rows,
+    stack_kernels,
 )
 from cost_models.kernels.atlas import atlas_for
+from cost_models.kernels.attention import TRITON_FLASH_SPEED
 from model_specs.presets import get_model
 
 H100 = get_gpu("H100-80GB")
@@ -115,6 +117,26 @@ def test_attention_runs_the_stacks_kernel_at_its_measured_rate() -> None:
     # forward + backward at the measured combined rate: 3.5 x the forward's FLOPs in the measured time
     attn_flops = fwd * flash
     assert attn_flops * 3.5 / (fwd + bwd) == pytest.approx(288.27e12, rel=1e-3)
+
+
+def test_triton_flash_attention_runs_at_its_published_share_of_flash2_and_is_not_measured() -> None:
+    """FlashAttention in Triton (llm-foundry's attn_impl triton) is priced on FlashAttention-2's curves at
+    `TRITON_FLASH_SPEED` of their rate, both passes, with and without context parallelism; its seconds
+    never count as measured (the atlas holds no point of that kernel)."""
+    model = get_model("llama3-8b")
+    for cp in (1, 2):
+        common = dict(tokens=8192.0 / cp, seq_len=8192, cp=cp, tp=1, sp=False, ep=1, etp=1)
+        flash = ShardGeometry(**common, **stack_kernels("fsdp", "flash2"))
+        triton = ShardGeometry(**common, **stack_kernels("fsdp", "triton_flash"))
+        assert triton.flash2 and triton.attention_speed == TRITON_FLASH_SPEED == 0.5
+        for t, f in zip(attention_times(model, 0, triton, H200, CAL), attention_times(model, 0, flash, H200, CAL), strict=True):
+            assert t == pytest.approx(f / TRITON_FLASH_SPEED)
+        split_t = kernel_provenance(model, 0, triton, H200, "bf16", 2, CAL)
+        split_f = kernel_provenance(model, 0, flash, H200, "bf16", 2, CAL)
+        attn_t, attn_f = sum(attention_times(model, 0, triton, H200, CAL)), sum(attention_times(model, 0, flash, H200, CAL))
+        assert split_t.sum() - split_f.sum() == pytest.approx(attn_t - attn_f)
+        if cp == 1:  # the H200 measured FlashAttention-2 at 8192: measured there, extrapolated for Triton's
+            assert split_f[:2].sum() - split_t[:2].sum() == pytest.approx(attn_f)
 
 
 def test_kernel_provenance_splits_the_time_and_weighs_the_margin() -> None:
