@@ -15,9 +15,10 @@ Attention runs the stack's kernel (`Layout.attention_kernel`): FlashAttention-2 
 flash backend, flash-attn 2), a fused kernel written for the GPU's own tensor cores
 (Transformer Engine's cuDNN attention, FlashAttention-3 / -4: the first of them the GPU's atlas
 measured), or FlashAttention in Triton (llm-foundry's `attn_impl: triton`: FlashAttention-2's rate
-x `kernels.attention.TRITON_FLASH_SPEED`, a published ratio, not a measurement), at the atlas's rate for its pass (forward; backward, `flash_backward_factor` x the
-forward's FLOPs), head dimension and length: one causal call over the sequence, or under ring
-context parallelism calls over blocks of the 2 x cp load-balanced chunks (no mask).
+x `kernels.attention.TRITON_FLASH_SPEED`, a published ratio, not a measurement), at the atlas's
+rate for its pass (forward; backward, `flash_backward_factor` x the forward's FLOPs), head
+dimension and length: one causal call over the sequence, or under ring context parallelism calls
+over blocks of the 2 x cp load-balanced chunks (no mask).
 
 Norms, activations, residual adds, rotary embeddings and the MoE router, permute and unpermute are
 memory-bound: their time is the bytes they read and write over the bandwidth streaming kernels
@@ -742,9 +743,10 @@ def attention_times(model: ModelSpec, index: int, g: ShardGeometry, gpu: GPUSpec
     """(forward, backward) seconds of one layer's attention kernel on one rank: this rank's heads
     (nh / tp) for its share of query positions (1 / cp, load-balanced causal chunks) against the
     keys before them (causal FLOPs: the kernels skip masked tiles), at the atlas's rate of the
-    stack's kernel (`attention_rate`, x `ShardGeometry.attention_speed`) for one causal call over the
-    sequence, or under context parallelism for calls over blocks of the 2 x cp chunks (no mask); the backward's FLOPs are
-    `flash_backward_factor` x the forward's. (0, 0) in a layer without attention (hybrid models)."""
+    stack's kernel (`attention_rate`, x `ShardGeometry.attention_speed`) for one causal call over
+    the sequence, or under context parallelism for calls over blocks of the 2 x cp chunks (no
+    mask); the backward's FLOPs are `flash_backward_factor` x the forward's. (0, 0) in a layer
+    without attention (hybrid models)."""
     if not model.has_attention(index):
         return 0.0, 0.0
     pairs = attention_pairs(model, index, g.seq_len, "causal") / g.cp

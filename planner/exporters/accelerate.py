@@ -43,11 +43,11 @@ from planner.exporters.common import (
     fp8_note,
     framework_note,
     mtp_note,
-    triton_attention_note,
     nodes_note,
     notes_lines,
     peft_lines,
     summary_lines,
+    triton_attention_note,
 )
 from planner.exporters.deepspeed import NVME_PATH, export_deepspeed
 

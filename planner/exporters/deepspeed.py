@@ -49,9 +49,9 @@ from planner.exporters.common import (
     Job,
     framework_note,
     mtp_note,
-    triton_attention_note,
     peft_config,
     summary_lines,
+    triton_attention_note,
 )
 
 

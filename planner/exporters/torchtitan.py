@@ -38,9 +38,9 @@ from planner.exporters.common import (
     framework_note,
     method_note,
     mtp_note,
-    triton_attention_note,
     notes_lines,
     summary_lines,
+    triton_attention_note,
 )
 
 SCHEDULES = {

@@ -29,9 +29,9 @@ from planner.exporters.common import (
     Job,
     comment_block,
     mtp_note,
-    triton_attention_note,
     notes_lines,
     summary_lines,
+    triton_attention_note,
 )
 from planner.exporters.torchtitan import SCHEDULES, _tail_notes, stage_modules, titan_job
 

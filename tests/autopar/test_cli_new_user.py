@@ -42,7 +42,9 @@ def _refused(args: list[str], *needles: str) -> str:
         (["--gpus", "8", "--cp", "2", "--framework", "deepspeed"], ["DeepSpeed has no context-parallel dimension"]),
         (["--gpus", "8", "--headroom", "1.5"], ["--headroom: Input should be less than 1"]),
         (["--gpus", "8", "--export", "slurm"], ["--export: unknown format 'slurm'; choose one of: torchrun"]),
-        (["--gpus", "8", "--global-batch", "12", "--pp", "2", "--export", "accelerate"], ["--export accelerate:"]),
+        # tp, cp and pp pinned: every layout folds to 8 data-parallel ranks in Accelerate, which 12 does not split over
+        (["--gpus", "8", "--global-batch", "12", "--tp", "1", "--cp", "1", "--pp", "2", "--export", "accelerate"],
+         ["--export accelerate:", "does not split over 8 data-parallel ranks"]),
     ],
 )
 def test_plan_refuses_bad_sizes_and_pins_by_option(extra: list[str], needles: list[str]) -> None:
