@@ -319,13 +319,13 @@ def mtp_note(job: Job, target: str) -> list[str]:
 
 def triton_attention_note(job: Job, target: str, kernel: str) -> list[str]:
     """What a target loses of a plan priced with FlashAttention in Triton (`Layout.attention_kernel`
-    "triton_flash", llm-foundry's `attn_impl: triton`): it attends with `kernel` instead, which runs
-    about twice as fast as the plan priced (`cost_models.kernels.attention.TRITON_FLASH_SPEED`)."""
+    "triton_flash", llm-foundry's `attn_impl: triton`): it attends with `kernel` instead, at least twice
+    as fast as the plan priced the attention (`cost_models.kernels.attention.TRITON_FLASH_SPEED`)."""
     if job.lay.attention_kernel_ != "triton_flash":
         return []
     return [
-        f"FlashAttention in Triton (llm-foundry's attn_impl triton): {target} attends with {kernel}, which runs "
-        "about twice as fast as the plan's price of the attention"
+        f"FlashAttention in Triton (llm-foundry's attn_impl triton): {target} attends with {kernel}, at least "
+        "twice as fast as the plan priced the attention; re-plan with that kernel for its price"
     ]
 
 

@@ -508,13 +508,13 @@ def test_deepspeed_export_of_an_older_release_says_it_writes_todays() -> None:
 
 def test_every_export_of_a_triton_attention_plan_says_its_target_attends_faster() -> None:
     """A plan priced with llm-foundry's FlashAttention in Triton (`Layout.attention_kernel` triton_flash)
-    runs another kernel in every target, about twice as fast as priced: each export says which; a plan
+    runs another kernel in every target, at least twice as fast as priced: each export says which; a plan
     priced with the target's own kernel says nothing of it."""
     tr = TrainingSpec(seq_len=8192, global_batch=32)
     triton = make_plan("llama3-8b", 8, Layout(zero_stage=3, framework="fsdp", attention_kernel="triton_flash"), training=tr)
     flash = make_plan("llama3-8b", 8, Layout(zero_stage=3, framework="fsdp"), training=tr)
     for fmt in ("torchtitan", "accelerate", "deepspeed", "megatron", "torchtitan-0.3"):
-        assert _has(export(triton, fmt).lost, "FlashAttention in Triton", "twice as fast"), fmt
+        assert _has(export(triton, fmt).lost, "FlashAttention in Triton", "at least twice as fast"), fmt
         assert not _has(export(flash, fmt).lost, "FlashAttention in Triton"), fmt
 
 
