@@ -388,6 +388,16 @@ def plan(
         help="MoE parallel folding (Megatron-Core 0.10+); --no-moe-folding: price every layout with 0.9's expert "
         "grid (EP carved out of DP, expert TP = TP)",
     ),
+    sequence_parallel: bool = typer.Option(
+        True, "--sequence-parallel/--no-sequence-parallel",
+        help="Megatron's sequence parallelism beside TP (Megatron-LM v3.0+); --no-sequence-parallel: a stack "
+        "before it, whose TP layouts replicate norms and dropout",
+    ),
+    selective_recompute: bool = typer.Option(
+        True, "--selective-recompute/--no-selective-recompute",
+        help="search selective recompute (Megatron-LM v3.0+, torchtitan's op-level SAC); --no-selective-recompute: "
+        "a stack that checkpoints whole layers only",
+    ),
     elementwise_kernels: str | None = typer.Option(
         None, help="fused (Megatron-Core, torch.compile) | eager (torchtitan without compile, HF Transformers): "
         "the norm / rotary / activation kernels every layout is priced with (default fused; with a stack eager, "
@@ -448,6 +458,7 @@ def plan(
             max_zero_stage=max_zero, schedule=schedule,
             allow_offload=offload, allow_quantized_comm=quantized_comm, top_k=max(top - 1, 1),
             allow_moe_a2a_overlap=moe_a2a_overlap, moe_parallel_folding=moe_folding,
+            sequence_parallel=sequence_parallel, selective_recompute=selective_recompute,
             fsdp_flat_params=fsdp1, megatron_fsdp_gradient_fusion=fsdp_fusion,
             attention_kernel=attention_kernel,  # type: ignore[arg-type]
             search_techniques=technique_search, allow_8bit_optimizer=allow_8bit_optimizer,

@@ -98,6 +98,10 @@ class CalibrationRow:
     distributed_optimizer: bool = True
     """False: the row's stack had no sharded optimizer at all (Megatron-LM of 2021-22, whose rows the
     loader prices at ZeRO-0): `bench.published_vs_plan` searches it without ZeRO or offload."""
+    before_megatron_lm_3: bool = False
+    """True: the row ran Megatron-LM's model code before v3.0 (`MEGATRON_LM_BEFORE_3`), which had no
+    sequence parallelism, no selective recompute and no context parallelism: `bench.published_vs_plan`
+    searches it without them."""
 
     @cached_property
     def cluster(self) -> Any:
@@ -358,6 +362,11 @@ def _sp(c: _Ctx, tp: int, default: bool | None) -> bool:
 _VPP_FROM_PAIRED_ROW: dict[tuple[str, int], int] = {}
 
 MEGATRON_LM_2021_22 = ("narayanan2021_table1", "narayanan2021_table2", "korthikanti2022")
+MEGATRON_LM_BEFORE_3 = ("narayanan2021_table1", "narayanan2021_table2")
+"""Sources measured on Megatron-LM's model code before v3.0 (Narayanan et al. 2021, arXiv 2104.04473:
+Megatron-LM's own rows and the Megatron-DeepSpeed ZeRO-3 rows of its Table 2). Sequence parallelism
+and selective activation recompute came with Korthikanti et al. (arXiv 2205.05198, May 2022), in
+Megatron-LM v3.0; context parallelism with Megatron-Core in 2024. Korthikanti's own rows ran them."""
 """Sources measured on Megatron-LM of 2021-22, before its distributed optimizer (Megatron-LM's
 `--use-distributed-optimizer` arrived in 2022, after these papers): optimizer states on every
 data-parallel rank."""
@@ -793,6 +802,7 @@ def parse_row(raw: dict[str, str]) -> CalibrationRow | Unusable:
         recompute_stated=bool(c.s("recompute")) or layout.recompute_modules is not None,
         megatron_core_before_0_10=older_megatron_core,
         distributed_optimizer=sharded_optimizer,
+        before_megatron_lm_3=sid in MEGATRON_LM_BEFORE_3,
     )
 
 

@@ -72,13 +72,17 @@ def constraints_for(row) -> SearchConstraints:
     BF16 run is with BF16 plans; a FlashAttention-2 run with FlashAttention-2 plans), its expert grid (`Layout.moe_parallel_folding`), its FSDP
     (`Layout.fsdp_flat_params`), the FSDP and optimizer offload a Megatron-Core before 0.10 lacks
     (`CalibrationRow.megatron_core_before_0_10`), any ZeRO or offload a Megatron-LM of 2021-22 lacks
-    (`CalibrationRow.distributed_optimizer`), Megatron FSDP without gradient-accumulation fusion
+    (`CalibrationRow.distributed_optimizer`), the sequence parallelism, selective recompute and
+    context parallelism a Megatron-LM before v3.0 lacks (`CalibrationRow.before_megatron_lm_3`),
+    Megatron FSDP without gradient-accumulation fusion
     (every Megatron row ran a stack older than Megatron-Core 0.14 / NeMo 2.5, which turn it off
     under Megatron FSDP: `Layout.megatron_fsdp_gradient_fusion`),
     its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of MLA, `MLA_CONTEXT_PARALLEL_SOURCES`)
     and its schedules (`COMBINED_1F1B_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
     if row.model.attention == "mla" and row.source_id not in MLA_CONTEXT_PARALLEL_SOURCES:
+        fixed["cp"] = 1
+    if row.before_megatron_lm_3:
         fixed["cp"] = 1
     lay = row.layout
     older = row.megatron_core_before_0_10  # no FSDP, no optimizer offload (RecipeSwitches.megatron_core_before_0_10)
@@ -90,7 +94,8 @@ def constraints_for(row) -> SearchConstraints:
         framework_version=lay.framework_version,
         megatron_fsdp_gradient_fusion=lay.framework != "megatron",
         max_zero_stage=0 if not row.distributed_optimizer else (1 if older else 3),
-        allow_offload=not older and row.distributed_optimizer, **fixed,
+        allow_offload=not older and row.distributed_optimizer, sequence_parallel=not row.before_megatron_lm_3,
+        selective_recompute=not row.before_megatron_lm_3, **fixed,
     )
 
 

@@ -90,6 +90,18 @@ class SearchConstraints(BaseModel):
         "framework (megatron fused, fsdp and deepspeed flash2)",
     )
     allow_offload: bool = True
+    sequence_parallel: bool = Field(
+        True,
+        description="the user's stack runs Megatron's sequence parallelism beside TP (every TP > 1 layout is priced "
+        "with it); false: a stack before it (Megatron-LM before v3.0, 2022, and the Megatron-DeepSpeed of 2021: "
+        "Korthikanti et al., arXiv 2205.05198, introduced it), whose TP layouts replicate norms and dropout",
+    )
+    selective_recompute: bool = Field(
+        True,
+        description="the user's stack recomputes selectively (Megatron's core-attention recompute, torchtitan's "
+        "op-level SAC); false: a stack that checkpoints whole layers only (Megatron-LM before v3.0, 2022): the "
+        "search tries no recompute and full recompute",
+    )
     allow_quantized_comm: bool = Field(
         False,
         description="search ZeRO++'s lossy collectives too (qwZ int8 weight gathers, qgZ int4 gradient "
@@ -136,6 +148,8 @@ class SearchConstraints(BaseModel):
             raise ValueError(f"zero_stage={self.zero_stage} exceeds max_zero_stage={self.max_zero_stage}")
         if self.fsdp_flat_params and self.framework != "fsdp":
             raise ValueError(f"fsdp_flat_params (FSDP1) needs framework fsdp, not {self.framework}")
+        if not self.selective_recompute and self.recompute in ("selective", "op_sac"):
+            raise ValueError(f"recompute={self.recompute} needs a stack with selective recompute (selective_recompute is false)")
         if not self.megatron_fsdp_gradient_fusion and self.framework != "megatron":
             raise ValueError(f"megatron_fsdp_gradient_fusion=False needs framework megatron, not {self.framework}")
         if self.framework_version is not None:

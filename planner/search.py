@@ -390,11 +390,12 @@ class _ComputeTimes:
     def of(
         cls, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, geometries: list[Geometry], mbs: np.ndarray,
         cal: Calibration, framework: str, store: dict[tuple, Any], attention_kernel: str, fsdp_flat_params: bool = False,
+        sequence_parallel: bool = True,
     ) -> _ComputeTimes:
         grid = np.array(geometries, dtype=np.int64).reshape(-1, 4)
         tp, cp, ep, etp = (grid[:, i : i + 1] for i in range(4))  # (G, 1) columns
         g = ShardGeometry(
-            mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, tp > 1, ep, etp,
+            mbs[None, :] * training.seq_len / cp, training.seq_len, cp, tp, (tp > 1) & sequence_parallel, ep, etp,
             **stack_kernels(framework, attention_kernel, fsdp_flat_params),
         )
         ab = training.activation_bytes
@@ -546,6 +547,7 @@ def _pair_bounds(
     framework: str,
     attention_kernel: str,
     fsdp_flat_params: bool = False,
+    sequence_parallel: bool = True,
 ) -> _PairBounds:
     """Seconds no layout of a (mesh, micro-batch) pair can beat: all micro-batches' forward and
     backward plus the communication no knob removes (TP/SP, CP ring, EP all-to-all, exposed as
@@ -560,7 +562,7 @@ def _pair_bounds(
     geometries = list(dict.fromkeys((mesh.tp, mesh.cp, mesh.ep, mesh.etp) for mesh, _ in meshes_mbs))
     store = comm_store(model, training, cluster, cal, gpus)
     times = _ComputeTimes.of(model, training, cluster, geometries, mbs_all, cal, framework, store, attention_kernel,
-                             fsdp_flat_params)
+                             fsdp_flat_params, sequence_parallel)
     comm1, comm2 = [], []
     for mesh, _ in meshes_mbs:
         # alpha-beta times (no measured size ratio): exactly affine in the micro-batch, and below the
@@ -895,7 +897,7 @@ def search(
             warnings.simplefilter("ignore", RuntimeWarning)
         # a fine-tuning stack's own kernel stretch and launch cost (`stacks.stack_calibration`), as its tables price them
         bounds = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, stacks.stack_calibration(cal, c.stack),
-                              c.framework, stack.attention_kernel, c.fsdp_flat_params)
+                              c.framework, stack.attention_kernel, c.fsdp_flat_params, c.sequence_parallel)
     # visit pairs in increasing bound order, ties in generation order (a stable sort)
     order = np.argsort(bounds.bound_s, kind="stable")
     pairs = _visit_order(bounds, order)

@@ -129,11 +129,13 @@ class Mesh:
     order: str
     micro_batch: int = 1  # set per (mesh, micro-batch) pair when pricing communication
     moe_parallel_folding: bool = True  # Layout.moe_parallel_folding
+    sequence_parallel: bool = True  # SearchConstraints.sequence_parallel: SP beside TP > 1
 
     def at_micro_batch(self, micro_batch: int) -> Mesh:
         """This mesh priced at `micro_batch` sequences (`dataclasses.replace`, without its cost)."""
         return Mesh(
-            self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.order, micro_batch, self.moe_parallel_folding
+            self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.order, micro_batch, self.moe_parallel_folding,
+            self.sequence_parallel,
         )
 
     # duck-typed like a resolved Layout for cost_models.mesh / mesh_comm.mesh_comm
@@ -147,7 +149,7 @@ class Mesh:
 
     @property
     def sp_(self) -> bool:
-        return self.tp > 1
+        return self.tp > 1 and self.sequence_parallel
 
 
 def _pinned(value: int | None, options: list[int]) -> list[int]:
@@ -184,7 +186,8 @@ def meshes(model: ModelSpec, cluster: ClusterSpec, gpus: int, c: SearchConstrain
                         for order in orders:
                             if not folded and ep > 1 and not ep_next_to_dp(order):
                                 continue
-                            yield Mesh(tp, pp, cp, dp, ep, etp, order, moe_parallel_folding=folded)
+                            yield Mesh(tp, pp, cp, dp, ep, etp, order, moe_parallel_folding=folded,
+                                       sequence_parallel=c.sequence_parallel)
 
 
 def micro_batches(training: TrainingSpec, dp: int, c: SearchConstraints) -> list[int]:
@@ -303,8 +306,11 @@ def interleaved_options(num_layers: int, pp: int) -> tuple[PipeOption, ...]:
     return tuple(out)
 
 
-def recompute_modes(framework: str) -> list[str]:
-    """Recompute modes a framework runs: op-level selective checkpointing is torchtitan's (FSDP2)."""
+def recompute_modes(framework: str, selective: bool = True) -> list[str]:
+    """Recompute modes a framework runs: op-level selective checkpointing is torchtitan's (FSDP2);
+    a stack without selective recompute (`SearchConstraints.selective_recompute`) runs none or full."""
+    if not selective:
+        return ["none", "full"]
     modes = ["none", "selective", "full"]
     return [*modes, "op_sac"] if framework == "fsdp" else modes
 
@@ -329,7 +335,7 @@ def settings(mesh: Mesh, cluster: ClusterSpec, c: SearchConstraints) -> list[Set
             zero3_ds and zeropp and c.allow_quantized_comm and mesh.dp > 1) else [(False, False)]
         tiers = (False, True) if zero3_ds and cluster.has_nvme and deepspeed_has("nvme_offload", release) else (False,)
         for shard in shard_groups(mesh, cluster, c.framework) if zero > 0 else [mesh.dp]:
-            for recompute in [c.recompute] if c.recompute else recompute_modes(c.framework):
+            for recompute in [c.recompute] if c.recompute else recompute_modes(c.framework, c.selective_recompute):
                 for hpz in hpzs:
                     for qwz, qgz in quantized:
                         zpp = dict(hpz=hpz, quantized_weights=qwz, quantized_gradients=qgz)
@@ -416,7 +422,7 @@ def to_layout(
         zero_stage=s.zero_stage,
         micro_batch=mb,
         recompute=s.recompute,
-        sp=mesh.tp > 1,
+        sp=mesh.sp_,
         schedule=option.schedule,
         offload_optimizer=s.offload_optimizer,
         offload_params=s.offload_params,

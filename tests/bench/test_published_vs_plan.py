@@ -86,3 +86,19 @@ def test_the_ratio_uses_the_plan_autopar_would_recommend(rows) -> None:
     assert result["best_over_measured"] == pytest.approx(
         result["recommended_tokens_per_s_per_gpu"] / result["measured_tokens_per_s_per_gpu"])
     assert result["recommended_layout"].startswith("dp=")  # the layout behind that figure, as `describe` writes it
+
+
+def test_rows_of_megatron_lm_before_3_are_searched_without_sp_selective_recompute_or_cp(rows) -> None:
+    """Narayanan et al. 2021 (Megatron-LM and Megatron-DeepSpeed of 2021) had no sequence parallelism,
+    no selective recompute and no context parallelism: their rows are searched without them, and the
+    plan recommended for GPT-1.7B recomputes whole layers or nothing; Korthikanti et al. 2022, which
+    introduced the first two, keeps them."""
+    from bench.published_vs_plan import constraints_for
+
+    for rid in (12, 16, 24):  # Table 1 GPT-1.7B and 39B; Table 2 DeepSpeed ZeRO-3 GPT-175B
+        c = constraints_for(rows[rid])
+        assert rows[rid].before_megatron_lm_3 and (c.sequence_parallel, c.selective_recompute, c.cp) == (False, False, 1)
+    korthikanti = constraints_for(rows[34])
+    assert (korthikanti.sequence_parallel, korthikanti.selective_recompute, korthikanti.cp) == (True, True, None)
+    result = compare(rows[12], default_calibration())
+    assert "recompute=selective" not in result["recommended_layout"]

@@ -162,3 +162,24 @@ def test_model_notes_lead_the_explanation() -> None:
     assert plan.why[0].startswith("Model google/gemma-3-27b-pt: vision_config (siglip_vision_model): not priced")
     searched = next(i for i, line in enumerate(plan.why) if line.startswith("Searched"))
     assert all(line.startswith("Model ") for line in plan.why[:searched]) and plan.best is not None
+
+
+def test_a_search_without_sequence_parallelism_or_selective_recompute_offers_neither() -> None:
+    """A stack before Megatron-LM v3.0 (`SearchConstraints.sequence_parallel` / `selective_recompute`
+    false): every layout the search returns runs TP without SP and recomputes whole layers or nothing,
+    and each is priced as `estimate` prices it (the search's bound and tables see the same geometry)."""
+    from cluster_specs.presets import get_cluster
+    from cost_models.estimate import estimate
+    from model_specs.presets import get_model
+    from model_specs.spec import TrainingSpec
+    from planner.plan import SearchConstraints
+    from planner.search import search
+
+    model, cluster, training = get_model("llama3-8b"), get_cluster("dgx-h100"), TrainingSpec(seq_len=4096, global_batch=64)
+    c = SearchConstraints(sequence_parallel=False, selective_recompute=False, tp=2, top_k=5)
+    plan = search(model, training, cluster, 16, c, refine=False)
+    layouts = [x.layout for x in [plan.best, *plan.alternatives]]
+    assert layouts and all(lay.tp == 2 and lay.sp is False and lay.recompute in ("none", "full") for lay in layouts)
+    for x in [plan.best, *plan.alternatives]:
+        priced = estimate(model, training, cluster, 16, x.layout)
+        assert x.estimate["step_s"] == pytest.approx(priced.step_s, rel=1e-9)

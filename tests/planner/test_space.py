@@ -113,3 +113,31 @@ def test_max_zero_stage_bounds_the_settings_and_conflicts_with_a_higher_pin() ->
     assert {s.zero_stage for s in settings(mesh, cluster, SearchConstraints(max_zero_stage=1))} == {0, 1}
     with pytest.raises(ValidationError, match="exceeds max_zero_stage"):
         SearchConstraints(zero_stage=3, max_zero_stage=1)
+
+
+def test_a_stack_before_megatron_lm_3_runs_tp_without_sequence_parallelism_or_selective_recompute() -> None:
+    """`sequence_parallel=False` / `selective_recompute=False` (Megatron-LM before v3.0): every TP > 1
+    mesh offered replicates norms and dropout (its layouts have sp false, and price more activation
+    memory than the same layout with SP), and the settings recompute whole layers or nothing; a pinned
+    selective recompute is a validation error, not an empty search. By default both are searched."""
+    from cluster_specs.presets import get_cluster
+    from cost_models.estimate import estimate
+    from model_specs.presets import get_model
+    from planner.plan import SearchConstraints
+    from planner.space import PipeOption, Setting, Stack, meshes, settings, to_layout
+
+    model, cluster, training = get_model("llama3-8b"), get_cluster("dgx-h100"), TrainingSpec(seq_len=4096, global_batch=64)
+    old = SearchConstraints(sequence_parallel=False, selective_recompute=False)
+    plain = [m for m in meshes(model, cluster, 8, old) if m.tp > 1]
+    assert plain and not any(m.sp_ for m in plain)
+    assert all(m.sp_ for m in meshes(model, cluster, 8, SearchConstraints()) if m.tp > 1)
+    mesh = plain[0]
+    lay = to_layout(mesh, 1, PipeOption(1, "1f1b"), Setting(1, mesh.dp, "none", False), Stack("megatron"))
+    with_sp = to_layout(dataclasses.replace(mesh, sequence_parallel=True), 1, PipeOption(1, "1f1b"),
+                        Setting(1, mesh.dp, "none", False), Stack("megatron"))
+    assert lay.sp is False and with_sp.sp is True
+    assert estimate(model, training, cluster, 8, lay).peak_bytes > estimate(model, training, cluster, 8, with_sp).peak_bytes
+    assert {s.recompute for s in settings(mesh, cluster, old)} == {"none", "full"}
+    assert {s.recompute for s in settings(mesh, cluster, SearchConstraints())} == {"none", "selective", "full"}
+    with pytest.raises(ValidationError, match="needs a stack with selective recompute"):
+        SearchConstraints(selective_recompute=False, recompute="selective")
