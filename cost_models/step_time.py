@@ -614,17 +614,22 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     # beside the comm kernels (module doc)
     fb_pairs = fb_paired(m)
     ep_exposed_share = 0.0 if fb_pairs else 1 - ov.ep
-    slow = np.where(fb_pairs & (t.moe_layers > 0) & (eps > 0), comm_sm_slowdown(t.cluster.gpu.sm_count), 1.0)
-    forward = t.forward * slow
-    backward = (t.compute - t.forward) * slow
-    recompute = t.recompute * slow[None, :]
+    if fb_pairs:
+        slow = np.where((t.moe_layers > 0) & (eps > 0), comm_sm_slowdown(t.cluster.gpu.sm_count), 1.0)
+        forward = t.forward * slow
+        backward = (t.compute - t.forward) * slow
+        recompute = t.recompute * slow[None, :]
+        compute = t.compute * slow
+    else:  # no stretch: the table's own seconds (x 1.0, the same floats)
+        forward, backward, recompute, compute = t.forward, t.compute - t.forward, t.recompute, t.compute
     full = _FULL * t.recomputed_layers[None, :]  # (modes, pp) layers re-run in the backward
     full_moe = _FULL * t.recomputed_moe[None, :]
     tp_hidden = ov.tp if t.tp_overlap else 0.0
     tau = t.tp_per_layer
     tp_f = t.layers * tau
     tp_f_exp = tp_f * (1 - tp_hidden)
-    tp_b_exp = (t.layers[None, :] + full) * tau * (1 - tp_hidden)
+    tp_b_layers = (t.layers[None, :] + full) * tau
+    tp_b_exp = tp_b_layers * (1 - tp_hidden)
     tp_b_busy = t.layers[None, :] * tau * t.tp_backward_traffic + full * tau
     share = np.divide(full, np.maximum(t.layers, 1.0)[None, :])  # recomputed share of the rank's layers
     cp_f_exp, cp_b_exp0 = t.cp_exposed
@@ -638,32 +643,36 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     sum_f = forward + tp_f_exp + cp_f_exp + ep_f * ep_exposed_share
     sum_b = backward[None, :] + recompute + tp_b_exp + cp_b_exp + ep_b * ep_exposed_share
     tp_ch, cp_ch, ep_ch, pp_ch, etp_ch = t.channels
-    busy_f = np.zeros((len(_FULL), CHANNELS, pp))
-    busy_b = np.zeros((len(_FULL), CHANNELS, pp))
-    busy_f[:, tp_ch] += tp_f
-    busy_b[:, tp_ch] += tp_b_busy
-    busy_f[:, cp_ch] += cp_f_busy
-    busy_b[:, cp_ch] += cp_b_busy
     etp_share = t.etp_per_moe_layer / eps if eps > 0 else 0.0  # expert-TP exchange on its own group's channel
-    busy_f[:, ep_ch] += ep_f * (1 - etp_share)
-    busy_b[:, ep_ch] += ep_b * (1 - etp_share)
-    busy_f[:, etp_ch] += ep_f * etp_share
-    busy_b[:, etp_ch] += ep_b * etp_share
-    busy_f[:, pp_ch] += p2p_one_way
-    busy_b[:, pp_ch] += p2p_one_way
-    # activation offload: the offloaded layers' saved tensors go to the host in the forward and come
-    # back in the backward over the GPU's host link, on a copy stream beside the compute
-    busy_f[:, HOST] += t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
-    busy_b[:, HOST] += t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
+    # each channel's traffic, its groups' added in this order from zero: TP, CP, EP, expert TP,
+    # pipeline (the forward's is the same in every recompute mode), and on the host link the
+    # offloaded layers' saved tensors, to the host in the forward and back in the backward, on a
+    # copy stream beside the compute
+    offloaded = t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
+    traffic_f = ((tp_ch, tp_f), (cp_ch, cp_f_busy), (ep_ch, ep_f * (1 - etp_share)), (etp_ch, ep_f * etp_share),
+                 (pp_ch, p2p_one_way), (HOST, offloaded))
+    traffic_b = ((tp_ch, tp_b_busy), (cp_ch, cp_b_busy), (ep_ch, ep_b * (1 - etp_share)), (etp_ch, ep_b * etp_share),
+                 (pp_ch, p2p_one_way), (HOST, offloaded))
+    busy_f = np.empty((len(_FULL), CHANNELS, pp))
+    busy_b = np.empty((len(_FULL), CHANNELS, pp))
+    for channel in range(CHANNELS):
+        on_f: Any = 0.0
+        on_b: Any = 0.0
+        for (ch, f), (_, b) in zip(traffic_f, traffic_b, strict=True):
+            if ch == channel:
+                on_f = on_f + f
+                on_b = on_b + b
+        busy_f[:, channel] = on_f
+        busy_b[:, channel] = on_b
     parts = np.empty((5, len(_FULL), pp))
-    parts[0] = t.compute * slow
+    parts[0] = compute
     parts[1] = recompute
     parts[2] = tp_f_exp[None, :] + tp_b_exp
     parts[3] = cp_f_exp[None, :] + cp_b_exp
     parts[4] = (ep_f[None, :] + ep_b) * ep_exposed_share
     weight_grad = ZB_WEIGHT_SHARE * backward
     tp_hidden_f = tp_f * tp_hidden
-    tp_hidden_b = (t.layers[None, :] + full) * tau * tp_hidden
+    tp_hidden_b = tp_b_layers * tp_hidden
     return PhaseArrays(
         sum_f, sum_b, busy_f, busy_b, 2 * p2p_one_way * (1 - ov.pp), parts, weight_grad, tp_hidden_f, tp_hidden_b,
         cp_f_busy - cp_f_exp, cp_b_busy - cp_b_exp, forward, backward[None, :] + recompute,
