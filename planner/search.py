@@ -92,6 +92,7 @@ from cost_models.step_time import (
     comm_sm_share,
     lower_bound,
     mode_lower_bounds,
+    PhaseArrays,
     once_per_step_floor,
     phase_arrays,
     price_time,
@@ -758,6 +759,7 @@ class _RankOrders:
     def __init__(self) -> None:
         self.tables: dict[tuple, StageTable] = {}
         self.prices: dict[tuple, KnobPrices] = {}
+        self._phases: dict[tuple, tuple[PhaseArrays, np.ndarray]] = {}
 
     def table(self, key: tuple, build: Callable[[], StageTable], mesh: Layout, cal: Calibration) -> StageTable:
         """The table of `mesh` (resolved) under `key` (its degrees without the order, micro-batch and
@@ -766,6 +768,22 @@ class _RankOrders:
         table = self.tables[key] = build() if other is None else reorder(other, mesh, cal)
         return table
 
+    def phases(self, key: tuple, table: StageTable, vpp: int, cal: Calibration) -> tuple[PhaseArrays, np.ndarray]:
+        """`step_time.phase_arrays` of `table` at `vpp` and its `mode_lower_bounds`, under `key` (degrees
+        without the order, micro-batch, option): another order's when its placed communication is
+        the same (`stage_table.reorder`: nothing else of the table reads the order; on a node of
+        tp x cp x ep GPUs the orders that move only dp and pp place TP, CP and EP alike, and the
+        pipeline sends on the same channel), else computed. Read-only."""
+        placed = (
+            key, table.tp_per_layer, table.ep_per_moe_layer, table.etp_per_moe_layer, table.p2p, table.channels,
+            table.cp_exposed.tobytes(), table.cp_busy.tobytes(),
+        )
+        hit = self._phases.get(placed)
+        if hit is None:
+            phases = phase_arrays(table, vpp, cal)
+            hit = self._phases[placed] = (phases, mode_lower_bounds(table, vpp, cal, phases))
+        return hit
+
     def memory(self, key: tuple, price: Callable[[], KnobPrices]) -> KnobPrices:
         """The memory prices under `key` (degrees without the order, micro-batch, option): another
         order's, or `price()`; a copy, whose times `step_time.price_time` fills in."""
@@ -773,6 +791,120 @@ class _RankOrders:
         if prices is None:
             prices = self.prices[key] = price()
         return copy.copy(prices)
+
+
+@dataclass
+class _FloorVerdict:
+    """What a combined-1F1B option's activation floor decides for a knob grid (`_floor_over`): the
+    settings over the usable memory, the full-recompute ones (refused by rule), whether together
+    they are every setting, and whether the reasons of the refused ones have their examples in the
+    log already (once so, always so: the log never drops an example)."""
+
+    over: np.ndarray  # (settings,) bool
+    full: np.ndarray  # (settings,) bool
+    all_refused: bool
+    full_count: int
+    examples_known: bool = False
+
+    @classmethod
+    def of(cls, over: np.ndarray, full: np.ndarray) -> _FloorVerdict:
+        return cls(over, full, bool(np.all(over | full)), int(full.sum()))
+
+    def have_examples(self, rejections: _GridRejections, log: RejectionLog) -> bool:
+        if not self.examples_known:
+            self.examples_known = rejections.have_examples(log, self.over)
+        return self.examples_known
+
+    def count(self, rejections: _GridRejections, log: RejectionLog) -> None:
+        """Count the grid's settings as refused: over the floor as memory rejections, the rest
+        under the combined-1F1B full-recompute rule."""
+        rejections.add(log, self.over)
+        if self.full_count:
+            log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", self.full_count)
+
+
+@dataclass
+class _MemoryVerdict:
+    """What one memory price of a knob grid decided (`_memory_verdict`): each setting's peak bytes,
+    the settings that fit (GPU memory, host RAM, NVMe, and the schedule's rules), those over the GPU
+    memory, and the counts it logged under other reasons. Another rank order of the mesh shares the
+    prices (`_RankOrders.memory`), so the same verdict: `count` logs it again as pricing would (an
+    example is kept only when strictly closer, so an equal one changes none)."""
+
+    peaks: np.ndarray
+    fits: np.ndarray
+    over_mask: np.ndarray
+    logged: list[tuple[str, int]]
+
+    def count(self, rejections: _GridRejections, log: RejectionLog) -> None:
+        for reason, n in self.logged:
+            log.count(reason, n)
+        rejections.count_again(self.over_mask)
+
+
+def _memory_verdict(
+    prices: KnobPrices, key: tuple, verdicts: dict[tuple, _MemoryVerdict], mesh: Mesh, mb: int, option: PipeOption,
+    grid: list[Setting], knobs: KnobArrays, rejections: _GridRejections, log: RejectionLog,
+    closest: tuple[int, Layout, MemoryBreakdown] | None, stack: Stack, gpus: int, training: TrainingSpec,
+    cluster: ClusterSpec, usable: int, host_usable: int, ranks_per_node: int, loading_by_stage: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, tuple[int, Layout, MemoryBreakdown] | None]:
+    """Judge a table's memory prices: log the settings refused for GPU memory (by reason, with the
+    closest miss), host RAM or NVMe (`Estimate.host_bytes_per_node`, ZeRO-Infinity's drives) and the
+    schedule's rules; keep the verdict under `key` (`_MemoryVerdict`). Returns the peaks, the
+    settings that fit and the closest miss so far."""
+    peaks = prices.peak
+    over_mask = peaks > usable
+    logged: list[tuple[str, int]] = []
+    # as `Estimate.host_bytes_per_node`: offloaded state, or building the model if larger
+    host_node = np.maximum(bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node), loading_by_stage[knobs.zero])
+    host_over = (host_node > host_usable) & ~over_mask
+    # ZeRO-Infinity: the states on NVMe must fit the node's drives
+    nvme_node = bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
+    nvme_over = (nvme_node > cluster.nvme_bytes) & ~over_mask & ~host_over
+    for reason, mask, node_bytes, limit, resource in (
+        (HOST_MEMORY_REASON, host_over, host_node, host_usable, f"host RAM per node ({ranks_per_node} ranks)"),
+        (NVME_REASON, nvme_over, nvme_node, cluster.nvme_bytes, "NVMe per node"),
+    ):
+        if mask.any():
+            j = int(np.flatnonzero(mask)[np.argmin(node_bytes[mask])])
+            example = partial(
+                _node_refusal, mesh, mb, option, grid[j], stack, gpus, training, float(node_bytes[j]), float(limit), resource
+            )
+            n = int(np.count_nonzero(mask))
+            log.add_closest(reason, float(node_bytes[j] - limit), example, n)
+            logged.append((reason, n))
+    host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
+    fits = np.flatnonzero(~over_mask & ~host_over)
+    if option.a2a_overlap:  # combined 1F1B does not run with full recompute (Megatron-Core)
+        fits = fits[knobs.mode[fits] != FULL_RECOMPUTE]
+    schedule = option.schedule
+    if schedule in SPLIT_BACKWARD_SCHEDULES and mesh.pp > 1:
+        zero3 = knobs.zero[fits] >= 3
+        if zero3.any():
+            n = int(zero3.sum())
+            log.add(ZERO_BUBBLE_ZERO3, f"pipelined meshes with the {schedule} schedule", n)
+            logged.append((ZERO_BUBBLE_ZERO3, n))
+            fits = fits[~zero3]
+    over_idx = np.flatnonzero(over_mask)
+    new_reasons = rejections.add(log, over_mask)
+    if len(over_idx):
+        jm = int(over_idx[np.argmin(peaks[over_idx])])
+        over = int(peaks[jm] - usable)
+        if closest is None or over < closest[0]:
+            layout = to_layout(mesh, mb, option, grid[jm], stack).resolved(gpus, training)
+            worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
+            closest = (over, layout, worst)
+        for j in new_reasons:  # a reason's example comes from its first setting
+            reason = rejections.reasons[j]
+            if reason not in log.examples:
+                layout = to_layout(mesh, mb, option, grid[j], stack).resolved(gpus, training)
+                worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
+                log.examples[reason] = (
+                    f"{describe(layout)}: needs {worst.total / GIB:.1f} GiB on stage {worst.stage}, "
+                    f"{usable / GIB:.1f} GiB usable"
+                )
+    verdicts[key] = _MemoryVerdict(peaks, fits, over_mask, logged)
+    return peaks, fits, closest
 
 
 def _memory_reason(s: Setting) -> str:
@@ -824,6 +956,10 @@ class _GridRejections:
                 log.counts[self.reasons[j]] = 0
                 new.append(j)
         return new
+
+    def count_again(self, over: np.ndarray) -> None:
+        """Count the settings where `over` holds, all of which an earlier `add` has entered."""
+        self.counts += over
 
     def flush(self, log: RejectionLog) -> None:
         for j in np.flatnonzero(self.counts).tolist():
@@ -961,7 +1097,10 @@ def search(
     ref = reference_step_s or 0.0
     # per (mesh degrees, micro-batch, option): the settings its activation floor puts over the usable
     # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
-    floors: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
+    floors: dict[tuple, _FloorVerdict | None] = {}
+    # per memory key (mesh degrees, micro-batch, option): what its memory prices decided, which the
+    # other rank orders of the mesh share with their prices (`_MemoryVerdict`)
+    verdicts: dict[tuple, _MemoryVerdict] = {}
     orders = _RankOrders()  # tables and memory prices shared between a mesh's rank orders
     for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
@@ -1034,16 +1173,14 @@ def search(
                 else:
                     base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
                     floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
-                    floor_over = floors[floor_key] = None if floor is None else _floor_over(floor, knobs_of(grid_key, grid).mode, usable)
-                if floor_over is not None:
-                    floored_over, full = floor_over
-                    if np.all(floored_over | full) and rejections.have_examples(log, floored_over):
-                        rejections.add(log, floored_over)
-                        if full.any():
-                            log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", int(full.sum()))
-                        pruned += len(grid)
-                        floored += len(grid)
-                        continue
+                    floor_over = floors[floor_key] = (
+                        None if floor is None else _FloorVerdict.of(*_floor_over(floor, knobs_of(grid_key, grid).mode, usable))
+                    )
+                if floor_over is not None and floor_over.all_refused and floor_over.have_examples(rejections, log):
+                    floor_over.count(rejections, log)
+                    pruned += len(grid)
+                    floored += len(grid)
+                    continue
             # combined 1F1B changes how a table is timed and what its ranks hold in flight, not the
             # table: an option and its combined twin share one (`stage_table.build_table` reads no
             # schedule knob of its mesh; tests/planner/test_search_bounds.py checks the two equal)
@@ -1062,68 +1199,32 @@ def search(
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
                 pruned += len(grid)
                 continue
+            memory_key = (*degrees_key, option)
             prices = orders.memory(
-                (*degrees_key, option), partial(price_memory, table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
+                memory_key, partial(price_memory, table, grid, schedule, vpp, cal, knobs_of(grid_key, grid))
             )
-            peaks = prices.peak
             priced += len(grid)
-            over_mask = peaks > usable
-            # as `Estimate.host_bytes_per_node`: offloaded state, or building the model if larger
-            host_node = np.maximum(
-                bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node),
-                loading_by_stage[knobs_of(grid_key, grid).zero],
-            )
-            host_over = (host_node > host_usable) & ~over_mask
-            # ZeRO-Infinity: the states on NVMe must fit the node's drives
-            nvme_node = bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
-            nvme_over = (nvme_node > cluster.nvme_bytes) & ~over_mask & ~host_over
-            for reason, mask, node_bytes, limit, resource in (
-                (HOST_MEMORY_REASON, host_over, host_node, host_usable, f"host RAM per node ({ranks_per_node} ranks)"),
-                (NVME_REASON, nvme_over, nvme_node, cluster.nvme_bytes, "NVMe per node"),
-            ):
-                if mask.any():
-                    j = int(np.flatnonzero(mask)[np.argmin(node_bytes[mask])])
-                    example = partial(
-                        _node_refusal, mesh, mb, option, grid[j], stack, gpus, training, float(node_bytes[j]), float(limit), resource
-                    )
-                    log.add_closest(reason, float(node_bytes[j] - limit), example, int(np.count_nonzero(mask)))
-            host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
-            fits = np.flatnonzero(~over_mask & ~host_over)
-            if option.a2a_overlap:  # combined 1F1B does not run with full recompute (Megatron-Core)
-                fits = fits[knobs_of(grid_key, grid).mode[fits] != FULL_RECOMPUTE]
-            if schedule in SPLIT_BACKWARD_SCHEDULES and mesh.pp > 1:
-                zero3 = knobs_of(grid_key, grid).zero[fits] >= 3
-                if zero3.any():
-                    log.add(ZERO_BUBBLE_ZERO3, f"pipelined meshes with the {schedule} schedule", int(zero3.sum()))
-                    fits = fits[~zero3]
-            over_idx = np.flatnonzero(over_mask)
-            new_reasons = rejections.add(log, over_mask)
-            if len(over_idx):
-                jm = int(over_idx[np.argmin(peaks[over_idx])])
-                over = int(peaks[jm] - usable)
-                if closest is None or over < closest[0]:
-                    layout = to_layout(mesh, mb, option, grid[jm], stack).resolved(gpus, training)
-                    worst = max(memory_breakdowns(prices, jm), key=lambda mbd: mbd.total)
-                    closest = (over, layout, worst)
-                for j in new_reasons:  # a reason's example comes from its first setting
-                    reason = rejections.reasons[j]
-                    if reason not in log.examples:
-                        layout = to_layout(mesh, mb, option, grid[j], stack).resolved(gpus, training)
-                        worst = max(memory_breakdowns(prices, int(j)), key=lambda mbd: mbd.total)
-                        log.examples[reason] = (
-                            f"{describe(layout)}: needs {worst.total / GIB:.1f} GiB on stage {worst.stage}, "
-                            f"{usable / GIB:.1f} GiB usable"
-                        )
-            if not len(fits):
-                continue
+            verdict = verdicts.get(memory_key)
+            if verdict is not None:  # another rank order's prices, priced and counted the same
+                verdict.count(rejections, log)
+                if not len(verdict.fits):
+                    continue
+                peaks, fits = verdict.peaks, verdict.fits
+            else:
+                peaks, fits, closest = _memory_verdict(
+                    prices, memory_key, verdicts, mesh, mb, option, grid, knobs_of(grid_key, grid), rejections, log, closest,
+                    stack, gpus, training, cluster, usable, host_usable, ranks_per_node, loading_by_stage,
+                )
+                if not len(fits):
+                    continue
             feasible += len(fits)
-            phases = phase_arrays(table, vpp, cal)
+            phases, table_mode_lb = orders.phases(memory_key, table, vpp, cal)
             if ranked.full:
                 # Bounded, not timed: each fitting setting's recompute mode bounds its step from below
                 # (`step_time.mode_lower_bounds`); when every bound is above the ranking's threshold
                 # (and the reference) and a layout already kept is strictly faster and no larger than
                 # each, none of them can enter the top k, the tie window or the Pareto front
-                mode_lb = mode_lower_bounds(table, vpp, cal, phases)[knobs_of(grid_key, grid).mode[fits]]
+                mode_lb = table_mode_lb[knobs_of(grid_key, grid).mode[fits]]
                 lb = mode_lb * (1 - BOUND_MARGIN)
                 floor_s = max(ranked.threshold_s / kappa, ref)
                 if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
