@@ -20,6 +20,7 @@ Saved widths are per token, in elements; the caller multiplies by tokens and byt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from model_specs.spec import ModelSpec
 
@@ -37,6 +38,18 @@ class Matmul:
 
 def block_matmuls(model: ModelSpec, index: int) -> list[Matmul]:
     """The matmuls of layer `index` in execution order (module doc)."""
+    return list(_block_matmuls(model, index))
+
+
+@lru_cache(maxsize=4096)
+def _block_matmuls(model: ModelSpec, index: int) -> tuple[Matmul, ...]:
+    """`block_matmuls`, memoized on the model (by value) and the layer: the model's derived
+    widths are properties, read afresh on every call (about 0.6 ms a block), and a search prices
+    the activations of every layer class at every micro-batch and shard geometry."""
+    return tuple(_matmuls(model, index))
+
+
+def _matmuls(model: ModelSpec, index: int) -> list[Matmul]:
     h = model.hidden_size
     nh = model.num_heads
     out: list[Matmul] = []
