@@ -262,10 +262,10 @@ def _rank_sums(
      acts3, osac, dense_w, expert_w, dense_t, expert_t) = sums
     largest = peak(arr["dense"] + arr["expert"])
     # weights (bytes, elements) of the largest layer and the largest dequantized copy (QLoRA)
-    peaks = np.stack([peak(arr["dense_w"] + arr["expert_w"]), peak(arr["dense_t"] + arr["expert_t"]), peak(arr["deq"])])
+    peaks = np.array([peak(arr["dense_w"] + arr["expert_w"]), peak(arr["dense_t"] + arr["expert_t"]), peak(arr["deq"])])
     working = peak(np.where(recomputed, a0, 0.0))
-    acts = np.stack([acts0, acts1, acts2, acts3])
-    reco = np.stack([np.zeros(pp), sel, full, osac])
+    acts = np.array([acts0, acts1, acts2, acts3])
+    reco = np.array([np.zeros(pp), sel, full, osac])
     _, of_layer = layer_classes(model)
     n_classes = len(per_class["fwd"])
     class_counts = np.bincount(owner * n_classes + of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
@@ -274,7 +274,7 @@ def _rank_sums(
     out = (
         dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
         re_moe.copy(), compute.copy(), forward.copy(), reco, class_counts,
-        np.stack([dense_w, expert_w]), np.stack([dense_t, expert_t]), peaks,
+        np.array([dense_w, expert_w]), np.array([dense_t, expert_t]), peaks,
     )
     for a in out:
         a.flags.writeable = False
@@ -493,7 +493,7 @@ def build_table(
         tp_backward_traffic(mesh.framework, mesh.sp_), placed["cp_exposed"], placed["cp_busy"], placed["ep_per_moe_layer"],
         placed["etp_per_moe_layer"], placed["p2p"], placed["boundary_bytes"],
         mesh.communicator_groups, placed["channels"], weight_bytes, trainable,
-        np.stack([per_class["dense_w"], per_class["expert_w"]]), np.stack([per_class["dense_t"], per_class["expert_t"]]),
+        np.array([per_class["dense_w"], per_class["expert_w"]]), np.array([per_class["dense_t"], per_class["expert_t"]]),
         peaks[0], peaks[1], peaks[2],
         # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
         *_offloaded(acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers),
