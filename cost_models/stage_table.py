@@ -243,7 +243,8 @@ def _rank_sums(
         recomputed = position < limit
 
     def peak(x: np.ndarray) -> np.ndarray:
-        return np.where(mine, x[None, :], 0.0).max(axis=1, initial=0.0)
+        """(quantities, pp) the largest of each quantity (rows of `x`, over the layers) on each rank."""
+        return np.where(mine[None, :, :], x[:, None, :], 0.0).max(axis=2, initial=0.0)
 
     a0, fwd, moe = arr["a0"], arr["fwd"], arr["moe"]
     k = _RANK_QUANTITIES
@@ -260,10 +261,13 @@ def _rank_sums(
         sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
     (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
      acts3, osac, dense_w, expert_w, dense_t, expert_t) = sums
-    largest = peak(arr["dense"] + arr["expert"])
-    # weights (bytes, elements) of the largest layer and the largest dequantized copy (QLoRA)
-    peaks = np.array([peak(arr["dense_w"] + arr["expert_w"]), peak(arr["dense_t"] + arr["expert_t"]), peak(arr["deq"])])
-    working = peak(np.where(recomputed, a0, 0.0))
+    # each rank's largest layer (elements), the weights (bytes, elements) of its largest layer, its
+    # largest dequantized copy (QLoRA) and its largest recompute working set: one masked max
+    largest, *peaks_list, working = peak(np.array([
+        arr["dense"] + arr["expert"], arr["dense_w"] + arr["expert_w"], arr["dense_t"] + arr["expert_t"], arr["deq"],
+        np.where(recomputed, a0, 0.0),
+    ]))
+    peaks = np.array(peaks_list)
     acts = np.array([acts0, acts1, acts2, acts3])
     reco = np.array([np.zeros(pp), sel, full, osac])
     _, of_layer = layer_classes(model)

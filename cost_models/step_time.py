@@ -764,8 +764,9 @@ def compose(
 
     # once per step: windows of the last backward (+ drain) and the first forward (+ warm-up)
     ranks = np.arange(pp, dtype=float)[None, :]
-    drain = ranks * t_b.mean(axis=1, keepdims=True) / vpp if pp > 1 else 0.0
-    warmup = ranks * t_f.mean(axis=1, keepdims=True) / vpp if pp > 1 else 0.0
+    # the ranks' mean (numpy's `mean`: the sum over the ranks, divided by pp)
+    drain = ranks * (np.add.reduce(t_b, axis=1, keepdims=True) / pp) / vpp if pp > 1 else 0.0
+    warmup = ranks * (np.add.reduce(t_f, axis=1, keepdims=True) / pp) / vpp if pp > 1 else 0.0
     free_b = np.maximum(0.0, t_b[:, None, :] - busy_b) + (drain[:, None, :] if pp > 1 else 0.0)
     free_f = np.maximum(0.0, t_f[:, None, :] - busy_f) + (warmup[:, None, :] if pp > 1 else 0.0)
     reduce = dp.reduce[pair]

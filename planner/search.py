@@ -463,6 +463,9 @@ class _PairBounds:
     """Memo of `pair_times`' per-layer compute per (geometry row, micro-batch column): every pair of
     one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`,
     `_PairTimes.bounds`)."""
+    shapes: dict[tuple, Any] = field(default_factory=dict)
+    """Memo of what the per-rank sums read of a pipeline shape alone, shared by every pair
+    (`_PairTimes.shapes`)."""
 
     def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
         mesh = self.meshes[mesh_index]
@@ -482,7 +485,7 @@ class _PairBounds:
         )  # type: ignore[arg-type]
         embedding_grad = tuple(times.embedding_grad[row].tolist())
         return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure,  # type: ignore[arg-type]
-                          option_sums)
+                          option_sums, self.shapes)
 
 
 @dataclass(frozen=True)
@@ -640,8 +643,14 @@ class _PairTimes:
     geometry and micro-batch."""
     exposure: _Exposure
     option_sums: dict[tuple, tuple[np.ndarray, ...]]
-    """Memo per (pp, the pair's pipeline options) of `rank_sums` stacked over the options, with each
-    option's virtual stages and whether it pairs F&B or splits the backward (`bounds`)."""
+    """Memo per (pp, the pair's pipeline options) of the per-rank compute stacked over the options
+    (`bounds`)."""
+    shapes: dict[tuple, Any]
+    """Memo of what the sums read of the pipeline shape alone (not of the layer times), shared by
+    every pair: per (pp, option), each layer's rank, the head's rank and the layers of each kind
+    per rank (read-only); per (pp, the pair's pipeline options), those stacked over the options
+    (`bounds`: the bins of one bincount over all of them, the head's ranks, the kind counts, each
+    option's virtual stages and whether it pairs F&B or splits the backward)."""
 
     def bound(self, pp: int, option: PipeOption, grad_accum: int, ov: Overlap) -> float:
         """`step_time.time_lower_bound` of this pair's layout with pipeline `option` and its
@@ -654,21 +663,32 @@ class _PairTimes:
         exposed = np.zeros(pp) if paired else counts @ self.kind_exposed
         return lower_bound(compute, exposed, pp_exposed, option.vpp, grad_accum, bubble_free)
 
+    def _shape(self, pp: int, option: PipeOption) -> tuple[np.ndarray, int, np.ndarray]:
+        """Each layer's pipeline rank under `option`'s partition, the head's rank and the layers of
+        each kind per rank (with the MTP modules on the head's rank) (`shapes`)."""
+        shape = self.shapes.get((pp, option))
+        if shape is None:
+            owner = _rank_of_layer(len(self.layer_compute), pp, option)
+            head_rank = _partition(len(self.layer_compute), pp, option).head_rank
+            kinds = len(self.kind_exposed)
+            counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
+            counts[head_rank, self.exposure.kind_of_layer[-1]] += self.exposure.mtp_layers
+            counts = counts.astype(float)
+            counts.flags.writeable = False
+            shape = self.shapes[(pp, option)] = (owner, head_rank, counts)
+        return shape
+
     def _sums(self, pp: int, option: PipeOption) -> tuple[np.ndarray, np.ndarray]:
         """The per-rank compute and layers of each kind per rank of pipeline `option` (`rank_sums`)."""
         sums = self.rank_sums.get((pp, option))
         if sums is None:
-            owner = _rank_of_layer(len(self.layer_compute), pp, option)
+            owner, head_rank, counts = self._shape(pp, option)
             compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
-            head_rank = _partition(len(self.layer_compute), pp, option).head_rank
             compute[head_rank] += self.head
             compute[0] += self.embedding_grad[int(head_rank == 0)]
             if head_rank != 0:
                 compute[head_rank] += self.embedding_grad[2]
-            kinds = len(self.kind_exposed)
-            counts = np.bincount(owner * kinds + self.exposure.kind_of_layer, minlength=pp * kinds).reshape(pp, kinds)
-            counts[head_rank, self.exposure.kind_of_layer[-1]] += self.exposure.mtp_layers
-            sums = self.rank_sums[(pp, option)] = (compute, counts.astype(float))
+            sums = self.rank_sums[(pp, option)] = (compute, counts)
         return sums
 
     def bounds(self, pp: int, options: list[PipeOption], grad_accum: int, ov: Overlap) -> list[float]:
@@ -676,17 +696,29 @@ class _PairTimes:
         arrays over the options (the per-option rank sums stacked once per list of options and
         shared like `rank_sums`)."""
         key = (pp, tuple(options))
-        stacked = self.option_sums.get(key)
-        if stacked is None:
-            sums = [self._sums(pp, option) for option in options]
-            stacked = self.option_sums[key] = (
-                np.array([compute for compute, _ in sums]),
-                np.array([counts for _, counts in sums]),
+        shapes = self.shapes.get(key)
+        if shapes is None:
+            each = [self._shape(pp, option) for option in options]
+            heads = np.array([head_rank for _, head_rank, _ in each])
+            shapes = self.shapes[key] = (
+                np.concatenate([owner + i * pp for i, (owner, _, _) in enumerate(each)]),  # one bincount's bins
+                np.arange(len(options)), heads, heads != 0, np.flatnonzero(heads != 0), heads[heads != 0],
+                np.array([counts for _, _, counts in each]),
                 np.array([float(option.vpp) for option in options]),
                 np.array([option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap for option in options]),
                 np.array([option.schedule in SPLIT_BACKWARD_SCHEDULES for option in options]),
             )
-        compute, counts, vpp, paired, free = stacked
+        bins, rows, heads, elsewhere, rows_elsewhere, heads_elsewhere, counts, vpp, paired, free = shapes
+        compute = self.option_sums.get(key)
+        if compute is None:
+            # each option's row as `_sums` adds it: its layers in model order (one bincount adds in
+            # input order), then the head, rank 0's embedding gradient, the MTP copy's on the head's rank
+            compute = np.bincount(bins, weights=np.tile(self.layer_compute, len(options)), minlength=len(options) * pp)
+            compute = compute.reshape(len(options), pp)
+            compute[rows, heads] += self.head
+            compute[:, 0] += np.where(elsewhere, self.embedding_grad[0], self.embedding_grad[1])
+            compute[rows_elsewhere, heads_elsewhere] += self.embedding_grad[2]
+            self.option_sums[key] = compute
         # as `bound`, row by row: F&B pairs expose no all-to-all, split-backward schedules no bubble
         exposed = np.where(paired[:, None], 0.0, counts @ self.kind_exposed)
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else np.zeros(len(options))
@@ -756,13 +788,23 @@ def _floor_over(floor: np.ndarray, modes: np.ndarray, usable: int) -> tuple[np.n
 class _RankOrders:
     """What the rank orders of one mesh's degrees share at one micro-batch and pipeline option: the
     table, whose communication alone reads the order (`stage_table.reorder` prices it again for
-    another order, field for field what `build_table` gives), and the memory prices, which read no
-    communication (tests/planner/test_search_bounds.py checks both)."""
+    another order, field for field what `build_table` gives), the memory prices, which read no
+    communication (tests/planner/test_search_bounds.py checks both), and with them what those
+    prices decided (`verdict`), and the phase arrays of orders whose communication is placed alike
+    (`phases`)."""
 
     def __init__(self) -> None:
         self.tables: dict[tuple, StageTable] = {}
         self.prices: dict[tuple, KnobPrices] = {}
         self._phases: dict[tuple, tuple[PhaseArrays, np.ndarray]] = {}
+        self._verdicts: dict[tuple, _MemoryVerdict] = {}
+
+    def verdict(self, key: tuple) -> _MemoryVerdict | None:
+        """What the memory prices under `key` decided (`_memory_verdict`), if they were priced."""
+        return self._verdicts.get(key)
+
+    def keep_verdict(self, key: tuple, verdict: _MemoryVerdict) -> None:
+        self._verdicts[key] = verdict
 
     def table(self, key: tuple, build: Callable[[], StageTable], mesh: Layout, cal: Calibration) -> StageTable:
         """The table of `mesh` (resolved) under `key` (its degrees without the order, micro-batch and
@@ -846,14 +888,14 @@ class _MemoryVerdict:
 
 
 def _memory_verdict(
-    prices: KnobPrices, key: tuple, verdicts: dict[tuple, _MemoryVerdict], mesh: Mesh, mb: int, option: PipeOption,
+    prices: KnobPrices, key: tuple, orders: _RankOrders, mesh: Mesh, mb: int, option: PipeOption,
     grid: list[Setting], knobs: KnobArrays, rejections: _GridRejections, log: RejectionLog,
     closest: tuple[int, Layout, MemoryBreakdown] | None, stack: Stack, gpus: int, training: TrainingSpec,
     cluster: ClusterSpec, usable: int, host_usable: int, ranks_per_node: int, loading_by_stage: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, Layout, MemoryBreakdown] | None]:
     """Judge a table's memory prices: log the settings refused for GPU memory (by reason, with the
     closest miss), host RAM or NVMe (`Estimate.host_bytes_per_node`, ZeRO-Infinity's drives) and the
-    schedule's rules; keep the verdict under `key` (`_MemoryVerdict`). Returns the peaks, the
+    schedule's rules; keep the verdict under `key` in `orders` (`_MemoryVerdict`). Returns the peaks, the
     settings that fit and the closest miss so far."""
     peaks = prices.peak
     over_mask = peaks > usable
@@ -906,7 +948,7 @@ def _memory_verdict(
                     f"{describe(layout)}: needs {worst.total / GIB:.1f} GiB on stage {worst.stage}, "
                     f"{usable / GIB:.1f} GiB usable"
                 )
-    verdicts[key] = _MemoryVerdict(peaks, fits, over_mask, logged)
+    orders.keep_verdict(key, _MemoryVerdict(peaks, fits, over_mask, logged))
     return peaks, fits, closest
 
 
@@ -1147,9 +1189,6 @@ def _search(
     # per (mesh degrees, micro-batch, option): the settings its activation floor puts over the usable
     # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
     floors: dict[tuple, _FloorVerdict | None] = {}
-    # per memory key (mesh degrees, micro-batch, option): what its memory prices decided, which the
-    # other rank orders of the mesh share with their prices (`_MemoryVerdict`)
-    verdicts: dict[tuple, _MemoryVerdict] = {}
     orders = _RankOrders()  # tables and memory prices shared between a mesh's rank orders
     for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
@@ -1232,7 +1271,7 @@ def _search(
                     continue
             degrees_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mesh.moe_parallel_folding, mb)
             memory_key = (*degrees_key, option)
-            verdict = verdicts.get(memory_key)
+            verdict = orders.verdict(memory_key)
             if verdict is not None and not len(verdict.fits) and not (ranked.full and near_threshold):
                 # another rank order's memory prices left no setting that fits: priced and counted
                 # the same, and the table (which only the bound near the threshold would read) not built
@@ -1267,7 +1306,7 @@ def _search(
                 peaks, fits = verdict.peaks, verdict.fits
             else:
                 peaks, fits, closest = _memory_verdict(
-                    prices, memory_key, verdicts, mesh, mb, option, grid, knobs_of(grid_key, grid), rejections, log, closest,
+                    prices, memory_key, orders, mesh, mb, option, grid, knobs_of(grid_key, grid), rejections, log, closest,
                     stack, gpus, training, cluster, usable, host_usable, ranks_per_node, loading_by_stage,
                 )
                 if not len(fits):

@@ -183,3 +183,36 @@ def test_a_search_without_sequence_parallelism_or_selective_recompute_offers_nei
     for x in [plan.best, *plan.alternatives]:
         priced = estimate(model, training, cluster, 16, x.layout)
         assert x.estimate["step_s"] == pytest.approx(priced.step_s, rel=1e-9)
+
+
+def test_the_collector_is_paused_during_a_search_and_resumed_after(monkeypatch) -> None:
+    """`search.cyclic_gc_paused`: the cyclic collector is off inside (and inside nested or
+    overlapping pauses), back on after the last, and left off when it was off before."""
+    import gc
+
+    import planner.search as search_module
+
+    assert gc.isenabled()
+    with search_module.cyclic_gc_paused():
+        assert not gc.isenabled()
+        with search_module.cyclic_gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    seen = []
+    real = search_module._search
+
+    def spy(*args):
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    monkeypatch.setattr(search_module, "_search", spy)
+    plan = search(get_model("llama3-8b"), TrainingSpec(seq_len=4096, global_batch=32), get_cluster("dgx-h100"), 8, refine=False)
+    assert seen == [False] and gc.isenabled() and plan.best is not None
+    gc.disable()
+    try:
+        with search_module.cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -336,9 +336,9 @@ def test_a_reordered_table_refuses_other_degrees() -> None:
 
 
 def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatch) -> None:
-    """The search's tables and memory prices shared between the rank orders of one mesh's degrees
-    (`stage_table.reorder`) give the Plan, its rejections and its counts of a search that builds and
-    prices every order's own."""
+    """The search's tables, memory prices, their verdicts and phase arrays shared between the rank
+    orders of one mesh's degrees (`stage_table.reorder`, `_RankOrders`) give the Plan, its
+    rejections and its counts of a search that builds, prices and times every order's own."""
     from planner import search as search_module
 
     model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
@@ -355,13 +355,20 @@ def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatc
     assert len(set(reordered)) > 1
 
     class OwnTables(search_module._RankOrders):
-        """Every order builds and prices its own table."""
+        """Every order builds, prices and judges its own table and times its own phases."""
 
         def table(self, key, build, mesh, cal):
             return build()
 
         def memory(self, key, price):
             return price()
+
+        def verdict(self, key):
+            return None
+
+        def phases(self, key, table, vpp, cal):
+            phases = step_time.phase_arrays(table, vpp, cal)
+            return phases, step_time.mode_lower_bounds(table, vpp, cal, phases)
 
     monkeypatch.setattr(search_module, "_RankOrders", OwnTables)
     own = search_module.search(model, training, cluster, 64, refine=False)
