@@ -38,7 +38,8 @@ grid's data-parallel times (`step_time._dp_grid`) and its parameter/gradient/opt
 (`stage_table._state_bytes`) are cached per degrees, stride and per-rank parameter counts, so a
 mesh's tables at other micro-batches reuse them; memory rejections are counted per grid setting with numpy and logged once.
 The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
-topology (`planner.placement`).
+topology (`planner.placement`). The whole search runs with Python's cyclic garbage collector
+paused (`cyclic_gc_paused`): its garbage is freed by reference counting.
 """
 
 from __future__ import annotations
