@@ -93,10 +93,10 @@ from cost_models.stage_table import (
 )
 from cost_models.stages import StagePartition
 from cost_models.step_time import (
+    PhaseArrays,
     comm_sm_share,
     lower_bound,
     mode_lower_bounds,
-    PhaseArrays,
     once_per_step_floor,
     phase_arrays,
     price_time,
@@ -643,7 +643,7 @@ class _PairTimes:
     on the layer times, not on the mesh's communication), shared by the pairs of one shard
     geometry and micro-batch."""
     exposure: _Exposure
-    option_sums: dict[tuple, tuple[np.ndarray, ...]]
+    option_sums: dict[tuple, np.ndarray]
     """Memo per (pp, the pair's pipeline options) of the per-rank compute stacked over the options
     (`bounds`)."""
     shapes: dict[tuple, Any]
@@ -710,16 +710,17 @@ class _PairTimes:
                 np.array([option.schedule in SPLIT_BACKWARD_SCHEDULES for option in options]),
             )
         bins, rows, heads, elsewhere, rows_elsewhere, heads_elsewhere, counts, vpp, paired, free = shapes
-        compute = self.option_sums.get(key)
-        if compute is None:
+        stacked = self.option_sums.get(key)
+        if stacked is None:
             # each option's row as `_sums` adds it: its layers in model order (one bincount adds in
             # input order), then the head, rank 0's embedding gradient, the MTP copy's on the head's rank
-            compute = np.bincount(bins, weights=np.tile(self.layer_compute, len(options)), minlength=len(options) * pp)
-            compute = compute.reshape(len(options), pp)
+            weights = np.tile(self.layer_compute, len(options))
+            compute = np.bincount(bins, weights=weights, minlength=len(options) * pp).reshape(len(options), pp)
             compute[rows, heads] += self.head
             compute[:, 0] += np.where(elsewhere, self.embedding_grad[0], self.embedding_grad[1])
             compute[rows_elsewhere, heads_elsewhere] += self.embedding_grad[2]
-            self.option_sums[key] = compute
+            stacked = self.option_sums[key] = compute
+        compute = stacked
         # as `bound`, row by row: F&B pairs expose no all-to-all, split-backward schedules no bubble
         exposed = np.where(paired[:, None], 0.0, counts @ self.kind_exposed)
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else np.zeros(len(options))
