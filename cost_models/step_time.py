@@ -284,6 +284,69 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     (dp_shard x cp ranks), expert weights the expert-data-parallel group. Per-layer collectives
     use the table's layer classes (`StageTable.class_*`), the rest the rank's totals (embedding
     and LM head included)."""
+    return _with_compute(t, _weight_collectives(t, shardings, cal), cal)
+
+
+@dataclass(frozen=True)
+class _WeightCollectives:
+    """What `data_parallel_times` prices of a table's weights alone, per (ZeRO stage, sharding group)
+    pair (axis 0) and pipeline rank (last axis), seconds: everything but what the layers' compute
+    hides of their gathers and reduce-scatters and what the micro-batch count adds (a stack's
+    gradient accumulation), so that the tables of one mesh at other micro-batch counts share it
+    (`_dp_grid`; Qwen3-235B-A22B / 256 H100: 789 of these for 1,609 tables' data-parallel times)."""
+
+    layer_f: np.ndarray  # (pairs, K) one layer's forward gathers, per layer class
+    layer_b: np.ndarray  # (pairs, K) its backward gathers + layer-wise reduce-scatters
+    per_parameter: bool  # gathered per parameter tensor (`zero3_gathers`): nothing hides behind compute
+    first_gather: np.ndarray  # (pairs, pp) the rank's first layer's forward gathers (nothing before to hide behind)
+    rest_gather: np.ndarray  # (pairs, pp) ... and the embedding / head / final norm's
+    last_rs: np.ndarray  # (pairs, pp) the rank's last layer's reduce-scatter
+    rest_rs: np.ndarray  # (pairs, pp) ... and the embedding / head / final norm's
+    held: np.ndarray  # (pairs, pp) gradient elements the rank holds while it accumulates
+    owner: str | None  # the stack that owns the weights (`stacks.weights_owner`)
+    hbm: float  # HBM bytes per second of the rank's memory-bound kernels
+    traffic_f: np.ndarray  # the rest as in `DataParallelTimes`
+    traffic_b: np.ndarray
+    reduce: np.ndarray
+    reduce_tail: np.ndarray
+    gather: np.ndarray
+    optimizer: np.ndarray
+    param_copy: np.ndarray
+    kernels_f: np.ndarray
+    kernels_b: np.ndarray  # (without the gradient accumulation)
+    exposed_r: np.ndarray
+    kernels_recompute: np.ndarray
+
+
+def _with_compute(t: StageTable, w: _WeightCollectives, cal: Calibration) -> DataParallelTimes:
+    """`data_parallel_times` of table `t` from its weight collectives `w`: a layer's gathers and
+    reduce-scatters hide behind a share (`Overlap.zero3`) of its forward / backward compute seconds
+    (none where they go per parameter tensor), and a stack accumulates gradients over the table's
+    micro-batches (`stacks.accumulation_bytes`)."""
+    m, counts = t.mesh, t.class_counts
+    if w.per_parameter:
+        deficit_f, deficit_b = w.layer_f, w.layer_b
+    else:
+        zero3 = cal.overlap(m.framework).zero3
+        deficit_f = np.maximum(0.0, w.layer_f - zero3 * t.class_forward[None, :])
+        deficit_b = np.maximum(0.0, w.layer_b - zero3 * t.class_backward[None, :])
+    exposed_f = deficit_f @ counts.T + w.first_gather + w.rest_gather
+    exposed_b = deficit_b @ counts.T + w.last_rs + w.rest_rs
+    kernels_b = w.kernels_b
+    accumulate = stacks.accumulation_bytes(t.training, w.owner, m.optimizer_state, m.grad_accum_)
+    if accumulate:
+        kernels_b = kernels_b + accumulate * w.held / w.hbm
+    for a in (exposed_f, exposed_b, kernels_b):
+        a.flags.writeable = False
+    return DataParallelTimes(
+        exposed_f, exposed_b, w.traffic_f, w.traffic_b, w.reduce, w.reduce_tail, w.gather, w.optimizer, w.param_copy,
+        w.kernels_f, kernels_b, w.exposed_r, w.kernels_recompute,
+    )
+
+
+def _weight_collectives(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> _WeightCollectives:
+    """`_WeightCollectives` of table `t` for each (ZeRO stage, sharding group) pair (the volumes and
+    sources: `data_parallel_times`)."""
     m, tr, cl, gpus = t.mesh, t.training, t.cluster, t.gpus
     pairs, pp = len(shardings), m.pp
     ov = cal.overlap(m.framework)
@@ -409,8 +472,6 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     counts = t.class_counts  # (pp, K)
     zf_k = np.where(gather_f, gather_k, 0.0)
     zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
-    deficit_f = np.maximum(0.0, zf_k - ov.zero3 * t.class_forward[None, :])
-    deficit_b = np.maximum(0.0, zb_k - ov.zero3 * t.class_backward[None, :])
     per_parameter = zero3_gathers.gather_mode(m.framework, m.framework_version) == zero3_gathers.PER_PARAMETER
     deficit_r = np.zeros_like(zf_k)
     if per_parameter:
@@ -433,7 +494,6 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         rs_k = each(ctd * gb * g_rs, nr, rs_shard, host) + each(cte * gb * g_rs, nre, rs_edp, host_e)
         zf_k = np.where(gather_f, gather_k, 0.0)
         zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
-        deficit_f, deficit_b = zf_k, zb_k
         # the recompute gathers every tensor (each zero-filled and copied out, as in the forward); the
         # backward then finds `kept` of the dense ones still gathered
         again = (ng - kept) / np.maximum(ng, 1.0)
@@ -468,8 +528,6 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         edge = zero3_gathers.edge_tensors(t.model, m.tp)
         rest_gather = np.where(gather_f, each(rest_wd[None, :] * w_fwd, np.where(rest_wd > 0, edge.gathered, 0)[None, :], ag_shard, host), 0.0)
         rest_rs = np.where(layerwise_rs, each(rest_td[None, :] * gb * g_rs, np.where(rest_td > 0, edge.reduced, 0)[None, :], rs_shard, host), 0.0)
-    exposed_f = deficit_f @ counts.T + first_gather + rest_gather
-    exposed_b = deficit_b @ counts.T + last_rs + rest_rs
     exposed_r = deficit_r @ counts.T
     # the compute-stream kernels, per layer and of the embedding / head / final norm
     rest_copy_out = FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm
@@ -568,20 +626,17 @@ def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     from_nvme = ranks_per_node * shard_bytes / max(cl.nvme_read_bytes_per_s, 1.0)
     param_copy[..., 1] = np.where(zero >= 3, np.maximum(param_copy[..., 0], from_nvme), 0.0)
     # a stack's gradient accumulation (`stacks.accumulation_bytes`: autograd's in-place add from the
-    # second micro-batch on) over the gradients the rank holds while it accumulates: unsharded below
-    # ZeRO-2 (as `stage_table`'s memory holds them), its shard from ZeRO-2 on
-    accumulate = stacks.accumulation_bytes(tr, owner, m.optimizer_state, m.grad_accum_)
-    if accumulate:
-        held = np.where(zero >= 2, D / dense_shard + E / expert_shard, D + E)
-        kernels_b = kernels_b + accumulate * held / hbm
-    out = DataParallelTimes(
-        exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b,
-        exposed_r, kernels_recompute,
-    )
-    for a in (exposed_f, exposed_b, traffic_f, traffic_b, reduce, reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b,
-              exposed_r, kernels_recompute):
+    # second micro-batch on, `_with_compute`) runs over the gradients the rank holds while it
+    # accumulates: unsharded below ZeRO-2 (as `stage_table`'s memory holds them), its shard from ZeRO-2 on
+    held = np.where(zero >= 2, D / dense_shard + E / expert_shard, D + E)
+    arrays = (zf_k, zb_k, first_gather, rest_gather, last_rs, rest_rs, held, traffic_f, traffic_b, reduce, reduce_tail, gather,
+              optimizer, param_copy, kernels_f, kernels_b, exposed_r, kernels_recompute)
+    for a in arrays:
         a.flags.writeable = False
-    return out
+    return _WeightCollectives(
+        zf_k, zb_k, per_parameter, first_gather, rest_gather, last_rs, rest_rs, held, owner, hbm, traffic_f, traffic_b, reduce,
+        reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b, exposed_r, kernels_recompute,
+    )
 
 
 @dataclass(frozen=True)
@@ -940,6 +995,9 @@ def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
 
 
 _DP_GRIDS: dict[tuple, tuple[tuple[object, ...], DataParallelTimes]] = {}
+_DP_WEIGHTS: dict[tuple, tuple[tuple[object, ...], _WeightCollectives]] = {}
+"""`_dp_grid`'s memos: the data-parallel times by (`_dp_table_key`, the pairs), their weight
+collectives by (`_dp_weight_key`, the pairs); each entry keeps the job objects its key names by id."""
 
 
 def _dp_grid(
@@ -947,38 +1005,55 @@ def _dp_grid(
 ) -> DataParallelTimes:
     """`step_time.data_parallel_times` of a table's (ZeRO stage, sharding group) pairs, memoized on
     `_dp_table_key` and the pairs (the entry keeps the job objects alive, so their ids are not
-    reused): tables of one mesh and micro-batch count share them. Read-only."""
+    reused): tables of one mesh and micro-batch count share them, and those of one mesh at other
+    micro-batch counts their weight collectives (`_WeightCollectives`, memoized on `_dp_weight_key`).
+    Read-only."""
     objs = (t.cluster, t.training, cal)
     key = (table_key, shardings)
     hit = _DP_GRIDS.get(key)
     if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
         return hit[1]
-    out = data_parallel_times(t, shardings, cal)
+    weight_key = (table_key[0], shardings)
+    held = _DP_WEIGHTS.get(weight_key)
+    if held is not None and held[0][0] is objs[0] and held[0][1] is objs[1] and held[0][2] is objs[2]:
+        weights = held[1]
+    else:
+        weights = _weight_collectives(t, shardings, cal)
+        if len(_DP_WEIGHTS) > 1 << 14:
+            _DP_WEIGHTS.clear()
+        _DP_WEIGHTS[weight_key] = (objs, weights)
+    out = _with_compute(t, weights, cal)
     if len(_DP_GRIDS) > 1 << 14:
         _DP_GRIDS.clear()
     _DP_GRIDS[key] = (objs, out)
     return out
 
 
-def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
-    """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
-    training and calibration objects (by identity), the mesh's degrees, order, expert grid, framework
-    (its FSDP flavour, Megatron FSDP's gradient fusion, its release) and micro-batch count, the per-rank stored weight bytes and trainable
-    elements (and the embedding tables whose gradient the compute holds), and the layer classes
-    (counts per rank, weights and compute seconds of one layer); under an older release that gathers
-    per parameter tensor, the model too."""
+def _dp_weight_key(t: StageTable, cal: Calibration) -> tuple:
+    """What `step_time._weight_collectives` reads of a table besides the knobs: the cluster,
+    training and calibration objects (by identity), the mesh's degrees, order, expert grid and
+    framework (its FSDP flavour, Megatron FSDP's gradient fusion, its release), the per-rank stored
+    weight bytes and trainable elements (and the embedding tables whose gradient the compute
+    holds), and the layer classes (counts per rank, weights of one layer); under an older release
+    that gathers per parameter tensor, the model too."""
     m = t.mesh
     return (
         id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
-        m.grad_accum_, m.stack, m.optimizer_state, m.optimizer_fused, m.framework_version,
+        m.stack, m.optimizer_state, m.optimizer_fused, m.framework_version,
         m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
-        t.class_counts.tobytes(), t.class_forward.tobytes(), t.class_backward.tobytes(),
-        t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(), t.embedding_grad_elements.tobytes(),
-        t.gemm_weight_elements.tobytes(), t.recomputed_layers.tobytes(),
+        t.class_counts.tobytes(), t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(),
+        t.embedding_grad_elements.tobytes(), t.gemm_weight_elements.tobytes(), t.recomputed_layers.tobytes(),
         # a release that gathers per parameter tensor reads the model's tensors (`zero3_gathers`): the
         # model itself (by value, and kept alive by the key), only then
         t.model if m.framework_version is not None else None,
     )
+
+
+def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
+    """What `step_time.data_parallel_times` reads of a table besides the knobs: its weight key
+    (`_dp_weight_key`, first), the compute seconds of one layer of each class and the micro-batch
+    count (`_with_compute`)."""
+    return (_dp_weight_key(t, cal), t.class_forward.tobytes(), t.class_backward.tobytes(), t.mesh.grad_accum_)
 
 
 __all__ = [

@@ -180,6 +180,34 @@ def test_fsdp2_copies_run_on_the_compute_stream() -> None:
             assert float(dp.kernels_f[0, 0]) == float(dp.kernels_b[0, 0]) == 0.0
 
 
+def test_tables_of_one_mesh_at_other_micro_batch_counts_share_their_weight_collectives() -> None:
+    """The data-parallel times of two tables of one mesh (Llama 3 8B at 1,024 tokens on 64 H100,
+    FSDP ZeRO-3 under the Hugging Face stack, which accumulates gradients) at micro-batch 1 and 2
+    (2 and 1 micro-batches) price their weight collectives once
+    (`step_time._DP_WEIGHTS`), and each equals `data_parallel_times` of its own table to the bit:
+    the gathers the compute hides and the accumulation follow each table's micro-batches."""
+    from cost_models.stage_data import Sharding
+
+    model, training = get_model("llama3-8b"), TrainingSpec(seq_len=1024, global_batch=128)
+    cluster, cal = get_cluster("dgx-h100"), default_calibration()
+    shardings = (Sharding(3, 64), Sharding(3, 8), Sharding(1, 64))
+    step_time._DP_GRIDS.clear()
+    step_time._DP_WEIGHTS.clear()
+    times = []
+    for mb in (1, 2):
+        lay = Layout(zero_stage=3, micro_batch=mb, framework="fsdp", stack="hf").resolved(64, training)
+        table = build_table(model, training, cluster, 64, lay, StagePartition.for_layout(model.num_layers, lay), cal)
+        dp = _dp_grid(table, shardings, cal, _dp_table_key(table, cal))
+        fresh = step_time.data_parallel_times(table, shardings, cal)
+        for name in step_time.DataParallelTimes.__dataclass_fields__:
+            assert np.array_equal(getattr(dp, name), getattr(fresh, name)), name
+        times.append(dp)
+    assert len(step_time._DP_GRIDS) == 2 and len(step_time._DP_WEIGHTS) == 1
+    assert times[0].traffic_f is times[1].traffic_f  # shared
+    assert np.all(times[0].exposed_b[:2] > times[1].exposed_b[:2])  # a micro-batch of 2 hides more of the gathers
+    assert not np.array_equal(times[0].kernels_b, times[1].kernels_b)  # 2 micro-batches accumulate, 1 does not
+
+
 def test_fsdp_zero1_gathers_in_every_forward_megatron_once_per_step() -> None:
     """FSDP frees the unsharded parameters after each backward, so its ZeRO-1 all-gathers them in every
     micro-batch's forward (`runtime.parallelize`); Megatron's distributed optimizer keeps them and
