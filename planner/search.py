@@ -33,8 +33,8 @@ Whole space, priced or provably pruned (branch and bound):
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
 meshes differing only in a valid rank order share their validation probe, and at one micro-batch and
 pipeline option their table's order-free fields and memory prices (`_RankOrders`,
-`stage_table.reorder`: only the communication is priced again); `mesh_comm` parts, a
-grid's data-parallel times (`step_time._dp_grid`) and its parameter/gradient/optimizer bytes
+`stage_table.reorder`: only the communication is priced again); `mesh_comm` parts, what a
+grid's data-parallel times read of the weights alone (`step_time._dp_grid`'s `_WeightCollectives`) and its parameter/gradient/optimizer bytes
 (`stage_table._state_bytes`) are cached per degrees, stride and per-rank parameter counts, so a
 mesh's tables at other micro-batches reuse them; memory rejections are counted per grid setting with numpy and logged once.
 The best layouts are then re-partitioned with CP-SAT (`planner.partition`) and placed on the
