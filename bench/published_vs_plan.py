@@ -80,10 +80,8 @@ def constraints_for(row) -> SearchConstraints:
     its parallelisms (`FSDP_ONLY_SOURCES`; context parallelism of MLA, `MLA_CONTEXT_PARALLEL_SOURCES`)
     and its schedules (`COMBINED_1F1B_SOURCES`)."""
     fixed = {"tp": 1, "pp": 1, "cp": 1} if row.source_id in FSDP_ONLY_SOURCES else {}
-    if row.model.attention == "mla" and row.source_id not in MLA_CONTEXT_PARALLEL_SOURCES:
-        fixed["cp"] = 1
-    if row.before_megatron_lm_3:
-        fixed["cp"] = 1
+    if (row.model.attention == "mla" and row.source_id not in MLA_CONTEXT_PARALLEL_SOURCES) or row.before_megatron_lm_3:
+        fixed["cp"] = 1  # no context parallelism of MLA in the stack, or none at all
     lay = row.layout
     older = row.megatron_core_before_0_10  # no FSDP, no optimizer offload (RecipeSwitches.megatron_core_before_0_10)
     return SearchConstraints(

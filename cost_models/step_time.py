@@ -704,16 +704,16 @@ def phase_arrays(t: StageTable, vpp: int, cal: Calibration) -> PhaseArrays:
     # offloaded layers' saved tensors, to the host in the forward and back in the backward, on a
     # copy stream beside the compute
     offloaded = t.offloaded_acts / t.cluster.host_to_device_bytes_per_s
-    traffic_f = ((tp_ch, tp_f), (cp_ch, cp_f_busy), (ep_ch, ep_f * (1 - etp_share)), (etp_ch, ep_f * etp_share),
-                 (pp_ch, p2p_one_way), (HOST, offloaded))
-    traffic_b = ((tp_ch, tp_b_busy), (cp_ch, cp_b_busy), (ep_ch, ep_b * (1 - etp_share)), (etp_ch, ep_b * etp_share),
-                 (pp_ch, p2p_one_way), (HOST, offloaded))
+    traffic = (  # (channel, forward seconds, backward seconds) of each group
+        (tp_ch, tp_f, tp_b_busy), (cp_ch, cp_f_busy, cp_b_busy), (ep_ch, ep_f * (1 - etp_share), ep_b * (1 - etp_share)),
+        (etp_ch, ep_f * etp_share, ep_b * etp_share), (pp_ch, p2p_one_way, p2p_one_way), (HOST, offloaded, offloaded),
+    )
     busy_f = np.empty((len(_FULL), CHANNELS, pp))
     busy_b = np.empty((len(_FULL), CHANNELS, pp))
     for channel in range(CHANNELS):
         on_f: Any = 0.0
         on_b: Any = 0.0
-        for (ch, f), (_, b) in zip(traffic_f, traffic_b, strict=True):
+        for ch, f, b in traffic:
             if ch == channel:
                 on_f = on_f + f
                 on_b = on_b + b
