@@ -887,11 +887,48 @@ def once_per_step_floor(t: StageTable, knobs: KnobArrays, cal: Calibration) -> n
     largest) and the overhead as separate parts, and its roofline only raises it, so
     `mode_lower_bounds` of the setting's mode plus this is still a bound
     (tests/planner/test_search_bounds.py checks it against every priced step)."""
-    dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
+    return _once_per_step(t, knobs, _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal)), cal)
+
+
+def _once_per_step(t: StageTable, knobs: KnobArrays, dp: DataParallelTimes, cal: Calibration) -> np.ndarray:
+    """`once_per_step_floor` from the table's data-parallel times `dp`."""
     pair = knobs.sharding
     tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
     tail = np.maximum(dp.reduce_tail[pair], 0.0) + dp.optimizer[pair, :, tier]  # (J, pp)
     return tail.max(axis=1) + _step_overhead(t, cal)
+
+
+def setting_lower_bounds(t: StageTable, knobs: KnobArrays, vpp: int, cal: Calibration, rank_floors: np.ndarray) -> np.ndarray:
+    """(J,) seconds no setting of `knobs` can beat on table `t` with `vpp` virtual stages, each the
+    larger of two bounds of its own step (`compose`):
+    - its micro-batches and bubble: `mode_lower_bounds` with each rank's micro-batch floor of the
+      setting's mode (`rank_floors`, `mode_rank_floors`) raised by what the setting's sharding adds
+      to both passes of every micro-batch on that rank (its compute-stream kernels, the gathers and
+      reduce-scatters the compute leaves exposed, and under full recompute the recompute's own;
+      the exposed seconds less the SM share of them, as exposing a second of traffic can take
+      that much from the SMs the floor counts the hidden traffic as holding), plus what the step
+      adds once (`once_per_step_floor`). The bound reads a rank's micro-batch
+      only through a sum that grows with every rank (its pipeline count times the slowest rank,
+      plus the others over vpp), so the raised floors bound it as the mode's did;
+    - the roofline: the busiest channel of any rank over the step carries at least the sharding's
+      own traffic (every micro-batch's ZeRO gathers and reduce-scatters, the once-per-step
+      gradient reduction and parameter gather), plus the fixed step overhead.
+    Never below `mode_lower_bounds` plus `once_per_step_floor` (up to float rounding);
+    tests/planner/test_search_bounds.py checks it against every priced step. The search's Pareto
+    check reads it: a ZeRO-3 setting whose exposed gathers double its step is bounded here, not
+    timed."""
+    dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
+    mode, pair = knobs.mode, knobs.sharding
+    # a second of exposed gathers can shrink the SMs the floors count as taken by the hidden
+    # traffic (`comm_beside_compute` subtracts what a window exposes) by at most `share` of it
+    kept = 1.0 - beside_sm_share(t)
+    added = dp.kernels_f + dp.kernels_b + kept * (dp.exposed_f + dp.exposed_b)  # (pairs, pp) per micro-batch
+    added_by_recompute = dp.kernels_recompute + kept * dp.exposed_r  # (pairs, pp), full recompute only
+    per = rank_floors[mode] + added[pair] + _FULL[mode] * added_by_recompute[pair]  # (J, pp)
+    micro_batches = pipelined_floor(per, t, vpp) + _once_per_step(t, knobs, dp, cal)
+    traffic = t.mesh.grad_accum_ * (dp.traffic_f + dp.traffic_b) + dp.reduce + dp.gather  # (pairs, CHANNELS, pp)
+    roofline = traffic.max(axis=(1, 2)) + _step_overhead(t, cal)
+    return np.maximum(micro_batches, roofline[pair])
 
 
 def channel_traffic(
@@ -958,13 +995,27 @@ def mode_lower_bounds(t: StageTable, vpp: int, cal: Calibration, phases: PhaseAr
     (tests/planner/test_search_bounds.py checks every priced step of the reference meshes against
     it). All modes at once, row by row the same float operations as one mode's."""
     ph = phase_arrays(t, vpp, cal) if phases is None else phases
+    return pipelined_floor(mode_rank_floors(t, ph), t, vpp)
+
+
+def mode_rank_floors(t: StageTable, ph: PhaseArrays) -> np.ndarray:
+    """(modes, pp) seconds of one micro-batch on each rank that no setting of a recompute mode can
+    beat, from the table's phase arrays `ph`: compute, the knob-independent exposed communication
+    (TP, CP, EP), the SMs that traffic takes from the compute it runs beside (ZeRO traffic only
+    adds to it), and the pipeline send/recv exposed."""
     exposed = ph.sum_f[None, :] + ph.sum_b - t.compute[None, :]  # (modes, pp)
     share = beside_sm_share(t)
     if share:  # the SMs the knob-independent traffic takes (ZeRO traffic only adds to it)
         f = comm_beside_compute(ph.busy_f, (ph.sum_f - ph.compute_f)[None], ph.compute_f[None])
         b = comm_beside_compute(ph.busy_b, ph.sum_b - ph.compute_b, ph.compute_b)
         exposed = exposed + share * (f + b)
-    per = t.compute[None, :] + exposed + ph.pp_exposed
+    return t.compute[None, :] + exposed + ph.pp_exposed
+
+
+def pipelined_floor(per: np.ndarray, t: StageTable, vpp: int) -> np.ndarray:
+    """(rows,) `lower_bound` of each row of per-rank micro-batch seconds `per` (rows, pp) on table
+    `t`'s pipeline: its micro-batch count times the slowest rank, plus the other ranks' sum over
+    `vpp` (nothing for one rank or a schedule whose weight passes may fill the bubble)."""
     worst = per.max(axis=1)
     pp = per.shape[1]
     bubble_free = t.mesh.schedule_ in SPLIT_BACKWARD_SCHEDULES
@@ -1058,6 +1109,6 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
 
 __all__ = [
     "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times", "lower_bound",
-    "mode_lower_bounds", "once_per_step_floor",
+    "mode_lower_bounds", "mode_rank_floors", "once_per_step_floor", "pipelined_floor", "setting_lower_bounds",
     "phase_arrays", "price_time", "table_lower_bound", "time_lower_bound",
 ]

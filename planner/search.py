@@ -19,9 +19,10 @@ Whole space, priced or provably pruned (branch and bound):
    (`step_time.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time,
    unless each is bounded above the k-th best step by its recompute mode's bound
-   (`step_time.mode_lower_bounds`; failing that, the same plus what its step adds once, the
-   busiest rank's gradient-reduction tail and optimizer step and the fixed overhead:
-   `step_time.once_per_step_floor`) and a layout already kept is strictly faster and no larger (the
+   (`step_time.mode_lower_bounds`; failing that, the setting's own bound: what its sharding adds
+   to every micro-batch, what its step adds once (the busiest rank's gradient-reduction tail and
+   optimizer step, the fixed overhead) and the roofline of its ZeRO traffic:
+   `step_time.setting_lower_bounds`) and a layout already kept is strictly faster and no larger (the
    Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be on the Pareto front, and
    they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
    combined-1F1B twin share one table; a combined-1F1B option (which runs no full recompute) whose
@@ -96,10 +97,11 @@ from cost_models.step_time import (
     PhaseArrays,
     comm_sm_share,
     lower_bound,
-    mode_lower_bounds,
-    once_per_step_floor,
+    mode_rank_floors,
     phase_arrays,
+    pipelined_floor,
     price_time,
+    setting_lower_bounds,
     time_lower_bound,
 )
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -798,7 +800,7 @@ class _RankOrders:
     def __init__(self) -> None:
         self.tables: dict[tuple, StageTable] = {}
         self.prices: dict[tuple, KnobPrices] = {}
-        self._phases: dict[tuple, tuple[PhaseArrays, np.ndarray]] = {}
+        self._phases: dict[tuple, tuple[PhaseArrays, np.ndarray, np.ndarray]] = {}
         self._verdicts: dict[tuple, _MemoryVerdict] = {}
 
     def verdict(self, key: tuple) -> _MemoryVerdict | None:
@@ -815,8 +817,9 @@ class _RankOrders:
         table = self.tables[key] = build() if other is None else reorder(other, mesh, cal)
         return table
 
-    def phases(self, key: tuple, table: StageTable, vpp: int, cal: Calibration) -> tuple[PhaseArrays, np.ndarray]:
-        """`step_time.phase_arrays` of `table` at `vpp` and its `mode_lower_bounds`, under `key` (degrees
+    def phases(self, key: tuple, table: StageTable, vpp: int, cal: Calibration) -> tuple[PhaseArrays, np.ndarray, np.ndarray]:
+        """`step_time.phase_arrays` of `table` at `vpp`, its `mode_lower_bounds` and the per-rank floors they
+        are made of (`mode_rank_floors`), under `key` (degrees
         without the order, micro-batch, option): another order's when its placed communication is
         the same (`stage_table.reorder`: nothing else of the table reads the order; on a node of
         tp x cp x ep GPUs the orders that move only dp and pp place TP, CP and EP alike, and the
@@ -828,7 +831,8 @@ class _RankOrders:
         hit = self._phases.get(placed)
         if hit is None:
             phases = phase_arrays(table, vpp, cal)
-            hit = self._phases[placed] = (phases, mode_lower_bounds(table, vpp, cal, phases))
+            floors = mode_rank_floors(table, phases)
+            hit = self._phases[placed] = (phases, pipelined_floor(floors, table, vpp), floors)
         return hit
 
     def memory(self, key: tuple, price: Callable[[], KnobPrices]) -> KnobPrices:
@@ -1314,7 +1318,7 @@ def _search(
                 if not len(fits):
                     continue
             feasible += len(fits)
-            phases, table_mode_lb = orders.phases(memory_key, table, vpp, cal)
+            phases, table_mode_lb, rank_floors = orders.phases(memory_key, table, vpp, cal)
             if ranked.full:
                 # Bounded, not timed: each fitting setting's recompute mode bounds its step from below
                 # (`step_time.mode_lower_bounds`); when every bound is above the ranking's threshold
@@ -1326,9 +1330,12 @@ def _search(
                 if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
                     bounded += len(fits)
                     continue
-                # ... or, failing that, with what every step adds once (`step_time.once_per_step_floor`:
-                # the busiest rank's gradient-reduction tail and optimizer step, the fixed overhead)
-                lb = (mode_lb + once_per_step_floor(table, knobs_of(grid_key, grid), cal)[fits]) * (1 - BOUND_MARGIN)
+                # ... or, failing that, with each setting's own bound (`step_time.setting_lower_bounds`:
+                # what its sharding adds to every micro-batch, what the step adds once, the busiest
+                # rank's gradient-reduction tail and optimizer step and the fixed overhead, and its
+                # ZeRO traffic's roofline)
+                knobs = knobs_of(grid_key, grid)
+                lb = setting_lower_bounds(table, knobs, vpp, cal, rank_floors)[fits] * (1 - BOUND_MARGIN)
                 if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
                     bounded += len(fits)
                     continue

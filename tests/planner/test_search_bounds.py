@@ -143,12 +143,15 @@ def test_vectorized_layer_times_match_scalar(name, cluster_name, gpus, seq, batc
 def test_mode_bounds_hold_for_every_priced_setting(name, cluster_name, gpus, seq, batch, framework) -> None:
     """`step_time.mode_lower_bounds`: no setting priced with a recompute mode is faster than that
     mode's bound, nor than that bound plus what the setting adds once per step
-    (`step_time.once_per_step_floor`); the first mode's is the table's bound, and full recompute's
-    is above it (its recompute forward)."""
+    (`step_time.once_per_step_floor`), nor than its own bound (`step_time.setting_lower_bounds`),
+    which is never below the other two; the first mode's is the table's bound, and full
+    recompute's is above it (its recompute forward). The settings' own bounds are tight for some
+    and well above the mode's bound for others (ZeRO-3's exposed gathers)."""
     model, cluster = get_model(name), get_cluster(cluster_name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     c, cal = SearchConstraints(framework=framework), default_calibration()
     checked = 0
+    tight, raised = [], []  # per setting: its own bound over its step, and over the mode's bound plus once
     for mesh, mbs in _valid_pairs(model, training, cluster, gpus, c, limit=12):
         grid = settings(mesh, cluster, c)
         for option in pipeline_options(model, training, mesh, mbs[0], c):
@@ -163,8 +166,18 @@ def test_mode_bounds_hold_for_every_priced_setting(name, cluster_name, gpus, seq
             once = step_time.once_per_step_floor(table, timed.knobs, cal)
             assert np.all(once > 0)
             assert np.all(timed.step_s >= (bounds[timed.knobs.mode] + once) * (1 - 1e-12))
+            own = step_time.setting_lower_bounds(
+                table, timed.knobs, option.vpp, cal, step_time.mode_rank_floors(table, step_time.phase_arrays(table, option.vpp, cal))
+            )
+            assert np.all(own >= (bounds[timed.knobs.mode] + once) * (1 - 1e-12))
+            assert np.all(timed.step_s >= own * (1 - 1e-12))
+            tight.append(own / timed.step_s)
+            raised.append(own / (bounds[timed.knobs.mode] + once))
             checked += len(grid)
     assert checked > 1000
+    tight, raised = np.concatenate(tight), np.concatenate(raised)
+    assert tight.max() > 1 - 1e-9  # some settings' steps are their bound
+    assert np.quantile(raised, 0.9) > 1.2  # and some bounds well above the mode's
 
 
 def test_bounded_layouts_leave_the_plan_unchanged(monkeypatch) -> None:
@@ -182,8 +195,8 @@ def test_bounded_layouts_leave_the_plan_unchanged(monkeypatch) -> None:
     with monkeypatch.context() as patched:
         patched.setattr(search_module, "activation_floor", lambda *a: None)
         unfloored = search_module.search(model, training, cluster, 64, refine=False)
-        patched.setattr(search_module, "mode_lower_bounds", lambda t, vpp, cal, phases=None: np.zeros(4))
-        patched.setattr(search_module, "once_per_step_floor", lambda t, knobs, cal: np.zeros(len(knobs.zero)))
+        patched.setattr(search_module, "mode_rank_floors", lambda t, phases: np.zeros((4, t.mesh.pp)))
+        patched.setattr(search_module, "setting_lower_bounds", lambda t, knobs, vpp, cal, floors: np.zeros(len(knobs.zero)))
         slow = search_module.search(model, training, cluster, 64, refine=False)
     assert fast.stats.dominated > 1000 and fast.stats.floored > 1000
     assert slow.stats.dominated == 0 and slow.stats.floored == 0 and unfloored.stats.floored == 0
@@ -368,7 +381,8 @@ def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatc
 
         def phases(self, key, table, vpp, cal):
             phases = step_time.phase_arrays(table, vpp, cal)
-            return phases, step_time.mode_lower_bounds(table, vpp, cal, phases)
+            floors = step_time.mode_rank_floors(table, phases)
+            return phases, step_time.mode_lower_bounds(table, vpp, cal, phases), floors
 
     monkeypatch.setattr(search_module, "_RankOrders", OwnTables)
     own = search_module.search(model, training, cluster, 64, refine=False)
