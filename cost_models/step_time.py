@@ -887,11 +887,7 @@ def once_per_step_floor(t: StageTable, knobs: KnobArrays, cal: Calibration) -> n
     largest) and the overhead as separate parts, and its roofline only raises it, so
     `mode_lower_bounds` of the setting's mode plus this is still a bound
     (tests/planner/test_search_bounds.py checks it against every priced step)."""
-    return _once_per_step(t, knobs, _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal)), cal)
-
-
-def _once_per_step(t: StageTable, knobs: KnobArrays, dp: DataParallelTimes, cal: Calibration) -> np.ndarray:
-    """`once_per_step_floor` from the table's data-parallel times `dp`."""
+    dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
     pair = knobs.sharding
     tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
     tail = np.maximum(dp.reduce_tail[pair], 0.0) + dp.optimizer[pair, :, tier]  # (J, pp)
@@ -919,16 +915,52 @@ def setting_lower_bounds(t: StageTable, knobs: KnobArrays, vpp: int, cal: Calibr
     timed."""
     dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
     mode, pair = knobs.mode, knobs.sharding
-    # a second of exposed gathers can shrink the SMs the floors count as taken by the hidden
-    # traffic (`comm_beside_compute` subtracts what a window exposes) by at most `share` of it
-    kept = 1.0 - beside_sm_share(t)
-    added = dp.kernels_f + dp.kernels_b + kept * (dp.exposed_f + dp.exposed_b)  # (pairs, pp) per micro-batch
-    added_by_recompute = dp.kernels_recompute + kept * dp.exposed_r  # (pairs, pp), full recompute only
-    per = rank_floors[mode] + added[pair] + _FULL[mode] * added_by_recompute[pair]  # (J, pp)
-    micro_batches = pipelined_floor(per, t, vpp) + _once_per_step(t, knobs, dp, cal)
-    traffic = t.mesh.grad_accum_ * (dp.traffic_f + dp.traffic_b) + dp.reduce + dp.gather  # (pairs, CHANNELS, pp)
-    roofline = traffic.max(axis=(1, 2)) + _step_overhead(t, cal)
-    return np.maximum(micro_batches, roofline[pair])
+    parts = _BoundParts.of(dp, beside_sm_share(t), t.mesh.grad_accum_)
+    per = rank_floors[mode] + parts.added[pair] + _FULL[mode] * parts.added_by_recompute[pair]  # (J, pp)
+    overhead = _step_overhead(t, cal)
+    tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
+    micro_batches = pipelined_floor(per, t, vpp) + (parts.tail[pair, tier] + overhead)
+    return np.maximum(micro_batches, parts.roofline[pair] + overhead)
+
+
+@dataclass(frozen=True)
+class _BoundParts:
+    """What `setting_lower_bounds` reads of a table's data-parallel times, per (ZeRO stage, sharding
+    group) pair: what the sharding adds to one micro-batch on each rank, (pairs, pp), and under full
+    recompute besides; the once-per-step tail (`once_per_step_floor` less the overhead) per
+    optimizer tier, (pairs, 3); the roofline of its own traffic over the step, (pairs,). Memoized on
+    the `DataParallelTimes` object (tables of one data-parallel key share it), the SM share of the
+    table's schedule and its micro-batch count; elementwise the same floats as per setting."""
+
+    added: np.ndarray
+    added_by_recompute: np.ndarray
+    tail: np.ndarray
+    roofline: np.ndarray
+
+    @classmethod
+    def of(cls, dp: DataParallelTimes, sm_share: float, grad_accum: int) -> _BoundParts:
+        key = (id(dp), sm_share, grad_accum)
+        hit = _BOUND_PARTS.get(key)
+        if hit is not None and hit[0] is dp:
+            return hit[1]
+        # a second of exposed gathers can shrink the SMs the floors count as taken by the hidden
+        # traffic (`comm_beside_compute` subtracts what a window exposes) by at most `sm_share` of it
+        kept = 1.0 - sm_share
+        traffic = grad_accum * (dp.traffic_f + dp.traffic_b) + dp.reduce + dp.gather  # (pairs, CHANNELS, pp)
+        parts = cls(
+            dp.kernels_f + dp.kernels_b + kept * (dp.exposed_f + dp.exposed_b),
+            dp.kernels_recompute + kept * dp.exposed_r,
+            (np.maximum(dp.reduce_tail, 0.0)[:, :, None] + dp.optimizer).max(axis=1),
+            traffic.max(axis=(1, 2)),
+        )
+        if len(_BOUND_PARTS) > 1 << 14:
+            _BOUND_PARTS.clear()
+        _BOUND_PARTS[key] = (dp, parts)
+        return parts
+
+
+_BOUND_PARTS: dict[tuple, tuple[DataParallelTimes, _BoundParts]] = {}
+"""`_BoundParts.of`'s memo; an entry keeps its `DataParallelTimes`, so the id stays that object's."""
 
 
 def channel_traffic(

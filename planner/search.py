@@ -856,6 +856,8 @@ class _FloorVerdict:
     all_refused: bool
     full_count: int
     examples_known: bool = False
+    rejections: _GridRejections | None = None  # the grid's, once counted
+    pending: int = 0  # counts after the first, not yet added (`flush`)
 
     @classmethod
     def of(cls, over: np.ndarray, full: np.ndarray) -> _FloorVerdict:
@@ -868,10 +870,24 @@ class _FloorVerdict:
 
     def count(self, rejections: _GridRejections, log: RejectionLog) -> None:
         """Count the grid's settings as refused: over the floor as memory rejections, the rest
-        under the combined-1F1B full-recompute rule."""
+        under the combined-1F1B full-recompute rule. The first count goes into the log at once (it
+        may enter a reason there, and the log's order is its tie-break); after it the same counts
+        only add up (every reason is in the log, with its example), so they wait for `flush`."""
+        if self.rejections is not None:
+            self.pending += 1
+            return
+        self.rejections = rejections
         rejections.add(log, self.over)
         if self.full_count:
             log.add(COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", self.full_count)
+
+    def flush(self, log: RejectionLog) -> None:
+        """Add the counts `count` kept back (before the grids' own `_GridRejections.flush`)."""
+        if self.pending and self.rejections is not None:
+            self.rejections.count_again(self.pending * self.over)
+            if self.full_count:
+                log.count(COMBINED_FULL_RECOMPUTE, self.pending * self.full_count)
+            self.pending = 0
 
 
 @dataclass
@@ -1212,7 +1228,6 @@ def _search(
         options, grid_key, grid, rejections, n = pair_shape
         visited_knobs += n
         generated += n
-        pair_times: _PairTimes | None = None
         pair_tables: dict[PipeOption, StageTable] = {}  # this pair's tables, per option without combined 1F1B
         if ranked.full and lb >= max(ranked.threshold_s, ref * bounds.kappa_max):
             # pairs are sorted by bound (ranking units): every later pair is pruned too, and none of
@@ -1240,13 +1255,9 @@ def _search(
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in SPLIT_BACKWARD_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
-                if pair_times is None:  # the first option the pair bounds: its own bound
-                    pair_times = bounds.pair_times(mesh_index, mb)
-                    bound = pair_times.bound(mesh.pp, option, ga, overlap)
-                else:  # a second one: every option's at once (most pairs stop at the first)
-                    if option_bounds is None:
-                        option_bounds = pair_times.bounds(mesh.pp, options, ga, overlap)
-                    bound = option_bounds[at]
+                if option_bounds is None:  # the first option the pair bounds: every option's at once
+                    option_bounds = bounds.pair_times(mesh_index, mb).bounds(mesh.pp, options, ga, overlap)
+                bound = option_bounds[at]
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
@@ -1352,6 +1363,9 @@ def _search(
         progress(pair_count, pair_count)
     if gpipe_dominated:
         log.count(GPIPE_DOMINATED, gpipe_dominated)
+    for floor_over in floors.values():
+        if floor_over is not None:
+            floor_over.flush(log)
     for rejections in grid_reasons.values():
         rejections.flush(log)
 
