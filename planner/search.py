@@ -18,12 +18,15 @@ Whole space, priced or provably pruned (branch and bound):
    When that bound is within `BOUND_MARGIN` of the k-th best step time, the table's own bound
    (`step_time.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time,
-   unless each is bounded above the k-th best step by its recompute mode's bound
-   (`step_time.mode_lower_bounds`; failing that, the setting's own bound: what its sharding adds
-   to every micro-batch, what its step adds once (the busiest rank's gradient-reduction tail and
-   optimizer step, the fixed overhead) and the roofline of its ZeRO traffic:
-   `step_time.setting_lower_bounds`) and a layout already kept is strictly faster and no larger (the
-   Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be on the Pareto front, and
+   unless each is bounded above the k-th best step by its own bound (`step_time.setting_lower_bounds`:
+   its recompute mode's per-rank floor, what its sharding adds to every micro-batch, what its step
+   adds once (the busiest rank's gradient-reduction tail and optimizer step, the fixed overhead) and
+   the roofline of its ZeRO traffic), first from the option's per-rank floors without recompute that
+   level 3 summed (`_PairTimes.bounds`) plus the table's recompute seconds, before the table's phase
+   arrays are computed; failing that, from the table's own floors (its recompute mode's bound
+   `step_time.mode_lower_bounds` first, then the setting's), and a layout already kept is strictly
+   faster and no larger (the Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be
+   on the Pareto front, and
    they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
    combined-1F1B twin share one table; a combined-1F1B option (which runs no full recompute) whose
    activations alone exceed the usable memory in every other mode (`stage_table.activation_floor`)
@@ -694,10 +697,13 @@ class _PairTimes:
             sums = self.rank_sums[(pp, option)] = (compute, counts)
         return sums
 
-    def bounds(self, pp: int, options: list[PipeOption], grad_accum: int, ov: Overlap) -> list[float]:
+    def bounds(self, pp: int, options: list[PipeOption], grad_accum: int, ov: Overlap) -> tuple[list[float], np.ndarray]:
         """`bound` of every pipeline option of the pair, in `options`' order: the same sums, as
         arrays over the options (the per-option rank sums stacked once per list of options and
-        shared like `rank_sums`)."""
+        shared like `rank_sums`); and the per-rank seconds of one micro-batch they are made of,
+        (options, pp): each rank's compute, knob-independent exposed communication without
+        recompute and pipeline sends, at most the table's floor of every recompute mode
+        (`step_time.mode_rank_floors`) less that mode's recompute seconds."""
         key = (pp, tuple(options))
         shapes = self.shapes.get(key)
         if shapes is None:
@@ -729,9 +735,9 @@ class _PairTimes:
         per = compute + exposed + pp_exposed[:, None]
         worst = per.max(axis=1)
         if pp == 1:
-            return (grad_accum * worst + 0.0).tolist()
+            return (grad_accum * worst + 0.0).tolist(), per
         bubble = np.where(free, 0.0, (per.sum(axis=1) - worst) / vpp)
-        return (grad_accum * worst + bubble).tolist()
+        return (grad_accum * worst + bubble).tolist(), per
 
 
 def _node_refusal(
@@ -1237,6 +1243,7 @@ def _search(
             pruned += n + later
             break
         option_bounds: list[float] | None = None
+        option_floors: np.ndarray | None = None  # (options, pp) what the bounds add up (`_PairTimes.bounds`)
         for at, option in enumerate(options):
             vpp, schedule = option.vpp, option.schedule
             near_threshold = True
@@ -1256,7 +1263,7 @@ def _search(
                     pruned += len(grid)
                     continue
                 if option_bounds is None:  # the first option the pair bounds: every option's at once
-                    option_bounds = bounds.pair_times(mesh_index, mb).bounds(mesh.pp, options, ga, overlap)
+                    option_bounds, option_floors = bounds.pair_times(mesh_index, mb).bounds(mesh.pp, options, ga, overlap)
                 bound = option_bounds[at]
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
@@ -1329,6 +1336,17 @@ def _search(
                 if not len(fits):
                     continue
             feasible += len(fits)
+            if ranked.full and option_floors is not None:
+                # Bounded before the table's phase arrays are computed: each setting's own bound
+                # (`step_time.setting_lower_bounds`) from the option's per-rank floors without
+                # recompute (`_PairTimes.bounds`) plus each mode's recompute seconds, at most the
+                # table's floors; the same test as below
+                floor_s = max(ranked.threshold_s / kappa, ref)
+                pair_floors = option_floors[at][None, :] + table.recompute
+                lb = setting_lower_bounds(table, knobs_of(grid_key, grid), vpp, cal, pair_floors)[fits] * (1 - BOUND_MARGIN)
+                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
+                    bounded += len(fits)
+                    continue
             phases, table_mode_lb, rank_floors = orders.phases(memory_key, table, vpp, cal)
             if ranked.full:
                 # Bounded, not timed: each fitting setting's recompute mode bounds its step from below

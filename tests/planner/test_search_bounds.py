@@ -66,14 +66,15 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
         patched.setattr(step_time, "COMM_SMS", 0)
         bounds_no_sms = _pair_bounds(model, training, cluster, gpus, valid, all_mbs, cal, c.framework, Stack.of(c).attention_kernel)
     ov = cal.overlap(c.framework)
-    checked = raised = 0
+    checked = raised = tight_floors = 0
     for index, (mesh, mbs) in enumerate(valid):
         for mb in mbs[:: max(1, len(mbs) // 3)]:
             times = bounds.pair_times(index, mb)
             times_no_sms = bounds_no_sms.pair_times(index, mb)
             options = pipeline_options(model, training, mesh, mb, c)
-            # every option's bound at once (`_PairTimes.bounds`): each option's own, to rounding
-            together = times.bounds(mesh.pp, options, training.global_batch // (mb * mesh.dp), ov)
+            # every option's bound at once (`_PairTimes.bounds`): each option's own, to rounding, and
+            # the per-rank floors they add up, plus each mode's recompute, at most the table's
+            together, floors = times.bounds(mesh.pp, options, training.global_batch // (mb * mesh.dp), ov)
             for at, option in enumerate(options):
                 vpp = option.vpp
                 layout = to_layout(mesh, mb, option, settings(mesh, cluster, c)[0], Stack.of(c)).resolved(gpus, training)
@@ -85,6 +86,9 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                 pair_bound = times.bound(mesh.pp, option, layout.grad_accum_, ov)
                 pair_bound_no_sms = times_no_sms.bound(mesh.pp, option, layout.grad_accum_, ov)
                 assert together[at] == pytest.approx(pair_bound, rel=1e-13)
+                table_floors = step_time.mode_rank_floors(table, step_time.phase_arrays(table, vpp, cal))
+                assert np.all(floors[at][None, :] + table.recompute <= table_floors * (1 + 1e-12))
+                tight_floors += bool(np.any(floors[at][None, :] + table.recompute >= table_floors * (1 - 1e-12)))
                 assert pair_bound_no_sms * (1 - 1e-12) <= pair_bound <= exact * (1 + 1e-12)
                 raised += pair_bound > pair_bound_no_sms * (1 + 1e-9)
                 # the pair bound prices the collectives at their alpha-beta time (exactly affine in the
@@ -109,6 +113,7 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                 schedules.add(option.schedule)
                 checked += 1
     assert checked > 20
+    assert tight_floors > 0
     assert raised > 0 or framework != "megatron"
     if framework == "fsdp":
         assert {"zero_bubble", "zbv", "dualpipev"} <= schedules
