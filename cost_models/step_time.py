@@ -914,53 +914,50 @@ def setting_lower_bounds(t: StageTable, knobs: KnobArrays, vpp: int, cal: Calibr
     check reads it: a ZeRO-3 setting whose exposed gathers double its step is bounded here, not
     timed."""
     dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
-    mode, pair = knobs.mode, knobs.sharding
-    parts = _BoundParts.of(dp, beside_sm_share(t), t.mesh.grad_accum_)
-    per = rank_floors[mode] + parts.added[pair] + _FULL[mode] * parts.added_by_recompute[pair]  # (J, pp)
+    parts = _BoundParts.of(dp, knobs, beside_sm_share(t), t.mesh.grad_accum_)
     overhead = _step_overhead(t, cal)
-    tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
-    micro_batches = pipelined_floor(per, t, vpp) + (parts.tail[pair, tier] + overhead)
-    return np.maximum(micro_batches, parts.roofline[pair] + overhead)
+    micro_batches = pipelined_floor(rank_floors[knobs.mode] + parts.added, t, vpp) + (parts.tail + overhead)
+    return np.maximum(micro_batches, parts.roofline + overhead)
 
 
 @dataclass(frozen=True)
 class _BoundParts:
-    """What `setting_lower_bounds` reads of a table's data-parallel times, per (ZeRO stage, sharding
-    group) pair: what the sharding adds to one micro-batch on each rank, (pairs, pp), and under full
-    recompute besides; the once-per-step tail (`once_per_step_floor` less the overhead) per
-    optimizer tier, (pairs, 3); the roofline of its own traffic over the step, (pairs,). Memoized on
-    the `DataParallelTimes` object (tables of one data-parallel key share it), the SM share of the
-    table's schedule and its micro-batch count; elementwise the same floats as per setting."""
+    """What `setting_lower_bounds` reads of a table's data-parallel times, per setting: what its
+    sharding adds to one micro-batch on each rank, (J, pp), under full recompute the recompute's
+    share too; its once-per-step tail (`once_per_step_floor` less the overhead), (J,); the roofline
+    of its sharding's own traffic over the step, (J,). Memoized on the `DataParallelTimes` and
+    `KnobArrays` objects (tables of one data-parallel key share the first, a grid's tables the
+    second), the SM share of the table's schedule and its micro-batch count."""
 
     added: np.ndarray
-    added_by_recompute: np.ndarray
     tail: np.ndarray
     roofline: np.ndarray
 
     @classmethod
-    def of(cls, dp: DataParallelTimes, sm_share: float, grad_accum: int) -> _BoundParts:
-        key = (id(dp), sm_share, grad_accum)
+    def of(cls, dp: DataParallelTimes, knobs: KnobArrays, sm_share: float, grad_accum: int) -> _BoundParts:
+        key = (id(dp), id(knobs), sm_share, grad_accum)
         hit = _BOUND_PARTS.get(key)
-        if hit is not None and hit[0] is dp:
-            return hit[1]
+        if hit is not None and hit[0] is dp and hit[1] is knobs:
+            return hit[2]
+        mode, pair = knobs.mode, knobs.sharding
+        tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
         # a second of exposed gathers can shrink the SMs the floors count as taken by the hidden
         # traffic (`comm_beside_compute` subtracts what a window exposes) by at most `sm_share` of it
         kept = 1.0 - sm_share
+        added = dp.kernels_f + dp.kernels_b + kept * (dp.exposed_f + dp.exposed_b)  # (pairs, pp)
+        added_by_recompute = dp.kernels_recompute + kept * dp.exposed_r  # (pairs, pp), full recompute only
+        tail = (np.maximum(dp.reduce_tail, 0.0)[:, :, None] + dp.optimizer).max(axis=1)  # (pairs, tiers)
         traffic = grad_accum * (dp.traffic_f + dp.traffic_b) + dp.reduce + dp.gather  # (pairs, CHANNELS, pp)
-        parts = cls(
-            dp.kernels_f + dp.kernels_b + kept * (dp.exposed_f + dp.exposed_b),
-            dp.kernels_recompute + kept * dp.exposed_r,
-            (np.maximum(dp.reduce_tail, 0.0)[:, :, None] + dp.optimizer).max(axis=1),
-            traffic.max(axis=(1, 2)),
-        )
+        parts = cls(added[pair] + _FULL[mode] * added_by_recompute[pair], tail[pair, tier], traffic.max(axis=(1, 2))[pair])
         if len(_BOUND_PARTS) > 1 << 14:
             _BOUND_PARTS.clear()
-        _BOUND_PARTS[key] = (dp, parts)
+        _BOUND_PARTS[key] = (dp, knobs, parts)
         return parts
 
 
-_BOUND_PARTS: dict[tuple, tuple[DataParallelTimes, _BoundParts]] = {}
-"""`_BoundParts.of`'s memo; an entry keeps its `DataParallelTimes`, so the id stays that object's."""
+_BOUND_PARTS: dict[tuple, tuple[DataParallelTimes, KnobArrays, _BoundParts]] = {}
+"""`_BoundParts.of`'s memo; an entry keeps its `DataParallelTimes` and `KnobArrays`, so the ids stay
+those objects'."""
 
 
 def channel_traffic(
