@@ -461,9 +461,13 @@ class _PairBounds:
     kappa: np.ndarray  # 1 + the pair's kernel margin (`_ComputeTimes.margin`): the ranking's conservative factor
     compute: _ComputeTimes
     per_mb_s: np.ndarray  # seconds of one micro-batch summed over the pipeline ranks, per pair
-    comm1: list[tuple[float, float, float, float]]  # per mesh, `mesh_comm` seconds at micro-batch 1 (TP, CP, EP, p2p)
-    comm2: list[tuple[float, float, float, float]]  # the same at micro-batch 2
     exposure: _Exposure
+    row_of: np.ndarray  # per pair, its shard geometry's row in `compute`
+    at_of: np.ndarray  # per pair, its micro-batch's column in `compute`
+    kind_exposed: np.ndarray
+    """(pairs, kinds) seconds exposed per layer of each kind (`_Exposure.per_kind`), without the
+    allowance for a schedule that may hide the all-to-alls (each option's bound drops them itself)"""
+    p2p: np.ndarray  # per pair, seconds of one pipeline send (`mesh_comm`)
     kappa_max: float = 1.0
     layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict, dict]] = field(default_factory=dict)
     """Memo of `pair_times`' per-layer compute per (geometry row, micro-batch column): every pair of
@@ -473,25 +477,19 @@ class _PairBounds:
     """Memo of what the per-rank sums read of a pipeline shape alone, shared by every pair
     (`_PairTimes.shapes`)."""
 
-    def pair_times(self, mesh_index: int, mb: int) -> _PairTimes:
-        mesh = self.meshes[mesh_index]
+    def pair_times(self, pair: int) -> _PairTimes:
+        """What the level-2 bounds of pair `pair` (its index in these arrays) read."""
         times = self.compute
-        row, at = times.rows[(mesh.tp, mesh.cp, mesh.ep, mesh.etp)], int(np.searchsorted(times.mbs, mb))
-        # affine in the micro-batch (`_pair_bounds`); Python floats, the same IEEE operations
-        steps = mb - 1
-        comm = tuple(a + (b - a) * steps for a, b in zip(self.comm1[mesh_index], self.comm2[mesh_index], strict=True))
+        row, at = int(self.row_of[pair]), int(self.at_of[pair])
         parts = self.layer_compute.get((row, at))
         if parts is None:
             parts = self.layer_compute[(row, at)] = (
                 times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {}, {}
             )
         layer_compute, head, rank_sums, option_sums = parts
-        kind_exposed = self.exposure.per_kind(
-            mesh.tp, mesh.cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at]
-        )  # type: ignore[arg-type]
         embedding_grad = tuple(times.embedding_grad[row].tolist())
-        return _PairTimes(layer_compute, kind_exposed, head, embedding_grad, comm[3], rank_sums, self.exposure,  # type: ignore[arg-type]
-                          option_sums, self.shapes)
+        return _PairTimes(layer_compute, self.kind_exposed[pair], head, embedding_grad, float(self.p2p[pair]), rank_sums,  # type: ignore[arg-type]
+                          self.exposure, option_sums, self.shapes)
 
 
 @dataclass(frozen=True)
@@ -615,18 +613,21 @@ def _pair_bounds(
     m_count = training.global_batch // (mb * dp)
     kappa = 1.0 + times.margin[row, at]
     bound = m_count * per_mb / pp * kappa
-    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, kappa, times, per_mb, comm1, comm2, exposure,
-                       float(kappa.max()) if len(kappa) else 1.0)
+    # what each option's bound reads (`_PairTimes`): the exposure of every pair without the allowance
+    kind_exposed = exposure.per_kind(tp, cp, comm, times.kind_attention_f[row, at], times.kind_forward[row, at], times.kind_compute[row, at])
+    return _PairBounds([m for m, _ in meshes_mbs], mesh_of, mb, bound, kappa, times, per_mb, exposure, row, at,
+                       kind_exposed, comm[3], float(kappa.max()) if len(kappa) else 1.0)
 
 
-def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, float, float]]:
-    """(bound, mesh index, micro-batch, per-micro-batch seconds, kappa) of the pairs in `order`,
-    converted to Python numbers a chunk at a time: branch and bound usually stops after a few thousand."""
+def _visit_order(bounds: _PairBounds, order: np.ndarray, chunk: int = 4096) -> Iterator[tuple[float, int, int, int, float, float]]:
+    """(bound, pair index, mesh index, micro-batch, per-micro-batch seconds, kappa) of the pairs in
+    `order`, converted to Python numbers a chunk at a time: branch and bound usually stops after a
+    few thousand."""
     for start in range(0, len(order), chunk):
         at = order[start : start + chunk]
         yield from zip(
-            bounds.bound_s[at].tolist(), bounds.mesh_of[at].tolist(), bounds.mb_of[at].tolist(), bounds.per_mb_s[at].tolist(),
-            bounds.kappa[at].tolist(), strict=True,
+            bounds.bound_s[at].tolist(), at.tolist(), bounds.mesh_of[at].tolist(), bounds.mb_of[at].tolist(),
+            bounds.per_mb_s[at].tolist(), bounds.kappa[at].tolist(), strict=True,
         )
 
 
@@ -1218,7 +1219,7 @@ def _search(
     # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
     floors: dict[tuple, _FloorVerdict | None] = {}
     orders = _RankOrders()  # tables and memory prices shared between a mesh's rank orders
-    for done, (lb, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
+    for done, (lb, pair, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
         if progress is not None:
             progress(done, pair_count)
@@ -1263,7 +1264,7 @@ def _search(
                     pruned += len(grid)
                     continue
                 if option_bounds is None:  # the first option the pair bounds: every option's at once
-                    option_bounds, option_floors = bounds.pair_times(mesh_index, mb).bounds(mesh.pp, options, ga, overlap)
+                    option_bounds, option_floors = bounds.pair_times(pair).bounds(mesh.pp, options, ga, overlap)
                 bound = option_bounds[at]
                 if bound * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)

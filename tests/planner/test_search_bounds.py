@@ -69,8 +69,9 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
     checked = raised = tight_floors = 0
     for index, (mesh, mbs) in enumerate(valid):
         for mb in mbs[:: max(1, len(mbs) // 3)]:
-            times = bounds.pair_times(index, mb)
-            times_no_sms = bounds_no_sms.pair_times(index, mb)
+            pair = int(np.flatnonzero((bounds.mesh_of == index) & (bounds.mb_of == mb))[0])
+            times = bounds.pair_times(pair)
+            times_no_sms = bounds_no_sms.pair_times(pair)
             options = pipeline_options(model, training, mesh, mb, c)
             # every option's bound at once (`_PairTimes.bounds`): each option's own, to rounding, and
             # the per-rank floors they add up, plus each mode's recompute, at most the table's
@@ -99,7 +100,6 @@ def test_pair_bound_equals_table_bound(name, cluster_name, gpus, seq, batch, fra
                     assert pair_bound_no_sms >= 0.5 * exact_no_sms
                     if mesh.tp == 1 and mesh.cp == 1:
                         assert pair_bound_no_sms == pytest.approx(exact_no_sms, rel=1e-12)
-                pair = np.flatnonzero((bounds.mesh_of == index) & (bounds.mb_of == mb))[0]
                 bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
                 cheap = _bubble_bound(float(bounds.per_mb_s[pair]), mesh.pp, vpp, layout.grad_accum_, bubble_free)
                 # pairs are ranked in conservative units: seconds x (1 + the kernels' margin)
