@@ -788,6 +788,26 @@ table's decides a layout that sits on the k-th best step time. A pair bound belo
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
 
 
+def _all_bounded(
+    ranked: _RankedBlocks, floor_s: float, kappa: float, table: StageTable, knobs: KnobArrays, fits: np.ndarray,
+    peaks: np.ndarray, vpp: int, cal: Calibration, rank_floors: np.ndarray, mode_lb: np.ndarray | None,
+) -> bool:
+    """Whether no fitting setting (`fits`, their `peaks`) of `table` can enter the top k, the tie
+    window or the Pareto front: each setting's step is bounded at or above `floor_s` (seconds: the
+    ranking's threshold over the pair's `kappa`, or the reference) and a layout already kept is
+    strictly faster than the bound (ranking units) and no larger. First, when given, by its
+    recompute mode's bound (`mode_lb`, (modes,) seconds: `step_time.pipelined_floor` of
+    `rank_floors`), then, where that leaves one, by its own bound (`step_time.setting_lower_bounds`:
+    what its sharding adds to every micro-batch, what the step adds once, the roofline of its ZeRO
+    traffic)."""
+    if mode_lb is not None:
+        lb = mode_lb[knobs.mode[fits]] * (1 - BOUND_MARGIN)
+        if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks):
+            return True
+    lb = setting_lower_bounds(table, knobs, vpp, cal, rank_floors)[fits] * (1 - BOUND_MARGIN)
+    return bool(lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks))
+
+
 def _floor_over(floor: np.ndarray, modes: np.ndarray, usable: int) -> tuple[np.ndarray, np.ndarray]:
     """Of a grid's settings (their recompute `modes`) under an activation floor (bytes per mode,
     `stage_table.activation_floor`): those other than full recompute whose floor, less the bound
@@ -1337,38 +1357,24 @@ def _search(
                 if not len(fits):
                     continue
             feasible += len(fits)
+            # Bounded, not timed: when every fitting setting's step is bounded above the ranking's
+            # threshold (and the reference) and a layout already kept is strictly faster and no
+            # larger than each, none of them can enter the top k, the tie window or the Pareto front
+            # (`_all_bounded`). First by each setting's own bound from the option's per-rank floors
+            # without recompute that level 3 summed (`_PairTimes.bounds`) plus the table's recompute
+            # seconds of each mode, at most the table's own floors, before its phase arrays are
+            # computed (the modes' bounds alone seldom decide from these); then from the table's
             if ranked.full and option_floors is not None:
-                # Bounded before the table's phase arrays are computed: each setting's own bound
-                # (`step_time.setting_lower_bounds`) from the option's per-rank floors without
-                # recompute (`_PairTimes.bounds`) plus each mode's recompute seconds, at most the
-                # table's floors; the same test as below
-                floor_s = max(ranked.threshold_s / kappa, ref)
                 pair_floors = option_floors[at][None, :] + table.recompute
-                lb = setting_lower_bounds(table, knobs_of(grid_key, grid), vpp, cal, pair_floors)[fits] * (1 - BOUND_MARGIN)
-                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
+                if _all_bounded(ranked, max(ranked.threshold_s / kappa, ref), kappa, table, knobs_of(grid_key, grid), fits,
+                                peaks[fits], vpp, cal, pair_floors, None):
                     bounded += len(fits)
                     continue
             phases, table_mode_lb, rank_floors = orders.phases(memory_key, table, vpp, cal)
-            if ranked.full:
-                # Bounded, not timed: each fitting setting's recompute mode bounds its step from below
-                # (`step_time.mode_lower_bounds`); when every bound is above the ranking's threshold
-                # (and the reference) and a layout already kept is strictly faster and no larger than
-                # each, none of them can enter the top k, the tie window or the Pareto front
-                mode_lb = table_mode_lb[knobs_of(grid_key, grid).mode[fits]]
-                lb = mode_lb * (1 - BOUND_MARGIN)
-                floor_s = max(ranked.threshold_s / kappa, ref)
-                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
-                    bounded += len(fits)
-                    continue
-                # ... or, failing that, with each setting's own bound (`step_time.setting_lower_bounds`:
-                # what its sharding adds to every micro-batch, what the step adds once, the busiest
-                # rank's gradient-reduction tail and optimizer step and the fixed overhead, and its
-                # ZeRO traffic's roofline)
-                knobs = knobs_of(grid_key, grid)
-                lb = setting_lower_bounds(table, knobs, vpp, cal, rank_floors)[fits] * (1 - BOUND_MARGIN)
-                if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks[fits]):
-                    bounded += len(fits)
-                    continue
+            if ranked.full and _all_bounded(ranked, max(ranked.threshold_s / kappa, ref), kappa, table, knobs_of(grid_key, grid),
+                                            fits, peaks[fits], vpp, cal, rank_floors, table_mode_lb):
+                bounded += len(fits)
+                continue
             # every setting is timed (as cheap as timing a subset: the work is per numpy call), the
             # ones that fit are kept
             timed = price_time(table, grid, copy.copy(prices), vpp, cal, phases)
