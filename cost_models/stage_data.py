@@ -135,11 +135,18 @@ class KnobArrays:
 
     @classmethod
     def of(cls, settings: list[Setting]) -> KnobArrays:
+        """The knobs of `settings`. Equal lists of settings share one object, process-wide (its
+        arrays are read-only), so memos keyed on its identity (`step_time._BoundParts`) hold from
+        one search to the next."""
+        key = tuple(settings)
+        hit = _KNOB_ARRAYS.get(key)
+        if hit is not None:
+            return hit
         distinct: dict[Sharding, int] = {}
         index = [distinct.setdefault(s.sharding, len(distinct)) for s in settings]
         zero = np.array([s.zero_stage for s in settings], dtype=np.int64)
         mode = np.array([RECOMPUTE_MODES.index(s.recompute) for s in settings], dtype=np.int64)
-        return cls(
+        knobs = cls(
             zero,
             np.array([s.dp_shard for s in settings]),
             mode,
@@ -151,6 +158,17 @@ class KnobArrays:
             np.array([s.offload_nvme for s in settings]),
             np.array([s.hpz for s in settings], dtype=np.int64),
         )
+        for value in vars(knobs).values():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        if len(_KNOB_ARRAYS) > 1 << 12:
+            _KNOB_ARRAYS.clear()
+        _KNOB_ARRAYS[key] = knobs
+        return knobs
+
+
+_KNOB_ARRAYS: dict[tuple[Setting, ...], KnobArrays] = {}
+"""`KnobArrays.of`'s memo, by the settings' values; it starts over beyond 4,096 grids."""
 
 
 @dataclass
