@@ -808,12 +808,13 @@ def _all_bounded(
     return bool(lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks))
 
 
-def _floor_over(floor: np.ndarray, modes: np.ndarray, usable: int) -> tuple[np.ndarray, np.ndarray]:
-    """Of a grid's settings (their recompute `modes`) under an activation floor (bytes per mode,
-    `stage_table.activation_floor`): those other than full recompute whose floor, less the bound
-    margin, is over the usable memory, and the full-recompute ones."""
+def _floor_over(over_modes: np.ndarray, modes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of a grid's settings (their recompute `modes`), given which recompute modes' activation
+    floors (`stage_table.activation_floor`), less the bound margin, are over the usable memory
+    (`over_modes`): the settings other than full recompute whose mode is over, and the
+    full-recompute ones."""
     full = modes == FULL_RECOMPUTE
-    return ~full & (floor[modes] * (1 - BOUND_MARGIN) > usable), full
+    return ~full & over_modes[modes], full
 
 
 class _RankOrders:
@@ -887,8 +888,17 @@ class _FloorVerdict:
     pending: int = 0  # counts after the first, not yet added (`flush`)
 
     @classmethod
-    def of(cls, over: np.ndarray, full: np.ndarray) -> _FloorVerdict:
-        return cls(over, full, bool(np.all(over | full)), int(full.sum()))
+    def of(cls, floor: np.ndarray, usable: int, grid_key: tuple, modes: np.ndarray, masks: dict[tuple, tuple]) -> _FloorVerdict:
+        """The verdict of an activation floor (bytes per recompute mode) on the grid `grid_key`
+        (its settings' recompute `modes`): its masks depend only on which modes are over the
+        `usable` bytes, and are shared through `masks` (the search's, by grid and those modes)."""
+        over_modes = floor * (1 - BOUND_MARGIN) > usable
+        key = (grid_key, over_modes.tobytes())
+        shared = masks.get(key)
+        if shared is None:
+            over, full = _floor_over(over_modes, modes)
+            shared = masks[key] = (over, full, bool(np.all(over | full)), int(full.sum()))
+        return cls(*shared)
 
     def have_examples(self, rejections: _GridRejections, log: RejectionLog) -> bool:
         if not self.examples_known:
@@ -1238,6 +1248,7 @@ def _search(
     # per (mesh degrees, micro-batch, option): the settings its activation floor puts over the usable
     # memory, and its full-recompute ones (`_floor_over`); None where no floor is claimed
     floors: dict[tuple, _FloorVerdict | None] = {}
+    floor_masks: dict[tuple, tuple] = {}  # `_FloorVerdict.of`'s shared masks
     orders = _RankOrders()  # tables and memory prices shared between a mesh's rank orders
     for done, (lb, pair, mesh_index, mb, per_mb_s, kappa) in enumerate(pairs):
         mesh = bounds.meshes[mesh_index]
@@ -1307,7 +1318,7 @@ def _search(
                     base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
                     floor = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
                     floor_over = floors[floor_key] = (
-                        None if floor is None else _FloorVerdict.of(*_floor_over(floor, knobs_of(grid_key, grid).mode, usable))
+                        None if floor is None else _FloorVerdict.of(floor, usable, grid_key, knobs_of(grid_key, grid).mode, floor_masks)
                     )
                 if floor_over is not None and floor_over.all_refused and floor_over.have_examples(rejections, log):
                     floor_over.count(rejections, log)
