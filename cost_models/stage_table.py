@@ -13,6 +13,7 @@ layout through the same path (one setting), so the planner and `autopar evaluate
 from __future__ import annotations
 
 import copy
+import operator
 from functools import lru_cache
 from typing import Any
 
@@ -206,75 +207,136 @@ def _layer_arrays(
     return per_layer, per_class
 
 
-_RANK_SUMS: dict[tuple, tuple[tuple[object, ...], tuple[np.ndarray, ...]]] = {}
+GEOMETRY_FIELDS = (
+    "micro_batch", "tp", "cp", "sp", "ep", "etp", "framework", "stack", "elementwise_kernels", "cp_attention",
+    "attention_kernel", "fsdp_flat_params", "norm_kernel", "recompute_modules",
+)
+"""The `Layout` fields that `ShardGeometry.of`, `activation_context` and `FineTune.of` read of a
+mesh (the resolved accessors they call, `sp_`, `etp_`, `attention_kernel_`, `recompute_modules_`,
+read these and nothing else of it): what `_geometry` keys a job's `_Geometry` on
+(tests/cost_models/test_stage_table_memos.py checks that they read no other field)."""
+
+_geometry_fields = operator.attrgetter(*GEOMETRY_FIELDS)
 
 
-def _rank_sums(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    precision: str,
-    g: ShardGeometry,
-    actx: ActivationContext,
-    partition: StagePartition,
-    limit: int | None,
-    cal: Calibration,
-    ft: FineTune | None = None,
-) -> tuple[np.ndarray, ...]:
-    """Per-rank sums over the layers each pipeline rank holds (memoized: rank orders and knob
-    settings share them; the job objects are matched by identity and kept alive by the entry, so
-    ids are not reused; the arrays are read-only). `limit`: layers per rank that full recompute
-    re-runs, the first ones in the rank's order (None = all). The partition's chunks cover layers
-    0..n-1 in model order (a probe partition may cover fewer than all)."""
-    key = (id(model), id(cluster), id(cal), precision, g, actx, partition, limit, ft)
-    hit = _RANK_SUMS.get(key)
-    if hit is not None and hit[0][0] is model and hit[0][1] is cluster and hit[0][2] is cal:
-        return hit[1]
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+class _Geometry:
+    """What every table of one job (model, training, cluster, calibration) at one shard geometry
+    and activation context shares, whatever its pipeline partition and rank order: the geometry
+    (`ShardGeometry.of`), the activation context, the fine-tuning state (`FineTune.of`), the
+    per-layer and per-class arrays (`_layer_arrays`), and what `_rank_sums` and `build_table` make
+    of them alone: the quantities `_rank_sums` adds up per rank and the rows whose per-rank maxima
+    it takes, when full recompute re-runs every layer (no `recompute_layers`), and the per-class
+    fields of a `StageTable`. All arrays read-only."""
+
+    __slots__ = (
+        "g", "actx", "ft", "per_layer", "per_class", "of_layer", "every_layer", "every_peak",
+        "class_backward", "class_weight_bytes", "class_trainable",
+    )
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, mesh: Layout) -> None:
+        self.g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
+        self.actx = activation_context(training, mesh, model)
+        self.ft = FineTune.of(training, mesh.stack)
+        self.per_layer, self.per_class = _layer_arrays(model, cluster, training.precision, self.g, self.actx, cal, self.ft)
+        self.of_layer = layer_classes(model)[1]
+        every = np.ones(len(self.of_layer), dtype=bool)
+        self.every_layer = _readonly(_rank_quantities(self.per_layer, every))
+        self.every_peak = _readonly(_peak_rows(self.per_layer, every))
+        pc = self.per_class
+        self.class_backward = _readonly(pc["fb"] - pc["fwd"])
+        self.class_weight_bytes = _readonly(np.array([pc["dense_w"], pc["expert_w"]]))
+        self.class_trainable = _readonly(np.array([pc["dense_t"], pc["expert_t"]]))
+
+
+_GEOMETRIES: dict[tuple, tuple[tuple[object, ...], _Geometry]] = {}
+GEOMETRY_ENTRIES = 4096
+"""`_GEOMETRIES` starts over beyond this many entries (as many shard geometries as the lru_caches
+of `_layer_arrays`, `layer_times` and `_layer_acts` keep)."""
+
+
+def _geometry(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, mesh: Layout) -> _Geometry:
+    """The `_Geometry` of `mesh` (resolved) in a job, memoized on the job objects (by identity: the
+    entry keeps them alive, so ids are not reused) and the mesh's `GEOMETRY_FIELDS` (by value):
+    everything `ShardGeometry.of`, `activation_context`, `FineTune.of` and `_layer_arrays` read.
+    Matching the job by identity spares hashing its pydantic objects for every table."""
+    key = (id(model), id(training), id(cluster), id(cal), _geometry_fields(mesh))
+    hit = _GEOMETRIES.get(key)
+    if hit is not None:
+        m, tr, cl, ca = hit[0]
+        if m is model and tr is training and cl is cluster and ca is cal:
+            return hit[1]
+    geo = _Geometry(model, training, cluster, cal, mesh)
+    if len(_GEOMETRIES) >= GEOMETRY_ENTRIES:
+        _GEOMETRIES.clear()
+    _GEOMETRIES[key] = ((model, training, cluster, cal), geo)
+    return geo
+
+
+def _rank_quantities(arr: dict[str, np.ndarray], recomputed: np.ndarray) -> np.ndarray:
+    """(quantities, layers) what `_rank_sums` adds up per rank, one row per quantity (its
+    `_RANK_QUANTITIES` rows, in the order it unpacks them), from per-layer arrays (`_layer_arrays`)
+    and whether full recompute re-runs each layer."""
+    a0, fwd, moe = arr["a0"], arr["fwd"], arr["moe"]
+    q = np.empty((_RANK_QUANTITIES, len(a0)))
+    q[0], q[1], q[2], q[3] = arr["dense"], arr["expert"], a0, arr["a1"]
+    q[5], q[6], q[7], q[8], q[9] = 1.0, moe, arr["fb"], fwd, arr["sel"]
+    q[11] = 0.0
+    _set_recompute_rows(q, recomputed, a0, arr["a2"], arr["refwd"], moe)
+    q[14], q[15] = arr["a3"], arr["osac"]
+    q[16], q[17], q[18], q[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
+    return q
+
+
+def _peak_rows(arr: dict[str, np.ndarray], recomputed: np.ndarray) -> np.ndarray:
+    """(5, layers) the per-layer rows whose per-rank maxima `_rank_sums` takes: a layer's elements,
+    its weights (stored bytes, trainable elements), its backward transient (`deq`) and its
+    recompute working set (its activations when full recompute re-runs it)."""
+    return np.array([
+        arr["dense"] + arr["expert"], arr["dense_w"] + arr["expert_w"], arr["dense_t"] + arr["expert_t"], arr["deq"],
+        np.where(recomputed, arr["a0"], 0.0),
+    ])
+
+
+def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limit: int | None) -> tuple[np.ndarray, ...]:
+    """Per-rank sums over the layers each pipeline rank holds, of one shard geometry's per-layer
+    arrays (`geo`; read-only results). `limit`: layers per rank that full recompute re-runs, the
+    first ones in the rank's order (None = all: the geometry's own quantities, `_Geometry.every_layer`).
+    The partition's chunks cover layers 0..n-1 in model order (a probe partition may cover fewer
+    than all)."""
     # Sums run over each rank's layers in model order: one `np.bincount` over all quantities at
     # once, which adds in input order.
     pp = partition.pp
     owner, mine, bins = _partition_index(partition)
     n = len(owner)
-    per_layer, per_class = _layer_arrays(model, cluster, precision, g, actx, cal, ft)
-    arr = {k: v[:n] for k, v in per_layer.items()}
     if limit is None:
-        recomputed = np.ones(n, dtype=bool)
+        quantities, rows = geo.every_layer[:, :n], geo.every_peak[:, :n]
     else:  # position of each layer within its rank: chunks of a rank come in model order
-        position = np.cumsum(mine, axis=1)[owner, np.arange(n)] - 1
-        recomputed = position < limit
-
-    def peak(x: np.ndarray) -> np.ndarray:
-        """(quantities, pp) the largest of each quantity (rows of `x`, over the layers) on each rank."""
-        return np.where(mine[None, :, :], x[:, None, :], 0.0).max(axis=2, initial=0.0)
-
-    a0, fwd, moe = arr["a0"], arr["fwd"], arr["moe"]
+        arr = {k: v[:n] for k, v in geo.per_layer.items()}
+        recomputed = np.cumsum(mine, axis=1)[owner, np.arange(n)] - 1 < limit
+        quantities, rows = _rank_quantities(arr, recomputed), _peak_rows(arr, recomputed)
     k = _RANK_QUANTITIES
-    quantities = np.empty((k, n))
-    quantities[0], quantities[1], quantities[2], quantities[3] = arr["dense"], arr["expert"], a0, arr["a1"]
-    quantities[5], quantities[6], quantities[7], quantities[8], quantities[9] = 1.0, moe, arr["fb"], fwd, arr["sel"]
-    quantities[11] = 0.0
-    _set_recompute_rows(quantities, recomputed, a0, arr["a2"], arr["refwd"], moe)
-    quantities[14], quantities[15] = arr["a3"], arr["osac"]
-    quantities[16], quantities[17], quantities[18], quantities[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
     sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
-    mtp = _priced_mtp(model, partition, ft)
+    mtp = _priced_mtp(model, partition, geo.ft)
     if mtp:
+        arr = {k: v[:n] for k, v in geo.per_layer.items()}
         sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
     (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
      acts3, osac, dense_w, expert_w, dense_t, expert_t) = sums
     # each rank's largest layer (elements), the weights (bytes, elements) of its largest layer, its
     # largest dequantized copy (QLoRA) and its largest recompute working set: one masked max
-    largest, *peaks_list, working = peak(np.array([
-        arr["dense"] + arr["expert"], arr["dense_w"] + arr["expert_w"], arr["dense_t"] + arr["expert_t"], arr["deq"],
-        np.where(recomputed, a0, 0.0),
-    ]))
+    largest, *peaks_list, working = np.where(mine[None, :, :], rows[:, None, :], 0.0).max(axis=2, initial=0.0)
     peaks = np.array(peaks_list)
     acts = np.array([acts0, acts1, acts2, acts3])
     reco = np.array([np.zeros(pp), sel, full, osac])
-    _, of_layer = layer_classes(model)
-    n_classes = len(per_class["fwd"])
-    class_counts = np.bincount(owner * n_classes + of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
+    n_classes = len(geo.per_class["fwd"])
+    class_counts = np.bincount(owner * n_classes + geo.of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
     if mtp:
-        class_counts[partition.head_rank, of_layer[n - 1]] += mtp
+        class_counts[partition.head_rank, geo.of_layer[n - 1]] += mtp
     out = (
         dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
         re_moe.copy(), compute.copy(), forward.copy(), reco, class_counts,
@@ -282,9 +344,6 @@ def _rank_sums(
     )
     for a in out:
         a.flags.writeable = False
-    if len(_RANK_SUMS) > 1 << 13:
-        _RANK_SUMS.clear()
-    _RANK_SUMS[key] = ((model, cluster, cal), out)
     return out
 
 
@@ -399,6 +458,21 @@ DEEPSPEED_REDUCE_BUCKET = 5e8
 """DeepSpeed ZeRO `reduce_bucket_size` default (elements)."""
 
 
+TABLE_FIELDS = (
+    "pp", "dp", "recompute_layers", "cross_entropy", "tp_comm_overlap", "offload_activations", "activation_offload_layers",
+)
+"""The `Layout` fields besides `GEOMETRY_FIELDS` that `_order_free` reads of a mesh (through
+`dp_`, `cross_entropy_`, `tp_comm_overlap_`, `communicator_groups` too): with the geometry, the
+partition and the GPU count, what its memo is keyed on (tests/cost_models/test_stage_table_memos.py)."""
+
+_table_fields = operator.attrgetter(*TABLE_FIELDS)
+
+_TABLE_PARTS: dict[tuple, tuple[_Geometry, dict[str, Any]]] = {}
+TABLE_PARTS_ENTRIES = 1 << 13
+"""`_TABLE_PARTS` starts over beyond this many entries (a few KiB each: some 30 arrays of pp or
+classes entries)."""
+
+
 def build_table(
     model: ModelSpec,
     training: TrainingSpec,
@@ -408,17 +482,41 @@ def build_table(
     partition: StagePartition,
     cal: Calibration,
 ) -> StageTable:
-    """`mesh` must be resolved (`Layout.resolved`)."""
+    """`mesh` must be resolved (`Layout.resolved`). Every field but the communication comes from
+    `_order_free`, memoized on the mesh's `_Geometry` (so on the job's objects by identity), the
+    partition, the GPU count and the mesh's `TABLE_FIELDS`: rank orders, and later searches of the
+    same job, share it (read-only arrays); the communication reads the rank order (`_placed_comm`)."""
+    cal = stacks.stack_calibration(cal, mesh.stack)  # a fine-tuning stack's host cost per kernel
+    geo = _geometry(model, training, cluster, cal, mesh)
+    # per-job memo (`comm_store`): the head reads only the token count and TP degree of the
+    # geometry, the logits only the activation context and the loss kernel
+    store: dict[tuple, Any] = comm_store(model, training, cluster, cal, gpus)
+    key = (id(geo), partition, gpus, _table_fields(mesh))
+    hit = _TABLE_PARTS.get(key)
+    if hit is not None and hit[0] is geo:
+        parts = hit[1]
+    else:
+        parts = _order_free(model, training, cluster, gpus, mesh, partition, cal, geo, store)
+        if len(_TABLE_PARTS) >= TABLE_PARTS_ENTRIES:
+            _TABLE_PARTS.clear()
+        _TABLE_PARTS[key] = (geo, parts)
+    placed = _placed_comm(model, training, cluster, gpus, mesh, cal, parts["class_attention_f"], parts["class_counts"], store)
+    return StageTable(model, training, cluster, gpus, mesh, partition, **parts, **placed)
+
+
+def _order_free(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: Layout, partition: StagePartition,
+    cal: Calibration, geo: _Geometry, store: dict[tuple, Any],
+) -> dict[str, Any]:
+    """The `StageTable` fields of `mesh` (resolved) on `partition` that read no rank order (all but
+    `_placed_comm`'s), by name; `geo`: the mesh's `_Geometry`, `store`: the job's `comm_store`,
+    `cal`: the stack's calibration. Read-only arrays."""
     pp, tp = mesh.pp, mesh.tp
     ab = training.activation_bytes
-    cal = stacks.stack_calibration(cal, mesh.stack)  # a fine-tuning stack's host cost per kernel
-    g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
-    actx = activation_context(training, mesh, model)
+    g, actx, ft = geo.g, geo.actx, geo.ft
     pc = count_params(model)
-    ft = FineTune.of(training, mesh.stack)
-    sums = _rank_sums(model, cluster, training.precision, g, actx, partition, mesh.recompute_layers, cal, ft)
     (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
-     weight_bytes, trainable, peaks) = sums
+     weight_bytes, trainable, peaks) = _rank_sums(model, geo, partition, mesh.recompute_layers)
     # the rest is read-only, shared
     dense, compute, forward = dense.copy(), compute.copy(), forward.copy()
     weight_bytes, trainable = weight_bytes.copy(), trainable.copy()
@@ -435,9 +533,6 @@ def build_table(
     trained_outside = ft is None or training.trainable_embeddings  # PEFT's modules_to_save
     if trained_outside:
         trainable[0] += outside
-    # per-job memo (`comm_store`): the head reads only the token count and TP degree of the
-    # geometry, the logits only the activation context and the loss kernel
-    store: dict[tuple, Any] = comm_store(model, training, cluster, cal, gpus)
     head_key = ("lm_head", g.tokens, g.tp, g.framework)  # the stack prices its kernels (`Calibration.stack`)
     head = store.get(head_key)
     if head is None:
@@ -481,8 +576,7 @@ def build_table(
         compute[head_rank] += mtp * (head_fwd + head_bwd + proj[0] + proj[1])
         forward[head_rank] += mtp * (head_fwd + proj[0])
 
-    _, per_class = _layer_arrays(model, cluster, training.precision, g, actx, cal, ft)
-    placed = _placed_comm(model, training, cluster, gpus, mesh, cal, per_class["attn_f"], counts, store)
+    per_class = geo.per_class
     upcast = mesh.stack is not None and stacks.defaults(mesh.stack).upcasts_logits
     logits_key = ("logits", actx, mesh.cross_entropy_, upcast)
     logits = store.get(logits_key)
@@ -490,21 +584,27 @@ def build_table(
         logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_, upcast)
     if mtp:
         logits = logits * (1 + mtp)  # each MTP module's loss holds its own logits until the backward
-    return StageTable(
-        model, training, cluster, gpus, mesh, partition, dense, expert, largest, acts, working, layers, moe,
-        re_layers, re_moe, compute, forward, reco, counts, per_class["fwd"], per_class["fb"] - per_class["fwd"],
-        logits, placed["tp_per_layer"], mesh.tp_comm_overlap_,
-        tp_backward_traffic(mesh.framework, mesh.sp_), placed["cp_exposed"], placed["cp_busy"], placed["ep_per_moe_layer"],
-        placed["etp_per_moe_layer"], placed["p2p"], placed["boundary_bytes"],
-        mesh.communicator_groups, placed["channels"], weight_bytes, trainable,
-        np.array([per_class["dense_w"], per_class["expert_w"]]), np.array([per_class["dense_t"], per_class["expert_t"]]),
-        peaks[0], peaks[1], peaks[2],
-        # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
-        *_offloaded(acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers),
+    # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
+    offloaded_acts, offloaded_layers = _offloaded(
+        acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers
+    )
+    parts: dict[str, Any] = dict(
+        dense_params=dense, expert_params=expert, largest_layer=largest, acts=acts, working=working, layers=layers,
+        moe_layers=moe, recomputed_layers=re_layers, recomputed_moe=re_moe, compute=compute, forward=forward,
+        recompute=reco, class_counts=counts, class_forward=per_class["fwd"], class_backward=geo.class_backward,
+        logits=logits, tp_overlap=mesh.tp_comm_overlap_, tp_backward_traffic=tp_backward_traffic(mesh.framework, mesh.sp_),
+        nccl_groups=mesh.communicator_groups, weight_bytes=weight_bytes, trainable=trainable,
+        class_weight_bytes=geo.class_weight_bytes, class_trainable=geo.class_trainable,
+        largest_weight_bytes=peaks[0], largest_trainable=peaks[1], dequant_bytes=peaks[2],
+        offloaded_acts=offloaded_acts, offloaded_layers=offloaded_layers,
         pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
         embedding_grad_elements=embedding_tables, gemm_weight_elements=gemm_weights,
         class_attention_f=per_class["attn_f"],
     )
+    for value in parts.values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return parts
 
 
 def _gemm_weight_elements(model: ModelSpec, training: TrainingSpec, mesh: Layout, partition: StagePartition,

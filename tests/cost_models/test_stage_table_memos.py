@@ -1,0 +1,148 @@
+"""The stage tables' memos (`cost_models.stage_table`: `_geometry`, `build_table`'s `_TABLE_PARTS`)
+are keyed on every field of the mesh their values read, and hand back, to the bit, what pricing
+the same mesh with every memo empty gives."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from cluster_specs.presets import get_cluster
+from cost_models import mesh_comm, stage_table
+from cost_models.calibration import default_calibration
+from cost_models.compute import ShardGeometry
+from cost_models.estimate import pricing_context
+from cost_models.finetune import FineTune
+from cost_models.layout import Layout
+from cost_models.stage_data import StageTable
+from cost_models.stages import StagePartition
+from model_specs.presets import get_model
+from model_specs.spec import TrainingSpec
+
+# (model, cluster, gpus, training, layout): MoE with multi-token prediction on a pipeline, a dense
+# model under FSDP with activation offload, a LoRA stack, a capped full recompute
+JOBS = [
+    ("deepseek-v3", "dgx-h800", 256, dict(seq_len=4096, global_batch=1024),
+     dict(tp=2, pp=8, ep=16, cp=1, micro_batch=1, recompute="full")),
+    ("mixtral-8x7b", "dgx-h100", 64, dict(seq_len=4096, global_batch=256),
+     dict(tp=4, pp=4, ep=2, micro_batch=2, recompute="full", recompute_layers=2, activation_offload_layers=1)),
+    ("llama3-8b", "dgx-h100", 64, dict(seq_len=4096, global_batch=64),
+     dict(tp=2, framework="fsdp", micro_batch=1, zero_stage=3, cp=2)),
+    ("llama3-8b", "dgx-h100", 64, dict(seq_len=4096, global_batch=64, method="lora"),
+     dict(framework="fsdp", stack="torchtune", micro_batch=1, zero_stage=3, recompute="full", offload_activations=True)),
+]
+
+
+def _job(i: int):
+    name, cluster, gpus, training, layout = JOBS[i]
+    return pricing_context(get_model(name), TrainingSpec(**training), get_cluster(cluster), gpus, Layout(**layout))
+
+
+def _forget() -> None:
+    """Every memo a table goes through, as in a fresh process."""
+    for memo in (stage_table._GEOMETRIES, stage_table._TABLE_PARTS, stage_table._CP_EXPOSURES, mesh_comm._COMM_STORES):
+        memo.clear()
+    stage_table._layer_arrays.cache_clear()
+
+
+def _assert_same_table(a: StageTable, b: StageTable) -> None:
+    """Field for field the same values, arrays to the bit (dtype, shape and bytes)."""
+    for f in fields(StageTable):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes()), f.name
+        else:
+            assert x == y, f.name
+
+
+class _Reads:
+    """A resolved Layout that records which of its fields are read: its properties (`sp_`,
+    `dp_`, `communicator_groups`, ...) run on the recorder, so the fields they read are recorded."""
+
+    def __init__(self, layout: Layout) -> None:
+        object.__setattr__(self, "_layout", layout)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(Layout, name, None)
+        if isinstance(attr, property):
+            return attr.fget(self)  # type: ignore[misc]
+        if name in Layout.model_fields:
+            self.read.add(name)
+            return getattr(self._layout, name)
+        raise AssertionError(f"a table read {name!r} of its mesh, which is not a Layout field")
+
+
+@pytest.mark.parametrize("job", range(len(JOBS)))
+def test_the_memo_keys_cover_every_field_read(job: int) -> None:
+    """`GEOMETRY_FIELDS` are all the geometry, the activation context and the fine-tuning state read
+    of a mesh; with `TABLE_FIELDS`, all that `_order_free` reads (the rest of a table is
+    `_placed_comm`'s, priced for every table)."""
+    ctx = _job(job)
+    cal = default_calibration()
+    reads = _Reads(ctx.layout)
+    g = ShardGeometry.of(reads, reads.micro_batch, ctx.training.seq_len)  # type: ignore[arg-type]
+    actx = stage_table.activation_context(ctx.training, reads, ctx.model)  # type: ignore[arg-type]
+    ft = FineTune.of(ctx.training, reads.stack)  # type: ignore[arg-type]
+    assert reads.read <= set(stage_table.GEOMETRY_FIELDS)
+    geo = stage_table._geometry(ctx.model, ctx.training, ctx.cluster, cal, ctx.layout)
+    assert (geo.g, geo.actx, geo.ft) == (g, actx, ft)
+    reads = _Reads(ctx.layout)
+    store = mesh_comm.comm_store(ctx.model, ctx.training, ctx.cluster, cal, ctx.gpus)
+    stage_table._order_free(ctx.model, ctx.training, ctx.cluster, ctx.gpus, reads, ctx.partition, cal, geo, store)  # type: ignore[arg-type]
+    assert reads.read <= set(stage_table.GEOMETRY_FIELDS) | set(stage_table.TABLE_FIELDS)
+    assert {"recompute_layers", "dp", "cross_entropy"} <= reads.read
+
+
+@pytest.mark.parametrize("job", range(len(JOBS)))
+def test_a_memoized_table_is_the_fresh_one(job: int) -> None:
+    """A table built from the memos that another rank order of the mesh and another knob setting
+    filled equals, to the bit, the one built with every memo empty."""
+    ctx = _job(job)
+    cal = default_calibration()
+    mesh = ctx.layout
+    other_order = "tp-cp-pp-ep-dp" if mesh.order != "tp-cp-pp-ep-dp" else "tp-cp-ep-dp-pp"
+    other = mesh.model_copy(update=dict(order=other_order, zero_stage=(mesh.zero_stage + 1) % 4))
+    _forget()
+    fresh = stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, mesh, ctx.partition, cal)
+    _forget()
+    stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, other, ctx.partition, cal)
+    entries = len(stage_table._TABLE_PARTS)
+    memoized = stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, mesh, ctx.partition, cal)
+    assert len(stage_table._TABLE_PARTS) == entries == 1  # shared, not built again
+    _assert_same_table(memoized, fresh)
+    assert not memoized.compute.flags.writeable  # shared between tables: read-only
+
+
+@pytest.mark.parametrize("job", range(len(JOBS)))
+def test_the_geometrys_quantities_are_a_full_recompute_of_every_layer(job: int) -> None:
+    """`_Geometry.every_layer` and `every_peak`, which `_rank_sums` reads when full recompute
+    re-runs every layer, hold what it builds for a limit that re-runs every layer of each rank; also
+    on a probe partition of fewer layers than the model."""
+    ctx = _job(job)
+    cal = default_calibration()
+    geo = stage_table._geometry(ctx.model, ctx.training, ctx.cluster, cal, ctx.layout)
+    probe = StagePartition.even(ctx.model.num_layers // 2, ctx.partition.pp)
+    for partition in (ctx.partition, probe):
+        every = stage_table._rank_sums(ctx.model, geo, partition, None)
+        limited = stage_table._rank_sums(ctx.model, geo, partition, ctx.model.num_layers)
+        for a, b in zip(every, limited, strict=True):
+            assert (a.shape, a.tobytes()) == (b.shape, b.tobytes())
+
+
+def test_the_memos_start_over_when_full(monkeypatch) -> None:
+    """Past their bounds the memos start over, and the tables they then give are the fresh ones."""
+    ctx = _job(1)
+    cal = default_calibration()
+    _forget()
+    fresh = stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, ctx.layout, ctx.partition, cal)
+    monkeypatch.setattr(stage_table, "GEOMETRY_ENTRIES", 1)
+    monkeypatch.setattr(stage_table, "TABLE_PARTS_ENTRIES", 1)
+    other = ctx.layout.model_copy(update=dict(micro_batch=1, grad_accum=ctx.layout.grad_accum_ * 2))
+    stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, other, ctx.partition, cal)
+    assert len(stage_table._GEOMETRIES) == len(stage_table._TABLE_PARTS) == 1
+    _assert_same_table(
+        stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, ctx.layout, ctx.partition, cal), fresh
+    )
