@@ -12,7 +12,6 @@ layout through the same path (one setting), so the planner and `autopar evaluate
 
 from __future__ import annotations
 
-import copy
 import operator
 from functools import lru_cache
 from typing import Any
@@ -304,7 +303,7 @@ def _peak_rows(arr: dict[str, np.ndarray], recomputed: np.ndarray) -> np.ndarray
 
 def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limit: int | None) -> tuple[np.ndarray, ...]:
     """Per-rank sums over the layers each pipeline rank holds, of one shard geometry's per-layer
-    arrays (`geo`; read-only results). `limit`: layers per rank that full recompute re-runs, the
+    arrays (`geo`; new arrays, the caller's). `limit`: layers per rank that full recompute re-runs, the
     first ones in the rank's order (None = all: the geometry's own quantities, `_Geometry.every_layer`).
     The partition's chunks cover layers 0..n-1 in model order (a probe partition may cover fewer
     than all)."""
@@ -337,14 +336,10 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
     class_counts = np.bincount(owner * n_classes + geo.of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
     if mtp:
         class_counts[partition.head_rank, geo.of_layer[n - 1]] += mtp
-    out = (
-        dense.copy(), expert.copy(), largest, acts, working, layers.copy(), moe_layers.copy(), re_layers.copy(),
-        re_moe.copy(), compute.copy(), forward.copy(), reco, class_counts,
-        np.array([dense_w, expert_w]), np.array([dense_t, expert_t]), peaks,
+    return (
+        dense, expert, largest, acts, working, layers, moe_layers, re_layers, re_moe, compute, forward, reco,
+        class_counts, np.array([dense_w, expert_w]), np.array([dense_t, expert_t]), peaks,
     )
-    for a in out:
-        a.flags.writeable = False
-    return out
 
 
 _RANK_QUANTITIES = 20
@@ -378,16 +373,62 @@ def activation_floor(
     if mesh.framework != "megatron" or mesh.activation_offload_layers or mesh.offload_activations or schedule == "dualpipev":
         return None
     cal = stacks.stack_calibration(cal, mesh.stack)
-    per_layer = _layer_saved_bytes(model, activation_context(training, mesh, model))
-    owner = _partition_index(partition)[0]
-    n, pp = len(owner), partition.pp
-    a_units, _ = _split_peaks(schedule, pp, vpp, mesh.grad_accum_, mesh.framework, mesh.moe_a2a_overlap)
-    in_flight = a_units.max(axis=0)
+    saved = _saved_per_rank(model, training, mesh, partition)
+    in_flight = _in_flight(schedule, partition.pp, vpp, mesh.grad_accum_, mesh.framework, mesh.moe_a2a_overlap)
     floor = np.full(len(RECOMPUTE_MODES), np.nan)
-    for mode in (0, 1, 3):
-        saved = np.bincount(owner, weights=per_layer[mode][:n], minlength=pp)
-        floor[mode] = float((in_flight * saved).max()) + cal.cuda_context_bytes
+    floor[_FLOOR_MODES] = (in_flight * saved).max(axis=1) + cal.cuda_context_bytes
     return floor
+
+
+_FLOOR_MODES = np.array([RECOMPUTE_MODES.index(m) for m in ("none", "selective", "op_sac")])
+"""The recompute modes `activation_floor` bounds (indices into `RECOMPUTE_MODES`: all but full)."""
+
+ACTIVATION_FIELDS = (
+    "micro_batch", "tp", "cp", "sp", "etp", "framework", "stack", "norm_kernel", "cp_attention", "recompute_modules",
+)
+"""The `Layout` fields `activation_context` reads of a mesh (through `sp_`, `etp_` and
+`recompute_modules_` too): what `_saved_per_rank` keys the saved bytes on
+(tests/cost_models/test_stage_table_memos.py checks that it reads no other field)."""
+
+_activation_fields = operator.attrgetter(*ACTIVATION_FIELDS)
+
+_SAVED: dict[tuple, tuple[tuple[object, ...], np.ndarray, dict[StagePartition, np.ndarray]]] = {}
+SAVED_ENTRIES = 4096
+"""`_SAVED` starts over beyond this many activation contexts (as many as `_layer_saved_bytes` keeps)."""
+
+
+def _saved_per_rank(model: ModelSpec, training: TrainingSpec, mesh: Layout, partition: StagePartition) -> np.ndarray:
+    """(3, pp) saved bytes per micro-batch of each rank's layers under the `_FLOOR_MODES`
+    (`_layer_saved_bytes`), each summed over the rank's layers in model order, as `_rank_sums` adds
+    them (one `np.bincount`, which adds in input order; read-only). Memoized on the model and the
+    training (by identity: the entry keeps them alive, so ids are not reused), the mesh's
+    `ACTIVATION_FIELDS` and the partition: the floors of meshes that differ in their data- and
+    expert-parallel degrees or their schedule share it."""
+    key = (id(model), id(training), _activation_fields(mesh))
+    hit = _SAVED.get(key)
+    if hit is None or hit[0][0] is not model or hit[0][1] is not training:
+        if len(_SAVED) >= SAVED_ENTRIES:
+            _SAVED.clear()
+        per_layer = _layer_saved_bytes(model, activation_context(training, mesh, model))
+        hit = _SAVED[key] = ((model, training), per_layer, {})
+    per_rank = hit[2].get(partition)
+    if per_rank is None:
+        owner = _partition_index(partition)[0]
+        n, pp, k = len(owner), partition.pp, len(_FLOOR_MODES)
+        bins = (owner[None, :] + pp * np.arange(k)[:, None]).ravel()
+        per_rank = np.bincount(bins, weights=hit[1][_FLOOR_MODES, :n].ravel(), minlength=k * pp).reshape(k, pp)
+        per_rank.flags.writeable = False
+        hit[2][partition] = per_rank
+    return per_rank
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(schedule: str, pp: int, vpp: int, grad_accum: int, framework: str, paired: bool) -> np.ndarray:
+    """(pp,) micro-batches each rank holds in flight: the largest of its `_split_peaks` activation
+    counts (read-only)."""
+    out = _split_peaks(schedule, pp, vpp, grad_accum, framework, paired)[0].max(axis=0)
+    out.flags.writeable = False
+    return out
 
 
 def _priced_mtp(model: ModelSpec, partition: StagePartition, ft: FineTune | None) -> int:
@@ -517,9 +558,6 @@ def _order_free(
     pc = count_params(model)
     (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
      weight_bytes, trainable, peaks) = _rank_sums(model, geo, partition, mesh.recompute_layers)
-    # the rest is read-only, shared
-    dense, compute, forward = dense.copy(), compute.copy(), forward.copy()
-    weight_bytes, trainable = weight_bytes.copy(), trainable.copy()
     outside = np.zeros(pp)  # embedding, final norm, LM head: compute dtype; frozen under LoRA / QLoRA
     outside[0] += pc.embedding / tp
     head_rank = partition.head_rank  # pp - 1, or rank 0 under a V-shape schedule
@@ -603,7 +641,7 @@ def _order_free(
     )
     for value in parts.values():
         if isinstance(value, np.ndarray):
-            value.flags.writeable = False
+            value.setflags(write=False)
     return parts
 
 
@@ -638,10 +676,15 @@ def _placed_comm(
     boundary bytes, the CP exchange per rank (`cp_exposure`) and each group's channel. `attention_f`
     (K,): one layer's attention forward of each layer class; `counts` (pp, K): layers of each class
     per rank; `store`: the job's `comm_store`. Nothing else of a table reads the order."""
-    tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = mesh_comm(model, training, cluster, gpus, mesh, cal)[0]
-    cp_exposed, cp_busy = _cp_exposure_memo(
-        cp_step, mesh.cp, attention_f, flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
-    )
+    tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = mesh_comm(
+        model, training, cluster, gpus, mesh, cal, store=store
+    )[0]
+    if mesh.cp > 1:
+        cp_exposed, cp_busy = _cp_exposure_memo(
+            cp_step, mesh.cp, attention_f, flash_backward_factor(model), counts, mesh.cp_attention == "allgather_mask"
+        )
+    else:
+        cp_exposed = cp_busy = _no_cp_exchange(counts.shape[0])
     channels_key = (
         "channels", mesh.tp, mesh.cp, mesh.ep, mesh.etp_, mesh.dp_, mesh.pp, mesh.order, mesh.moe_parallel_folding
     )
@@ -652,6 +695,12 @@ def _placed_comm(
                 etp_per_moe_layer=etp_per_moe, p2p=p2p, boundary_bytes=boundary, channels=channels)
 
 
+_DEGREES = operator.attrgetter(
+    "tp", "pp", "cp", "dp_", "ep", "etp_", "micro_batch", "moe_parallel_folding", "framework", "stack"
+)
+"""What `reorder` requires of the new mesh to be the table's own."""
+
+
 def reorder(t: StageTable, mesh: Layout, cal: Calibration) -> StageTable:
     """Table `t` for `mesh` (resolved), which differs from `t.mesh` in its rank order at most (and in
     knobs a table ignores): the order places the groups on the topology, so only the communication
@@ -659,20 +708,14 @@ def reorder(t: StageTable, mesh: Layout, cal: Calibration) -> StageTable:
     the layer classes) reads the degrees, the micro-batch and the partition alone and is shared
     (read-only arrays). Equal, field for field, to `build_table` of `mesh` on `t.partition`
     (tests/planner/test_search_bounds.py)."""
-    m = t.mesh
-    degrees = ("tp", "pp", "cp", "dp_", "ep", "etp_", "micro_batch", "moe_parallel_folding", "framework", "stack")
-    if any(getattr(m, d) != getattr(mesh, d) for d in degrees):
+    if _DEGREES(t.mesh) != _DEGREES(mesh):
         raise ValueError("reorder: the mesh differs from the table's in more than its rank order")
     cal = stacks.stack_calibration(cal, mesh.stack)  # as `build_table` prices it
     placed = _placed_comm(
         t.model, t.training, t.cluster, t.gpus, mesh, cal, t.class_attention_f, t.class_counts,
         comm_store(t.model, t.training, t.cluster, cal, t.gpus),
     )
-    table = copy.copy(t)
-    table.mesh = mesh
-    for name, value in placed.items():
-        setattr(table, name, value)
-    return table
+    return StageTable(**{**vars(t), "mesh": mesh, **placed})
 
 
 def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, trained: bool) -> np.ndarray:
@@ -713,7 +756,8 @@ def _cp_exposure_memo(
     results are read-only): a search's tables repeat few of them (the Qwen3-235B-A22B plan_speed
     job: 191 distinct of 10,257 with cp > 1)."""
     if cp <= 1:
-        return cp_exposure(cp_step, cp, attention_f, backward_factor, counts, allgather)
+        zeros = _no_cp_exchange(counts.shape[0])
+        return zeros, zeros
     key = (cp_step, cp, attention_f.dtype.str, attention_f.shape, attention_f.tobytes(), backward_factor,
            counts.dtype.str, counts.shape, counts.tobytes(), allgather)
     hit = _CP_EXPOSURES.get(key)
@@ -725,6 +769,12 @@ def _cp_exposure_memo(
             _CP_EXPOSURES.clear()
         _CP_EXPOSURES[key] = hit
     return hit
+
+
+@lru_cache(maxsize=256)
+def _no_cp_exchange(pp: int) -> np.ndarray:
+    """(2, pp) zeros, read-only: `cp_exposure` without context parallelism (both of its arrays)."""
+    return _readonly(np.zeros((2, pp)))
 
 
 def cp_exposure(

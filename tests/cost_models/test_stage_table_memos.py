@@ -42,7 +42,10 @@ def _job(i: int):
 
 def _forget() -> None:
     """Every memo a table goes through, as in a fresh process."""
-    for memo in (stage_table._GEOMETRIES, stage_table._TABLE_PARTS, stage_table._CP_EXPOSURES, mesh_comm._COMM_STORES):
+    for memo in (
+        stage_table._GEOMETRIES, stage_table._TABLE_PARTS, stage_table._SAVED, stage_table._CP_EXPOSURES,
+        mesh_comm._COMM_STORES,
+    ):
         memo.clear()
     stage_table._layer_arrays.cache_clear()
 
@@ -84,9 +87,11 @@ def test_the_memo_keys_cover_every_field_read(job: int) -> None:
     cal = default_calibration()
     reads = _Reads(ctx.layout)
     g = ShardGeometry.of(reads, reads.micro_batch, ctx.training.seq_len)  # type: ignore[arg-type]
-    actx = stage_table.activation_context(ctx.training, reads, ctx.model)  # type: ignore[arg-type]
     ft = FineTune.of(ctx.training, reads.stack)  # type: ignore[arg-type]
     assert reads.read <= set(stage_table.GEOMETRY_FIELDS)
+    reads = _Reads(ctx.layout)
+    actx = stage_table.activation_context(ctx.training, reads, ctx.model)  # type: ignore[arg-type]
+    assert reads.read <= set(stage_table.ACTIVATION_FIELDS) <= set(stage_table.GEOMETRY_FIELDS)
     geo = stage_table._geometry(ctx.model, ctx.training, ctx.cluster, cal, ctx.layout)
     assert (geo.g, geo.actx, geo.ft) == (g, actx, ft)
     reads = _Reads(ctx.layout)
@@ -146,3 +151,42 @@ def test_the_memos_start_over_when_full(monkeypatch) -> None:
     _assert_same_table(
         stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, ctx.layout, ctx.partition, cal), fresh
     )
+
+
+def _floor_of_each_mode(model, training, mesh, partition, schedule, vpp, cal) -> np.ndarray:
+    """`activation_floor` mode by mode, from the saved bytes of the layers (`_layer_saved_bytes`),
+    without its memo: each mode's per-rank sum a bincount of its own."""
+    from cost_models import stacks
+
+    cal = stacks.stack_calibration(cal, mesh.stack)
+    per_layer = stage_table._layer_saved_bytes(model, stage_table.activation_context(training, mesh, model))
+    owner = stage_table._partition_index(partition)[0]
+    a_units, _ = stage_table._split_peaks(schedule, partition.pp, vpp, mesh.grad_accum_, mesh.framework, mesh.moe_a2a_overlap)
+    floor = np.full(4, np.nan)
+    for mode in (0, 1, 3):
+        saved = np.bincount(owner, weights=per_layer[mode][: len(owner)], minlength=partition.pp)
+        floor[mode] = float((a_units.max(axis=0) * saved).max()) + cal.cuda_context_bytes
+    return floor
+
+
+def test_the_activation_floor_is_each_modes_own() -> None:
+    """`activation_floor`, its saved bytes per rank memoized (`_saved_per_rank`: all three modes in
+    one bincount) and shared by meshes of other data-parallel degrees, is the floor each mode's own
+    sums give, to the bit: on the whole model and on a probe partition, fresh and from the memo."""
+    model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    cal = default_calibration()
+    compared = 0
+    _forget()
+    for _fresh_then_memoized in range(2):
+        for tp, pp, mb, vpp, schedule in ((2, 4, 1, 1, "1f1b"), (4, 4, 2, 2, "interleaved_1f1b"), (2, 2, 1, 1, "1f1b")):
+            for dp in (64 // (tp * pp), 64 // (tp * pp) // 2):
+                mesh = Layout(tp=tp, pp=pp, dp=dp, ep=2, vpp=vpp, micro_batch=mb, schedule=schedule)
+                mesh = mesh.resolved(dp * tp * pp, training)
+                for partition in (StagePartition.for_layout(model.num_layers, mesh), StagePartition.even(pp * 2, pp)):
+                    got = stage_table.activation_floor(model, training, cluster, mesh, partition, schedule, vpp, cal)
+                    want = _floor_of_each_mode(model, training, mesh, partition, schedule, vpp, cal)
+                    assert got is not None and got.tobytes() == want.tobytes()
+                    compared += 1
+        assert len(stage_table._SAVED) == 2  # one entry per activation context (tp, mb), whatever pp, dp and partition
+    assert compared == 24
