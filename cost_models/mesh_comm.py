@@ -23,7 +23,7 @@ _COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]
 
 def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
-    and rank stride it depends on (and of `build_table`'s LM head times and logits bytes). Job objects are matched by identity (the entry keeps them alive,
+    and rank stride it depends on (and of `build_table`'s LM head and MTP projection times). Job objects are matched by identity (the entry keeps them alive,
     so ids are not reused)."""
     key = (id(model), id(training), id(cluster), id(cal), gpus)
     hit = _COMM_STORES.get(key)

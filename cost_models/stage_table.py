@@ -12,6 +12,7 @@ layout through the same path (one setting), so the planner and `autopar evaluate
 
 from __future__ import annotations
 
+import copy
 import operator
 from functools import lru_cache
 from typing import Any
@@ -233,14 +234,16 @@ class _Geometry:
     fields of a `StageTable`. All arrays read-only."""
 
     __slots__ = (
-        "g", "actx", "ft", "per_layer", "per_class", "of_layer", "every_layer", "every_peak",
-        "class_backward", "class_weight_bytes", "class_trainable",
+        "g", "actx", "ft", "pc", "per_layer", "per_class", "of_layer", "every_layer", "every_peak",
+        "class_backward", "class_weight_bytes", "class_trainable", "logits",
     )
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, mesh: Layout) -> None:
         self.g = ShardGeometry.of(mesh, mesh.micro_batch, training.seq_len)
         self.actx = activation_context(training, mesh, model)
         self.ft = FineTune.of(training, mesh.stack)
+        self.pc = count_params(model)
+        self.logits: dict[tuple[str, bool], float] = {}  # `logits_bytes` per loss kernel and logits upcast
         self.per_layer, self.per_class = _layer_arrays(model, cluster, training.precision, self.g, self.actx, cal, self.ft)
         self.of_layer = layer_classes(model)[1]
         every = np.ones(len(self.of_layer), dtype=bool)
@@ -530,7 +533,7 @@ def build_table(
     cal = stacks.stack_calibration(cal, mesh.stack)  # a fine-tuning stack's host cost per kernel
     geo = _geometry(model, training, cluster, cal, mesh)
     # per-job memo (`comm_store`): the head reads only the token count and TP degree of the
-    # geometry, the logits only the activation context and the loss kernel
+    # geometry (the logits' bytes, the activation context and the loss kernel: `_Geometry.logits`)
     store: dict[tuple, Any] = comm_store(model, training, cluster, cal, gpus)
     key = (id(geo), partition, gpus, _table_fields(mesh))
     hit = _TABLE_PARTS.get(key)
@@ -554,8 +557,7 @@ def _order_free(
     `cal`: the stack's calibration. Read-only arrays."""
     pp, tp = mesh.pp, mesh.tp
     ab = training.activation_bytes
-    g, actx, ft = geo.g, geo.actx, geo.ft
-    pc = count_params(model)
+    g, actx, ft, pc = geo.g, geo.actx, geo.ft, geo.pc
     (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
      weight_bytes, trainable, peaks) = _rank_sums(model, geo, partition, mesh.recompute_layers)
     outside = np.zeros(pp)  # embedding, final norm, LM head: compute dtype; frozen under LoRA / QLoRA
@@ -616,10 +618,10 @@ def _order_free(
 
     per_class = geo.per_class
     upcast = mesh.stack is not None and stacks.defaults(mesh.stack).upcasts_logits
-    logits_key = ("logits", actx, mesh.cross_entropy_, upcast)
-    logits = store.get(logits_key)
+    logits_key = (mesh.cross_entropy_, upcast)
+    logits = geo.logits.get(logits_key)
     if logits is None:
-        logits = store[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_, upcast)
+        logits = geo.logits[logits_key] = logits_bytes(model, actx, mesh.cross_entropy_, upcast)
     if mtp:
         logits = logits * (1 + mtp)  # each MTP module's loss holds its own logits until the backward
     # Megatron's first n layers of a stage, or a stack's every layer (`Layout.offload_activations`)
@@ -715,7 +717,9 @@ def reorder(t: StageTable, mesh: Layout, cal: Calibration) -> StageTable:
         t.model, t.training, t.cluster, t.gpus, mesh, cal, t.class_attention_f, t.class_counts,
         comm_store(t.model, t.training, t.cluster, cal, t.gpus),
     )
-    return StageTable(**{**vars(t), "mesh": mesh, **placed})
+    table = copy.copy(t)
+    vars(table).update(placed, mesh=mesh)
+    return table
 
 
 def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, trained: bool) -> np.ndarray:

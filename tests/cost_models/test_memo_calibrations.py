@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from cluster_specs.presets import get_cluster
-from cost_models import mesh_comm, stage_table, step_time
+from cost_models import compute, mesh_comm, stage_table, step_time
 from cost_models.calibration import Calibration, default_calibration
 from cost_models.estimate import estimate
 from cost_models.layout import Layout
@@ -38,7 +38,7 @@ def other(cal: Calibration, k: int) -> Calibration:
 def forget() -> None:
     """Every pricing memo a layout's collectives go through, as in a fresh process."""
     for memo in (step_time._PER_PAIR, step_time._SECONDS, step_time._DP_GRIDS, step_time._DP_WEIGHTS, stage_table._GEOMETRIES,
-                 stage_table._TABLE_PARTS, stage_table._STATE_BYTES, mesh_comm._COMM_STORES):
+                 stage_table._TABLE_PARTS, stage_table._STATE_BYTES, mesh_comm._COMM_STORES, compute._GEMM_SECONDS):
         memo.clear()
 
 

@@ -1,6 +1,6 @@
-"""The stage tables' memos (`cost_models.stage_table`: `_geometry`, `build_table`'s `_TABLE_PARTS`)
-are keyed on every field of the mesh their values read, and hand back, to the bit, what pricing
-the same mesh with every memo empty gives."""
+"""The stage tables' memos (`cost_models.stage_table`: `_geometry`, `build_table`'s `_TABLE_PARTS`,
+the activation floor's `_saved_per_rank`; `compute.gemm_time`'s) are keyed on every field of the
+mesh their values read, and hand back, to the bit, what pricing with every memo empty gives."""
 
 from __future__ import annotations
 
@@ -190,3 +190,29 @@ def test_the_activation_floor_is_each_modes_own() -> None:
                     compared += 1
         assert len(stage_table._SAVED) == 2  # one entry per activation context (tp, mb), whatever pp, dp and partition
     assert compared == 24
+
+
+def test_a_memoized_gemm_time_is_the_atlas_lookup() -> None:
+    """`compute.gemm_time` memoizes scalar shapes per GPU and calibration: a hit is the fresh
+    lookup to the bit, another calibration gets its own seconds, array shapes and lookups inside a
+    recorder (`kernels.record`, which must see every lookup) bypass the memo."""
+    from dataclasses import replace
+
+    from cost_models import compute
+    from cost_models.kernels.record import recording
+
+    gpu = get_cluster("dgx-h100").gpu
+    cal = default_calibration()
+    slower = replace(cal, gemm_efficiency=cal.gemm_efficiency / 2)
+    gemm = compute.Gemm(8192.0, 4096.0, 4096.0, 1)
+    compute._GEMM_SECONDS.clear()
+    fresh = compute.gemm_time(gemm, gpu.model_copy(), "bf16", 2, cal)  # an equal GPU, another object: its own entry
+    first = compute.gemm_time(gemm, gpu, "bf16", 2, cal)
+    again = compute.gemm_time(gemm, gpu, "bf16", 2, cal)
+    assert first == again == fresh and len(compute._GEMM_SECONDS) == 2
+    assert abs(compute.gemm_time(gemm, gpu, "bf16", 2, slower) / first - 2) < 1e-12
+    batched = compute.gemm_time(compute.Gemm(np.array([8192.0, 4096.0]), 4096.0, 4096.0, 1), gpu, "bf16", 2, cal)
+    assert len(compute._GEMM_SECONDS) == 3 and abs(batched[0] / first - 1) < 1e-14  # not memoized
+    with recording() as lookups:
+        assert compute.gemm_time(gemm, gpu, "bf16", 2, cal) == first
+    assert (8192, 4096, 4096, "bf16") in lookups.gemm
