@@ -1041,9 +1041,9 @@ def price_memory(
         one_chunk = t.acts[mode][:, head] / vpp  # the rank's layers come in vpp (= 2) chunks
         relief = np.minimum(np.minimum(first_chunk_grads, one_chunk), max(t.logits - retained, 0.0))
         logits[:, head] -= relief
-    # stored bytes per gathered element of the largest layer (the compute dtype's, less under QLoRA)
-    bytes_per_element = np.divide(t.largest_weight_bytes, np.maximum(t.largest_layer, 1.0))
     if m.framework == "deepspeed":  # gathers bounded by max_live_parameters, gradients by the bucket
+        # stored bytes per gathered element of the largest layer (the compute dtype's, less under QLoRA)
+        bytes_per_element = np.divide(t.largest_weight_bytes, np.maximum(t.largest_layer, 1.0))
         gathered = bytes_per_element * np.minimum(2 * t.largest_layer, DEEPSPEED_MAX_LIVE_PARAMETERS)
         reducing = np.minimum(t.largest_trainable, DEEPSPEED_REDUCE_BUCKET)
         z3_buffers = gathered + tr.grad_bytes * reducing
@@ -1056,11 +1056,15 @@ def price_memory(
     # layer phase adds beyond the logits, so the breakdown still sums to the total.
     # per (ZeRO-3, full recompute) pair of flags (`KnobArrays.phase`), then per setting
     # (the runtime's single-replica layouts gather nothing at any ZeRO stage: `stacks.UNWRAPPED`)
-    no_fsdp = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp) == stacks.UNWRAPPED
+    owner = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp)
+    no_fsdp = owner == stacks.UNWRAPPED
     phase = knobs.phase % 2 if no_fsdp else knobs.phase
-    layer_phase = (np.where(_PHASE_Z3, z3_buffers[None, :], 0.0) + np.where(_PHASE_FULL, t.working[None, :], 0.0))[phase]
-    # QLoRA: each quantized linear is dequantized to a 16-bit copy before its GEMM (forward and backward)
-    layer_phase = layer_phase + t.dequant_bytes[None, :]
+    # QLoRA: each quantized linear is dequantized to a 16-bit copy before its GEMM (forward and
+    # backward); added per pair of flags before each setting takes its pair's row (the same sums)
+    layer_phase = (
+        np.where(_PHASE_Z3, z3_buffers[None, :], 0.0) + np.where(_PHASE_FULL, t.working[None, :], 0.0)
+        + t.dequant_bytes[None, :]
+    )[phase]
     buffers = np.maximum(0.0, layer_phase - logits)
     if embedding_transient:
         # it replaces the micro-batch's transient peak (its activations, loss and layer buffers)
@@ -1134,7 +1138,6 @@ def price_memory(
             buffers = buffers + 2 * t.boundary_bytes
     buffers = buffers + t.nccl_groups * cal.nccl_buffer_bytes_per_group
     allocated = params + grads + opt + acts + logits + buffers
-    owner = stacks.weights_owner(m.framework, m.stack, m.dp_, m.cp)
     reserve = cal.cuda_context_bytes + stacks.fragmentation(cal, m.framework, owner, m.dp_) * allocated
     if m.activation_offload_layers or m.offload_activations:
         host = host + on_host
