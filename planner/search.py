@@ -18,22 +18,24 @@ Whole space, priced or provably pruned (branch and bound):
    When that bound is within `BOUND_MARGIN` of the k-th best step time, the table's own bound
    (`step_time.time_lower_bound`) decides instead.
 4. Every other layout has its memory priced; those that fit (with the headroom) get a step time,
-   unless each is bounded above the k-th best step by its own bound (`step_time.setting_lower_bounds`:
-   its recompute mode's per-rank floor, what its sharding adds to every micro-batch, what its step
-   adds once (the busiest rank's gradient-reduction tail and optimizer step, the fixed overhead) and
-   the roofline of its ZeRO traffic), first from the option's per-rank floors without recompute that
-   level 3 summed (`_PairTimes.bounds`) plus the table's recompute seconds, before the table's phase
-   arrays are computed; failing that, from the table's own floors (its recompute mode's bound
-   `step_time.mode_lower_bounds` first, then the setting's), and a layout already kept is strictly
-   faster and no larger (the Pareto staircase, `_RankedBlocks.dominated`): then none can rank or be
-   on the Pareto front, and
-   they are counted as fitting (`SearchStats.dominated`) without a step. A pipeline option and its
-   combined-1F1B twin share one table; a combined-1F1B option (which runs no full recompute) whose
-   activations alone exceed the usable memory in every other mode (`stage_table.activation_floor`)
-   gets no table: its settings are counted as refused (`SearchStats.floored`; the floor is
-   memoized per mesh degrees, micro-batch and option, as it reads no rank order). Feasible layouts are
-   kept as arrays per table
-   (`_RankedBlocks`); only the ones the Plan reports (top k, Pareto front) are named.
+   unless every fitting setting of the table is bounded (`_all_bounded`): its step bounded at or
+   above the k-th best step, and a layout already kept strictly faster than the bound and no larger
+   (the Pareto staircase, `_RankedBlocks.dominated`). Then none can rank or be on the Pareto front,
+   and they are counted as fitting (`SearchStats.dominated`) without a step. The bounds, cheapest
+   first:
+   - each setting's own (`step_time.setting_lower_bounds`: its recompute mode's per-rank floor,
+     what its sharding adds to every micro-batch, what its step adds once (the busiest rank's
+     gradient-reduction tail and optimizer step, the fixed overhead), the roofline of its ZeRO
+     traffic), from the option's per-rank floors that level 3 summed (`_PairTimes.bounds`) plus the
+     table's recompute seconds, before the table's phase arrays are computed;
+   - then from the table's own floors: its recompute mode's bound (`step_time.mode_lower_bounds`),
+     then the setting's own.
+   A pipeline option and its combined-1F1B twin share one table; a combined-1F1B option (which runs
+   no full recompute) whose activations alone exceed the usable memory in every other mode
+   (`stage_table.activation_floor`) gets no table: its settings are counted as refused
+   (`SearchStats.floored`; the floor is memoized per mesh degrees, micro-batch and option, as it
+   reads no rank order). Feasible layouts are kept as arrays per table (`_RankedBlocks`); only the
+   ones the Plan reports (top k, Pareto front) are named.
 Work shared between tables is memoized on what it reads (all bit-for-bit the same floats):
 meshes differing only in a valid rank order share their validation probe, and at one micro-batch and
 pipeline option their table's order-free fields and memory prices (`_RankOrders`,
