@@ -80,8 +80,9 @@ The step (`compose`):
     + the optimizer step (HBM-bound, or over the host link when offloaded) + `step_overhead_s`
     and never less than the busiest channel's traffic of the whole step (a roofline over channels).
 
-`lower_bound` is this with every knob at its cheapest (no recompute, no ZeRO traffic, no
-optimizer): what the search prunes with.
+What the search prunes with bounds this from below (`pipelined_floor`): `mode_lower_bounds` with
+every knob but the recompute mode at its cheapest (no ZeRO traffic, no optimizer), and
+`setting_lower_bounds` per setting.
 """
 
 from __future__ import annotations
@@ -888,24 +889,19 @@ def once_per_step_floor(t: StageTable, knobs: KnobArrays, cal: Calibration) -> n
     `mode_lower_bounds` of the setting's mode plus this is still a bound
     (tests/planner/test_search_bounds.py checks it against every priced step)."""
     dp = _dp_grid(t, knobs.shardings, cal, _dp_table_key(t, cal))
-    pair = knobs.sharding
-    tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
-    tail = np.maximum(dp.reduce_tail[pair], 0.0) + dp.optimizer[pair, :, tier]  # (J, pp)
-    return tail.max(axis=1) + _step_overhead(t, cal)
+    return _BoundParts.of(dp, knobs, beside_sm_share(t), t.mesh.grad_accum_).tail + _step_overhead(t, cal)
 
 
 def setting_lower_bounds(t: StageTable, knobs: KnobArrays, vpp: int, cal: Calibration, rank_floors: np.ndarray) -> np.ndarray:
     """(J,) seconds no setting of `knobs` can beat on table `t` with `vpp` virtual stages, each the
     larger of two bounds of its own step (`compose`):
-    - its micro-batches and bubble: `mode_lower_bounds` with each rank's micro-batch floor of the
-      setting's mode (`rank_floors`, `mode_rank_floors`) raised by what the setting's sharding adds
-      to both passes of every micro-batch on that rank (its compute-stream kernels, the gathers and
-      reduce-scatters the compute leaves exposed, and under full recompute the recompute's own;
-      the exposed seconds less the SM share of them, as exposing a second of traffic can take
-      that much from the SMs the floor counts the hidden traffic as holding), plus what the step
-      adds once (`once_per_step_floor`). The bound reads a rank's micro-batch
-      only through a sum that grows with every rank (its pipeline count times the slowest rank,
-      plus the others over vpp), so the raised floors bound it as the mode's did;
+    - its micro-batches and bubble (`pipelined_floor`), from each rank's micro-batch floor of the
+      setting's mode (`rank_floors`: `mode_rank_floors`, or floors below them) raised by what the
+      setting's sharding adds to both passes of every micro-batch on that rank (its compute-stream
+      kernels, the gathers and reduce-scatters the compute leaves exposed, and under full
+      recompute the recompute's own; the exposed seconds less the SM share of them, as exposing a
+      second of traffic can take that much from the SMs the floor counts the hidden traffic as
+      holding), plus what the step adds once (`once_per_step_floor`);
     - the roofline: the busiest channel of any rank over the step carries at least the sharding's
       own traffic (every micro-batch's ZeRO gathers and reduce-scatters, the once-per-step
       gradient reduction and parameter gather), plus the fixed step overhead.
@@ -990,34 +986,14 @@ def _busy(knobs: KnobArrays, dp: DataParallelTimes, phases: PhaseArrays) -> tupl
     return busy_f, busy_b
 
 
-def lower_bound(
-    compute: np.ndarray,
-    exposed: np.ndarray,
-    pp_exposed: float,
-    vpp: int,
-    grad_accum: int,
-    bubble_free: bool = False,
-) -> float:
-    """Seconds no knob setting can beat, from per-rank arrays (length pp): compute (forward +
-    backward) and the knob-independent exposed communication (TP, CP, EP without recompute) of
-    one micro-batch, and the pipeline send/recv exposed per micro-batch. Every knob (recompute,
-    ZeRO traffic, once-per-step reduction, optimizer, offload) only adds to it, and the channel
-    rooflines only raise it. `bubble_free`: a schedule whose weight passes may fill the bubble
-    (zero_bubble, zbv, dualpipev): bounded by zero."""
-    per = compute + exposed + pp_exposed
-    worst = float(per.max())
-    bubble = (float(per.sum()) - worst) / vpp if len(per) > 1 and not bubble_free else 0.0
-    return grad_accum * worst + bubble
-
-
 def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
-    """`lower_bound` of a built table."""
+    """Seconds no knob setting of a built table can beat: `mode_lower_bounds` without recompute."""
     return float(mode_lower_bounds(t, vpp, cal)[0])
 
 
 def mode_lower_bounds(t: StageTable, vpp: int, cal: Calibration, phases: PhaseArrays | None = None) -> np.ndarray:
     """(modes,) seconds no setting of table `t` can beat with each recompute mode (`RECOMPUTE_MODES`):
-    `lower_bound` with the mode's own backward phase, which holds its recompute forward, the
+    `pipelined_floor` of the mode's per-rank floors (`mode_rank_floors`): its own backward phase, which holds its recompute forward, the
     collectives that forward repeats, and their SMs (the first entry, no recompute, is the table's
     bound). `compose` times a setting of that mode from the same phase, and its other knobs (ZeRO
     traffic, once-per-step reduction, optimizer, offload) only add to it
@@ -1042,9 +1018,13 @@ def mode_rank_floors(t: StageTable, ph: PhaseArrays) -> np.ndarray:
 
 
 def pipelined_floor(per: np.ndarray, t: StageTable, vpp: int) -> np.ndarray:
-    """(rows,) `lower_bound` of each row of per-rank micro-batch seconds `per` (rows, pp) on table
-    `t`'s pipeline: its micro-batch count times the slowest rank, plus the other ranks' sum over
-    `vpp` (nothing for one rank or a schedule whose weight passes may fill the bubble)."""
+    """(rows,) seconds no step can beat whose ranks each take at least `per` (rows, pp) seconds per
+    micro-batch on table `t`'s pipeline: its micro-batch count times the slowest rank, plus the
+    other ranks' sum over `vpp` (the bubble; nothing for one rank or for a schedule whose weight
+    passes may fill it: zero_bubble, zbv, dualpipev). It grows with every rank's seconds, so floors
+    below a setting's own per-rank times give a bound of its step; every knob (recompute, ZeRO
+    traffic, once-per-step reduction, optimizer, offload) only adds to those, and the channel
+    rooflines only raise the step."""
     worst = per.max(axis=1)
     pp = per.shape[1]
     bubble_free = t.mesh.schedule_ in SPLIT_BACKWARD_SCHEDULES
@@ -1070,7 +1050,7 @@ def price_time(
 
 
 def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
-    """Seconds no knob setting of this table can beat (`lower_bound`)."""
+    """Seconds no knob setting of this table can beat (`table_lower_bound`)."""
     return table_lower_bound(t, vpp, cal)
 
 
@@ -1137,7 +1117,7 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
 
 
 __all__ = [
-    "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times", "lower_bound",
+    "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times",
     "mode_lower_bounds", "mode_rank_floors", "once_per_step_floor", "pipelined_floor", "setting_lower_bounds",
     "phase_arrays", "price_time", "table_lower_bound", "time_lower_bound",
 ]

@@ -10,8 +10,8 @@ Whole space, priced or provably pruned (branch and bound):
    pairs are computed at once (`_pair_bounds`: layer times per shard geometry and micro-batch
    size, vectorized; communication per mesh).
 3. Each pipeline option (vpp, schedule) of a visited pair is bounded again from per-layer times
-   (`_PairTimes.bound`, all options of a pair at once: `_PairTimes.bounds`;
-   `step_time.time_lower_bound` without building the table, with the even
+   (all options of a pair at once: `_PairTimes.bounds`; `step_time.time_lower_bound` without
+   building the table, with the even
    partition's slowest rank and the bubble) and pruned the same way. Both levels count the SMs the
    hidden TP and ring-attention traffic takes from the compute (`step_time.comm_sm_share`) layer
    by layer, at most each pass's compute: a lower bound of what the table's bound counts.
@@ -101,7 +101,6 @@ from cost_models.stages import StagePartition
 from cost_models.step_time import (
     PhaseArrays,
     comm_sm_share,
-    lower_bound,
     mode_rank_floors,
     phase_arrays,
     pipelined_floor,
@@ -471,10 +470,10 @@ class _PairBounds:
     allowance for a schedule that may hide the all-to-alls (each option's bound drops them itself)"""
     p2p: np.ndarray  # per pair, seconds of one pipeline send (`mesh_comm`)
     kappa_max: float = 1.0
-    layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict, dict]] = field(default_factory=dict)
+    layer_compute: dict[tuple[int, int], tuple[np.ndarray, float, dict]] = field(default_factory=dict)
     """Memo of `pair_times`' per-layer compute per (geometry row, micro-batch column): every pair of
-    one shard geometry and micro-batch shares it, and its per-rank sums (`_PairTimes.bound`,
-    `_PairTimes.bounds`)."""
+    one shard geometry and micro-batch shares it, and its per-rank sums over a pair's options
+    (`_PairTimes.bounds`)."""
     shapes: dict[tuple, Any] = field(default_factory=dict)
     """Memo of what the per-rank sums read of a pipeline shape alone, shared by every pair
     (`_PairTimes.shapes`)."""
@@ -486,11 +485,11 @@ class _PairBounds:
         parts = self.layer_compute.get((row, at))
         if parts is None:
             parts = self.layer_compute[(row, at)] = (
-                times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {}, {}
+                times.kind_compute[row, at][times.kind_of_layer], float(times.head[row, at]), {}
             )
-        layer_compute, head, rank_sums, option_sums = parts
+        layer_compute, head, option_sums = parts
         embedding_grad = tuple(times.embedding_grad[row].tolist())
-        return _PairTimes(layer_compute, self.kind_exposed[pair], head, embedding_grad, float(self.p2p[pair]), rank_sums,  # type: ignore[arg-type]
+        return _PairTimes(layer_compute, self.kind_exposed[pair], head, embedding_grad, float(self.p2p[pair]),  # type: ignore[arg-type]
                           self.exposure, option_sums, self.shapes)
 
 
@@ -646,10 +645,6 @@ class _PairTimes:
     head: float
     embedding_grad: tuple[float, float, float]
     p2p: float
-    rank_sums: dict[tuple[int, PipeOption], tuple[np.ndarray, np.ndarray]]
-    """Memo per (pp, pipeline option) of the per-rank compute and the layers of each kind per rank (they depend
-    on the layer times, not on the mesh's communication), shared by the pairs of one shard
-    geometry and micro-batch."""
     exposure: _Exposure
     option_sums: dict[tuple, np.ndarray]
     """Memo per (pp, the pair's pipeline options) of the per-rank compute stacked over the options
@@ -660,17 +655,6 @@ class _PairTimes:
     per rank (read-only); per (pp, the pair's pipeline options), those stacked over the options
     (`bounds`: the bins of one bincount over all of them, the head's ranks, the kind counts, each
     option's virtual stages and whether it pairs F&B or splits the backward)."""
-
-    def bound(self, pp: int, option: PipeOption, grad_accum: int, ov: Overlap) -> float:
-        """`step_time.time_lower_bound` of this pair's layout with pipeline `option` and its
-        partition, in seconds per step, from the per-layer times (no `StageTable` built)."""
-        compute, counts = self._sums(pp, option)
-        pp_exposed = 2 * option.vpp * self.p2p * (1 - ov.pp) if pp > 1 else 0.0
-        bubble_free = option.schedule in SPLIT_BACKWARD_SCHEDULES
-        # F&B pairs (DualPipeV, combined 1F1B) may hide the all-to-alls (`step_time`): bound their exposure by zero
-        paired = option.schedule in FB_PAIRED_SCHEDULES or option.a2a_overlap
-        exposed = np.zeros(pp) if paired else counts @ self.kind_exposed
-        return lower_bound(compute, exposed, pp_exposed, option.vpp, grad_accum, bubble_free)
 
     def _shape(self, pp: int, option: PipeOption) -> tuple[np.ndarray, int, np.ndarray]:
         """Each layer's pipeline rank under `option`'s partition, the head's rank and the layers of
@@ -687,23 +671,12 @@ class _PairTimes:
             shape = self.shapes[(pp, option)] = (owner, head_rank, counts)
         return shape
 
-    def _sums(self, pp: int, option: PipeOption) -> tuple[np.ndarray, np.ndarray]:
-        """The per-rank compute and layers of each kind per rank of pipeline `option` (`rank_sums`)."""
-        sums = self.rank_sums.get((pp, option))
-        if sums is None:
-            owner, head_rank, counts = self._shape(pp, option)
-            compute = np.bincount(owner, weights=self.layer_compute, minlength=pp)
-            compute[head_rank] += self.head
-            compute[0] += self.embedding_grad[int(head_rank == 0)]
-            if head_rank != 0:
-                compute[head_rank] += self.embedding_grad[2]
-            sums = self.rank_sums[(pp, option)] = (compute, counts)
-        return sums
-
     def bounds(self, pp: int, options: list[PipeOption], grad_accum: int, ov: Overlap) -> tuple[list[float], np.ndarray]:
-        """`bound` of every pipeline option of the pair, in `options`' order: the same sums, as
+        """`step_time.time_lower_bound` of the pair's layout with each pipeline option of `options`
+        and its partition, in seconds per step, from the per-layer times (no `StageTable` built), as
         arrays over the options (the per-option rank sums stacked once per list of options and
-        shared like `rank_sums`); and the per-rank seconds of one micro-batch they are made of,
+        shared by the pairs of one shard geometry and micro-batch: `option_sums`); and the per-rank
+        seconds of one micro-batch they are made of,
         (options, pp): each rank's compute, knob-independent exposed communication without
         recompute and pipeline sends, at most the table's floor of every recompute mode
         (`step_time.mode_rank_floors`) less that mode's recompute seconds."""
@@ -723,8 +696,8 @@ class _PairTimes:
         bins, rows, heads, elsewhere, rows_elsewhere, heads_elsewhere, counts, vpp, paired, free = shapes
         stacked = self.option_sums.get(key)
         if stacked is None:
-            # each option's row as `_sums` adds it: its layers in model order (one bincount adds in
-            # input order), then the head, rank 0's embedding gradient, the MTP copy's on the head's rank
+            # each option's row as `build_table` adds it: its layers in model order (one bincount adds
+            # in input order), then the head, rank 0's embedding gradient, the MTP copy's on the head's rank
             weights = np.tile(self.layer_compute, len(options))
             compute = np.bincount(bins, weights=weights, minlength=len(options) * pp).reshape(len(options), pp)
             compute[rows, heads] += self.head
@@ -732,7 +705,8 @@ class _PairTimes:
             compute[rows_elsewhere, heads_elsewhere] += self.embedding_grad[2]
             stacked = self.option_sums[key] = compute
         compute = stacked
-        # as `bound`, row by row: F&B pairs expose no all-to-all, split-backward schedules no bubble
+        # row by row: F&B pairs (DualPipeV, combined 1F1B) may hide the all-to-alls (`step_time`), so
+        # their exposure is bounded by zero; split-backward schedules bound their bubble by zero
         exposed = np.where(paired[:, None], 0.0, counts @ self.kind_exposed)
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else np.zeros(len(options))
         per = compute + exposed + pp_exposed[:, None]
@@ -774,7 +748,7 @@ def _rank_of_layer(num_layers: int, pp: int, option: PipeOption) -> np.ndarray:
 
 
 def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int, bubble_free: bool = False) -> float:
-    """A lower bound of `_PairTimes.bound`, in seconds per step, from one micro-batch's seconds
+    """A lower bound of an option's `_PairTimes.bounds`, in seconds per step, from one micro-batch's seconds
     summed over the pipeline ranks (`per_mb_s`, itself at most the sum of the per-rank times that
     bound adds up). That bound is grad_accum x slowest + (sum - slowest) / vpp, which grows with
     the slowest rank, and the slowest rank is at least the average sum / pp. A bubble-filling
@@ -784,7 +758,7 @@ def _bubble_bound(per_mb_s: float, pp: int, vpp: int, grad_accum: int, bubble_fr
 
 
 BOUND_MARGIN = 1e-9
-"""Relative margin within which `_PairTimes.bound` defers to the table's own bound: the two are the
+"""Relative margin within which an option's `_PairTimes.bounds` defers to the table's own bound: the two are the
 same sum up to float rounding (tests/planner/test_search_bounds.py: within 1e-12), and only the
 table's decides a layout that sits on the k-th best step time. A pair bound below the threshold by
 more than the margin leaves the table's bound below it too, so that bound is not computed."""
