@@ -427,3 +427,16 @@ def test_megatron_combined_1f1b_hides_the_all_to_alls_like_dualpipev() -> None:
     assert any(v.field == "moe_a2a_overlap" and "vpp" in v.message for v in refused)
     refused = validate_layout(model, training, 64, Layout(pp=4, vpp=2, ep=8, moe_a2a_overlap=True, framework="fsdp"))
     assert any(v.field == "moe_a2a_overlap" and "Megatron" in v.message for v in refused)
+
+
+def test_equal_settings_share_one_read_only_knob_arrays() -> None:
+    """`KnobArrays.of` is memoized by the settings' values: an equal list (a new search's grid)
+    gets the very same object, whose arrays cannot be written, and another list another object."""
+    cluster = get_cluster("dgx-h100")
+    mesh = next(iter(meshes(get_model("llama3-8b"), cluster, 16, SearchConstraints())))
+    grid = settings(mesh, cluster, SearchConstraints())
+    knobs = KnobArrays.of(grid)
+    assert KnobArrays.of(list(grid)) is knobs
+    assert KnobArrays.of(grid[:-1]) is not knobs
+    with pytest.raises(ValueError):
+        knobs.mode[0] = 0

@@ -394,3 +394,33 @@ def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatc
     for key in ("best", "alternatives", "pareto", "closest_miss", "rejections", "why"):
         assert getattr(shared, key) == getattr(own, key), key
     assert shared.stats.model_dump(exclude={"seconds"}) == own.stats.model_dump(exclude={"seconds"})
+
+
+def test_floor_counts_kept_back_add_up_as_counted_at_once() -> None:
+    """`_FloorVerdict.count` logs its first count at once and keeps the later ones for `flush`:
+    the log and the grid's rejection counts end as if every count had gone in at once."""
+    from planner import search as search_module
+
+    reasons = ["memory: a", "memory: b", "memory: a", "memory: c"]
+    over = np.array([True, True, False, False])
+    full = np.array([False, False, False, True])
+
+    def counted(kept_back: bool) -> tuple[dict, list]:
+        log = search_module.RejectionLog()
+        grid = search_module._GridRejections.of(reasons)
+        for j in range(4):  # the reasons' examples, as the first memory prices log them
+            log.add(reasons[j], f"example {j}", 0)
+        verdict = search_module._FloorVerdict(over, full, True, int(full.sum()))
+        for _ in range(3):
+            if kept_back:
+                verdict.count(grid, log)
+            else:
+                grid.add(log, over)
+                log.add(search_module.COMBINED_FULL_RECOMPUTE, "pipelined MoE meshes with combined 1F1B", 1)
+        verdict.flush(log)
+        grid.flush(log)
+        return log.counts, log.as_list()
+
+    assert counted(True) == counted(False)
+    counts, _ = counted(True)
+    assert counts["memory: a"] == 3 and counts["memory: b"] == 3 and counts[search_module.COMBINED_FULL_RECOMPUTE] == 3
