@@ -986,11 +986,6 @@ def _busy(knobs: KnobArrays, dp: DataParallelTimes, phases: PhaseArrays) -> tupl
     return busy_f, busy_b
 
 
-def table_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
-    """Seconds no knob setting of a built table can beat: `mode_lower_bounds` without recompute."""
-    return float(mode_lower_bounds(t, vpp, cal)[0])
-
-
 def mode_lower_bounds(t: StageTable, vpp: int, cal: Calibration, phases: PhaseArrays | None = None) -> np.ndarray:
     """(modes,) seconds no setting of table `t` can beat with each recompute mode (`RECOMPUTE_MODES`):
     `pipelined_floor` of the mode's per-rank floors (`mode_rank_floors`): its own backward phase, which holds its recompute forward, the
@@ -1050,8 +1045,8 @@ def price_time(
 
 
 def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
-    """Seconds no knob setting of this table can beat (`table_lower_bound`)."""
-    return table_lower_bound(t, vpp, cal)
+    """Seconds no knob setting of a built table can beat: `mode_lower_bounds` without recompute."""
+    return float(mode_lower_bounds(t, vpp, cal)[0])
 
 
 _DP_GRIDS: dict[tuple, tuple[tuple[object, ...], DataParallelTimes]] = {}
@@ -1119,5 +1114,5 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
 __all__ = [
     "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times",
     "mode_lower_bounds", "mode_rank_floors", "once_per_step_floor", "pipelined_floor", "setting_lower_bounds",
-    "phase_arrays", "price_time", "table_lower_bound", "time_lower_bound",
+    "phase_arrays", "price_time", "time_lower_bound",
 ]
