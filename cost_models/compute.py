@@ -855,7 +855,7 @@ def layer_time(
     kernels = layer_kernels(model, index, g)
     host = kernels * cal.kernel_launch_s
     launch = kernels * launch_seconds(gpu, cal, fw)
-    share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, g)
+    share = op_sac.recomputed_macs_share(model, index) * _dense_gemm_share(model, index, gemms)
     # the input norms: read + write h each (two per layer, one in a hybrid layer)
     norms = model.tp_blocks_per_layer * 2 * model.hidden_size / _where(g.sp, g.tp, 1) * g.tokens * act_bytes / bandwidth
     ssm, ssm_bwd = ssd_times(model, index, g, gpu, cal)
@@ -893,11 +893,11 @@ def layer_time(
     )
 
 
-def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:
-    """Share of a layer's GEMM FLOPs outside the routed experts (1 in a dense layer): op-level SAC's
-    matmul rule applies to that part only (`cost_models.op_sac`)."""
-    gemms = layer_gemms(model, index, g)
-    flops = [float(np.mean(x.m * x.n * x.k * x.count)) for x in gemms]
+def _dense_gemm_share(model: ModelSpec, index: int, gemms: list[Gemm]) -> float:
+    """Share of a layer's GEMM FLOPs outside the routed experts (1 in a dense layer), of its GEMMs
+    (`layer_gemms`; over a batch of geometries, their mean): op-level SAC's matmul rule applies to
+    that part only (`cost_models.op_sac`)."""
+    flops = [_mean_flops(x) for x in gemms]
     total = sum(flops)
     if not model.is_moe_layer(index) or not total:
         return 1.0
@@ -907,6 +907,13 @@ def _dense_gemm_share(model: ModelSpec, index: int, g: ShardGeometry) -> float:
     shared = 2 if model.num_shared_experts else 0
     dense = sum(flops[:n_attn]) + sum(flops[n_attn + 1 : n_attn + 1 + shared])
     return dense / total
+
+
+def _mean_flops(x: Gemm) -> float:
+    """m x n x k x count of one GEMM (multiply-adds), as a float; over a batch of geometries (array
+    fields) their mean."""
+    v = x.m * x.n * x.k * x.count
+    return float(np.mean(v)) if isinstance(v, np.ndarray) else float(v)
 
 
 def lm_head_times(
