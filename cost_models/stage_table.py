@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import operator
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -313,7 +313,8 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
     # Sums run over each rank's layers in model order: one `np.bincount` over all quantities at
     # once, which adds in input order.
     pp = partition.pp
-    owner, mine, bins = _partition_index(partition)
+    index = _partition_index(partition)
+    owner, mine = index.owner, index.mine
     n = len(owner)
     if limit is None:
         quantities, rows = geo.every_layer[:, :n], geo.every_peak[:, :n]
@@ -322,26 +323,27 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
         recomputed = np.cumsum(mine, axis=1)[owner, np.arange(n)] - 1 < limit
         quantities, rows = _rank_quantities(arr, recomputed), _peak_rows(arr, recomputed)
     k = _RANK_QUANTITIES
-    sums = np.bincount(bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
+    sums = np.bincount(index.bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
     mtp = _priced_mtp(model, partition, geo.ft)
     if mtp:
         arr = {k: v[:n] for k, v in geo.per_layer.items()}
         sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
-    (dense, expert, acts0, acts1, acts2, layers, moe_layers, compute, forward, sel, full, _, re_layers, re_moe,
-     acts3, osac, dense_w, expert_w, dense_t, expert_t) = sums
     # each rank's largest layer (elements), the weights (bytes, elements) of its largest layer, its
-    # largest dequantized copy (QLoRA) and its largest recompute working set: one masked max
-    largest, *peaks_list, working = np.where(mine[None, :, :], rows[:, None, :], 0.0).max(axis=2, initial=0.0)
-    peaks = np.array(peaks_list)
-    acts = np.array([acts0, acts1, acts2, acts3])
-    reco = np.array([np.zeros(pp), sel, full, osac])
+    # largest dequantized copy (QLoRA) and its largest recompute working set: the maxima of the
+    # rows over each rank's run of layers (none: 0)
+    maxima = np.zeros((len(rows), pp))
+    if len(index.held):
+        grouped = rows if index.by_rank is None else rows[:, index.by_rank]
+        maxima[:, index.held] = np.maximum(np.maximum.reduceat(grouped, index.starts, axis=1), 0.0)
     n_classes = len(geo.per_class["fwd"])
     class_counts = np.bincount(owner * n_classes + geo.of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
     if mtp:
         class_counts[partition.head_rank, geo.of_layer[n - 1]] += mtp
+    # the rows of `sums` in the order `_rank_quantities` stacks them (11: zeros, the recompute
+    # seconds of no recompute); new arrays where the caller adds to them
     return (
-        dense, expert, largest, acts, working, layers, moe_layers, re_layers, re_moe, compute, forward, reco,
-        class_counts, np.array([dense_w, expert_w]), np.array([dense_t, expert_t]), peaks,
+        sums[0], sums[1], maxima[0], sums[[2, 3, 4, 14]], maxima[4], sums[5], sums[6], sums[12], sums[13], sums[7],
+        sums[8], sums[[11, 9, 10, 15]], class_counts, sums[16:18].copy(), sums[18:20].copy(), maxima[1:4],
     )
 
 
@@ -460,17 +462,38 @@ def _mtp_sums(
     return out
 
 
+class PartitionIndex(NamedTuple):
+    """Of a partition (`_partition_index`), read-only arrays: each layer's pipeline rank (`owner`),
+    the (pp, layers) mask of the layers each rank holds (`mine`), the bincount bins of `_rank_sums`'
+    quantities (`bins`, row-major), the layers grouped by rank in model order (`by_rank`: None when
+    the ranks hold their layers in model order already, one chunk each), the ranks that hold any
+    (`held`) and where each of those starts in that grouping (`starts`)."""
+
+    owner: np.ndarray
+    mine: np.ndarray
+    bins: np.ndarray
+    by_rank: np.ndarray | None
+    held: np.ndarray
+    starts: np.ndarray
+
+
 @lru_cache(maxsize=1024)
-def _partition_index(partition: StagePartition) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Of a partition: each layer's pipeline rank, the (pp, layers) mask of the layers each rank
-    holds, and the bincount bins of `_rank_sums`' quantities (row-major, read-only arrays)."""
+def _partition_index(partition: StagePartition) -> PartitionIndex:
+    """The `PartitionIndex` of a partition."""
     pp = partition.pp
     owner = np.repeat(np.array(partition.chunk_ranks, dtype=np.int64), partition.chunk_layers)
     mine = owner[None, :] == np.arange(pp)[:, None]
     bins = (owner[None, :] + pp * np.arange(_RANK_QUANTITIES)[:, None]).ravel()
-    for a in (owner, mine, bins):
-        a.flags.writeable = False
-    return owner, mine, bins
+    by_rank: np.ndarray | None = np.argsort(owner, kind="stable")
+    if np.array_equal(by_rank, np.arange(len(owner))):
+        by_rank = None
+    layers = np.bincount(owner, minlength=pp)
+    held = np.flatnonzero(layers)
+    starts = (np.cumsum(layers) - layers)[held]
+    for a in (owner, mine, bins, by_rank, held, starts):
+        if a is not None:
+            a.flags.writeable = False
+    return PartitionIndex(owner, mine, bins, by_rank, held, starts)
 
 
 def activation_context(training: TrainingSpec, mesh: Layout, model: ModelSpec | None = None) -> ActivationContext:

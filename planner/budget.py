@@ -60,9 +60,10 @@ BLOCK_BYTES = 400
 the mesh and the index array's header)."""
 PARTITION_MEMO = 1024
 """Partitions whose layer index `cost_models.stage_table._partition_index` keeps (its lru_cache)."""
-INDEX_BYTES_PER_LAYER = 8 * 21
-"""`_partition_index`'s int64 arrays per layer: the owner rank and 20 bincount bins
-(`stage_table._RANK_QUANTITIES`)."""
+INDEX_BYTES_PER_LAYER = 8 * 22
+"""`_partition_index`'s int64 arrays per layer: the owner rank, 20 bincount bins
+(`stage_table._RANK_QUANTITIES`) and, for an interleaved or V-shape partition, the layers grouped by
+rank (`PartitionIndex.by_rank`)."""
 LAYER_MEMO = 4096
 """Shard geometries whose per-layer arrays the pricing memos keep (`cost_models.stage_table`:
 `lru_cache(maxsize=4096)` on `layer_times`, `_layer_acts`, `_layer_arrays`)."""

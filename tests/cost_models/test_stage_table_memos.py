@@ -216,3 +216,33 @@ def test_a_memoized_gemm_time_is_the_atlas_lookup() -> None:
     with recording() as lookups:
         assert compute.gemm_time(gemm, gpu, "bf16", 2, cal) == first
     assert (8192, 4096, 4096, "bf16") in lookups.gemm
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_rank_maxima_are_the_masked_maxima(limit) -> None:
+    """`_rank_sums` takes each rank's largest layer, weights, dequantized copy and recompute working
+    set over the run of layers the rank holds (`PartitionIndex.by_rank`, `held`, `starts`): the
+    maxima of the layer rows masked to the rank's layers, to the bit, on one chunk per rank, on
+    interleaved and V-shape chunks, and on probe partitions whose ranks hold few layers or none."""
+    ctx = _job(1)
+    cal = default_calibration()
+    geo = stage_table._geometry(ctx.model, ctx.training, ctx.cluster, cal, ctx.layout)
+    layers = ctx.model.num_layers
+    partitions = [
+        StagePartition.even(layers, 4), StagePartition.even(layers, 4, 2), StagePartition.even(layers, 2, 2, True),
+        StagePartition((3, 0, 2, 0), 4), StagePartition((0, 2, 0, 1, 1, 0), 3, 2), StagePartition((0, 0), 2),
+    ]
+    for partition in partitions:
+        index = stage_table._partition_index(partition)
+        n = len(index.owner)
+        if limit is None:
+            rows = geo.every_peak[:, :n]
+        else:
+            arr = {k: v[:n] for k, v in geo.per_layer.items()}
+            recomputed = np.cumsum(index.mine, axis=1)[index.owner, np.arange(n)] - 1 < limit
+            rows = stage_table._peak_rows(arr, recomputed)
+        want = np.where(index.mine[None, :, :], rows[:, None, :], 0.0).max(axis=2, initial=0.0)
+        sums = stage_table._rank_sums(ctx.model, geo, partition, limit)
+        largest, working, peaks = sums[2], sums[4], sums[15]
+        assert np.vstack([largest, peaks, working]).tobytes() == want.tobytes(), partition
+        assert (index.by_rank is None) == (partition.vpp == 1)
