@@ -9,7 +9,7 @@ composition never reaches back into the module that calls it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -114,6 +114,16 @@ class StageTable:
     class_attention_f: np.ndarray = field(default_factory=lambda: np.zeros(1))
     """(K,) seconds of one layer's attention kernel forward of each layer class, one micro-batch
     (what `stage_table.cp_exposure` hides the ring's exchange behind)."""
+
+    def sharing(self, **fields: Any) -> StageTable:
+        """A table with `fields` replaced and every other field this one's object (the arrays are
+        read-only, so shared): `copy.copy` and an update of its fields, without the copy protocol
+        (the search derives some 8,000 tables of other rank orders, `stage_table.reorder`).
+        `fields` must name fields of the table; their values are not checked."""
+        table = object.__new__(StageTable)
+        table.__dict__.update(self.__dict__)
+        table.__dict__.update(fields)
+        return table
 
 
 @dataclass(frozen=True)

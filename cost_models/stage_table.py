@@ -12,7 +12,6 @@ layout through the same path (one setting), so the planner and `autopar evaluate
 
 from __future__ import annotations
 
-import copy
 import operator
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -651,7 +650,14 @@ def _order_free(
     offloaded_acts, offloaded_layers = _offloaded(
         acts, layers, int(layers.max()) if mesh.offload_activations else mesh.activation_offload_layers
     )
-    parts: dict[str, Any] = dict(
+    pending = _pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None)
+    # read-only, as the geometry's arrays the parts name too (`_Geometry`), so tables share them
+    for a in (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
+              weight_bytes, trainable, peaks, offloaded_acts, offloaded_layers, pending, embedding_tables, gemm_weights):
+        a.flags.writeable = False
+    if isinstance(logits, np.ndarray):
+        logits.flags.writeable = False
+    return dict(
         dense_params=dense, expert_params=expert, largest_layer=largest, acts=acts, working=working, layers=layers,
         moe_layers=moe, recomputed_layers=re_layers, recomputed_moe=re_moe, compute=compute, forward=forward,
         recompute=reco, class_counts=counts, class_forward=per_class["fwd"], class_backward=geo.class_backward,
@@ -660,14 +666,9 @@ def _order_free(
         class_weight_bytes=geo.class_weight_bytes, class_trainable=geo.class_trainable,
         largest_weight_bytes=peaks[0], largest_trainable=peaks[1], dequant_bytes=peaks[2],
         offloaded_acts=offloaded_acts, offloaded_layers=offloaded_layers,
-        pending_wgrad=_pending_wgrad(counts @ per_class["pend"], model, actx, head_rank, ft is None),
-        embedding_grad_elements=embedding_tables, gemm_weight_elements=gemm_weights,
+        pending_wgrad=pending, embedding_grad_elements=embedding_tables, gemm_weight_elements=gemm_weights,
         class_attention_f=per_class["attn_f"],
     )
-    for value in parts.values():
-        if isinstance(value, np.ndarray):
-            value.setflags(write=False)
-    return parts
 
 
 def _gemm_weight_elements(model: ModelSpec, training: TrainingSpec, mesh: Layout, partition: StagePartition,
@@ -740,9 +741,7 @@ def reorder(t: StageTable, mesh: Layout, cal: Calibration) -> StageTable:
         t.model, t.training, t.cluster, t.gpus, mesh, cal, t.class_attention_f, t.class_counts,
         comm_store(t.model, t.training, t.cluster, cal, t.gpus),
     )
-    table = copy.copy(t)
-    vars(table).update(placed, mesh=mesh)
-    return table
+    return t.sharing(mesh=mesh, **placed)
 
 
 def _pending_wgrad(layers: np.ndarray, model: ModelSpec, actx: ActivationContext, head_rank: int, trained: bool) -> np.ndarray:

@@ -1322,8 +1322,7 @@ def _search(
                     (*degrees_key, twin), partial(build_table, model, training, cluster, gpus, base, partition, cal), base, cal
                 )
             else:
-                table = copy.copy(table)
-                table.mesh = base
+                table = table.sharing(mesh=base)
             if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
                 pruned += len(grid)
                 continue
