@@ -1020,10 +1020,10 @@ def pipelined_floor(per: np.ndarray, t: StageTable, vpp: int) -> np.ndarray:
     below a setting's own per-rank times give a bound of its step; every knob (recompute, ZeRO
     traffic, once-per-step reduction, optimizer, offload) only adds to those, and the channel
     rooflines only raise the step."""
-    worst = per.max(axis=1)
+    worst = np.maximum.reduce(per, axis=1)  # `per.max(axis=1)`, `per.sum(axis=1)` without their wrappers
     pp = per.shape[1]
     bubble_free = t.mesh.schedule_ in SPLIT_BACKWARD_SCHEDULES
-    bubble = (per.sum(axis=1) - worst) / vpp if pp > 1 and not bubble_free else 0.0
+    bubble = (np.add.reduce(per, axis=1) - worst) / vpp if pp > 1 and not bubble_free else 0.0
     return t.mesh.grad_accum_ * worst + bubble
 
 
