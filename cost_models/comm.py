@@ -52,6 +52,7 @@ import numpy as np
 from cluster_specs.spec import ClusterSpec
 from cluster_specs.topology import GroupLink, collective_latency_s, strided_group_link
 from cost_models.calibration import Calibration
+from cost_models.interning import KeptMemo
 from cost_models.kernels.atlas import atlas_for
 from cost_models.kernels.collectives import SizeCurve
 
@@ -80,20 +81,16 @@ class Group:
     @classmethod
     def strided(cls, cluster: ClusterSpec, size: int, stride: int, world: int | None = None) -> Group:
         """The slowest group of `size` ranks at `stride` in a job of `world` ranks (one period of
-        the layout when the groups do not tile the job evenly). Cached per cluster object."""
+        the layout when the groups do not tile the job evenly). Cached per cluster object (`KeptMemo`)."""
         key = (id(cluster), size, stride, world)
         hit = _GROUPS.get(key)
-        if hit is not None and hit[0] is cluster:  # the entry keeps the cluster alive: ids are not reused
-            return hit[1]
+        if hit is not None:
+            return hit
         if world is not None and world % (size * stride):
             world = None
         link = strided_group_link(cluster, size, stride, world)
         curve, _ = atlas_for(cluster.gpu).collective_curve("nvlink" if link.domains <= 1 else "nic")
-        group = cls(size, link, curve)
-        if len(_GROUPS) > 1 << 16:
-            _GROUPS.clear()
-        _GROUPS[key] = (cluster, group)
-        return group
+        return _GROUPS.put(key, cluster, cls(size, link, curve))
 
     @property
     def channel(self) -> int:
@@ -101,7 +98,7 @@ class Group:
         return INTRA if self.link.domains <= 1 else INTER
 
 
-_GROUPS: dict[tuple[int, int, int, int | None], tuple[ClusterSpec, Group]] = {}
+_GROUPS: KeptMemo[Group] = KeptMemo(1 << 16)
 
 
 def effective_bandwidth(link: GroupLink, cal: Calibration) -> float:

@@ -58,6 +58,7 @@ from cost_models import finetune, op_sac
 from cost_models.calibration import Calibration, stack_key
 from cost_models.finetune import FineTune
 from cost_models.flops import attention_pairs, flash_backward_factor, ssd_scan_flops_forward
+from cost_models.interning import KeptMemo
 from cost_models.kernels import record as rec
 from cost_models.kernels.atlas import atlas_for
 from cost_models.kernels.attention import TRITON_FLASH_SPEED
@@ -232,9 +233,9 @@ def hbm_bandwidth(gpu: GPUSpec, cal: Calibration, framework: str = "megatron") -
     return atlas_for(gpu).memory_bandwidth() * cal.hbm_efficiency / compute_stretch(cal, framework)
 
 
-_GEMM_SECONDS: dict[tuple, tuple[tuple[object, object], Scalars]] = {}
 GEMM_ENTRIES = 1 << 14
 """`_GEMM_SECONDS` starts over beyond this many entries (a float each)."""
+_GEMM_SECONDS: KeptMemo[Scalars] = KeptMemo(GEMM_ENTRIES)
 
 
 def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, act_bytes: int, cal: Calibration,
@@ -244,8 +245,8 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, act_bytes: int, cal: Cal
     times the stack's compute stretch (and, for FP8 GEMMs, its `Stack.fp8_compute`). The call's
     fixed latency is added per kernel launch of a layer (`launch_seconds`), not here.
 
-    A scalar shape's seconds are memoized on the GPU and the calibration (by identity: the entry
-    keeps them alive, so ids are not reused) and the other arguments' values (a search's layer
+    A scalar shape's seconds are memoized on the GPU and the calibration (by identity, `KeptMemo`)
+    and the other arguments' values (a search's layer
     classes repeat most shapes: Qwen3-235B-A22B on 256 H100, 589 distinct of 6,789), unless a
     recorder is open (`kernels.record`: it receives every lookup, as without the memo)."""
     m, n, k, count = gemm.m, gemm.n, gemm.k, gemm.count
@@ -253,15 +254,13 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, act_bytes: int, cal: Cal
     if not rec.ACTIVE and not any(isinstance(v, np.ndarray) for v in (m, n, k, count)):
         key = (id(gpu), id(cal), precision, act_bytes, framework, m, n, k, count)
         hit = _GEMM_SECONDS.get(key)
-        if hit is not None and hit[0][0] is gpu and hit[0][1] is cal:
-            return hit[1]
+        if hit is not None:
+            return hit
     fp8 = fp8_gemms(precision, gpu)
     table = atlas_for(gpu).gemm_table("fp8" if fp8 else "bf16")
     seconds = table.seconds(m, n, k, count, act_bytes) * gemm_scale(fp8, cal, framework)
     if key is not None:
-        if len(_GEMM_SECONDS) >= GEMM_ENTRIES:
-            _GEMM_SECONDS.clear()
-        _GEMM_SECONDS[key] = ((gpu, cal), seconds)
+        _GEMM_SECONDS.put(key, (gpu, cal), seconds)
     return seconds
 
 

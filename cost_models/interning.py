@@ -1,4 +1,5 @@
-"""One object per distinct job input, so per-job memos survive across requests.
+"""One object per distinct job input, so per-job memos survive across requests; and the memo
+those pricing memos are made of (`KeptMemo`).
 
 The pricing memos in `cost_models.stage_table` and `cost_models.comm` are keyed by the identity of
 the job's model, training, cluster and calibration objects (hashing a pydantic model on every
@@ -10,9 +11,11 @@ memos. Memoized results are functions of the values alone, so sharing them chang
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Hashable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 _CANONICAL: dict[object, object] = {}
 MAX_ENTRIES = 256
@@ -31,3 +34,41 @@ def canonical(obj: T) -> T:
         _CANONICAL.clear()
     _CANONICAL[obj] = obj
     return obj
+
+
+class KeptMemo(Generic[V]):
+    """A bounded memo of results that are functions of their key's values, where a key may name job
+    objects by `id()` (hashing a pydantic model on every lookup costs more than the lookup). Each
+    entry keeps the objects its key names alive (`put`'s `keep`): while it exists no other object
+    can take their ids, so a hit needs no identity check. Beyond `limit` entries it starts over:
+    the memo then simply misses. Values are never None (`get`'s miss)."""
+
+    __slots__ = ("_entries", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self._entries: dict[Hashable, tuple[object, V]] = {}
+        self.limit = limit
+
+    def get(self, key: Hashable) -> V | None:
+        hit = self._entries.get(key)
+        return None if hit is None else hit[1]
+
+    def put(self, key: Hashable, keep: object, value: V) -> V:
+        """Keep `value` under `key`, and with it `keep` (the objects whose ids the key holds, or None);
+        returns `value`."""
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        self._entries[key] = (keep, value)
+        return value
+
+    def values(self) -> list[V]:
+        return [value for _, value in self._entries.values()]
+
+    def keys(self) -> list[Hashable]:
+        return list(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)

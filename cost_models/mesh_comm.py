@@ -15,27 +15,21 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration
 from cost_models.comm import INTRA, Group, collective_time, dedup_dispatch_time, remote_domains_per_token
 from cost_models.compute import ShardGeometry, embedding_gradient_time, routed_rows, trained_mtp_layers
+from cost_models.interning import KeptMemo
 from cost_models.mesh import MeshLike, mesh_strides
 from model_specs.spec import ModelSpec, TrainingSpec
 
-_COMM_STORES: dict[tuple[int, ...], tuple[tuple[object, ...], dict[tuple, float]]] = {}
+_COMM_STORES: KeptMemo[dict[tuple, Any]] = KeptMemo(64)
 
 
 def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
-    and rank stride it depends on (and of `build_table`'s LM head and MTP projection times). Job objects are matched by identity (the entry keeps them alive,
-    so ids are not reused)."""
+    and rank stride it depends on (and of `build_table`'s LM head and MTP projection times). Job
+    objects are matched by identity (`KeptMemo`)."""
     key = (id(model), id(training), id(cluster), id(cal), gpus)
-    hit = _COMM_STORES.get(key)
-    if hit is not None:
-        m, tr, cl, ca = hit[0]
-        if m is model and tr is training and cl is cluster and ca is cal:
-            return hit[1]
-    objs = (model, training, cluster, cal)
-    if len(_COMM_STORES) > 64:
-        _COMM_STORES.clear()
-    store: dict[tuple, float] = {}
-    _COMM_STORES[key] = (objs, store)
+    store = _COMM_STORES.get(key)
+    if store is None:
+        store = _COMM_STORES.put(key, (model, training, cluster, cal), {})
     return store
 
 

@@ -9,6 +9,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.calibration import Calibration
 from cost_models.error_band import error_band, published_ceiling
 from cost_models.estimate import Estimate
+from cost_models.interning import KeptMemo
 from cost_models.layout import Layout
 from model_specs.params import adapted_names, count_params, trainable_counts
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -50,20 +51,16 @@ def kernels_dict(
     the share of its GEMM and attention time priced from measured points, interpolated between
     them, extrapolated beyond them and from a datasheet (`compute.kernel_provenance`, one
     micro-batch through every layer), and the slow-end margin that share carries
-    (`compute.kernel_margin`), which the planner ranks by. Memoized on the inputs' identity and
-    the layout (`cost_models.interning` shares equal inputs across requests; an entry keeps its
-    inputs alive, so their ids stay theirs)."""
+    (`compute.kernel_margin`), which the planner ranks by. Memoized on the inputs' identity
+    (`KeptMemo`; `cost_models.interning` shares equal inputs across requests) and the layout."""
     key = (id(model), id(training), id(cluster), id(cal), layout)
-    hit = _KERNELS.get(key)
-    if hit is None:
-        if len(_KERNELS) > 4096:
-            _KERNELS.clear()
-        hit = _KERNELS[key] = ((model, training, cluster, cal), _kernels_dict(model, training, cluster, layout, cal))
-    out = hit[1]
+    out = _KERNELS.get(key)
+    if out is None:
+        out = _KERNELS.put(key, (model, training, cluster, cal), _kernels_dict(model, training, cluster, layout, cal))
     return {**out, "time_share": dict(out["time_share"])}
 
 
-_KERNELS: dict[tuple, tuple[tuple, dict[str, Any]]] = {}
+_KERNELS: KeptMemo[dict[str, Any]] = KeptMemo(4096)
 
 
 def _kernels_dict(

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
+from cost_models.interning import KeptMemo
 from cost_models.layout import Layout
 from cost_models.stages import StagePartition
 from model_specs.spec import ModelSpec, TrainingSpec
@@ -171,13 +172,10 @@ class KnobArrays:
         for value in vars(knobs).values():
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
-        if len(_KNOB_ARRAYS) > 1 << 12:
-            _KNOB_ARRAYS.clear()
-        _KNOB_ARRAYS[key] = knobs
-        return knobs
+        return _KNOB_ARRAYS.put(key, None, knobs)
 
 
-_KNOB_ARRAYS: dict[tuple[Setting, ...], KnobArrays] = {}
+_KNOB_ARRAYS: KeptMemo[KnobArrays] = KeptMemo(1 << 12)
 """`KnobArrays.of`'s memo, by the settings' values; it starts over beyond 4,096 grids."""
 
 

@@ -42,6 +42,7 @@ from cost_models.compute import (
 from cost_models.finetune import FineTune, frozen_weight_bytes
 from cost_models.flops import flash_backward_factor
 from cost_models.fsdp_units import Phase, edge_units, single_stage_phases
+from cost_models.interning import KeptMemo
 from cost_models.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from cost_models.memory import HOST_GRAD_BYTES, nvme_pinned_bytes
 from cost_models.mesh_comm import comm_store, embedding_gradient_times, mesh_channels, mesh_comm
@@ -254,27 +255,20 @@ class _Geometry:
         self.class_trainable = _readonly(np.array([pc["dense_t"], pc["expert_t"]]))
 
 
-_GEOMETRIES: dict[tuple, tuple[tuple[object, ...], _Geometry]] = {}
 GEOMETRY_ENTRIES = 4096
 """`_GEOMETRIES` starts over beyond this many entries (as many shard geometries as the lru_caches
 of `_layer_arrays`, `layer_times` and `_layer_acts` keep)."""
+_GEOMETRIES: KeptMemo[_Geometry] = KeptMemo(GEOMETRY_ENTRIES)
 
 
 def _geometry(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, mesh: Layout) -> _Geometry:
-    """The `_Geometry` of `mesh` (resolved) in a job, memoized on the job objects (by identity: the
-    entry keeps them alive, so ids are not reused) and the mesh's `GEOMETRY_FIELDS` (by value):
-    everything `ShardGeometry.of`, `activation_context`, `FineTune.of` and `_layer_arrays` read.
-    Matching the job by identity spares hashing its pydantic objects for every table."""
+    """The `_Geometry` of `mesh` (resolved) in a job, memoized on the job objects (by identity,
+    `KeptMemo`) and the mesh's `GEOMETRY_FIELDS` (by value): everything `ShardGeometry.of`,
+    `activation_context`, `FineTune.of` and `_layer_arrays` read."""
     key = (id(model), id(training), id(cluster), id(cal), _geometry_fields(mesh))
-    hit = _GEOMETRIES.get(key)
-    if hit is not None:
-        m, tr, cl, ca = hit[0]
-        if m is model and tr is training and cl is cluster and ca is cal:
-            return hit[1]
-    geo = _Geometry(model, training, cluster, cal, mesh)
-    if len(_GEOMETRIES) >= GEOMETRY_ENTRIES:
-        _GEOMETRIES.clear()
-    _GEOMETRIES[key] = ((model, training, cluster, cal), geo)
+    geo = _GEOMETRIES.get(key)
+    if geo is None:
+        geo = _GEOMETRIES.put(key, (model, training, cluster, cal), _Geometry(model, training, cluster, cal, mesh))
     return geo
 
 
@@ -396,33 +390,31 @@ ACTIVATION_FIELDS = (
 
 _activation_fields = operator.attrgetter(*ACTIVATION_FIELDS)
 
-_SAVED: dict[tuple, tuple[tuple[object, ...], np.ndarray, dict[StagePartition, np.ndarray]]] = {}
 SAVED_ENTRIES = 4096
 """`_SAVED` starts over beyond this many activation contexts (as many as `_layer_saved_bytes` keeps)."""
+_SAVED: KeptMemo[tuple[np.ndarray, dict[StagePartition, np.ndarray]]] = KeptMemo(SAVED_ENTRIES)
 
 
 def _saved_per_rank(model: ModelSpec, training: TrainingSpec, mesh: Layout, partition: StagePartition) -> np.ndarray:
     """(3, pp) saved bytes per micro-batch of each rank's layers under the `_FLOOR_MODES`
     (`_layer_saved_bytes`), each summed over the rank's layers in model order, as `_rank_sums` adds
     them (one `np.bincount`, which adds in input order; read-only). Memoized on the model and the
-    training (by identity: the entry keeps them alive, so ids are not reused), the mesh's
-    `ACTIVATION_FIELDS` and the partition: the floors of meshes that differ in their data- and
-    expert-parallel degrees or their schedule share it."""
+    training (by identity, `KeptMemo`), the mesh's `ACTIVATION_FIELDS` and the partition: the floors
+    of meshes that differ in their data- and expert-parallel degrees or their schedule share it."""
     key = (id(model), id(training), _activation_fields(mesh))
     hit = _SAVED.get(key)
-    if hit is None or hit[0][0] is not model or hit[0][1] is not training:
-        if len(_SAVED) >= SAVED_ENTRIES:
-            _SAVED.clear()
+    if hit is None:
         per_layer = _layer_saved_bytes(model, activation_context(training, mesh, model))
-        hit = _SAVED[key] = ((model, training), per_layer, {})
-    per_rank = hit[2].get(partition)
+        hit = _SAVED.put(key, (model, training), (per_layer, {}))
+    per_layer, by_partition = hit
+    per_rank = by_partition.get(partition)
     if per_rank is None:
         owner = _partition_index(partition)[0]
         n, pp, k = len(owner), partition.pp, len(_FLOOR_MODES)
         bins = (owner[None, :] + pp * np.arange(k)[:, None]).ravel()
-        per_rank = np.bincount(bins, weights=hit[1][_FLOOR_MODES, :n].ravel(), minlength=k * pp).reshape(k, pp)
+        per_rank = np.bincount(bins, weights=per_layer[_FLOOR_MODES, :n].ravel(), minlength=k * pp).reshape(k, pp)
         per_rank.flags.writeable = False
-        hit[2][partition] = per_rank
+        by_partition[partition] = per_rank
     return per_rank
 
 
@@ -533,10 +525,10 @@ partition and the GPU count, what its memo is keyed on (tests/cost_models/test_s
 
 _table_fields = operator.attrgetter(*TABLE_FIELDS)
 
-_TABLE_PARTS: dict[tuple, tuple[_Geometry, dict[str, Any]]] = {}
 TABLE_PARTS_ENTRIES = 1 << 13
 """`_TABLE_PARTS` starts over beyond this many entries (a few KiB each: some 30 arrays of pp or
 classes entries)."""
+_TABLE_PARTS: KeptMemo[dict[str, Any]] = KeptMemo(TABLE_PARTS_ENTRIES)
 
 
 def build_table(
@@ -558,14 +550,9 @@ def build_table(
     # geometry (the logits' bytes, the activation context and the loss kernel: `_Geometry.logits`)
     store: dict[tuple, Any] = comm_store(model, training, cluster, cal, gpus)
     key = (id(geo), partition, gpus, _table_fields(mesh))
-    hit = _TABLE_PARTS.get(key)
-    if hit is not None and hit[0] is geo:
-        parts = hit[1]
-    else:
-        parts = _order_free(model, training, cluster, gpus, mesh, partition, cal, geo, store)
-        if len(_TABLE_PARTS) >= TABLE_PARTS_ENTRIES:
-            _TABLE_PARTS.clear()
-        _TABLE_PARTS[key] = (geo, parts)
+    parts = _TABLE_PARTS.get(key)
+    if parts is None:
+        parts = _TABLE_PARTS.put(key, geo, _order_free(model, training, cluster, gpus, mesh, partition, cal, geo, store))
     placed = _placed_comm(model, training, cluster, gpus, mesh, cal, parts["class_attention_f"], parts["class_counts"], store)
     return StageTable(model, training, cluster, gpus, mesh, partition, **parts, **placed)
 
@@ -772,7 +759,7 @@ def tp_backward_traffic(framework: str, sp: bool) -> float:
     return 2.0 if framework == "megatron" and sp else 1.0
 
 
-_CP_EXPOSURES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_CP_EXPOSURES: KeptMemo[tuple[np.ndarray, np.ndarray]] = KeptMemo(1 << 12)
 
 
 def _cp_exposure_memo(
@@ -791,9 +778,7 @@ def _cp_exposure_memo(
         hit = cp_exposure(cp_step, cp, attention_f, backward_factor, counts, allgather)
         for a in hit:
             a.flags.writeable = False
-        if len(_CP_EXPOSURES) > 1 << 12:
-            _CP_EXPOSURES.clear()
-        _CP_EXPOSURES[key] = hit
+        _CP_EXPOSURES.put(key, None, hit)
     return hit
 
 
@@ -863,12 +848,12 @@ def _shards(t: StageTable, shard: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return dense.astype(float), expert.astype(float)
 
 
-_STATE_BYTES: dict[tuple, tuple[tuple[object, ...], tuple]] = {}
+_STATE_BYTES: KeptMemo[tuple] = KeptMemo(1 << 12)  # entries hold (settings, pp) arrays: keep the memo small
 
 
 def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """`_state_bytes`, memoized on everything it reads: the knobs, model and training objects (by
-    identity: the entry keeps them alive, so ids are not reused), the framework, whether the step
+    identity, `KeptMemo`), the framework, whether the step
     accumulates and pipelines, the sharding degrees and the per-rank parameter counts. Tables of
     one mesh at other micro-batches share them. The arrays are read-only."""
     m = t.mesh
@@ -880,15 +865,12 @@ def _state_bytes_cached(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, n
         t.weight_bytes.tobytes(), t.trainable.tobytes(), t.gemm_weight_elements.tobytes(),
     )
     hit = _STATE_BYTES.get(key)
-    if hit is not None and hit[0][0] is knobs and hit[0][1] is t.model and hit[0][2] is t.training:
-        return hit[1]  # type: ignore[return-value]
+    if hit is not None:
+        return hit  # type: ignore[return-value]
     out = _state_bytes(t, knobs)
     for a in out[:5]:
         a.flags.writeable = False
-    if len(_STATE_BYTES) > 1 << 12:  # entries hold (settings, pp) arrays: keep the memo small
-        _STATE_BYTES.clear()
-    _STATE_BYTES[key] = (objs, out)
-    return out
+    return _STATE_BYTES.put(key, objs, out)
 
 
 def _state_bytes(t: StageTable, knobs: KnobArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:

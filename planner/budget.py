@@ -42,9 +42,9 @@ from planner.plan import SearchConstraints
 from planner.search import _mesh_probe, max_tp_of, mesh_rejection
 from planner.space import meshes, micro_batches, pipeline_options, settings
 
-STATE_MEMO = 4097
-"""Tables whose state bytes `cost_models.stage_table._state_bytes_cached` keeps (it starts over
-beyond 2**12 entries)."""
+STATE_MEMO = 1 << 12
+"""Tables whose state bytes `cost_models.stage_table._state_bytes_cached` keeps (its `KeptMemo` starts over
+at that many entries)."""
 STATE_ARRAYS = 5
 """float64 arrays per setting and pipeline rank in one of its entries (parameters, gradients,
 optimizer states, host and NVMe bytes)."""

@@ -1,9 +1,12 @@
-"""Equal job inputs share one object (and so the pricing memos); nothing about a search changes."""
+"""Equal job inputs share one object (and so the pricing memos); nothing about a search changes.
+The memo the pricing memos are made of keeps the objects its keys name by id."""
 
+import gc
 import json
+import weakref
 
 from cluster_specs.presets import get_cluster
-from cost_models.interning import canonical
+from cost_models.interning import KeptMemo, canonical
 from model_specs.presets import get_model
 from model_specs.spec import TrainingSpec
 from planner.search import search
@@ -36,3 +39,26 @@ def test_search_on_copies_gives_the_same_plan() -> None:
         data["stats"].pop("seconds")
         plans.append(data)
     assert plans[0] == plans[1]
+
+
+class _Job:
+    """A stand-in job object: weak-referenceable, hashed by identity."""
+
+
+def test_a_kept_memo_keeps_what_its_keys_name_by_id() -> None:
+    """An entry keeps the objects whose ids its key holds, so no other object takes those ids while
+    it exists and a hit needs no identity check; past its limit the memo starts over and lets them go."""
+    memo: KeptMemo[str] = KeptMemo(2)
+    job = _Job()
+    gone = weakref.ref(job)
+    key = (id(job), "shape")
+    assert memo.get(key) is None
+    assert memo.put(key, job, "priced") == "priced"
+    del job
+    gc.collect()
+    assert gone() is not None and memo.get(key) == "priced"  # kept alive by its entry
+    memo.put(("other",), None, "second")
+    assert len(memo) == 2 and memo.values() == ["priced", "second"]
+    memo.put(("third",), None, "third")  # at its limit: starts over
+    gc.collect()
+    assert len(memo) == 1 and memo.get(key) is None and gone() is None

@@ -119,7 +119,7 @@ def test_a_memoized_table_is_the_fresh_one(job: int) -> None:
     assert len(stage_table._TABLE_PARTS) == entries == 1  # shared, not built again
     _assert_same_table(memoized, fresh)
     # every array of the shared parts is read-only (tables share them)
-    (_, parts), = stage_table._TABLE_PARTS.values()
+    (parts,) = stage_table._TABLE_PARTS.values()
     writeable = [name for name, value in parts.items() if isinstance(value, np.ndarray) and value.flags.writeable]
     assert not writeable and not memoized.compute.flags.writeable
 
@@ -146,8 +146,8 @@ def test_the_memos_start_over_when_full(monkeypatch) -> None:
     cal = default_calibration()
     _forget()
     fresh = stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, ctx.layout, ctx.partition, cal)
-    monkeypatch.setattr(stage_table, "GEOMETRY_ENTRIES", 1)
-    monkeypatch.setattr(stage_table, "TABLE_PARTS_ENTRIES", 1)
+    monkeypatch.setattr(stage_table._GEOMETRIES, "limit", 1)
+    monkeypatch.setattr(stage_table._TABLE_PARTS, "limit", 1)
     other = ctx.layout.model_copy(update=dict(micro_batch=1, grad_accum=ctx.layout.grad_accum_ * 2))
     stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, other, ctx.partition, cal)
     assert len(stage_table._GEOMETRIES) == len(stage_table._TABLE_PARTS) == 1
