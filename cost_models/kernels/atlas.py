@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from cluster_specs.spec import GPUSpec
+from cost_models.interning import KeptMemo
 from cost_models.kernels import attention as attn
 from cost_models.kernels import collectives as coll
 from cost_models.kernels import gemm
@@ -466,10 +467,23 @@ def _registry() -> _Registry:
     return _Registry()
 
 
-@lru_cache(maxsize=64)
+_ATLASES: KeptMemo[KernelAtlas] = KeptMemo(64)
+
+
 def atlas_for(gpu: GPUSpec) -> KernelAtlas:
     """The kernel atlas of `gpu` (module doc): its own file, a die sibling's, or its datasheet;
-    with `GPUSpec.kernel_profile`, that measured profile layered over it (`overlay`)."""
+    with `GPUSpec.kernel_profile`, that measured profile layered over it (`overlay`). Memoized on
+    the GPU object (`KeptMemo`: pricing asks for it thousands of times per search, and a
+    GPUSpec hashes its dict fields afresh each time), equal GPUs sharing one atlas (`_atlas_of`)."""
+    atlas = _ATLASES.get(id(gpu))
+    if atlas is None:
+        atlas = _ATLASES.put(id(gpu), gpu, _atlas_of(gpu))
+    return atlas
+
+
+@lru_cache(maxsize=64)
+def _atlas_of(gpu: GPUSpec) -> KernelAtlas:
+    """`atlas_for`, memoized on the GPU's values."""
     if gpu.kernel_profile:
         return _profiled_atlas(gpu)
     reg = _registry()
