@@ -378,6 +378,16 @@ def activation_floor(
     return floor
 
 
+FLOOR_FIELDS = (
+    "micro_batch", "tp", "cp", "sp", "etp", "framework", "stack", "norm_kernel", "cp_attention", "recompute_modules",
+    "grad_accum", "moe_a2a_overlap", "activation_offload_layers", "offload_activations",
+)
+"""The `Layout` fields `activation_floor` reads of a mesh (`ACTIVATION_FIELDS`, the micro-batch count,
+combined 1F1B, activation offload; through `sp_`, `etp_`, `grad_accum_` and `recompute_modules_`
+too): meshes equal in these have one floor on one partition, schedule and virtual-stage count
+(the search shares it; tests/cost_models/test_stage_table_memos.py checks that it reads no other
+field)."""
+
 _FLOOR_MODES = np.array([RECOMPUTE_MODES.index(m) for m in ("none", "selective", "op_sac")])
 """The recompute modes `activation_floor` bounds (indices into `RECOMPUTE_MODES`: all but full)."""
 

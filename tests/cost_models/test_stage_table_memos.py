@@ -249,3 +249,16 @@ def test_rank_maxima_are_the_masked_maxima(limit) -> None:
         largest, working, peaks = sums[2], sums[4], sums[15]
         assert np.vstack([largest, peaks, working]).tobytes() == want.tobytes(), partition
         assert (index.by_rank is None) == (partition.vpp == 1)
+
+
+@pytest.mark.parametrize("job", range(len(JOBS)))
+def test_the_activation_floor_reads_only_its_fields(job: int) -> None:
+    """`activation_floor` reads of a mesh only `FLOOR_FIELDS` (the search shares one floor between
+    the meshes equal in them, `planner.search`'s `floor_values`)."""
+    ctx = _job(job)
+    reads = _Reads(ctx.layout)
+    stage_table.activation_floor(
+        ctx.model, ctx.training, ctx.cluster, reads, ctx.partition, ctx.layout.schedule_, ctx.layout.vpp, default_calibration()  # type: ignore[arg-type]
+    )
+    assert reads.read <= set(stage_table.FLOOR_FIELDS)
+    assert "framework" in reads.read
