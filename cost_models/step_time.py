@@ -295,7 +295,8 @@ class _WeightCollectives:
     pair (axis 0) and pipeline rank (last axis), seconds: everything but what the layers' compute
     hides of their gathers and reduce-scatters and what the micro-batch count adds (a stack's
     gradient accumulation), so that the tables of one mesh at other micro-batch counts share it
-    (`_dp_grid`; Qwen3-235B-A22B / 256 H100: 789 of these for 1,609 tables' data-parallel times)."""
+    (`_dp_grid`; Qwen3-235B-A22B / 256 H100, the plan_speed job: 922 of these for 2,095 tables' data-parallel
+    times)."""
 
     layer_f: np.ndarray  # (pairs, K) one layer's forward gathers, per layer class
     layer_b: np.ndarray  # (pairs, K) its backward gathers + layer-wise reduce-scatters
@@ -379,7 +380,7 @@ class _WeightVolumes:
     `_WeightCollectives` (HBM-bound kernels, the optimizer step, the offloaded shard's copies).
     The order only places the groups these bytes cross (`mesh_strides`), so `_price_volumes`
     prices them over each order's groups, and the rank orders of one mesh share them (`_dp_grid`;
-    Qwen3-235B-A22B / 256 H100: 1,076 weight collectives from 463 of these)."""
+    Qwen3-235B-A22B / 256 H100, the plan_speed job: 922 `_WeightCollectives` from 463 of these)."""
 
     shardings: tuple[Sharding, ...]  # the pairs
     gather_f: np.ndarray  # the forward gathers weights in every micro-batch (ZeRO-3; FSDP's ZeRO-1/2 without a pipeline)
@@ -604,7 +605,10 @@ def _price_volumes(t: StageTable, v: _WeightVolumes, dp_cp: int, expert_dp: int,
 
     def group(size: int, stride: int) -> Group:
         """One Group object per (size, stride), so `_per_pair` prices each once."""
-        return made.setdefault((size, stride), Group.strided(cl, size, stride, gpus))
+        g = made.get((size, stride))
+        if g is None:
+            g = made[size, stride] = Group.strided(cl, size, stride, gpus)
+        return g
 
     shard_gs = [group(s.shard * m.cp, dp_cp) for s in shardings]
     repl_gs = [group((m.dp_ * m.cp) // (s.shard * m.cp), dp_cp * s.shard * m.cp) for s in shardings]
@@ -1201,7 +1205,8 @@ def _dp_grid(
     only `_with_compute` runs again), and those of other rank orders whose data-parallel groups
     keep their strides the weight collectives too; the other rank orders of a mesh share its weight
     volumes (`_WeightVolumes`, memoized on `_dp_volume_key`: only `_price_volumes` runs again;
-    Qwen3-235B-A22B / 256 H100: 1,076 weight collectives, 922 priced, from 463 volumes). Read-only."""
+    Qwen3-235B-A22B / 256 H100, the plan_speed job: 463 volumes priced 922 times, where keying the weight
+    collectives on the order itself made 1,076). Read-only."""
     objs = (t.cluster, t.training, cal, t.model)
     key = (table_key, shardings)
     hit = _DP_GRIDS.get(key)
@@ -1272,8 +1277,9 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     read-only, and no field of a built table is replaced but its mesh (the search's combined-1F1B
     twin) and with it the rank order's communication (`stage_table.reorder`). A copy on another
     mesh computes its key again, from the bytes it holds where its arrays are the very same objects.
-    The search asks for it once per bound and pricing of a table (Qwen3-235B-A22B / 256 H100: 18,028
-    times for 4,684 tables and 8,062 copies)."""
+    The search asks for it once per bound and pricing of a table (Qwen3-235B-A22B / 256 H100, the
+    plan_speed job: 18,028 times, 5,282 of them answered from the memo, 8,062 for a copy on another
+    mesh, 4,684 for a table without one)."""
     held = t.dp_key_memo
     if held is not None and held[0] is cal and held[1] is t.mesh:
         return held[4]
