@@ -1212,7 +1212,7 @@ def _dp_grid(
     hit = _DP_GRIDS.get(key)
     if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2] and hit[0][3] is objs[3]:
         return hit[1]
-    weight_key = table_key[0]
+    weight_key = _dp_weight_key(t, table_key)
     weights = _memo(_DP_WEIGHTS, (weight_key, shardings), objs, lambda: _price_volumes(
         t, _memo(_DP_VOLUMES, (weight_key[0], shardings), objs, lambda: _weight_volumes(t, shardings, cal)),
         weight_key[1], weight_key[2], cal,
@@ -1244,42 +1244,33 @@ classes' compute seconds."""
 _DP_ARRAYS = operator.attrgetter(*DP_ARRAY_FIELDS)
 
 
-def _dp_volume_key(t: StageTable, cal: Calibration, arrays: tuple[bytes, ...]) -> tuple:
-    """What `step_time._weight_volumes` reads of a table besides the knobs: the cluster, training,
-    calibration and model objects (by identity), the GPU count, the head rank, the mesh's degrees,
-    expert grid and framework (its FSDP flavour, Megatron FSDP's gradient fusion, its release) and
-    the optimizer of its stack, and the bytes of the table's arrays (`_DP_ARRAYS`, `arrays`). Not
-    the rank order, which places only the groups (`_price_volumes`)."""
-    m = t.mesh
-    return (
-        id(t.cluster), id(t.training), id(cal), id(t.model), t.gpus, t.partition.head_rank, m.framework, m.fsdp_flat_params,
-        m.megatron_fsdp_gradient_fusion, m.stack, m.optimizer_state, m.optimizer_fused, m.framework_version,
-        m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, arrays[:-2],
-    )
-
-
-def _dp_weight_key(t: StageTable, cal: Calibration, arrays: tuple[bytes, ...]) -> tuple:
-    """What `step_time._weight_collectives` reads of a table besides the knobs: its volume key
-    (`_dp_volume_key`, first) and where the rank order places the data-parallel groups, the strides
-    of the data x context group and the expert-data-parallel group (`mesh_strides`; `_price_volumes`
-    reads nothing else of the order), in this order."""
-    stv = mesh_strides(t.mesh)
-    return (_dp_volume_key(t, cal, arrays), stv.dp_cp, stv.expert_dp)
+DP_VOLUME_MESH_FIELDS = (
+    "framework", "fsdp_flat_params", "megatron_fsdp_gradient_fusion", "stack", "optimizer_state", "optimizer_fused",
+    "framework_version", "tp", "cp", "dp_", "pp", "ep", "etp_",
+)
+"""The fields of a table's mesh that its weight volumes read (`_weight_volumes`; `_price_volumes` the
+degrees that size the groups): the framework (its FSDP flavour, Megatron FSDP's gradient fusion, its
+release), the optimizer of its stack, the degrees and the expert grid."""
+DP_MESH_FIELDS = (*DP_VOLUME_MESH_FIELDS, "order", "moe_parallel_folding", "grad_accum_")
+"""... and its data-parallel times: the rank order (`mesh_strides`: where the groups lie) and the
+micro-batch count (`_with_compute`)."""
+_DP_MESH = operator.attrgetter(*DP_MESH_FIELDS)
 
 
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
-    """What `step_time.data_parallel_times` reads of a table besides the knobs: its weight key
-    (`_dp_weight_key`, first), the compute seconds of one layer of each class and the micro-batch
-    count (`_with_compute`).
+    """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
+    training, calibration and model objects (by identity: `_dp_grid`'s entries keep them), the GPU
+    count, the head rank, the mesh's `DP_MESH_FIELDS` and the bytes of the table's arrays
+    (`DP_ARRAY_FIELDS`), in this order.
 
     Kept on the table (`StageTable.dp_key_memo`) with the calibration, the mesh and the arrays it
-    read (`_DP_ARRAYS`), and returned again for the same calibration and mesh: a table's arrays are
-    read-only, and no field of a built table is replaced but its mesh (the search's combined-1F1B
-    twin) and with it the rank order's communication (`stage_table.reorder`). A copy on another
-    mesh computes its key again, from the bytes it holds where its arrays are the very same objects.
-    The search asks for it once per bound and pricing of a table (Qwen3-235B-A22B / 256 H100, the
-    plan_speed job: 18,028 times, 5,282 of them answered from the memo, 8,062 for a copy on another
-    mesh, 4,684 for a table without one)."""
+    read, and returned again for the same calibration and mesh: a table's arrays are read-only, and
+    no field of a built table is replaced but its mesh (the search's combined-1F1B twin) and with it
+    the rank order's communication (`stage_table.reorder`). A copy on another mesh computes its key
+    again, from the bytes it holds where its arrays are the very same objects. The search asks for
+    it once per bound and pricing of a table (Qwen3-235B-A22B / 256 H100, the plan_speed job: 18,028
+    times, 5,282 of them answered from the memo, 8,062 for a copy on another mesh, 4,684 for a table
+    without one)."""
     held = t.dp_key_memo
     if held is not None and held[0] is cal and held[1] is t.mesh:
         return held[4]
@@ -1287,10 +1278,26 @@ def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
     if held is not None and all(map(operator.is_, held[2], sources)):
         arrays = held[3]
     else:
-        arrays = tuple(a.tobytes() for a in sources)
-    key = (_dp_weight_key(t, cal, arrays), arrays[-2], arrays[-1], t.mesh.grad_accum_)
+        arrays = tuple([a.tobytes() for a in sources])
+    key = (id(t.cluster), id(t.training), id(cal), id(t.model), t.gpus, t.partition.head_rank, _DP_MESH(t.mesh), arrays)
     t.dp_key_memo = (cal, t.mesh, sources, arrays, key)
     return key
+
+
+def _dp_volume_key(table_key: tuple) -> tuple:
+    """What `step_time._weight_volumes` reads of a table besides the knobs: its `_dp_table_key` less
+    the rank order, the micro-batch count (its mesh's `DP_VOLUME_MESH_FIELDS` alone) and the layer
+    classes' compute seconds (all arrays but the last two)."""
+    return (*table_key[:6], table_key[6][:len(DP_VOLUME_MESH_FIELDS)], table_key[7][:-2])
+
+
+def _dp_weight_key(t: StageTable, table_key: tuple) -> tuple:
+    """What `step_time._weight_collectives` reads of table `t` (of key `table_key`) besides the
+    knobs: its volume key (`_dp_volume_key`) and where the rank order places the data-parallel
+    groups, the strides of the data x context group and the expert-data-parallel group
+    (`mesh_strides`; `_price_volumes` reads nothing else of the order), in this order."""
+    stv = mesh_strides(t.mesh)
+    return (_dp_volume_key(table_key), stv.dp_cp, stv.expert_dp)
 
 
 __all__ = [

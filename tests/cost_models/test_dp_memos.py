@@ -6,6 +6,7 @@ what `data_parallel_times` gives with every memo empty."""
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import replace
 
 import numpy as np
@@ -86,7 +87,7 @@ def test_memoized_data_parallel_times_are_the_fresh_ones(job: int) -> None:
     strides = {(s.dp_cp, s.expert_dp) for s in (mesh_strides(t.mesh) for t in tables)}
     assert len(step_time._DP_VOLUMES) == 1
     assert len(step_time._DP_WEIGHTS) == len(strides) > 1
-    assert len(step_time._DP_GRIDS) == len(strides)
+    assert len(step_time._DP_GRIDS) == len(tables)  # keyed on the order itself
 
 
 @pytest.mark.parametrize("job", range(len(JOBS)))
@@ -130,35 +131,35 @@ class _Reads:
 
 @pytest.mark.parametrize("job", range(len(JOBS)))
 def test_the_memo_keys_cover_every_field_read(job: int) -> None:
-    """Every field of a table and of its mesh that the weight volumes read is one their key reads,
-    and not the rank order; what pricing them at the order's strides reads besides those is the
-    strides (in the weight key); what `_with_compute` reads, in the table key. The job objects the
-    keys name by id are those `_dp_grid`'s entries keep."""
+    """Every field of a table and of its mesh that the data-parallel times read is one their table
+    key reads (`_dp_table_key`); of those, the weight volumes read none that the volume key leaves
+    out (the rank order, the MoE folding, the micro-batch count, the layer classes' compute), and
+    pricing them reads the order only through the strides the weight key adds. The job objects the
+    key names by id are those `_dp_grid`'s entries keep."""
     tables, shardings, cal = _tables(job)
     t = tables[1]
+    table_reads: set[str] = set()
+    key = step_time._dp_table_key(_Reads(t, table_reads), cal)  # type: ignore[arg-type]
+    assert {"cluster", "training", "model"} <= table_reads  # by id: `_dp_grid`'s entries keep them
+    left_out: set[str] = set()  # what the volume key leaves out
+    operator.attrgetter(*step_time.DP_MESH_FIELDS[len(step_time.DP_VOLUME_MESH_FIELDS):])(_Reads(t, left_out).mesh)
+    left_out = left_out - {"mesh"} | set(step_time.DP_ARRAY_FIELDS[-2:])
+    assert left_out == {"mesh.order", "mesh.moe_parallel_folding", "mesh.grad_accum", "class_forward", "class_backward"}
+
     volume_reads: set[str] = set()
     volumes = step_time._weight_volumes(_Reads(t, volume_reads), shardings, cal)  # type: ignore[arg-type]
-    key_reads: set[str] = set()
-    arrays = tuple(a.tobytes() for a in step_time._DP_ARRAYS(t))
-    step_time._dp_volume_key(_Reads(t, key_reads), cal, arrays)  # type: ignore[arg-type]
-    volume_arrays = set(step_time.DP_ARRAY_FIELDS[:-2])  # the arrays whose bytes it is given
-    assert volume_reads <= key_reads | volume_arrays
-    assert "mesh.order" not in volume_reads and "mesh.moe_parallel_folding" not in volume_reads
-    assert {"cluster", "training", "model"} <= key_reads  # by id: `_dp_grid`'s entries keep them
-
+    assert volume_reads <= table_reads - left_out
     priced_reads: set[str] = set()
     stv = mesh_strides(t.mesh)
-    step_time._price_volumes(_Reads(t, priced_reads), volumes, stv.dp_cp, stv.expert_dp, cal)  # type: ignore[arg-type]
-    assert priced_reads <= key_reads | volume_arrays
-    weights = step_time._weight_collectives(t, shardings, cal)
-    table_reads: set[str] = set()
-    recorder = _Reads(t, table_reads)
-    key = step_time._dp_table_key(recorder, cal)  # type: ignore[arg-type]
-    assert key[0][1:] == (stv.dp_cp, stv.expert_dp)
+    weights = step_time._price_volumes(_Reads(t, priced_reads), volumes, stv.dp_cp, stv.expert_dp, cal)  # type: ignore[arg-type]
+    assert priced_reads <= table_reads - left_out
+    assert step_time._dp_weight_key(t, key) == (step_time._dp_volume_key(key), stv.dp_cp, stv.expert_dp)
     compute_reads: set[str] = set()
     step_time._with_compute(_Reads(t, compute_reads), weights, cal)  # type: ignore[arg-type]
     assert compute_reads <= table_reads
-    assert volume_reads | priced_reads <= table_reads | {"dp_key_memo"}
+    # the orders of one mesh: one volume key, a table key each
+    keys = [step_time._dp_table_key(other, cal) for other in tables]
+    assert len({step_time._dp_volume_key(k) for k in keys}) == 1 and len(set(keys)) == len(tables)
 
 
 def test_a_tables_key_is_kept_on_it_and_made_again_on_another_mesh() -> None:
@@ -180,4 +181,4 @@ def test_a_tables_key_is_kept_on_it_and_made_again_on_another_mesh() -> None:
     twin.mesh = t.mesh.model_copy(update=dict(moe_a2a_overlap=True))
     assert step_time._dp_table_key(twin, cal) == key
     recal = replace(cal)
-    assert step_time._dp_table_key(t, recal) != key and step_time._dp_table_key(t, recal)[0][0][2] == id(recal)
+    assert step_time._dp_table_key(t, recal) != key and step_time._dp_table_key(t, recal)[2] == id(recal)
