@@ -115,6 +115,10 @@ class StageTable:
     class_attention_f: np.ndarray = field(default_factory=lambda: np.zeros(1))
     """(K,) seconds of one layer's attention kernel forward of each layer class, one micro-batch
     (what `stage_table.cp_exposure` hides the ring's exchange behind)."""
+    dp_key_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    """`step_time._dp_table_key`'s memo, filled by it (None until then): the calibration, mesh and
+    arrays it last read of this table, their bytes and the key. Not part of the table's value; a
+    copy (`stage_table.reorder`, the search's combined-1F1B twin) carries it along."""
 
     def sharing(self, **fields: Any) -> StageTable:
         """A table with `fields` replaced and every other field this one's object (the arrays are

@@ -87,6 +87,7 @@ every knob but the recompute mode at its cheapest (no ZeRO traffic, no optimizer
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -294,7 +295,8 @@ class _WeightCollectives:
     pair (axis 0) and pipeline rank (last axis), seconds: everything but what the layers' compute
     hides of their gathers and reduce-scatters and what the micro-batch count adds (a stack's
     gradient accumulation), so that the tables of one mesh at other micro-batch counts share it
-    (`_dp_grid`; Qwen3-235B-A22B / 256 H100: 789 of these for 1,609 tables' data-parallel times)."""
+    (`_dp_grid`; Qwen3-235B-A22B / 256 H100, the plan_speed job: 922 of these for 2,095 tables' data-parallel
+    times)."""
 
     layer_f: np.ndarray  # (pairs, K) one layer's forward gathers, per layer class
     layer_b: np.ndarray  # (pairs, K) its backward gathers + layer-wise reduce-scatters
@@ -347,94 +349,77 @@ def _with_compute(t: StageTable, w: _WeightCollectives, cal: Calibration) -> Dat
 
 def _weight_collectives(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> _WeightCollectives:
     """`_WeightCollectives` of table `t` for each (ZeRO stage, sharding group) pair (the volumes and
-    sources: `data_parallel_times`)."""
+    sources: `data_parallel_times`): its `_WeightVolumes` priced over the groups its rank order
+    places (`_price_volumes`)."""
+    stv = mesh_strides(t.mesh)
+    return _price_volumes(t, _weight_volumes(t, shardings, cal), stv.dp_cp, stv.expert_dp, cal)
+
+
+@dataclass(frozen=True)
+class _PerTensor:
+    """What `_price_volumes` reads of a release that gathers per parameter tensor
+    (`zero3_gathers.PER_PARAMETER`), per layer class (1, K) unless said: collectives per layer."""
+
+    gathered: np.ndarray  # dense tensors gathered
+    reduced: np.ndarray  # dense gradients reduce-scattered
+    gathered_e: np.ndarray  # expert tensors gathered
+    reduced_e: np.ndarray  # expert gradients reduce-scattered
+    again: np.ndarray  # share of the dense tensors the recompute gathers again (the rest are kept)
+    fill_d: np.ndarray  # (pairs, K) seconds of the recompute's zero fill and copy-out, dense ...
+    fill_e: np.ndarray  # ... and expert
+    rest_gathered: np.ndarray  # (1, pp) tensors of the embedding / head / final norm gathered
+    rest_reduced: np.ndarray  # (1, pp) ... and reduce-scattered
+
+
+@dataclass(frozen=True)
+class _WeightVolumes:
+    """What `_weight_collectives` computes of a table's weights without reading its rank order, per
+    (ZeRO stage, sharding group) pair (axis 0): which collectives run (masks, (pairs, 1)), the bytes
+    each moves (dense and expert: pairs, of one layer of each class (pairs, K), else of the rank
+    (pairs, pp)), and all that runs on the compute stream or the host link, in seconds as in
+    `_WeightCollectives` (HBM-bound kernels, the optimizer step, the offloaded shard's copies).
+    The order only places the groups these bytes cross (`mesh_strides`), so `_price_volumes`
+    prices them over each order's groups, and the rank orders of one mesh share them (`_dp_grid`;
+    Qwen3-235B-A22B / 256 H100, the plan_speed job: 922 `_WeightCollectives` from 463 of these)."""
+
+    shardings: tuple[Sharding, ...]  # the pairs
+    gather_f: np.ndarray  # the forward gathers weights in every micro-batch (ZeRO-3; FSDP's ZeRO-1/2 without a pipeline)
+    z3: np.ndarray  # the backward gathers them again (ZeRO-3)
+    layerwise_rs: np.ndarray  # gradients reduce-scattered as each layer's backward ends (ZeRO-2/3)
+    z0: np.ndarray  # gradients all-reduced once per step
+    z1: np.ndarray  # gradients reduce-scattered once per step
+    gather_once: np.ndarray  # updated weights all-gathered once per step (ZeRO-1/2 but FSDP's regather)
+    replicated: np.ndarray  # the gradient shard all-reduced across replicas (hybrid sharding)
+    layer_gather: tuple[np.ndarray, np.ndarray]  # (pairs, K) forward gathers of one layer, dense and expert
+    layer_back: tuple[np.ndarray, np.ndarray]  # (pairs, K) its backward gathers
+    layer_rs: tuple[np.ndarray, np.ndarray]  # (pairs, K) its layer-wise reduce-scatters
+    rest_gather: tuple[np.ndarray, np.ndarray]  # (pairs, pp) the embedding / head / final norm's forward gathers
+    rest_rs: tuple[np.ndarray, np.ndarray]  # (pairs, pp) ... and reduce-scatters
+    gather: tuple[np.ndarray, np.ndarray]  # (pairs, pp) the rank's forward gathers
+    back: tuple[np.ndarray, np.ndarray]  # (pairs, pp) its backward gathers
+    grads: tuple[np.ndarray, np.ndarray]  # (1, pp) its gradients, once per step
+    grads_rs: tuple[np.ndarray, np.ndarray]  # (pairs, pp) its layer-wise reduce-scatters (qgZ's int4)
+    shard_grads: np.ndarray  # (pairs, pp) its dense gradient shard (all-reduced across replicas)
+    updated: tuple[np.ndarray, np.ndarray]  # (1, pp) its trainable weights, gathered once per step
+    bucket: np.ndarray  # (1, pp) the last gradient bucket
+    per_tensor: _PerTensor | None  # where the release gathers per parameter tensor
+    held: np.ndarray  # the rest as in `_WeightCollectives`
+    owner: str | None
+    hbm: float
+    optimizer: np.ndarray
+    param_copy: np.ndarray
+    kernels_f: np.ndarray
+    kernels_b: np.ndarray
+    kernels_recompute: np.ndarray
+
+
+def _weight_volumes(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> _WeightVolumes:
+    """`_WeightVolumes` of table `t` for each (ZeRO stage, sharding group) pair (the volumes and
+    sources: `data_parallel_times`). Read-only arrays."""
     m, tr, cl, gpus = t.mesh, t.training, t.cluster, t.gpus
-    pairs, pp = len(shardings), m.pp
-    ov = cal.overlap(m.framework)
-    framework_eff = ov.bus_efficiency
-    stv = mesh_strides(m)
+    pp = m.pp
     zero = np.array([s.zero for s in shardings], dtype=np.int64)[:, None]  # (pairs, 1)
-    made: dict[tuple[int, int], Group] = {}
-
-    def group(size: int, stride: int) -> Group:
-        """One Group object per (size, stride), so `per_pair` prices each once."""
-        return made.setdefault((size, stride), Group.strided(cl, size, stride, gpus))
-
-    shard_gs = [group(s.shard * m.cp, stv.dp_cp) for s in shardings]
-    repl_gs = [group((m.dp_ * m.cp) // (s.shard * m.cp), stv.dp_cp * s.shard * m.cp) for s in shardings]
-    # the backward's gathers: over hpZ's secondary group where it is on, else the sharding group
-    back_gs = [group(s.hpz * m.cp, stv.dp_cp) if s.hpz > 1 else shard_gs[i] for i, s in enumerate(shardings)]
-    full_g = group(m.dp_ * m.cp, stv.dp_cp)
-    edp_g = group(m.expert_dp, stv.expert_dp)
-
-    def per_pair(kind: str, groups: list[Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]:
-        """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS), the size curve of
-        every pair where they share one (else None), the pairs grouped by size curve) of one
-        collective over each pair's group (priced once per distinct group; memoized: `_PER_PAIR`)."""
-        key = (kind, id(cal), framework_eff, *map(id, groups))
-        hit = _PER_PAIR.get(key)
-        if hit is not None:
-            return hit[1]
-        priced: dict[int, tuple[float, float]] = {}
-        for g in groups:
-            if id(g) not in priced:
-                priced[id(g)] = collective_cost(kind, g, cal)  # type: ignore[arg-type]
-        per_byte = np.array([priced[id(g)][0] for g in groups])[:, None] / framework_eff
-        lat = np.array([priced[id(g)][1] for g in groups])[:, None]
-        onehot = np.zeros((len(groups), CHANNELS))
-        onehot[np.arange(len(groups)), [g.channel for g in groups]] = 1.0
-        rows: dict[int, tuple[SizeCurve, list[int]]] = {}  # pairs by size curve, priced together
-        for i, g in enumerate(groups):
-            c = g.curve if kind in RING_KINDS and g.size > 1 else None
-            if c is not None:
-                rows.setdefault(id(c), (c, []))[1].append(i)
-        curves = list(rows.values())
-        whole = curves[0][0] if len(curves) == 1 and len(curves[0][1]) == len(groups) else None
-        for a in (per_byte, lat, onehot):
-            a.flags.writeable = False
-        if len(_PER_PAIR) > PER_PAIR_ENTRIES:
-            _PER_PAIR.clear()
-        cost = (per_byte, lat, onehot, whole, curves)
-        _PER_PAIR[key] = ((cal, groups), cost)
-        return cost
-
-    def seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
-        """Alpha-beta seconds x the measured size ratio of each pair's span (`comm.size_ratio`),
-        memoized on the price (`per_pair`'s shared tuples, by identity: the entry keeps its price) and
-        the bytes (`_SECONDS`: the tables of one search repeat their volumes); the array returned is
-        read-only."""
-        nb = np.asarray(nbytes)
-        key = (id(cost), nb.shape, nb.dtype.char, nb.tobytes())
-        hit = _SECONDS.get(key)
-        if hit is not None and hit[0] is cost:
-            return hit[1]
-        out = _seconds(nb, cost)
-        out.flags.writeable = False
-        if len(_SECONDS) > 1 << 15:
-            _SECONDS.clear()
-        _SECONDS[key] = (cost, out)
-        return out
-
-    def _seconds(nbytes: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
-        per_byte, lat, _, whole, curves = cost
-        out = np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
-        if whole is not None:
-            return out * whole.at_positive(nbytes)  # (out is 0 where nbytes <= 0)
-        if curves:
-            nb = nbytes if np.shape(nbytes) == out.shape else np.broadcast_to(nbytes, out.shape)
-            ratio = np.ones(out.shape)
-            for c, idx in curves:
-                ratio[idx] = c.at_positive(nb[idx])
-            out = out * ratio
-        return out
-
-    def on_channels(sec: np.ndarray, cost: tuple[np.ndarray, np.ndarray, np.ndarray, Any, list]) -> np.ndarray:
-        """(pairs, X) seconds -> (pairs, CHANNELS, X) on each pair's channel."""
-        return cost[2][:, :, None] * sec[:, None, :]
-
     pb, gb = tr.param_bytes, tr.grad_bytes
-    ag_shard, rs_shard = per_pair("all_gather", shard_gs), per_pair("reduce_scatter", shard_gs)
-    ag_back = per_pair("all_gather", back_gs)
     # ZeRO++ volumes (Wang et al. 2023, Sec. 3): qwZ gathers int8 weights, qgZ reduces int4 gradients;
     # hpZ's backward gathers the secondary 16-bit shard (made from the forward's gathered weights)
     qwz = np.array([s.qwz for s in shardings])[:, None]
@@ -444,9 +429,6 @@ def _weight_collectives(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     w_bwd = np.where(hpz, 1.0, w_fwd)
     g_rs = np.where(qgz, QGZ_BYTES_PER_ELEMENT / gb, 1.0)  # reduced bytes per gradient byte
     hbm = hbm_bandwidth(cl.gpu, stacks.stack_calibration(cal, m.stack), stack_key(m.framework, m.fsdp_flat_params))
-    ag_edp, rs_edp = per_pair("all_gather", [edp_g] * pairs), per_pair("reduce_scatter", [edp_g] * pairs)
-    ar_full, ar_edp = per_pair("all_reduce", [full_g] * pairs), per_pair("all_reduce", [edp_g] * pairs)
-    ar_repl = per_pair("all_reduce", repl_gs)
     z3 = zero >= 3
     layerwise_rs = zero >= 2  # reduce-scatter as each layer's backward ends (ZeRO-2/3, FSDP)
     # the runtime's single-replica layouts run no FSDP at any ZeRO stage (`stacks.UNWRAPPED`): no copy-out
@@ -463,43 +445,15 @@ def _weight_collectives(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     regather = fsdp and m.pp == 1
     gather_f = z3 | ((zero >= 1) & regather)
 
-    # --- per layer class: gathers and reduce-scatters of one layer, (pairs, K) -------------------
+    # --- per layer class: bytes of one layer's gathers and reduce-scatters, (pairs, K) --------------
     # gathers move stored weight bytes (a frozen base included); reductions the trainable gradients
     cwd, cwe = t.class_weight_bytes[0][None, :], t.class_weight_bytes[1][None, :]
     ctd, cte = t.class_trainable[0][None, :], t.class_trainable[1][None, :]
-    gather_k = seconds(cwd * w_fwd, ag_shard) + seconds(cwe * w_fwd, ag_edp)
-    gather_back_k = seconds(cwd * w_bwd, ag_back) + seconds(cwe * w_bwd, ag_edp)
-    rs_k = seconds(ctd * gb * g_rs, rs_shard) + seconds(cte * gb * g_rs, rs_edp)
+    layer_gather = (cwd * w_fwd, cwe * w_fwd)
+    layer_back = (cwd * w_bwd, cwe * w_bwd)
+    layer_rs = (ctd * gb * g_rs, cte * gb * g_rs)
     counts = t.class_counts  # (pp, K)
-    zf_k = np.where(gather_f, gather_k, 0.0)
-    zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
     per_parameter = zero3_gathers.gather_mode(m.framework, m.framework_version) == zero3_gathers.PER_PARAMETER
-    deficit_r = np.zeros_like(zf_k)
-    if per_parameter:
-        # one collective per parameter tensor, each after a device sync: nothing hides behind compute,
-        # and the recompute's forward gathers again (`cost_models.zero3_gathers`)
-        tens = np.array([zero3_gathers.layer_tensors(t.model, i, m.tp) for i in layer_classes(t.model)[0]], dtype=float).T
-        host = np.array([[zero3_gathers.host_seconds(g.size, cal.kernel_launch_s)] for g in shard_gs])  # (pairs, 1)
-        host_e = zero3_gathers.host_seconds(edp_g.size, cal.kernel_launch_s)
-
-        def each(nbytes: np.ndarray, n: np.ndarray, cost: tuple, host_s: Any) -> np.ndarray:
-            """`n` collectives of nbytes / n each, and their host seconds."""
-            n = np.broadcast_to(n, np.broadcast_shapes(np.shape(nbytes), np.shape(n)))
-            one = seconds(np.where(n > 0, nbytes / np.maximum(n, 1.0), 0.0), cost)
-            return n * (one + host_s)
-
-        ng, nr, nge, nre, kept = (tens[i][None, :] for i in range(5))
-        dense_gather, expert_gather = each(cwd * w_fwd, ng, ag_shard, host), each(cwe * w_fwd, nge, ag_edp, host_e)
-        gather_k = dense_gather + expert_gather
-        gather_back_k = each(cwd * w_bwd, ng, ag_back, host) + each(cwe * w_bwd, nge, ag_edp, host_e)
-        rs_k = each(ctd * gb * g_rs, nr, rs_shard, host) + each(cte * gb * g_rs, nre, rs_edp, host_e)
-        zf_k = np.where(gather_f, gather_k, 0.0)
-        zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
-        # the recompute gathers every tensor (each zero-filled and copied out, as in the forward); the
-        # backward then finds `kept` of the dense ones still gathered
-        again = (ng - kept) / np.maximum(ng, 1.0)
-        fill = zero3_gathers.GATHER_HBM_BYTES_PER_BYTE * w_fwd / hbm
-        deficit_r = np.where(z3, again * (dense_gather + fill * cwd) + expert_gather + fill * cwe, 0.0)
     # ZeRO++'s quantize / dequantize kernels run on the compute stream, HBM-bound, per layer and pass
     elements_k = (cwd + cwe) / pb
     quant_f_k = np.where(z3 & qwz, QWZ_HBM_BYTES_PER_ELEMENT * elements_k / hbm, 0.0)
@@ -513,23 +467,28 @@ def _weight_collectives(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     unfused_megatron = m.framework == "megatron" and not m.megatron_fsdp_gradient_fusion
     copies_in = layerwise_rs & (fsdp or unfused_megatron)
     copy_in_k = np.where(copies_in, (ctd + cte) * (pb + gb) / hbm, 0.0)
-    # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
-    # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
+    # the embedding / LM head / final norm (not in a layer class): nothing runs before them to hide
+    # behind (the root of FSDP2 is gathered first)
     rest_wd = t.weight_bytes[0] - counts @ t.class_weight_bytes[0]  # (pp,) bytes
     rest_we = t.weight_bytes[1] - counts @ t.class_weight_bytes[1]
     rest_td = t.trainable[0] - counts @ t.class_trainable[0]  # (pp,) elements
     rest_te = t.trainable[1] - counts @ t.class_trainable[1]
-    present = counts > 0
-    first_gather = np.where(present[None, :, :], zf_k[:, None, :], 0.0).max(axis=2, initial=0.0)  # (pairs, pp)
-    last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
-    rest_gather = np.where(gather_f, seconds(rest_wd[None, :] * w_fwd, ag_shard) + seconds(rest_we[None, :] * w_fwd, ag_edp), 0.0)
-    rest_rs = np.where(layerwise_rs, seconds(rest_td[None, :] * gb * g_rs, rs_shard) + seconds(rest_te[None, :] * gb * g_rs, rs_edp), 0.0)
-    if per_parameter:  # every layer's collectives are exposed already; the ends' tensors one by one
-        first_gather = last_rs = np.zeros_like(first_gather)
+    rest_gather = (rest_wd[None, :] * w_fwd, rest_we[None, :] * w_fwd)
+    rest_rs = (rest_td[None, :] * gb * g_rs, rest_te[None, :] * gb * g_rs)
+    per_tensor = None
+    if per_parameter:
+        # one collective per parameter tensor, each after a device sync: nothing hides behind compute,
+        # and the recompute's forward gathers again (`cost_models.zero3_gathers`); it gathers every
+        # tensor (each zero-filled and copied out, as in the forward), and the backward then finds
+        # `kept` of the dense ones still gathered
+        tens = np.array([zero3_gathers.layer_tensors(t.model, i, m.tp) for i in layer_classes(t.model)[0]], dtype=float).T
+        ng, nr, nge, nre, kept = (tens[i][None, :] for i in range(5))
+        fill = zero3_gathers.GATHER_HBM_BYTES_PER_BYTE * w_fwd / hbm
         edge = zero3_gathers.edge_tensors(t.model, m.tp)
-        rest_gather = np.where(gather_f, each(rest_wd[None, :] * w_fwd, np.where(rest_wd > 0, edge.gathered, 0)[None, :], ag_shard, host), 0.0)
-        rest_rs = np.where(layerwise_rs, each(rest_td[None, :] * gb * g_rs, np.where(rest_td > 0, edge.reduced, 0)[None, :], rs_shard, host), 0.0)
-    exposed_r = deficit_r @ counts.T
+        per_tensor = _PerTensor(
+            ng, nr, nge, nre, (ng - kept) / np.maximum(ng, 1.0), fill * cwd, fill * cwe,
+            np.where(rest_wd > 0, edge.gathered, 0)[None, :], np.where(rest_td > 0, edge.reduced, 0)[None, :],
+        )
     # the compute-stream kernels, per layer and of the embedding / head / final norm
     rest_copy_out = FSDP2_COPY_OUT_BYTES_PER_BYTE * (rest_wd + rest_we)[None, :] / hbm
     rest_copy_out_f = np.where(gather_f & fsdp2, rest_copy_out, 0.0)
@@ -561,35 +520,14 @@ def _weight_collectives(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
         unwrapped, cast_f * recompute_layers * np.maximum(t.gemm_weight_elements - head, 0.0)[None, :] / hbm, 0.0
     )
 
-    # --- per micro-batch traffic by channel, rank totals ------------------------------------------
+    # --- rank totals: bytes per micro-batch and once per step ------------------------------------------
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
     D, E = t.trainable[0][None, :], t.trainable[1][None, :]
-    gather_d, gather_e = seconds(WD * w_fwd, ag_shard), seconds(WE * w_fwd, ag_edp)
-    back_d, back_e = seconds(WD * w_bwd, ag_back), seconds(WE * w_bwd, ag_edp)
-    rs_d, rs_e = seconds(D * gb, rs_shard), seconds(E * gb, rs_edp)
-    rs_layer_d, rs_layer_e = seconds(D * gb * g_rs, rs_shard), seconds(E * gb * g_rs, rs_edp)
-    traffic_f = np.where(gather_f[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
-    traffic_b = np.where(z3[:, :, None], on_channels(back_d, ag_back) + on_channels(back_e, ag_edp), 0.0)
-    traffic_b += np.where(layerwise_rs[:, :, None], on_channels(rs_layer_d, rs_shard) + on_channels(rs_layer_e, rs_edp), 0.0)
-
-    # --- once per step ------------------------------------------------------------------------------
-    reduce = np.zeros((pairs, CHANNELS, pp))
-    gather = np.zeros((pairs, CHANNELS, pp))
     z0, z1, z12 = zero == 0, zero == 1, (zero >= 1) & (zero <= 2)
-    reduce += np.where(z0[:, :, None], on_channels(seconds(D * gb, ar_full), ar_full) + on_channels(seconds(E * gb, ar_edp), ar_edp), 0.0)
-    reduce += np.where(z1[:, :, None], on_channels(rs_d, rs_shard) + on_channels(rs_e, rs_edp), 0.0)
-    sizes = np.array([g.size for g in shard_gs], dtype=float)[:, None]
-    replicated = np.array([g.size > 1 for g in repl_gs])[:, None]
-    repl = np.where((zero > 0) & replicated, seconds(D * gb / sizes, ar_repl), 0.0)
-    reduce += on_channels(repl, ar_repl)
-    # ZeRO-1/2 all-gather the updated weights: the trainable ones (all of them, or the adapters);
-    # where FSDP gathers in every forward, those gathers do it
-    updated_d, updated_e = seconds(D * pb, ag_shard), seconds(E * pb, ag_edp)
-    gather += np.where((z12 & (not regather))[:, :, None], on_channels(updated_d, ag_shard) + on_channels(updated_e, ag_edp), 0.0)
+    sizes = np.array([s.shard * m.cp for s in shardings], dtype=float)[:, None]  # the sharding groups' ranks
+    replicated = np.array([(m.dp_ * m.cp) // (s.shard * m.cp) > 1 for s in shardings])[:, None]
     # the last bucket of a once-per-step reduction (ZeRO-0/1) waits for the whole backward
     bucket = np.minimum(D + E, REDUCE_BUCKET_PARAMS) * gb
-    tail_full = np.where(z0, seconds(bucket, ar_full), np.where(z1, seconds(bucket, rs_shard), 0.0))
-    reduce_tail = tail_full
 
     # --- optimizer step ------------------------------------------------------------------------------
     dense_shard = np.array([s.shard * m.cp for s in shardings], dtype=float)[:, None]
@@ -630,14 +568,210 @@ def _weight_collectives(t: StageTable, shardings: tuple[Sharding, ...], cal: Cal
     # second micro-batch on, `_with_compute`) runs over the gradients the rank holds while it
     # accumulates: unsharded below ZeRO-2 (as `stage_table`'s memory holds them), its shard from ZeRO-2 on
     held = np.where(zero >= 2, D / dense_shard + E / expert_shard, D + E)
-    arrays = (zf_k, zb_k, first_gather, rest_gather, last_rs, rest_rs, held, traffic_f, traffic_b, reduce, reduce_tail, gather,
-              optimizer, param_copy, kernels_f, kernels_b, exposed_r, kernels_recompute)
-    for a in arrays:
+    volumes = _WeightVolumes(
+        shardings, gather_f, z3, layerwise_rs, z0, z1, z12 & (not regather), (zero > 0) & replicated, layer_gather, layer_back,
+        layer_rs, rest_gather, rest_rs, (WD * w_fwd, WE * w_fwd), (WD * w_bwd, WE * w_bwd), (D * gb, E * gb),
+        (D * gb * g_rs, E * gb * g_rs), D * gb / sizes, (D * pb, E * pb), bucket, per_tensor, held, owner, hbm, optimizer,
+        param_copy, kernels_f, kernels_b, kernels_recompute,
+    )
+    for a in _arrays(volumes):
+        a.flags.writeable = False
+    return volumes
+
+
+def _arrays(obj: object) -> list[np.ndarray]:
+    """The arrays of a dataclass object, in its fields and their tuples, and in a nested one's."""
+    out: list[np.ndarray] = []
+    for name in obj.__dataclass_fields__:  # type: ignore[attr-defined]
+        value = getattr(obj, name)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, np.ndarray):
+                out.append(v)
+            elif hasattr(v, "__dataclass_fields__"):
+                out.extend(_arrays(v))
+    return out
+
+
+def _price_volumes(t: StageTable, v: _WeightVolumes, dp_cp: int, expert_dp: int, cal: Calibration) -> _WeightCollectives:
+    """`_WeightCollectives` of table `t` from its weight volumes `v`: each collective's bytes priced
+    over the groups of the table's degrees at the rank order's strides of the data x context group
+    (`dp_cp`) and the expert-data-parallel group (`expert_dp`: `mesh_strides`), which is all that
+    reads the order; the compute-stream and host-link seconds are `v`'s own."""
+    m, cl, gpus = t.mesh, t.cluster, t.gpus
+    shardings = v.shardings
+    pairs, pp = len(shardings), m.pp
+    framework_eff = cal.overlap(m.framework).bus_efficiency
+    made: dict[tuple[int, int], Group] = {}
+
+    def group(size: int, stride: int) -> Group:
+        """One Group object per (size, stride), so `_per_pair` prices each once."""
+        g = made.get((size, stride))
+        if g is None:
+            g = made[size, stride] = Group.strided(cl, size, stride, gpus)
+        return g
+
+    shard_gs = [group(s.shard * m.cp, dp_cp) for s in shardings]
+    repl_gs = [group((m.dp_ * m.cp) // (s.shard * m.cp), dp_cp * s.shard * m.cp) for s in shardings]
+    # the backward's gathers: over hpZ's secondary group where it is on, else the sharding group
+    back_gs = [group(s.hpz * m.cp, dp_cp) if s.hpz > 1 else shard_gs[i] for i, s in enumerate(shardings)]
+    full_g = group(m.dp_ * m.cp, dp_cp)
+    edp_g = group(m.expert_dp, expert_dp)
+    ag_shard = _per_pair("all_gather", shard_gs, cal, framework_eff)
+    rs_shard = _per_pair("reduce_scatter", shard_gs, cal, framework_eff)
+    ag_back = _per_pair("all_gather", back_gs, cal, framework_eff)
+    ag_edp = _per_pair("all_gather", [edp_g] * pairs, cal, framework_eff)
+    rs_edp = _per_pair("reduce_scatter", [edp_g] * pairs, cal, framework_eff)
+    ar_full = _per_pair("all_reduce", [full_g] * pairs, cal, framework_eff)
+    ar_edp = _per_pair("all_reduce", [edp_g] * pairs, cal, framework_eff)
+    ar_repl = _per_pair("all_reduce", repl_gs, cal, framework_eff)
+    seconds, on_channels = _collective_seconds, _on_channels
+    gather_f, z3, layerwise_rs = v.gather_f, v.z3, v.layerwise_rs
+
+    # --- per layer class: gathers and reduce-scatters of one layer, (pairs, K) -------------------
+    counts = t.class_counts  # (pp, K)
+    gather_k = seconds(v.layer_gather[0], ag_shard) + seconds(v.layer_gather[1], ag_edp)
+    gather_back_k = seconds(v.layer_back[0], ag_back) + seconds(v.layer_back[1], ag_edp)
+    rs_k = seconds(v.layer_rs[0], rs_shard) + seconds(v.layer_rs[1], rs_edp)
+    zf_k = np.where(gather_f, gather_k, 0.0)
+    zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
+    deficit_r = np.zeros_like(zf_k)
+    pt = v.per_tensor
+    if pt is not None:
+        # one collective per parameter tensor, each after a device sync: nothing hides behind compute,
+        # and the recompute's forward gathers again (`cost_models.zero3_gathers`)
+        host = np.array([[zero3_gathers.host_seconds(g.size, cal.kernel_launch_s)] for g in shard_gs])  # (pairs, 1)
+        host_e = zero3_gathers.host_seconds(edp_g.size, cal.kernel_launch_s)
+
+        def each(nbytes: np.ndarray, n: np.ndarray, cost: tuple, host_s: Any) -> np.ndarray:
+            """`n` collectives of nbytes / n each, and their host seconds."""
+            n = np.broadcast_to(n, np.broadcast_shapes(np.shape(nbytes), np.shape(n)))
+            one = seconds(np.where(n > 0, nbytes / np.maximum(n, 1.0), 0.0), cost)
+            return n * (one + host_s)
+
+        dense_gather = each(v.layer_gather[0], pt.gathered, ag_shard, host)
+        expert_gather = each(v.layer_gather[1], pt.gathered_e, ag_edp, host_e)
+        gather_k = dense_gather + expert_gather
+        gather_back_k = each(v.layer_back[0], pt.gathered, ag_back, host) + each(v.layer_back[1], pt.gathered_e, ag_edp, host_e)
+        rs_k = each(v.layer_rs[0], pt.reduced, rs_shard, host) + each(v.layer_rs[1], pt.reduced_e, rs_edp, host_e)
+        zf_k = np.where(gather_f, gather_k, 0.0)
+        zb_k = np.where(z3, gather_back_k, 0.0) + np.where(layerwise_rs, rs_k, 0.0)
+        # the recompute gathers every tensor again but the dense ones the backward finds kept
+        deficit_r = np.where(z3, pt.again * (dense_gather + pt.fill_d) + expert_gather + pt.fill_e, 0.0)
+    # the embedding / LM head / final norm (not in a layer class) and the first layer's gather:
+    # nothing runs before them to hide behind (the root of FSDP2 is gathered first)
+    present = counts > 0
+    first_gather = np.where(present[None, :, :], zf_k[:, None, :], 0.0).max(axis=2, initial=0.0)  # (pairs, pp)
+    last_rs = np.where(present[None, :, :], np.where(layerwise_rs, rs_k, 0.0)[:, None, :], 0.0).max(axis=2, initial=0.0)
+    rest_gather = np.where(gather_f, seconds(v.rest_gather[0], ag_shard) + seconds(v.rest_gather[1], ag_edp), 0.0)
+    rest_rs = np.where(layerwise_rs, seconds(v.rest_rs[0], rs_shard) + seconds(v.rest_rs[1], rs_edp), 0.0)
+    if pt is not None:  # every layer's collectives are exposed already; the ends' tensors one by one
+        first_gather = last_rs = np.zeros_like(first_gather)
+        rest_gather = np.where(gather_f, each(v.rest_gather[0], pt.rest_gathered, ag_shard, host), 0.0)
+        rest_rs = np.where(layerwise_rs, each(v.rest_rs[0], pt.rest_reduced, rs_shard, host), 0.0)
+    exposed_r = deficit_r @ counts.T
+
+    # --- per micro-batch traffic by channel, rank totals ------------------------------------------
+    gather_d, gather_e = seconds(v.gather[0], ag_shard), seconds(v.gather[1], ag_edp)
+    back_d, back_e = seconds(v.back[0], ag_back), seconds(v.back[1], ag_edp)
+    rs_d, rs_e = seconds(v.grads[0], rs_shard), seconds(v.grads[1], rs_edp)
+    rs_layer_d, rs_layer_e = seconds(v.grads_rs[0], rs_shard), seconds(v.grads_rs[1], rs_edp)
+    traffic_f = np.where(gather_f[:, :, None], on_channels(gather_d, ag_shard) + on_channels(gather_e, ag_edp), 0.0)
+    traffic_b = np.where(z3[:, :, None], on_channels(back_d, ag_back) + on_channels(back_e, ag_edp), 0.0)
+    traffic_b += np.where(layerwise_rs[:, :, None], on_channels(rs_layer_d, rs_shard) + on_channels(rs_layer_e, rs_edp), 0.0)
+
+    # --- once per step ------------------------------------------------------------------------------
+    reduce = np.zeros((pairs, CHANNELS, pp))
+    gather = np.zeros((pairs, CHANNELS, pp))
+    z0, z1 = v.z0, v.z1
+    reduce += np.where(
+        z0[:, :, None], on_channels(seconds(v.grads[0], ar_full), ar_full) + on_channels(seconds(v.grads[1], ar_edp), ar_edp), 0.0
+    )
+    reduce += np.where(z1[:, :, None], on_channels(rs_d, rs_shard) + on_channels(rs_e, rs_edp), 0.0)
+    repl = np.where(v.replicated, seconds(v.shard_grads, ar_repl), 0.0)
+    reduce += on_channels(repl, ar_repl)
+    # ZeRO-1/2 all-gather the updated weights: the trainable ones (all of them, or the adapters);
+    # where FSDP gathers in every forward, those gathers do it
+    updated_d, updated_e = seconds(v.updated[0], ag_shard), seconds(v.updated[1], ag_edp)
+    gather += np.where(v.gather_once[:, :, None], on_channels(updated_d, ag_shard) + on_channels(updated_e, ag_edp), 0.0)
+    # the last bucket of a once-per-step reduction (ZeRO-0/1) waits for the whole backward
+    reduce_tail = np.where(z0, seconds(v.bucket, ar_full), np.where(z1, seconds(v.bucket, rs_shard), 0.0))
+    for a in (zf_k, zb_k, first_gather, rest_gather, last_rs, rest_rs, traffic_f, traffic_b, reduce, reduce_tail, gather, exposed_r):
         a.flags.writeable = False
     return _WeightCollectives(
-        zf_k, zb_k, per_parameter, first_gather, rest_gather, last_rs, rest_rs, held, owner, hbm, traffic_f, traffic_b, reduce,
-        reduce_tail, gather, optimizer, param_copy, kernels_f, kernels_b, exposed_r, kernels_recompute,
+        zf_k, zb_k, pt is not None, first_gather, rest_gather, last_rs, rest_rs, v.held, v.owner, v.hbm, traffic_f, traffic_b,
+        reduce, reduce_tail, gather, v.optimizer, v.param_copy, v.kernels_f, v.kernels_b, exposed_r, v.kernels_recompute,
     )
+
+
+def _per_pair(kind: str, groups: list[Group], cal: Calibration, framework_eff: float) -> tuple:
+    """(seconds per byte, latency seconds, channel one-hot (pairs, CHANNELS), the size curve of
+    every pair where they share one (else None), the pairs grouped by size curve) of one
+    collective over each pair's group at the framework's bus efficiency `framework_eff` (priced once
+    per distinct group; memoized: `_PER_PAIR`)."""
+    key = (kind, id(cal), framework_eff, *map(id, groups))
+    hit = _PER_PAIR.get(key)
+    if hit is not None:
+        return hit[1]
+    priced: dict[int, tuple[float, float]] = {}
+    for g in groups:
+        if id(g) not in priced:
+            priced[id(g)] = collective_cost(kind, g, cal)  # type: ignore[arg-type]
+    per_byte = np.array([priced[id(g)][0] for g in groups])[:, None] / framework_eff
+    lat = np.array([priced[id(g)][1] for g in groups])[:, None]
+    onehot = np.zeros((len(groups), CHANNELS))
+    onehot[np.arange(len(groups)), [g.channel for g in groups]] = 1.0
+    rows: dict[int, tuple[SizeCurve, list[int]]] = {}  # pairs by size curve, priced together
+    for i, g in enumerate(groups):
+        c = g.curve if kind in RING_KINDS and g.size > 1 else None
+        if c is not None:
+            rows.setdefault(id(c), (c, []))[1].append(i)
+    curves = list(rows.values())
+    whole = curves[0][0] if len(curves) == 1 and len(curves[0][1]) == len(groups) else None
+    for a in (per_byte, lat, onehot):
+        a.flags.writeable = False
+    if len(_PER_PAIR) > PER_PAIR_ENTRIES:
+        _PER_PAIR.clear()
+    cost = (per_byte, lat, onehot, whole, curves)
+    _PER_PAIR[key] = ((cal, groups), cost)
+    return cost
+
+
+def _collective_seconds(nbytes: np.ndarray, cost: tuple) -> np.ndarray:
+    """Alpha-beta seconds x the measured size ratio of each pair's span (`comm.size_ratio`) of
+    `nbytes` over the groups of a `_per_pair` price, memoized on the price (`_per_pair`'s shared
+    tuples, by identity: the entry keeps its price) and the bytes (`_SECONDS`: the tables of one
+    search repeat their volumes); the array returned is read-only."""
+    nb = np.asarray(nbytes)
+    key = (id(cost), nb.shape, nb.dtype.char, nb.tobytes())
+    hit = _SECONDS.get(key)
+    if hit is not None and hit[0] is cost:
+        return hit[1]
+    out = _alpha_beta_seconds(nb, cost)
+    out.flags.writeable = False
+    if len(_SECONDS) > 1 << 15:
+        _SECONDS.clear()
+    _SECONDS[key] = (cost, out)
+    return out
+
+
+def _alpha_beta_seconds(nbytes: np.ndarray, cost: tuple) -> np.ndarray:
+    """`_collective_seconds` without the memo."""
+    per_byte, lat, _, whole, curves = cost
+    out = np.where(nbytes > 0, nbytes * per_byte + lat, 0.0)
+    if whole is not None:
+        return out * whole.at_positive(nbytes)  # (out is 0 where nbytes <= 0)
+    if curves:
+        nb = nbytes if np.shape(nbytes) == out.shape else np.broadcast_to(nbytes, out.shape)
+        ratio = np.ones(out.shape)
+        for c, idx in curves:
+            ratio[idx] = c.at_positive(nb[idx])
+        out = out * ratio
+    return out
+
+
+def _on_channels(sec: np.ndarray, cost: tuple) -> np.ndarray:
+    """(pairs, X) seconds -> (pairs, CHANNELS, X) on each pair's channel of a `_per_pair` price."""
+    return cost[2][:, :, None] * sec[:, None, :]
 
 
 @dataclass(frozen=True)
@@ -1051,8 +1185,14 @@ def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
 
 _DP_GRIDS: dict[tuple, tuple[tuple[object, ...], DataParallelTimes]] = {}
 _DP_WEIGHTS: dict[tuple, tuple[tuple[object, ...], _WeightCollectives]] = {}
+_DP_VOLUMES: dict[tuple, tuple[tuple[object, ...], _WeightVolumes]] = {}
 """`_dp_grid`'s memos: the data-parallel times by (`_dp_table_key`, the pairs), their weight
-collectives by (`_dp_weight_key`, the pairs); each entry keeps the job objects its key names by id."""
+collectives by (`_dp_weight_key`, the pairs), the weight volumes those price by (`_dp_volume_key`,
+the pairs); each entry keeps the job objects its key names by id (cluster, training, calibration,
+model)."""
+
+DP_ENTRIES = 1 << 14
+"""Entries each `_dp_grid` memo keeps; it starts over beyond this (the memo then simply misses)."""
 
 
 def _dp_grid(
@@ -1060,55 +1200,104 @@ def _dp_grid(
 ) -> DataParallelTimes:
     """`step_time.data_parallel_times` of a table's (ZeRO stage, sharding group) pairs, memoized on
     `_dp_table_key` and the pairs (the entry keeps the job objects alive, so their ids are not
-    reused): tables of one mesh and micro-batch count share them, and those of one mesh at other
-    micro-batch counts their weight collectives (`_WeightCollectives`, memoized on `_dp_weight_key`).
-    Read-only."""
-    objs = (t.cluster, t.training, cal)
+    reused): tables of one mesh and micro-batch count share them; those of one mesh at other
+    micro-batch counts their weight collectives (`_WeightCollectives`, memoized on `_dp_weight_key`:
+    only `_with_compute` runs again), and those of other rank orders whose data-parallel groups
+    keep their strides the weight collectives too; the other rank orders of a mesh share its weight
+    volumes (`_WeightVolumes`, memoized on `_dp_volume_key`: only `_price_volumes` runs again;
+    Qwen3-235B-A22B / 256 H100, the plan_speed job: 463 volumes priced 922 times, where keying the weight
+    collectives on the order itself made 1,076). Read-only."""
+    objs = (t.cluster, t.training, cal, t.model)
     key = (table_key, shardings)
     hit = _DP_GRIDS.get(key)
-    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2]:
+    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2] and hit[0][3] is objs[3]:
         return hit[1]
-    weight_key = (table_key[0], shardings)
-    held = _DP_WEIGHTS.get(weight_key)
-    if held is not None and held[0][0] is objs[0] and held[0][1] is objs[1] and held[0][2] is objs[2]:
-        weights = held[1]
-    else:
-        weights = _weight_collectives(t, shardings, cal)
-        if len(_DP_WEIGHTS) > 1 << 14:
-            _DP_WEIGHTS.clear()
-        _DP_WEIGHTS[weight_key] = (objs, weights)
-    out = _with_compute(t, weights, cal)
-    if len(_DP_GRIDS) > 1 << 14:
-        _DP_GRIDS.clear()
-    _DP_GRIDS[key] = (objs, out)
-    return out
+    weight_key = _dp_weight_key(t, table_key)
+    weights = _memo(_DP_WEIGHTS, (weight_key, shardings), objs, lambda: _price_volumes(
+        t, _memo(_DP_VOLUMES, (weight_key[0], shardings), objs, lambda: _weight_volumes(t, shardings, cal)),
+        weight_key[1], weight_key[2], cal,
+    ))
+    return _memo(_DP_GRIDS, key, objs, lambda: _with_compute(t, weights, cal))
 
 
-def _dp_weight_key(t: StageTable, cal: Calibration) -> tuple:
-    """What `step_time._weight_collectives` reads of a table besides the knobs: the cluster,
-    training and calibration objects (by identity), the mesh's degrees, order, expert grid and
-    framework (its FSDP flavour, Megatron FSDP's gradient fusion, its release), the per-rank stored
-    weight bytes and trainable elements (and the embedding tables whose gradient the compute
-    holds), and the layer classes (counts per rank, weights of one layer); under an older release
-    that gathers per parameter tensor, the model too."""
-    m = t.mesh
-    return (
-        id(t.cluster), id(t.training), id(cal), t.gpus, m.framework, m.fsdp_flat_params, m.megatron_fsdp_gradient_fusion,
-        m.stack, m.optimizer_state, m.optimizer_fused, m.framework_version,
-        m.tp, m.cp, m.dp_, m.pp, m.ep, m.etp_, m.order, m.moe_parallel_folding, t.weight_bytes.tobytes(), t.trainable.tobytes(),
-        t.class_counts.tobytes(), t.class_weight_bytes.tobytes(), t.class_trainable.tobytes(),
-        t.embedding_grad_elements.tobytes(), t.gemm_weight_elements.tobytes(), t.recomputed_layers.tobytes(),
-        # a release that gathers per parameter tensor reads the model's tensors (`zero3_gathers`): the
-        # model itself (by value, and kept alive by the key), only then
-        t.model if m.framework_version is not None else None,
-    )
+def _memo(memo: dict[tuple, tuple[tuple[object, ...], Any]], key: tuple, objs: tuple[object, ...], make: Any) -> Any:
+    """`memo[key]`'s value if its entry was made for the very objects `objs` (which the key names by
+    id), else `make()`, kept there with them (`memo` starts over beyond `DP_ENTRIES`)."""
+    hit = memo.get(key)
+    if hit is not None and all(map(operator.is_, hit[0], objs)):
+        return hit[1]
+    value = make()
+    if len(memo) > DP_ENTRIES:
+        memo.clear()
+    memo[key] = (objs, value)
+    return value
+
+
+DP_ARRAY_FIELDS = (
+    "weight_bytes", "trainable", "class_counts", "class_weight_bytes", "class_trainable", "embedding_grad_elements",
+    "gemm_weight_elements", "recomputed_layers", "layers", "class_forward", "class_backward",
+)
+"""The arrays of a table that its data-parallel times read: its weight volumes all but the last two
+(`_weight_volumes`: the rank's weights and trainable elements, the layer classes, the gradients the
+compute holds, the autocast GEMM weights, the layers and those re-run), `_with_compute` the layer
+classes' compute seconds."""
+_DP_ARRAYS = operator.attrgetter(*DP_ARRAY_FIELDS)
+
+
+DP_VOLUME_MESH_FIELDS = (
+    "framework", "fsdp_flat_params", "megatron_fsdp_gradient_fusion", "stack", "optimizer_state", "optimizer_fused",
+    "framework_version", "tp", "cp", "dp_", "pp", "ep", "etp_",
+)
+"""The fields of a table's mesh that its weight volumes read (`_weight_volumes`; `_price_volumes` the
+degrees that size the groups): the framework (its FSDP flavour, Megatron FSDP's gradient fusion, its
+release), the optimizer of its stack, the degrees and the expert grid."""
+DP_MESH_FIELDS = (*DP_VOLUME_MESH_FIELDS, "order", "moe_parallel_folding", "grad_accum_")
+"""... and its data-parallel times: the rank order (`mesh_strides`: where the groups lie) and the
+micro-batch count (`_with_compute`)."""
+_DP_MESH = operator.attrgetter(*DP_MESH_FIELDS)
 
 
 def _dp_table_key(t: StageTable, cal: Calibration) -> tuple:
-    """What `step_time.data_parallel_times` reads of a table besides the knobs: its weight key
-    (`_dp_weight_key`, first), the compute seconds of one layer of each class and the micro-batch
-    count (`_with_compute`)."""
-    return (_dp_weight_key(t, cal), t.class_forward.tobytes(), t.class_backward.tobytes(), t.mesh.grad_accum_)
+    """What `step_time.data_parallel_times` reads of a table besides the knobs: the cluster,
+    training, calibration and model objects (by identity: `_dp_grid`'s entries keep them), the GPU
+    count, the head rank, the mesh's `DP_MESH_FIELDS` and the bytes of the table's arrays
+    (`DP_ARRAY_FIELDS`), in this order.
+
+    Kept on the table (`StageTable.dp_key_memo`) with the calibration, the mesh and the arrays it
+    read, and returned again for the same calibration and mesh: a table's arrays are read-only, and
+    no field of a built table is replaced but its mesh (the search's combined-1F1B twin) and with it
+    the rank order's communication (`stage_table.reorder`). A copy on another mesh computes its key
+    again, from the bytes it holds where its arrays are the very same objects. The search asks for
+    it once per bound and pricing of a table (Qwen3-235B-A22B / 256 H100, the plan_speed job: 18,028
+    times, 5,282 of them answered from the memo, 8,062 for a copy on another mesh, 4,684 for a table
+    without one)."""
+    held = t.dp_key_memo
+    if held is not None and held[0] is cal and held[1] is t.mesh:
+        return held[4]
+    sources = _DP_ARRAYS(t)
+    if held is not None and all(map(operator.is_, held[2], sources)):
+        arrays = held[3]
+    else:
+        arrays = tuple([a.tobytes() for a in sources])
+    key = (id(t.cluster), id(t.training), id(cal), id(t.model), t.gpus, t.partition.head_rank, _DP_MESH(t.mesh), arrays)
+    t.dp_key_memo = (cal, t.mesh, sources, arrays, key)
+    return key
+
+
+def _dp_volume_key(table_key: tuple) -> tuple:
+    """What `step_time._weight_volumes` reads of a table besides the knobs: its `_dp_table_key` less
+    the rank order, the micro-batch count (its mesh's `DP_VOLUME_MESH_FIELDS` alone) and the layer
+    classes' compute seconds (all arrays but the last two)."""
+    return (*table_key[:6], table_key[6][:len(DP_VOLUME_MESH_FIELDS)], table_key[7][:-2])
+
+
+def _dp_weight_key(t: StageTable, table_key: tuple) -> tuple:
+    """What `step_time._weight_collectives` reads of table `t` (of key `table_key`) besides the
+    knobs: its volume key (`_dp_volume_key`) and where the rank order places the data-parallel
+    groups, the strides of the data x context group and the expert-data-parallel group
+    (`mesh_strides`; `_price_volumes` reads nothing else of the order), in this order."""
+    stv = mesh_strides(t.mesh)
+    return (_dp_volume_key(table_key), stv.dp_cp, stv.expert_dp)
 
 
 __all__ = [

@@ -37,8 +37,8 @@ def other(cal: Calibration, k: int) -> Calibration:
 
 def forget() -> None:
     """Every pricing memo a layout's collectives go through, as in a fresh process."""
-    for memo in (step_time._PER_PAIR, step_time._SECONDS, step_time._DP_GRIDS, step_time._DP_WEIGHTS, stage_table._GEOMETRIES,
-                 stage_table._TABLE_PARTS, stage_table._STATE_BYTES, mesh_comm._COMM_STORES, compute._GEMM_SECONDS):
+    for memo in (step_time._PER_PAIR, step_time._SECONDS, step_time._DP_GRIDS, step_time._DP_WEIGHTS, step_time._DP_VOLUMES,
+                 stage_table._GEOMETRIES, stage_table._TABLE_PARTS, stage_table._STATE_BYTES, mesh_comm._COMM_STORES, compute._GEMM_SECONDS):
         memo.clear()
 
 
