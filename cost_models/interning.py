@@ -1,17 +1,18 @@
 """One object per distinct job input, so per-job memos survive across requests; and the memo
 those pricing memos are made of (`KeptMemo`).
 
-The pricing memos in `cost_models.stage_table` and `cost_models.comm` are keyed by the identity of
-the job's model, training, cluster and calibration objects (hashing a pydantic model on every
-lookup costs more than the lookup). Two requests for the same job build equal but distinct
-objects, and would each start with empty memos. `canonical` maps every value to the first object
-seen with it (all four types are frozen and hash and compare by value), so equal inputs share
-memos. Memoized results are functions of the values alone, so sharing them changes no number.
+The pricing memos (`KeptMemo`s in `cost_models.stage_table`, `step_time`, `comm`, `mesh_comm`,
+`compute`, `report`, `kernels.atlas`) are keyed by the identity of the job's model, training,
+cluster, calibration and GPU objects (hashing a pydantic model on every lookup costs more than the
+lookup). Two requests for the same job build equal but distinct objects, and would each start with
+empty memos. `canonical` maps every value to the first object seen with it (the job's four types
+are frozen and hash and compare by value), so equal inputs share memos. Memoized results are
+functions of the values alone, so sharing them changes no number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -64,8 +65,13 @@ class KeptMemo(Generic[V]):
     def values(self) -> list[V]:
         return [value for _, value in self._entries.values()]
 
-    def keys(self) -> list[Hashable]:
-        return list(self._entries)
+    def __iter__(self) -> Iterator[Hashable]:
+        """The keys."""
+        return iter(list(self._entries))
+
+    def items(self) -> list[tuple[Hashable, object, V]]:
+        """(key, what the entry keeps, value) of every entry."""
+        return [(key, keep, value) for key, (keep, value) in self._entries.items()]
 
     def clear(self) -> None:
         self._entries.clear()

@@ -98,6 +98,7 @@ from cost_models import stacks, zero3_gathers
 from cost_models.calibration import Calibration, stack_key
 from cost_models.comm import CHANNELS, HOST, INTER, INTRA, RING_KINDS, Group, collective_cost
 from cost_models.compute import hbm_bandwidth
+from cost_models.interning import KeptMemo
 from cost_models.memory import HOST_GRAD_BYTES
 from cost_models.mesh import mesh_strides
 from cost_models.pipeline import FB_PAIRED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ZB_WEIGHT_SHARE, rank_idle
@@ -254,21 +255,20 @@ class DataParallelTimes:
 FULL_RECOMPUTE = RECOMPUTE_MODES.index("full")
 """Row of RECOMPUTE_MODES whose settings re-run each checkpointed layer's forward whole."""
 
-_PER_PAIR: dict[tuple, tuple[tuple, tuple]] = {}
+PER_PAIR_ENTRIES = 1 << 14
+"""Prices `_PER_PAIR` keeps; it starts over at this many (the memo then simply misses)."""
+_PER_PAIR: KeptMemo[tuple] = KeptMemo(PER_PAIR_ENTRIES)
 """`data_parallel_times`'s per-collective prices by (collective, calibration, bus efficiency, each
 pair's group), the groups being `Group.strided`'s shared objects; an entry keeps its calibration and
-groups alive, so their ids stay theirs."""
+groups (`KeptMemo`)."""
 
-PER_PAIR_ENTRIES = 1 << 14
-"""Prices `_PER_PAIR` keeps; it starts over beyond this (the memo then simply misses)."""
-
-_SECONDS: dict[tuple, tuple[tuple, np.ndarray]] = {}
+_SECONDS: KeptMemo[np.ndarray] = KeptMemo(1 << 15)
 """`data_parallel_times`'s collective seconds by (id of a `_PER_PAIR` price, the bytes). An entry
-keeps its price and is used only for that very object: `_PER_PAIR` may start over between the
-prices of one table and their seconds, and a price dropped from it then dies with the table's
-pricing, so its id can come back as another calibration's price (the leave-one-family-out refits
-of `bench.fit_calibration` read such stale seconds: llm-foundry's fsdp refit landed on compute
-1.1214 in the full run and 1.1266 alone, on the code of 2b7096f)."""
+keeps its price (`KeptMemo`): `_PER_PAIR` may start over between the prices of one table and their
+seconds, and a price dropped from it and from here dies with the table's pricing, so its id can
+come back as another calibration's price (the leave-one-family-out refits of `bench.fit_calibration`
+once read such stale seconds: llm-foundry's fsdp refit landed on compute 1.1214 in the full run and
+1.1266 alone, on the code of 2b7096f)."""
 
 
 def data_parallel_times(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibration) -> DataParallelTimes:
@@ -711,7 +711,7 @@ def _per_pair(kind: str, groups: list[Group], cal: Calibration, framework_eff: f
     key = (kind, id(cal), framework_eff, *map(id, groups))
     hit = _PER_PAIR.get(key)
     if hit is not None:
-        return hit[1]
+        return hit
     priced: dict[int, tuple[float, float]] = {}
     for g in groups:
         if id(g) not in priced:
@@ -729,11 +729,7 @@ def _per_pair(kind: str, groups: list[Group], cal: Calibration, framework_eff: f
     whole = curves[0][0] if len(curves) == 1 and len(curves[0][1]) == len(groups) else None
     for a in (per_byte, lat, onehot):
         a.flags.writeable = False
-    if len(_PER_PAIR) > PER_PAIR_ENTRIES:
-        _PER_PAIR.clear()
-    cost = (per_byte, lat, onehot, whole, curves)
-    _PER_PAIR[key] = ((cal, groups), cost)
-    return cost
+    return _PER_PAIR.put(key, (cal, groups), (per_byte, lat, onehot, whole, curves))
 
 
 def _collective_seconds(nbytes: np.ndarray, cost: tuple) -> np.ndarray:
@@ -744,14 +740,11 @@ def _collective_seconds(nbytes: np.ndarray, cost: tuple) -> np.ndarray:
     nb = np.asarray(nbytes)
     key = (id(cost), nb.shape, nb.dtype.char, nb.tobytes())
     hit = _SECONDS.get(key)
-    if hit is not None and hit[0] is cost:
-        return hit[1]
+    if hit is not None:
+        return hit
     out = _alpha_beta_seconds(nb, cost)
     out.flags.writeable = False
-    if len(_SECONDS) > 1 << 15:
-        _SECONDS.clear()
-    _SECONDS[key] = (cost, out)
-    return out
+    return _SECONDS.put(key, cost, out)
 
 
 def _alpha_beta_seconds(nbytes: np.ndarray, cost: tuple) -> np.ndarray:
@@ -1067,8 +1060,8 @@ class _BoundParts:
     def of(cls, dp: DataParallelTimes, knobs: KnobArrays, sm_share: float, grad_accum: int) -> _BoundParts:
         key = (id(dp), id(knobs), sm_share, grad_accum)
         hit = _BOUND_PARTS.get(key)
-        if hit is not None and hit[0] is dp and hit[1] is knobs:
-            return hit[2]
+        if hit is not None:
+            return hit
         mode, pair = knobs.mode, knobs.sharding
         tier = knobs.offload.astype(np.int64) * (1 + knobs.offload_nvme.astype(np.int64))  # 0 GPU, 1 host, 2 NVMe
         # a second of exposed gathers can shrink the SMs the floors count as taken by the hidden
@@ -1079,15 +1072,11 @@ class _BoundParts:
         tail = (np.maximum(dp.reduce_tail, 0.0)[:, :, None] + dp.optimizer).max(axis=1)  # (pairs, tiers)
         traffic = grad_accum * (dp.traffic_f + dp.traffic_b) + dp.reduce + dp.gather  # (pairs, CHANNELS, pp)
         parts = cls(added[pair] + _FULL[mode] * added_by_recompute[pair], tail[pair, tier], traffic.max(axis=(1, 2))[pair])
-        if len(_BOUND_PARTS) > 1 << 14:
-            _BOUND_PARTS.clear()
-        _BOUND_PARTS[key] = (dp, knobs, parts)
-        return parts
+        return _BOUND_PARTS.put(key, (dp, knobs), parts)
 
 
-_BOUND_PARTS: dict[tuple, tuple[DataParallelTimes, KnobArrays, _BoundParts]] = {}
-"""`_BoundParts.of`'s memo; an entry keeps its `DataParallelTimes` and `KnobArrays`, so the ids stay
-those objects'."""
+_BOUND_PARTS: KeptMemo[_BoundParts] = KeptMemo(1 << 14)
+"""`_BoundParts.of`'s memo; an entry keeps its `DataParallelTimes` and `KnobArrays` (`KeptMemo`)."""
 
 
 def channel_traffic(
@@ -1183,16 +1172,15 @@ def time_lower_bound(t: StageTable, vpp: int, cal: Calibration) -> float:
     return float(mode_lower_bounds(t, vpp, cal)[0])
 
 
-_DP_GRIDS: dict[tuple, tuple[tuple[object, ...], DataParallelTimes]] = {}
-_DP_WEIGHTS: dict[tuple, tuple[tuple[object, ...], _WeightCollectives]] = {}
-_DP_VOLUMES: dict[tuple, tuple[tuple[object, ...], _WeightVolumes]] = {}
+DP_ENTRIES = 1 << 14
+"""Entries each `_dp_grid` memo keeps; it starts over at this many (the memo then simply misses)."""
+_DP_GRIDS: KeptMemo[DataParallelTimes] = KeptMemo(DP_ENTRIES)
+_DP_WEIGHTS: KeptMemo[_WeightCollectives] = KeptMemo(DP_ENTRIES)
+_DP_VOLUMES: KeptMemo[_WeightVolumes] = KeptMemo(DP_ENTRIES)
 """`_dp_grid`'s memos: the data-parallel times by (`_dp_table_key`, the pairs), their weight
 collectives by (`_dp_weight_key`, the pairs), the weight volumes those price by (`_dp_volume_key`,
 the pairs); each entry keeps the job objects its key names by id (cluster, training, calibration,
-model)."""
-
-DP_ENTRIES = 1 << 14
-"""Entries each `_dp_grid` memo keeps; it starts over beyond this (the memo then simply misses)."""
+model: `KeptMemo`)."""
 
 
 def _dp_grid(
@@ -1207,11 +1195,11 @@ def _dp_grid(
     volumes (`_WeightVolumes`, memoized on `_dp_volume_key`: only `_price_volumes` runs again;
     Qwen3-235B-A22B / 256 H100, the plan_speed job: 463 volumes priced 922 times, where keying the weight
     collectives on the order itself made 1,076). Read-only."""
-    objs = (t.cluster, t.training, cal, t.model)
     key = (table_key, shardings)
     hit = _DP_GRIDS.get(key)
-    if hit is not None and hit[0][0] is objs[0] and hit[0][1] is objs[1] and hit[0][2] is objs[2] and hit[0][3] is objs[3]:
-        return hit[1]
+    if hit is not None:
+        return hit
+    objs = (t.cluster, t.training, cal, t.model)
     weight_key = _dp_weight_key(t, table_key)
     weights = _memo(_DP_WEIGHTS, (weight_key, shardings), objs, lambda: _price_volumes(
         t, _memo(_DP_VOLUMES, (weight_key[0], shardings), objs, lambda: _weight_volumes(t, shardings, cal)),
@@ -1220,17 +1208,10 @@ def _dp_grid(
     return _memo(_DP_GRIDS, key, objs, lambda: _with_compute(t, weights, cal))
 
 
-def _memo(memo: dict[tuple, tuple[tuple[object, ...], Any]], key: tuple, objs: tuple[object, ...], make: Any) -> Any:
-    """`memo[key]`'s value if its entry was made for the very objects `objs` (which the key names by
-    id), else `make()`, kept there with them (`memo` starts over beyond `DP_ENTRIES`)."""
+def _memo(memo: KeptMemo[Any], key: tuple, objs: tuple[object, ...], make: Any) -> Any:
+    """`memo`'s value under `key`, else `make()`, kept there with the objects `objs` the key names by id."""
     hit = memo.get(key)
-    if hit is not None and all(map(operator.is_, hit[0], objs)):
-        return hit[1]
-    value = make()
-    if len(memo) > DP_ENTRIES:
-        memo.clear()
-    memo[key] = (objs, value)
-    return value
+    return hit if hit is not None else memo.put(key, objs, make())
 
 
 DP_ARRAY_FIELDS = (

@@ -50,7 +50,8 @@ def steps(cal: Calibration, full_memo: bool = False) -> list[float]:
     for lay in LAYOUTS:
         if full_memo:
             step_time._PER_PAIR.clear()
-            step_time._PER_PAIR.update({("padding", i): ((), ()) for i in range(step_time.PER_PAIR_ENTRIES)})
+            for i in range(step_time._PER_PAIR.limit - 1):
+                step_time._PER_PAIR.put(("padding", i), None, ())
         out.append(estimate(model, TRAINING, cluster, GPUS, lay.resolved(GPUS, TRAINING), calibration=cal).step_s)
     return out
 
@@ -83,10 +84,10 @@ def test_collective_seconds_stay_with_the_price_they_were_computed_for() -> None
     forget()
     a = default_calibration()
     steps(a, full_memo=True)
-    live = {id(v[1]) for v in step_time._PER_PAIR.values()}
+    live = {id(v) for v in step_time._PER_PAIR.values()}
     assert any(key[0] not in live for key in step_time._SECONDS)  # the memo did start over mid-table
-    for key, entry in step_time._SECONDS.items():
-        assert isinstance(entry, tuple) and id(entry[0]) == key[0]
+    for key, kept, _ in step_time._SECONDS.items():
+        assert id(kept) == key[0]
     b = other(a, 1)
     forget()
     want = steps(b)
