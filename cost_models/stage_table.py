@@ -230,12 +230,12 @@ class _Geometry:
     (`ShardGeometry.of`), the activation context, the fine-tuning state (`FineTune.of`), the
     per-layer and per-class arrays (`_layer_arrays`), and what `_rank_sums` and `build_table` make
     of them alone: the quantities `_rank_sums` adds up per rank and the rows whose per-rank maxima
-    it takes, when full recompute re-runs every layer (no `recompute_layers`), and the per-class
-    fields of a `StageTable`. All arrays read-only."""
+    it takes, when full recompute re-runs every layer (no `recompute_layers`), their sums over runs
+    of one class (`class_runs`), and the per-class fields of a `StageTable`. All arrays read-only."""
 
     __slots__ = (
-        "g", "actx", "ft", "pc", "per_layer", "per_class", "of_layer", "every_layer", "every_peak",
-        "class_backward", "class_weight_bytes", "class_trainable", "logits",
+        "g", "actx", "ft", "pc", "per_layer", "per_class", "of_layer", "firsts", "every_layer", "every_peak",
+        "class_backward", "class_weight_bytes", "class_trainable", "logits", "_runs",
     )
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, mesh: Layout) -> None:
@@ -245,7 +245,8 @@ class _Geometry:
         self.pc = count_params(model)
         self.logits: dict[tuple[str, bool], float] = {}  # `logits_bytes` per loss kernel and logits upcast
         self.per_layer, self.per_class = _layer_arrays(model, cluster, training.precision, self.g, self.actx, cal, self.ft)
-        self.of_layer = layer_classes(model)[1]
+        self.firsts, self.of_layer = layer_classes(model)
+        self._runs: tuple[np.ndarray, np.ndarray] | None = None
         every = np.ones(len(self.of_layer), dtype=bool)
         self.every_layer = _readonly(_rank_quantities(self.per_layer, every))
         self.every_peak = _readonly(_peak_rows(self.per_layer, every))
@@ -253,6 +254,22 @@ class _Geometry:
         self.class_backward = _readonly(pc["fb"] - pc["fwd"])
         self.class_weight_bytes = _readonly(np.array([pc["dense_w"], pc["expert_w"]]))
         self.class_trainable = _readonly(np.array([pc["dense_t"], pc["expert_t"]]))
+
+    def class_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(quantities, classes, layers + 1): what `_rank_sums` adds up over 0, 1, 2 ... layers of one
+        class, as its bincount adds them (from 0, one layer after the other: the cumulative sums of
+        the class's column of `every_layer`, repeated), and (5, classes) the class's rows of
+        `every_peak`. Every layer of a class has that class's column, so these are a rank's sums and
+        maxima when its layers are of one class (`_uniform_ranks`). Computed on first use (20 x 8
+        bytes per layer and class)."""
+        if self._runs is None:
+            firsts = list(self.firsts)
+            columns = self.every_layer[:, firsts]  # (quantities, classes)
+            layers = self.every_layer.shape[1]
+            runs = np.zeros(columns.shape + (layers + 1,))
+            runs[:, :, 1:] = np.cumsum(np.repeat(columns[:, :, None], layers, axis=2), axis=2)
+            self._runs = (_readonly(runs), _readonly(self.every_peak[:, firsts]))
+        return self._runs
 
 
 GEOMETRY_ENTRIES = 4096
@@ -309,27 +326,39 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
     index = _partition_index(partition)
     owner, mine = index.owner, index.mine
     n = len(owner)
-    if limit is None:
-        quantities, rows = geo.every_layer[:, :n], geo.every_peak[:, :n]
-    else:  # position of each layer within its rank: chunks of a rank come in model order
-        arr = {k: v[:n] for k, v in geo.per_layer.items()}
-        recomputed = np.cumsum(mine, axis=1)[owner, np.arange(n)] - 1 < limit
-        quantities, rows = _rank_quantities(arr, recomputed), _peak_rows(arr, recomputed)
-    k = _RANK_QUANTITIES
-    sums = np.bincount(index.bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
+    n_classes = len(geo.firsts)
+    uniform = _uniform_ranks(partition, geo.of_layer) if limit is None else None
+    if uniform is not None:
+        # every rank's layers are of one class: its sums and maxima are that class's over as many
+        # layers (`_Geometry.class_runs`: the same additions in the same order, so the same floats)
+        rank_class, layers = uniform
+        runs, class_peaks = geo.class_runs()
+        quantities = geo.every_layer[:, :n]
+        sums = runs[:, rank_class, layers]
+        maxima = np.where(layers > 0, np.maximum(class_peaks[:, rank_class], 0.0), 0.0)
+        class_counts = np.zeros((pp, n_classes))
+        class_counts[np.arange(pp), rank_class] = layers
+    else:
+        if limit is None:
+            quantities, rows = geo.every_layer[:, :n], geo.every_peak[:, :n]
+        else:  # position of each layer within its rank: chunks of a rank come in model order
+            arr = {k: v[:n] for k, v in geo.per_layer.items()}
+            recomputed = np.cumsum(mine, axis=1)[owner, np.arange(n)] - 1 < limit
+            quantities, rows = _rank_quantities(arr, recomputed), _peak_rows(arr, recomputed)
+        k = _RANK_QUANTITIES
+        sums = np.bincount(index.bins, weights=quantities.ravel(), minlength=k * pp).reshape(k, pp).astype(float, copy=False)
+        # each rank's largest layer (elements), the weights (bytes, elements) of its largest layer, its
+        # largest dequantized copy (QLoRA) and its largest recompute working set: the maxima of the
+        # rows over each rank's run of layers (none: 0)
+        maxima = np.zeros((len(rows), pp))
+        if len(index.held):
+            grouped = rows if index.by_rank is None else rows[:, index.by_rank]
+            maxima[:, index.held] = np.maximum(np.maximum.reduceat(grouped, index.starts, axis=1), 0.0)
+        class_counts = np.bincount(owner * n_classes + geo.of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
     mtp = _priced_mtp(model, partition, geo.ft)
     if mtp:
         arr = {k: v[:n] for k, v in geo.per_layer.items()}
         sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
-    # each rank's largest layer (elements), the weights (bytes, elements) of its largest layer, its
-    # largest dequantized copy (QLoRA) and its largest recompute working set: the maxima of the
-    # rows over each rank's run of layers (none: 0)
-    maxima = np.zeros((len(rows), pp))
-    if len(index.held):
-        grouped = rows if index.by_rank is None else rows[:, index.by_rank]
-        maxima[:, index.held] = np.maximum(np.maximum.reduceat(grouped, index.starts, axis=1), 0.0)
-    n_classes = len(geo.per_class["fwd"])
-    class_counts = np.bincount(owner * n_classes + geo.of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
     if mtp:
         class_counts[partition.head_rank, geo.of_layer[n - 1]] += mtp
     # the rows of `sums` in the order `_rank_quantities` stacks them (11: zeros, the recompute
@@ -342,6 +371,35 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
 
 _RANK_QUANTITIES = 20
 """Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
+
+_UNIFORM: KeptMemo[tuple[np.ndarray, np.ndarray] | tuple[()]] = KeptMemo(1 << 12)
+
+
+def _uniform_ranks(partition: StagePartition, of_layer: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """When every rank of `partition` holds layers of one class only (`of_layer`: each layer's class,
+    `layer_classes`), each rank's class and its layers, (pp,) int arrays (a rank without layers:
+    class 0, 0 layers); else None. Memoized on the partition and the model's class array (by
+    identity, `KeptMemo`)."""
+    key = (partition, id(of_layer))
+    hit = _UNIFORM.get(key)
+    if hit is None:
+        owner = _partition_index(partition).owner
+        classes = of_layer[: len(owner)]
+        pp = partition.pp
+        lowest, highest = np.full(pp, len(of_layer)), np.full(pp, -1)
+        np.minimum.at(lowest, owner, classes)
+        np.maximum.at(highest, owner, classes)
+        layers = np.bincount(owner, minlength=pp)
+        held = layers > 0
+        if np.all(lowest[held] == highest[held]):
+            rank_class = np.where(held, highest, 0)
+            for a in (rank_class, layers):
+                a.flags.writeable = False
+            hit = (rank_class, layers)
+        else:
+            hit = ()
+        _UNIFORM.put(key, of_layer, hit)
+    return hit or None
 
 
 def _set_recompute_rows(

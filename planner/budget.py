@@ -67,9 +67,11 @@ rank (`PartitionIndex.by_rank`)."""
 LAYER_MEMO = 4096
 """Shard geometries whose per-layer arrays the pricing memos keep (`cost_models.stage_table`:
 `lru_cache(maxsize=4096)` on `layer_times`, `_layer_acts`, `_layer_arrays`)."""
-MEMO_BYTES_PER_LAYER = 64
-"""Bytes those memos keep per layer and geometry (`_layer_arrays`: 8 float64 arrays spread over
-the layers)."""
+MEMO_BYTES_PER_LAYER = 64 + 8 * (20 + 5 + 20)
+"""Bytes those memos keep per layer and geometry: `_layer_arrays`' 8 float64 arrays spread over the
+layers, and the geometry's (`stage_table._Geometry`) 20 quantities and 5 peak rows of every layer
+and the 20 sums of its class runs (`_Geometry.class_runs`; per layer of one class, a model of more
+classes keeps 160 bytes more per layer for each)."""
 
 
 @dataclass(frozen=True)

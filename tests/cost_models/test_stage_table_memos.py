@@ -262,3 +262,31 @@ def test_the_activation_floor_reads_only_its_fields(job: int) -> None:
     )
     assert reads.read <= set(stage_table.FLOOR_FIELDS)
     assert "framework" in reads.read
+
+
+@pytest.mark.parametrize("job", [0, 1])
+def test_ranks_of_one_layer_class_sum_as_the_bincount_does(job: int, monkeypatch) -> None:
+    """Where every rank holds layers of one class (`_uniform_ranks`), `_rank_sums` reads its sums,
+    maxima and class counts from the class's runs (`_Geometry.class_runs`) instead of a bincount:
+    to the bit what the bincount gives, on DeepSeek-V3 (dense first layers, MoE after, MTP) and
+    Mixtral, with one chunk per rank, interleaved, V-shape and probe partitions."""
+    ctx = _job(job)
+    cal = default_calibration()
+    geo = stage_table._geometry(ctx.model, ctx.training, ctx.cluster, cal, ctx.layout)
+    layers = ctx.model.num_layers
+    partitions = [
+        StagePartition.even(layers, 4), StagePartition.even(layers, 2, 2), StagePartition.even(layers, 2, 2, True),
+        StagePartition.even(layers, 8), StagePartition((3, layers - 3), 2), StagePartition((2, 0, 1, 0), 4),
+        StagePartition((0, 0), 2), StagePartition.even(layers, 1),
+    ]
+    fast = []
+    for partition in partitions:
+        fast.append(stage_table._rank_sums(ctx.model, geo, partition, None))
+    monkeypatch.setattr(stage_table, "_uniform_ranks", lambda partition, of_layer: None)
+    uniform = 0
+    for partition, got in zip(partitions, fast, strict=True):
+        want = stage_table._rank_sums(ctx.model, geo, partition, None)
+        uniform += stage_table._UNIFORM.get((partition, id(geo.of_layer))) not in (None, ())
+        for a, b in zip(got, want, strict=True):
+            assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), partition
+    assert 0 < uniform < len(partitions) or len(geo.firsts) == 1
