@@ -816,6 +816,8 @@ def _offloaded(acts: np.ndarray, layers: np.ndarray, n: int) -> tuple[np.ndarray
     """(saved bytes per micro-batch and mode, layers) of the `n` offloaded layers of each rank, at
     the rank's mean layer (Megatron offloads the first n layers of the stage)."""
     off = np.minimum(float(n), layers)
+    if not n:  # none offloaded (layer counts are never negative): the same zeros, two operations fewer
+        return acts * 0.0, off
     return acts * np.divide(off, np.maximum(layers, 1.0))[None, :], off
 
 

@@ -125,6 +125,12 @@ class StagePartition:
             raise ValueError("negative layer count in partition")
         if self.v_shape and self.vpp != 2:
             raise ValueError(f"a V-shape pipeline holds two chunks per rank, not vpp={self.vpp}")
+        # the hash the dataclass would compute on every call (the pricing memos key on partitions),
+        # once: not a field, so equality, `fields` and `asdict` are as before
+        object.__setattr__(self, "_hash", hash((self.chunk_layers, self.pp, self.vpp, self.v_shape)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
 
     @property
     def chunk_ranks(self) -> tuple[int, ...]:
