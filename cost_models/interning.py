@@ -41,43 +41,42 @@ class KeptMemo(Generic[V]):
     """A bounded memo of results that are functions of their key's values, where a key may name job
     objects by `id()` (hashing a pydantic model on every lookup costs more than the lookup). Each
     entry keeps the objects its key names alive (`put`'s `keep`): while it exists no other object
-    can take their ids, so a hit needs no identity check. At `limit` entries it starts over: the
-    memo then simply misses. Values are never None (`get`'s miss). The values and what they keep
-    are held in two dicts of the same keys (no tuple per entry for the cyclic collector to walk)."""
+    can take their ids, so a hit needs no identity check. An entry is one (keep, value) tuple, put
+    and dropped at once, so a search in another thread (`api.planning` plans in worker threads)
+    never finds a value whose kept objects are gone. At `limit` entries it starts over: the memo
+    then simply misses. Values are never None (`get`'s miss)."""
 
-    __slots__ = ("_values", "_kept", "limit")
+    __slots__ = ("_entries", "limit")
 
     def __init__(self, limit: int) -> None:
-        self._values: dict[Hashable, V] = {}
-        self._kept: dict[Hashable, object] = {}
+        self._entries: dict[Hashable, tuple[object, V]] = {}
         self.limit = limit
 
     def get(self, key: Hashable) -> V | None:
-        return self._values.get(key)
+        hit = self._entries.get(key)
+        return None if hit is None else hit[1]
 
     def put(self, key: Hashable, keep: object, value: V) -> V:
         """Keep `value` under `key`, and with it `keep` (the objects whose ids the key holds, or None);
         returns `value`."""
-        if len(self._values) >= self.limit:
-            self.clear()
-        self._kept[key] = keep
-        self._values[key] = value
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        self._entries[key] = (keep, value)
         return value
 
     def values(self) -> list[V]:
-        return list(self._values.values())
+        return [value for _, value in list(self._entries.values())]
 
     def __iter__(self) -> Iterator[Hashable]:
         """The keys."""
-        return iter(list(self._values))
+        return iter(list(self._entries))
 
     def items(self) -> list[tuple[Hashable, object, V]]:
         """(key, what the entry keeps, value) of every entry."""
-        return [(key, self._kept[key], value) for key, value in self._values.items()]
+        return [(key, keep, value) for key, (keep, value) in list(self._entries.items())]
 
     def clear(self) -> None:
-        self._values.clear()
-        self._kept.clear()
+        self._entries.clear()
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._entries)

@@ -180,7 +180,7 @@ class KnobArrays:
 
 
 _KNOB_ARRAYS: KeptMemo[KnobArrays] = KeptMemo(1 << 12)
-"""`KnobArrays.of`'s memo, by the settings' values; it starts over beyond 4,096 grids."""
+"""`KnobArrays.of`'s memo, by the settings' values; it starts over at 4,096 grids."""
 
 
 @dataclass

@@ -321,7 +321,8 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
     The partition's chunks cover layers 0..n-1 in model order (a probe partition may cover fewer
     than all)."""
     # Sums run over each rank's layers in model order: one `np.bincount` over all quantities at
-    # once, which adds in input order.
+    # once, which adds in input order, or where each rank holds one layer class the same additions
+    # read from that class's runs.
     pp = partition.pp
     index = _partition_index(partition)
     owner, mine = index.owner, index.mine
