@@ -524,13 +524,12 @@ def _weight_volumes(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibra
     WD, WE = t.weight_bytes[0][None, :], t.weight_bytes[1][None, :]
     D, E = t.trainable[0][None, :], t.trainable[1][None, :]
     z0, z1, z12 = zero == 0, zero == 1, (zero >= 1) & (zero <= 2)
-    sizes = np.array([s.shard * m.cp for s in shardings], dtype=float)[:, None]  # the sharding groups' ranks
+    dense_shard = np.array([s.shard * m.cp for s in shardings], dtype=float)[:, None]  # the sharding groups' ranks
     replicated = np.array([(m.dp_ * m.cp) // (s.shard * m.cp) > 1 for s in shardings])[:, None]
     # the last bucket of a once-per-step reduction (ZeRO-0/1) waits for the whole backward
     bucket = np.minimum(D + E, REDUCE_BUCKET_PARAMS) * gb
 
     # --- optimizer step ------------------------------------------------------------------------------
-    dense_shard = np.array([s.shard * m.cp for s in shardings], dtype=float)[:, None]
     expert_shard = np.maximum(1.0, np.array([s.shard * m.cp * m.tp for s in shardings], dtype=float)[:, None] // (m.ep * m.etp_))
     local = np.where(zero >= 1, D / dense_shard, D) + np.where(zero >= 1, E / expert_shard, E)
     # HBM traffic per local parameter: read and write the optimizer states (fp32 master, m, v: 2 x
@@ -571,7 +570,7 @@ def _weight_volumes(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibra
     volumes = _WeightVolumes(
         shardings, gather_f, z3, layerwise_rs, z0, z1, z12 & (not regather), (zero > 0) & replicated, layer_gather, layer_back,
         layer_rs, rest_gather, rest_rs, (WD * w_fwd, WE * w_fwd), (WD * w_bwd, WE * w_bwd), (D * gb, E * gb),
-        (D * gb * g_rs, E * gb * g_rs), D * gb / sizes, (D * pb, E * pb), bucket, per_tensor, held, owner, hbm, optimizer,
+        (D * gb * g_rs, E * gb * g_rs), D * gb / dense_shard, (D * pb, E * pb), bucket, per_tensor, held, owner, hbm, optimizer,
         param_copy, kernels_f, kernels_b, kernels_recompute,
     )
     for a in _arrays(volumes):

@@ -5,7 +5,6 @@ what `data_parallel_times` gives with every memo empty."""
 
 from __future__ import annotations
 
-import copy
 import operator
 from dataclasses import replace
 
@@ -177,8 +176,8 @@ def test_a_tables_key_is_kept_on_it_and_made_again_on_another_mesh() -> None:
     assert moved.dp_key_memo is not None and t.dp_key_memo is not None
     assert moved.dp_key_memo[3] is t.dp_key_memo[3]  # the bytes read once
     assert step_time._dp_table_key(t, cal) is key  # the original's memo untouched
-    twin = copy.copy(t)  # the search's combined-1F1B twin: the table of the same mesh, a copied memo
-    twin.mesh = t.mesh.model_copy(update=dict(moe_a2a_overlap=True))
+    # the search's combined-1F1B twin: the table of the same mesh, a copied memo
+    twin = t.sharing(mesh=t.mesh.model_copy(update=dict(moe_a2a_overlap=True)))
     assert step_time._dp_table_key(twin, cal) == key
     recal = replace(cal)
     assert step_time._dp_table_key(t, recal) != key and step_time._dp_table_key(t, recal)[2] == id(recal)
