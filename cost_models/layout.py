@@ -286,6 +286,11 @@ class Layout(BaseModel):
     def resolved(self, gpus: int, training: TrainingSpec) -> Layout:
         """Fill derived fields (dp, grad_accum, dp_shard, etp, sp, schedule). Raises
         `LayoutError` when they cannot be derived (e.g. degrees do not divide the GPU count)."""
+        return self._copy_update(self.resolved_fields(gpus, training))
+
+    def resolved_fields(self, gpus: int, training: TrainingSpec) -> dict[str, object]:
+        """The derived fields `resolved` fills, by name (every one, derived or as given). Raises
+        `LayoutError` as `resolved` does."""
         errors: list[Violation] = []
         model_par = self.tp * self.pp * self.cp
         dp = self.dp
@@ -307,17 +312,15 @@ class Layout(BaseModel):
                 )
                 raise LayoutError(errors)
             grad_accum = training.global_batch // per_step
-        return self._copy_update(
-            {
-                "dp": dp,
-                "grad_accum": grad_accum,
-                "dp_shard": self.dp_shard or dp,
-                "etp": self.etp or self.tp,
-                "sp": (self.tp > 1) if self.sp is None else self.sp,
-                "schedule": self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b"),
-                "tp_comm_overlap": self.tp_comm_overlap_,
-            }
-        )
+        return {
+            "dp": dp,
+            "grad_accum": grad_accum,
+            "dp_shard": self.dp_shard or dp,
+            "etp": self.etp or self.tp,
+            "sp": (self.tp > 1) if self.sp is None else self.sp,
+            "schedule": self.schedule or ("interleaved_1f1b" if self.vpp > 1 else "1f1b"),
+            "tp_comm_overlap": self.tp_comm_overlap_,
+        }
 
     def _copy_update(self, update: dict[str, object]) -> Layout:
         """`self.model_copy(update=update)` without pydantic's generic path (the search resolves

@@ -24,8 +24,9 @@ _COMM_STORES: KeptMemo[dict[tuple, Any]] = KeptMemo(64)
 
 def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
-    and rank stride it depends on (and of `build_table`'s LM head and MTP projection times). Job
-    objects are matched by identity (`KeptMemo`)."""
+    and rank stride it depends on (and of `build_table`'s LM head and MTP projection times and the
+    weights outside its layers, `stage_table._outside_layers`). Job objects are matched by identity
+    (`KeptMemo`)."""
     key = (id(model), id(training), id(cluster), id(cal), gpus)
     store = _COMM_STORES.get(key)
     if store is None:

@@ -54,7 +54,7 @@ from cost_models.pipeline import (
 )
 from cost_models.stage_data import RECOMPUTE_MODES, KnobArrays, KnobPrices, Setting, StageTable
 from cost_models.stages import StagePartition
-from model_specs.params import count_params
+from model_specs.params import ParamCounts, count_params
 from model_specs.spec import ModelSpec, TrainingSpec, param_bytes_of
 
 FSDP_ACCUMULATED_GRAD_BYTES = 4
@@ -220,7 +220,7 @@ _geometry_fields = operator.attrgetter(*GEOMETRY_FIELDS)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
+    a.setflags(write=False)
     return a
 
 
@@ -258,9 +258,10 @@ class _Geometry:
     def class_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """(quantities, classes, layers + 1): what `_rank_sums` adds up over 0, 1, 2 ... layers of one
         class, as its bincount adds them (from 0, one layer after the other: the cumulative sums of
-        the class's column of `every_layer`, repeated), and (5, classes) the class's rows of
-        `every_peak`. Every layer of a class has that class's column, so these are a rank's sums and
-        maxima when its layers are of one class (`_uniform_ranks`). Computed on first use (20 x 8
+        the class's column of `every_layer`, repeated), and (5, classes + 1) the class's rows of
+        `every_peak`, at least 0, then a column of zeros (a rank without layers: `_uniform_ranks`'
+        peak column -1). Every layer of a class has that class's column, so these are a rank's sums
+        and maxima when its layers are of one class (`_uniform_ranks`). Computed on first use (20 x 8
         bytes per layer and class)."""
         if self._runs is None:
             firsts = list(self.firsts)
@@ -268,7 +269,9 @@ class _Geometry:
             layers = self.every_layer.shape[1]
             runs = np.zeros(columns.shape + (layers + 1,))
             runs[:, :, 1:] = np.cumsum(np.repeat(columns[:, :, None], layers, axis=2), axis=2)
-            self._runs = (_readonly(runs), _readonly(self.every_peak[:, firsts]))
+            peaks = np.zeros((len(self.every_peak), len(firsts) + 1))
+            peaks[:, :-1] = np.maximum(self.every_peak[:, firsts], 0.0)
+            self._runs = (_readonly(runs), _readonly(peaks))
         return self._runs
 
 
@@ -295,11 +298,10 @@ def _rank_quantities(arr: dict[str, np.ndarray], recomputed: np.ndarray) -> np.n
     and whether full recompute re-runs each layer."""
     a0, fwd, moe = arr["a0"], arr["fwd"], arr["moe"]
     q = np.empty((_RANK_QUANTITIES, len(a0)))
-    q[0], q[1], q[2], q[3] = arr["dense"], arr["expert"], a0, arr["a1"]
-    q[5], q[6], q[7], q[8], q[9] = 1.0, moe, arr["fb"], fwd, arr["sel"]
-    q[11] = 0.0
+    q[0], q[1], q[2], q[3], q[5] = arr["dense"], arr["expert"], a0, arr["a1"], arr["a3"]
+    q[6], q[7], q[9] = 0.0, arr["sel"], arr["osac"]
+    q[10], q[11], q[14], q[15] = 1.0, moe, arr["fb"], fwd
     _set_recompute_rows(q, recomputed, a0, arr["a2"], arr["refwd"], moe)
-    q[14], q[15] = arr["a3"], arr["osac"]
     q[16], q[17], q[18], q[19] = arr["dense_w"], arr["expert_w"], arr["dense_t"], arr["expert_t"]
     return q
 
@@ -314,12 +316,13 @@ def _peak_rows(arr: dict[str, np.ndarray], recomputed: np.ndarray) -> np.ndarray
     ])
 
 
-def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limit: int | None) -> tuple[np.ndarray, ...]:
+def _rank_sums(geo: _Geometry, partition: StagePartition, limit: int | None, mtp: int) -> tuple[np.ndarray, ...]:
     """Per-rank sums over the layers each pipeline rank holds, of one shard geometry's per-layer
-    arrays (`geo`; new arrays, the caller's). `limit`: layers per rank that full recompute re-runs, the
-    first ones in the rank's order (None = all: the geometry's own quantities, `_Geometry.every_layer`).
-    The partition's chunks cover layers 0..n-1 in model order (a probe partition may cover fewer
-    than all)."""
+    arrays (`geo`; new arrays, the caller's, but the class counts, which may be the partition's
+    read-only ones). `limit`: layers per rank that full recompute re-runs, the first ones in the
+    rank's order (None = all: the geometry's own quantities, `_Geometry.every_layer`); `mtp`: the
+    multi-token-prediction blocks on the head rank (`_priced_mtp`). The partition's chunks cover
+    layers 0..n-1 in model order (a probe partition may cover fewer than all)."""
     # Sums run over each rank's layers in model order: one `np.bincount` over all quantities at
     # once, which adds in input order, or where each rank holds one layer class the same additions
     # read from that class's runs.
@@ -328,17 +331,15 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
     owner, mine = index.owner, index.mine
     n = len(owner)
     n_classes = len(geo.firsts)
-    uniform = _uniform_ranks(partition, geo.of_layer) if limit is None else None
+    uniform = _uniform_ranks(partition, geo.of_layer, n_classes) if limit is None else None
     if uniform is not None:
         # every rank's layers are of one class: its sums and maxima are that class's over as many
         # layers (`_Geometry.class_runs`: the same additions in the same order, so the same floats)
-        rank_class, layers = uniform
+        rank_class, layers, peak_column, class_counts = uniform
         runs, class_peaks = geo.class_runs()
         quantities = geo.every_layer[:, :n]
         sums = runs[:, rank_class, layers]
-        maxima = np.where(layers > 0, np.maximum(class_peaks[:, rank_class], 0.0), 0.0)
-        class_counts = np.zeros((pp, n_classes))
-        class_counts[np.arange(pp), rank_class] = layers
+        maxima = class_peaks[:, peak_column]
     else:
         if limit is None:
             quantities, rows = geo.every_layer[:, :n], geo.every_peak[:, :n]
@@ -356,31 +357,31 @@ def _rank_sums(model: ModelSpec, geo: _Geometry, partition: StagePartition, limi
             grouped = rows if index.by_rank is None else rows[:, index.by_rank]
             maxima[:, index.held] = np.maximum(np.maximum.reduceat(grouped, index.starts, axis=1), 0.0)
         class_counts = np.bincount(owner * n_classes + geo.of_layer[:n], minlength=pp * n_classes).reshape(pp, n_classes).astype(float)
-    mtp = _priced_mtp(model, partition, geo.ft)
     if mtp:
         arr = {k: v[:n] for k, v in geo.per_layer.items()}
         sums = sums + _mtp_sums(arr, quantities[:, n - 1], pp, partition.head_rank, int(mine[partition.head_rank].sum()), mtp, limit)
-    if mtp:
+        class_counts = class_counts.copy()  # the uniform ranks' counts are the partition's, shared
         class_counts[partition.head_rank, geo.of_layer[n - 1]] += mtp
-    # the rows of `sums` in the order `_rank_quantities` stacks them (11: zeros, the recompute
-    # seconds of no recompute); new arrays where the caller adds to them
+    # the rows of `sums` in the order `_rank_quantities` stacks them (6: zeros, the recompute seconds
+    # of no recompute), each field's rows together: views of the new `sums`, none sharing a row
     return (
-        sums[0], sums[1], maxima[0], sums[[2, 3, 4, 14]], maxima[4], sums[5], sums[6], sums[12], sums[13], sums[7],
-        sums[8], sums[[11, 9, 10, 15]], class_counts, sums[16:18].copy(), sums[18:20].copy(), maxima[1:4],
+        sums[0], sums[1], maxima[0], sums[2:6], maxima[4], sums[10], sums[11], sums[12], sums[13], sums[14],
+        sums[15], sums[6:10], class_counts, sums[16:18], sums[18:20], maxima[1:4],
     )
 
 
 _RANK_QUANTITIES = 20
 """Per-layer quantities `_rank_sums` adds up per rank (rows of its one bincount)."""
 
-_UNIFORM: KeptMemo[tuple[np.ndarray, np.ndarray] | tuple[()]] = KeptMemo(1 << 12)
+_UNIFORM: KeptMemo[tuple[np.ndarray, ...]] = KeptMemo(1 << 12)
 
 
-def _uniform_ranks(partition: StagePartition, of_layer: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _uniform_ranks(partition: StagePartition, of_layer: np.ndarray, n_classes: int) -> tuple[np.ndarray, ...] | None:
     """When every rank of `partition` holds layers of one class only (`of_layer`: each layer's class,
-    `layer_classes`), each rank's class and its layers, (pp,) int arrays (a rank without layers:
-    class 0, 0 layers); else None. Memoized on the partition and the model's class array (by
-    identity, `KeptMemo`)."""
+    `layer_classes`, of `n_classes`), each rank's class and its layers, (pp,) int arrays (a rank
+    without layers: class 0, 0 layers), its column of `_Geometry.class_runs`' peaks (its class, or
+    -1 without layers) and its layers of each class, (pp, classes) floats; else None. Read-only,
+    memoized on the partition and the model's class array (by identity, `KeptMemo`)."""
     key = (partition, id(of_layer))
     hit = _UNIFORM.get(key)
     if hit is None:
@@ -394,9 +395,9 @@ def _uniform_ranks(partition: StagePartition, of_layer: np.ndarray) -> tuple[np.
         held = layers > 0
         if np.all(lowest[held] == highest[held]):
             rank_class = np.where(held, highest, 0)
-            for a in (rank_class, layers):
-                a.flags.writeable = False
-            hit = (rank_class, layers)
+            counts = np.zeros((pp, n_classes))
+            counts[np.arange(pp), rank_class] = layers
+            hit = tuple(_readonly(a) for a in (rank_class, layers, np.where(held, rank_class, -1), counts))
         else:
             hit = ()
         _UNIFORM.put(key, of_layer, hit)
@@ -408,9 +409,9 @@ def _set_recompute_rows(
 ) -> None:
     """Fill the rows of `_rank_sums`' quantities that depend on whether full recompute re-runs a
     layer (columns of `q`: layers, or one MTP block): the activations it keeps (4: `a2` when
-    re-run, else `a0`), the recompute forward seconds (10), the re-run count (12) and its MoE count (13)."""
+    re-run, else `a0`), the recompute forward seconds (8), the re-run count (12) and its MoE count (13)."""
     q[4] = np.where(recomputed, a2, a0)
-    q[10] = np.where(recomputed, fwd, 0.0)
+    q[8] = np.where(recomputed, fwd, 0.0)
     q[12] = recomputed
     q[13] = np.where(recomputed, moe, 0.0)
 
@@ -636,18 +637,13 @@ def _order_free(
     pp, tp = mesh.pp, mesh.tp
     ab = training.activation_bytes
     g, actx, ft, pc = geo.g, geo.actx, geo.ft, geo.pc
+    mtp = _priced_mtp(model, partition, ft)
     (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
-     weight_bytes, trainable, peaks) = _rank_sums(model, geo, partition, mesh.recompute_layers)
-    outside = np.zeros(pp)  # embedding, final norm, LM head: compute dtype; frozen under LoRA / QLoRA
-    outside[0] += pc.embedding / tp
+     weight_bytes, trainable, peaks) = _rank_sums(geo, partition, mesh.recompute_layers, mtp)
     head_rank = partition.head_rank  # pp - 1, or rank 0 under a V-shape schedule
-    outside[head_rank] += pc.final_norm
-    if pc.lm_head:
-        outside[head_rank] += pc.lm_head / tp
-    elif pp > 1:  # tied embeddings: the last chunk keeps its own copy of the head (its own module, even in a V)
-        outside[head_rank] += model.vocab_size * model.hidden_size / tp
+    outside, outside_bytes = _outside_layers(model, training, pc, tp, pp, head_rank, store)
     dense += outside
-    weight_bytes[0] += training.param_bytes * outside
+    weight_bytes[0] += outside_bytes
     trained_outside = ft is None or training.trainable_embeddings  # PEFT's modules_to_save
     if trained_outside:
         trainable[0] += outside
@@ -669,7 +665,6 @@ def _order_free(
         compute[0] += emb_with_head if head_rank == 0 else emb_elsewhere
         embedding_tables[0] += table
     gemm_weights = _gemm_weight_elements(model, training, mesh, partition, head_rank)
-    mtp = _priced_mtp(model, partition, ft)
     if mtp:
         # each multi-token-prediction module: its input projection and norms (weights on the head
         # rank), its block (`_mtp_sums`), and one more pass through the shared output head and loss
@@ -710,7 +705,7 @@ def _order_free(
     # read-only, as the geometry's arrays the parts name too (`_Geometry`), so tables share them
     for a in (dense, expert, largest, acts, working, layers, moe, re_layers, re_moe, compute, forward, reco, counts,
               weight_bytes, trainable, peaks, offloaded_acts, offloaded_layers, pending, embedding_tables, gemm_weights):
-        a.flags.writeable = False
+        a.setflags(write=False)
     if isinstance(logits, np.ndarray):
         logits.flags.writeable = False
     return dict(
@@ -725,6 +720,26 @@ def _order_free(
         pending_wgrad=pending, embedding_grad_elements=embedding_tables, gemm_weight_elements=gemm_weights,
         class_attention_f=per_class["attn_f"],
     )
+
+
+def _outside_layers(
+    model: ModelSpec, training: TrainingSpec, pc: ParamCounts, tp: int, pp: int, head_rank: int, store: dict[tuple, Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """(pp,) elements of the weights outside the layers on each rank (the embedding on the first,
+    the final norm and LM head on `head_rank`; compute dtype, frozen under LoRA / QLoRA) and their
+    stored bytes; memoized in the job's `comm_store` (read-only)."""
+    key = ("outside", tp, pp, head_rank)
+    hit = store.get(key)
+    if hit is None:
+        outside = np.zeros(pp)
+        outside[0] += pc.embedding / tp
+        outside[head_rank] += pc.final_norm
+        if pc.lm_head:
+            outside[head_rank] += pc.lm_head / tp
+        elif pp > 1:  # tied embeddings: the last chunk keeps its own copy of the head (its own module, even in a V)
+            outside[head_rank] += model.vocab_size * model.hidden_size / tp
+        hit = store[key] = (_readonly(outside), _readonly(training.param_bytes * outside))
+    return hit
 
 
 def _gemm_weight_elements(model: ModelSpec, training: TrainingSpec, mesh: Layout, partition: StagePartition,
@@ -749,6 +764,18 @@ def head_gemm_elements(model: ModelSpec, tp: int) -> float:
     return model.vocab_size * model.hidden_size / tp
 
 
+PLACED_FIELDS = (
+    "tp", "cp", "ep", "etp", "dp", "pp", "sp", "order", "moe_parallel_folding", "micro_batch", "cp_attention",
+    "moe_token_dispatcher", "framework", "stack", "elementwise_kernels", "attention_kernel", "fsdp_flat_params",
+)
+"""The `Layout` fields that `_placed_comm` reads of a mesh (through `etp_`, `dp_`, `sp_`,
+`mesh_comm.mesh_strides` and, for the expert-TP rows, `ShardGeometry.of` too): with the layer
+classes' attention and counts where context parallelism exchanges, what its memo in the job's
+`comm_store` is keyed on (tests/cost_models/test_stage_table_memos.py)."""
+
+_placed_fields = operator.attrgetter(*PLACED_FIELDS)
+
+
 def _placed_comm(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: Layout, cal: Calibration,
     attention_f: np.ndarray, counts: np.ndarray, store: dict[tuple, Any],
@@ -757,7 +784,22 @@ def _placed_comm(
     order): seconds of the per-layer TP, EP and expert-TP collectives and of a pipeline send, the
     boundary bytes, the CP exchange per rank (`cp_exposure`) and each group's channel. `attention_f`
     (K,): one layer's attention forward of each layer class; `counts` (pp, K): layers of each class
-    per rank; `store`: the job's `comm_store`. Nothing else of a table reads the order."""
+    per rank; `store`: the job's `comm_store`. Nothing else of a table reads the order. Memoized in
+    the store on the mesh's `PLACED_FIELDS` and, under context parallelism, the two arrays (by
+    identity: the entry holds them); the dict returned is shared, not to be changed."""
+    key = ("placed", _placed_fields(mesh), id(attention_f), id(counts)) if mesh.cp > 1 else ("placed", _placed_fields(mesh))
+    hit = store.get(key)
+    if hit is None:
+        placed = _price_placed(model, training, cluster, gpus, mesh, cal, attention_f, counts, store)
+        hit = store[key] = (placed, attention_f, counts)
+    return hit[0]  # type: ignore[no-any-return]
+
+
+def _price_placed(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, gpus: int, mesh: Layout, cal: Calibration,
+    attention_f: np.ndarray, counts: np.ndarray, store: dict[tuple, Any],
+) -> dict[str, Any]:
+    """`_placed_comm` without its memo."""
     tp_per_layer, cp_step, ep_per_moe, p2p, boundary, etp_per_moe = mesh_comm(
         model, training, cluster, gpus, mesh, cal, store=store
     )[0]
@@ -1074,7 +1116,7 @@ def price_memory(
     # weight-output gradients, (C, modes, pp) -> per recompute mode, then per setting
     a_units, g_units = _split_peaks(schedule, pp, vpp, m.grad_accum_, m.framework, m.moe_a2a_overlap)
     peaks = a_units[:, None, :] * t.acts[None, :, :] + (g_units * t.pending_wgrad[None, :])[:, None, :]
-    acts = peaks.max(axis=0)[mode]
+    acts = np.maximum.reduce(peaks, axis=0)[mode]
     if m.activation_offload_layers or m.offload_activations:
         # offloaded layers stay on the GPU only as the two layers being copied out / prefetched back
         # (Megatron's --cpu-offloading; a stack's, torchtune's OffloadActivations, every layer)

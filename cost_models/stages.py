@@ -126,8 +126,11 @@ class StagePartition:
         if self.v_shape and self.vpp != 2:
             raise ValueError(f"a V-shape pipeline holds two chunks per rank, not vpp={self.vpp}")
         # the hash the dataclass would compute on every call (the pricing memos key on partitions),
-        # once: not a field, so equality, `fields` and `asdict` are as before
+        # the head rank and the layer count, once: not fields, so equality, `fields` and `asdict`
+        # are as before
         object.__setattr__(self, "_hash", hash((self.chunk_layers, self.pp, self.vpp, self.v_shape)))
+        object.__setattr__(self, "_head_rank", chunk_rank(self.pp * self.vpp - 1, self.pp, self.v_shape))
+        object.__setattr__(self, "_num_layers", sum(self.chunk_layers))
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined, no-any-return]
@@ -140,7 +143,7 @@ class StagePartition:
     @property
     def head_rank(self) -> int:
         """The rank of the last chunk (final norm, LM head, loss): pp - 1, or 0 in a V."""
-        return chunk_rank(self.pp * self.vpp - 1, self.pp, self.v_shape)
+        return self._head_rank  # type: ignore[attr-defined, no-any-return]
 
 
     @classmethod
@@ -175,7 +178,7 @@ class StagePartition:
 
     @property
     def num_layers(self) -> int:
-        return sum(self.chunk_layers)
+        return self._num_layers  # type: ignore[attr-defined, no-any-return]
 
     def problems(self, num_layers: int) -> list[str]:
         """Why this partition cannot train a model of `num_layers` layers (empty: it can): it must

@@ -573,22 +573,19 @@ def _weight_volumes(t: StageTable, shardings: tuple[Sharding, ...], cal: Calibra
         (D * gb * g_rs, E * gb * g_rs), D * gb / dense_shard, (D * pb, E * pb), bucket, per_tensor, held, owner, hbm, optimizer,
         param_copy, kernels_f, kernels_b, kernels_recompute,
     )
-    for a in _arrays(volumes):
-        a.flags.writeable = False
+    _freeze(volumes)
     return volumes
 
 
-def _arrays(obj: object) -> list[np.ndarray]:
-    """The arrays of a dataclass object, in its fields and their tuples, and in a nested one's."""
-    out: list[np.ndarray] = []
-    for name in obj.__dataclass_fields__:  # type: ignore[attr-defined]
-        value = getattr(obj, name)
-        for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, np.ndarray):
-                out.append(v)
+def _freeze(obj: object) -> None:
+    """Mark the arrays of a dataclass object read-only: in its fields and their tuples, and in a
+    nested dataclass's (its instance dict holds the fields: no slots)."""
+    for value in vars(obj).values():
+        for v in value if type(value) is tuple else (value,):
+            if type(v) is np.ndarray:
+                v.setflags(write=False)
             elif hasattr(v, "__dataclass_fields__"):
-                out.extend(_arrays(v))
-    return out
+                _freeze(v)
 
 
 def _price_volumes(t: StageTable, v: _WeightVolumes, dp_cp: int, expert_dp: int, cal: Calibration) -> _WeightCollectives:
@@ -596,33 +593,17 @@ def _price_volumes(t: StageTable, v: _WeightVolumes, dp_cp: int, expert_dp: int,
     over the groups of the table's degrees at the rank order's strides of the data x context group
     (`dp_cp`) and the expert-data-parallel group (`expert_dp`: `mesh_strides`), which is all that
     reads the order; the compute-stream and host-link seconds are `v`'s own."""
-    m, cl, gpus = t.mesh, t.cluster, t.gpus
+    m = t.mesh
     shardings = v.shardings
     pairs, pp = len(shardings), m.pp
     framework_eff = cal.overlap(m.framework).bus_efficiency
-    made: dict[tuple[int, int], Group] = {}
-
-    def group(size: int, stride: int) -> Group:
-        """One Group object per (size, stride), so `_per_pair` prices each once."""
-        g = made.get((size, stride))
-        if g is None:
-            g = made[size, stride] = Group.strided(cl, size, stride, gpus)
-        return g
-
-    shard_gs = [group(s.shard * m.cp, dp_cp) for s in shardings]
-    repl_gs = [group((m.dp_ * m.cp) // (s.shard * m.cp), dp_cp * s.shard * m.cp) for s in shardings]
-    # the backward's gathers: over hpZ's secondary group where it is on, else the sharding group
-    back_gs = [group(s.hpz * m.cp, dp_cp) if s.hpz > 1 else shard_gs[i] for i, s in enumerate(shardings)]
-    full_g = group(m.dp_ * m.cp, dp_cp)
-    edp_g = group(m.expert_dp, expert_dp)
-    ag_shard = _per_pair("all_gather", shard_gs, cal, framework_eff)
-    rs_shard = _per_pair("reduce_scatter", shard_gs, cal, framework_eff)
-    ag_back = _per_pair("all_gather", back_gs, cal, framework_eff)
-    ag_edp = _per_pair("all_gather", [edp_g] * pairs, cal, framework_eff)
-    rs_edp = _per_pair("reduce_scatter", [edp_g] * pairs, cal, framework_eff)
-    ar_full = _per_pair("all_reduce", [full_g] * pairs, cal, framework_eff)
-    ar_edp = _per_pair("all_reduce", [edp_g] * pairs, cal, framework_eff)
-    ar_repl = _per_pair("all_reduce", repl_gs, cal, framework_eff)
+    key = (id(t.cluster), id(cal), framework_eff, id(shardings), m.cp, m.dp_, m.expert_dp, dp_cp, expert_dp, t.gpus)
+    costs = _PAIR_COSTS.get(key)
+    if costs is None:
+        costs = _PAIR_COSTS.put(key, (t.cluster, cal, shardings), _pair_costs(
+            t.cluster, cal, framework_eff, shardings, m.cp, m.dp_, m.expert_dp, dp_cp, expert_dp, t.gpus
+        ))
+    ag_shard, rs_shard, ag_back, ag_edp, rs_edp, ar_full, ar_edp, ar_repl, shard_gs, edp_g = costs
     seconds, on_channels = _collective_seconds, _on_channels
     gather_f, z3, layerwise_rs = v.gather_f, v.z3, v.layerwise_rs
 
@@ -695,10 +676,50 @@ def _price_volumes(t: StageTable, v: _WeightVolumes, dp_cp: int, expert_dp: int,
     # the last bucket of a once-per-step reduction (ZeRO-0/1) waits for the whole backward
     reduce_tail = np.where(z0, seconds(v.bucket, ar_full), np.where(z1, seconds(v.bucket, rs_shard), 0.0))
     for a in (zf_k, zb_k, first_gather, rest_gather, last_rs, rest_rs, traffic_f, traffic_b, reduce, reduce_tail, gather, exposed_r):
-        a.flags.writeable = False
+        a.setflags(write=False)
     return _WeightCollectives(
         zf_k, zb_k, pt is not None, first_gather, rest_gather, last_rs, rest_rs, v.held, v.owner, v.hbm, traffic_f, traffic_b,
         reduce, reduce_tail, gather, v.optimizer, v.param_copy, v.kernels_f, v.kernels_b, exposed_r, v.kernels_recompute,
+    )
+
+
+_PAIR_COSTS: KeptMemo[tuple] = KeptMemo(1 << 12)
+"""`_pair_costs`' memo in `_price_volumes`, keyed on its arguments (the cluster, calibration and
+pairs by identity: an entry keeps them)."""
+
+
+def _pair_costs(
+    cl: ClusterSpec, cal: Calibration, framework_eff: float, shardings: tuple[Sharding, ...], cp: int, dp: int,
+    expert_dp_size: int, dp_cp: int, expert_dp: int, gpus: int,
+) -> tuple:
+    """The `_per_pair` prices `_price_volumes` reads, over the groups of `shardings` (the pairs) on a
+    mesh of context and data-parallel degrees `cp`, `dp` and `expert_dp_size` expert-data-parallel
+    ranks whose order puts those groups at strides `dp_cp` and `expert_dp`: the all-gather and
+    reduce-scatter over each pair's sharding group, the backward's all-gather (over hpZ's secondary
+    group where it is on), the expert-data-parallel all-gather, reduce-scatter and all-reduce, the
+    all-reduce over the whole data x context group and over each pair's replicas; then the sharding
+    groups and the expert-data-parallel group themselves."""
+    made: dict[tuple[int, int], Group] = {}
+
+    def group(size: int, stride: int) -> Group:
+        """One Group object per (size, stride), so `_per_pair` prices each once."""
+        g = made.get((size, stride))
+        if g is None:
+            g = made[size, stride] = Group.strided(cl, size, stride, gpus)
+        return g
+
+    pairs = len(shardings)
+    shard_gs = [group(s.shard * cp, dp_cp) for s in shardings]
+    repl_gs = [group((dp * cp) // (s.shard * cp), dp_cp * s.shard * cp) for s in shardings]
+    back_gs = [group(s.hpz * cp, dp_cp) if s.hpz > 1 else shard_gs[i] for i, s in enumerate(shardings)]
+    full_g = group(dp * cp, dp_cp)
+    edp_g = group(expert_dp_size, expert_dp)
+    return (
+        _per_pair("all_gather", shard_gs, cal, framework_eff), _per_pair("reduce_scatter", shard_gs, cal, framework_eff),
+        _per_pair("all_gather", back_gs, cal, framework_eff), _per_pair("all_gather", [edp_g] * pairs, cal, framework_eff),
+        _per_pair("reduce_scatter", [edp_g] * pairs, cal, framework_eff),
+        _per_pair("all_reduce", [full_g] * pairs, cal, framework_eff), _per_pair("all_reduce", [edp_g] * pairs, cal, framework_eff),
+        _per_pair("all_reduce", repl_gs, cal, framework_eff), shard_gs, edp_g,
     )
 
 
@@ -931,10 +952,10 @@ def compose(
         stolen_b = sm_share * comm_beside_compute(busy_b, sum_b - compute_b, compute_b)
         sum_f = sum_f + stolen_f
         sum_b = sum_b + stolen_b
-    t_f = np.maximum(sum_f, busy_f.max(axis=1))
-    t_b = np.maximum(sum_b, busy_b.max(axis=1))
+    t_f = np.maximum(sum_f, np.maximum.reduce(busy_f, axis=1))
+    t_b = np.maximum(sum_b, np.maximum.reduce(busy_b, axis=1))
     if fb_paired(m):  # F&B: a forward and a backward chunk share one window
-        per_mb = np.maximum(sum_f + sum_b, (busy_f + busy_b).max(axis=1)) + phases.pp_exposed
+        per_mb = np.maximum(sum_f + sum_b, np.maximum.reduce(busy_f + busy_b, axis=1)) + phases.pp_exposed
     else:
         per_mb = t_f + t_b + phases.pp_exposed
     slow = per_mb.argmax(axis=1)
@@ -952,10 +973,10 @@ def compose(
     free_b = np.maximum(0.0, t_b[:, None, :] - busy_b) + (drain[:, None, :] if pp > 1 else 0.0)
     free_f = np.maximum(0.0, t_f[:, None, :] - busy_f) + (warmup[:, None, :] if pp > 1 else 0.0)
     reduce = dp.reduce[pair]
-    exposed_reduce = np.maximum(0.0, reduce - ov.dp * free_b).max(axis=1)  # (J, pp)
+    exposed_reduce = np.maximum.reduce(np.maximum(0.0, reduce - ov.dp * free_b), axis=1)  # (J, pp)
     exposed_reduce = np.maximum(exposed_reduce, dp.reduce_tail[pair])
     gather = dp.gather[pair]
-    exposed_gather = np.maximum(0.0, gather - ov.dp * free_f).max(axis=1)
+    exposed_gather = np.maximum.reduce(np.maximum(0.0, gather - ov.dp * free_f), axis=1)
     if sm_share:  # the last backward and the first forward stretch under the hidden reduction / gather
         stolen_reduce = sm_share * comm_beside_compute(reduce, exposed_reduce, compute_b)
         stolen_gather = sm_share * comm_beside_compute(gather, exposed_gather, compute_f)
@@ -988,7 +1009,7 @@ def compose(
     step = np.add.reduce(parts, axis=0)
     # roofline over channels: a rank's whole-step traffic on one channel
     traffic = channel_traffic(t, knobs, dp, phases, (busy_f, busy_b))  # (J, CHANNELS, pp)
-    busiest = traffic.max(axis=(1, 2)) + overhead
+    busiest = np.maximum.reduce(traffic, axis=(1, 2)) + overhead
     excess = np.maximum(0.0, busiest - step)
     parts[7] += excess
     step = step + excess
@@ -1068,9 +1089,9 @@ class _BoundParts:
         kept = 1.0 - sm_share
         added = dp.kernels_f + dp.kernels_b + kept * (dp.exposed_f + dp.exposed_b)  # (pairs, pp)
         added_by_recompute = dp.kernels_recompute + kept * dp.exposed_r  # (pairs, pp), full recompute only
-        tail = (np.maximum(dp.reduce_tail, 0.0)[:, :, None] + dp.optimizer).max(axis=1)  # (pairs, tiers)
+        tail = np.maximum.reduce(np.maximum(dp.reduce_tail, 0.0)[:, :, None] + dp.optimizer, axis=1)  # (pairs, tiers)
         traffic = grad_accum * (dp.traffic_f + dp.traffic_b) + dp.reduce + dp.gather  # (pairs, CHANNELS, pp)
-        parts = cls(added[pair] + _FULL[mode] * added_by_recompute[pair], tail[pair, tier], traffic.max(axis=(1, 2))[pair])
+        parts = cls(added[pair] + _FULL[mode] * added_by_recompute[pair], tail[pair, tier], np.maximum.reduce(traffic, axis=(1, 2))[pair])
         return _BOUND_PARTS.put(key, (dp, knobs), parts)
 
 
@@ -1275,13 +1296,21 @@ def _dp_weight_key(t: StageTable, table_key: tuple) -> tuple:
     """What `step_time._weight_collectives` reads of table `t` (of key `table_key`) besides the
     knobs: its volume key (`_dp_volume_key`) and where the rank order places the data-parallel
     groups, the strides of the data x context group and the expert-data-parallel group
-    (`mesh_strides`; `_price_volumes` reads nothing else of the order), in this order."""
-    stv = mesh_strides(t.mesh)
-    return (_dp_volume_key(table_key), stv.dp_cp, stv.expert_dp)
+    (`data_parallel_strides`), in this order."""
+    return (_dp_volume_key(table_key), *data_parallel_strides(t.mesh))
+
+
+def data_parallel_strides(mesh: Layout) -> tuple[int, int]:
+    """Where `mesh`'s rank order places its data-parallel groups: the rank strides of the data x
+    context group and of the expert-data-parallel group (`mesh_strides`). All that a table's
+    data-parallel times read of the order (`_price_volumes`); the rest of its prices read the order
+    through the table's placed communication alone (`stage_table.reorder`)."""
+    stv = mesh_strides(mesh)
+    return stv.dp_cp, stv.expert_dp
 
 
 __all__ = [
-    "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_times",
+    "DataParallelTimes", "PhaseArrays", "STEP_PARTS", "channel_traffic", "compose", "data_parallel_strides", "data_parallel_times",
     "mode_lower_bounds", "mode_rank_floors", "once_per_step_floor", "pipelined_floor", "setting_lower_bounds",
     "phase_arrays", "price_time", "time_lower_bound",
 ]

@@ -12,8 +12,10 @@ pruned, so the budget counts the worst case:
     layouts  tables x knob settings (and 1 per mesh the planner's rules reject, as the search
              counts them): the layouts it may price, an upper bound of its `stats.generated`
     bytes    what it may hold, the sum of
-             - the ranking: every feasible layout's step seconds and peak bytes (`RANKED_BYTES`),
-               and a block per table that has one (`BLOCK_BYTES`), as if every layout fit;
+             - the ranking: every feasible layout's step seconds and peak bytes, and every timed
+               setting's step seconds kept for the rank orders that place alike (`RANKED_BYTES`),
+               and a block per table that has one (`BLOCK_BYTES`), as if every layout fit and
+               were timed;
              - the partitions' layer masks (`cost_models.stage_table._partition_index`, one byte per
                pipeline rank and layer, plus `INDEX_BYTES_PER_LAYER`) of the largest distinct
                partitions its memo keeps (`PARTITION_MEMO` of them);
@@ -52,9 +54,10 @@ KNOB_ARRAYS = 12
 """float64 arrays per pipeline rank and knob setting that pricing one table's grid allocates
 (`cost_models.stage_table.KnobPrices`: peak, parameters, gradients, optimizer, activations, host,
 NVMe, ... and the step-time terms of `price_time`)."""
-RANKED_BYTES = 16
+RANKED_BYTES = 8 * 3
 """Bytes kept per feasible layout for the ranking (`planner.search._RankedBlocks`: its step time
-and peak memory as float64)."""
+and peak memory as float64), and per timed setting for the rank orders that place alike
+(`planner.search._RankOrders.outcome`: its step time, float64)."""
 BLOCK_BYTES = 400
 """Bytes kept per priced table that has a feasible layout (its `_RankedBlocks` block: the tuple,
 the mesh and the index array's header)."""

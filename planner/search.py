@@ -101,6 +101,7 @@ from cost_models.stages import StagePartition
 from cost_models.step_time import (
     PhaseArrays,
     comm_sm_share,
+    data_parallel_strides,
     mode_rank_floors,
     phase_arrays,
     pipelined_floor,
@@ -130,6 +131,7 @@ from planner.space import (
     micro_batches,
     pipeline_options,
     settings,
+    table_layout,
     to_layout,
 )
 
@@ -316,7 +318,7 @@ class _RankedBlocks:
         added that is strictly faster and no larger: none of them can then be on the Pareto front
         (`_RankedView.pareto`), whatever its exact step."""
         at = np.searchsorted(self.front_steps, step_s, side="left") - 1  # the last strictly faster step
-        return bool(np.all((at >= 0) & (self.front_peaks[np.maximum(at, 0)] <= peak_bytes)))
+        return bool(np.logical_and.reduce((at >= 0) & (self.front_peaks[np.maximum(at, 0)] <= peak_bytes), axis=None))
 
     def ranked(self, stack: Stack) -> _RankedView:
         if not self.steps:
@@ -698,7 +700,7 @@ class _PairTimes:
         if stacked is None:
             # each option's row as `build_table` adds it: its layers in model order (one bincount adds
             # in input order), then the head, rank 0's embedding gradient, the MTP copy's on the head's rank
-            weights = np.tile(self.layer_compute, len(options))
+            weights = np.concatenate([self.layer_compute] * len(options))  # `np.tile` of the 1-D layer times
             compute = np.bincount(bins, weights=weights, minlength=len(options) * pp).reshape(len(options), pp)
             compute[rows, heads] += self.head
             compute[:, 0] += np.where(elsewhere, self.embedding_grad[0], self.embedding_grad[1])
@@ -710,10 +712,10 @@ class _PairTimes:
         exposed = np.where(paired[:, None], 0.0, counts @ self.kind_exposed)
         pp_exposed = 2 * vpp * self.p2p * (1 - ov.pp) if pp > 1 else np.zeros(len(options))
         per = compute + exposed + pp_exposed[:, None]
-        worst = per.max(axis=1)
+        worst = np.maximum.reduce(per, axis=1)
         if pp == 1:
             return (grad_accum * worst + 0.0).tolist(), per
-        bubble = np.where(free, 0.0, (per.sum(axis=1) - worst) / vpp)
+        bubble = np.where(free, 0.0, (np.add.reduce(per, axis=1) - worst) / vpp)
         return (grad_accum * worst + bubble).tolist(), per
 
 
@@ -778,10 +780,10 @@ def _all_bounded(
     traffic)."""
     if mode_lb is not None:
         lb = mode_lb[knobs.mode[fits]] * (1 - BOUND_MARGIN)
-        if lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks):
+        if np.minimum.reduce(lb, axis=None) >= floor_s and ranked.dominated(lb * kappa, peaks):
             return True
     lb = setting_lower_bounds(table, knobs, vpp, cal, rank_floors)[fits] * (1 - BOUND_MARGIN)
-    return bool(lb.min() >= floor_s and ranked.dominated(lb * kappa, peaks))
+    return bool(np.minimum.reduce(lb, axis=None) >= floor_s and ranked.dominated(lb * kappa, peaks))
 
 
 def _floor_over(over_modes: np.ndarray, modes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -798,14 +800,16 @@ class _RankOrders:
     table, whose communication alone reads the order (`stage_table.reorder` prices it again for
     another order, field for field what `build_table` gives), the memory prices, which read no
     communication (tests/planner/test_search_bounds.py checks both), and with them what those
-    prices decided (`verdict`), and the phase arrays of orders whose communication is placed alike
-    (`phases`)."""
+    prices decided (`verdict`); the phase arrays of orders whose communication is placed alike
+    (`phases`), and what the bounds and the timing of the settings made of an order that also places
+    the data-parallel groups alike (`outcome`)."""
 
     def __init__(self) -> None:
         self.tables: dict[tuple, StageTable] = {}
         self.prices: dict[tuple, KnobPrices] = {}
         self._phases: dict[tuple, tuple[PhaseArrays, np.ndarray, np.ndarray]] = {}
         self._verdicts: dict[tuple, _MemoryVerdict] = {}
+        self._outcomes: dict[tuple, np.ndarray | None] = {}
 
     def verdict(self, key: tuple) -> _MemoryVerdict | None:
         """What the memory prices under `key` decided (`_memory_verdict`), if they were priced."""
@@ -821,23 +825,40 @@ class _RankOrders:
         table = self.tables[key] = build() if other is None else reorder(other, mesh, cal)
         return table
 
-    def phases(self, key: tuple, table: StageTable, vpp: int, cal: Calibration) -> tuple[PhaseArrays, np.ndarray, np.ndarray]:
-        """`step_time.phase_arrays` of `table` at `vpp`, its `mode_lower_bounds` and the per-rank floors they
-        are made of (`mode_rank_floors`), under `key` (degrees
-        without the order, micro-batch, option): another order's when its placed communication is
-        the same (`stage_table.reorder`: nothing else of the table reads the order; on a node of
-        tp x cp x ep GPUs the orders that move only dp and pp place TP, CP and EP alike, and the
-        pipeline sends on the same channel), else computed. Read-only."""
-        placed = (
+    @staticmethod
+    def placed(key: tuple, table: StageTable) -> tuple:
+        """What distinguishes `table`'s rank order under `key` (degrees without the order,
+        micro-batch, option) for its phase arrays: its placed communication (`stage_table.reorder`:
+        nothing else of the table reads the order; on a node of tp x cp x ep GPUs the orders that
+        move only dp and pp place TP, CP and EP alike, and the pipeline sends on the same channel)."""
+        return (
             key, table.tp_per_layer, table.ep_per_moe_layer, table.etp_per_moe_layer, table.p2p, table.channels,
             table.cp_exposed.tobytes(), table.cp_busy.tobytes(),
         )
+
+    def phases(self, placed: tuple, table: StageTable, vpp: int, cal: Calibration) -> tuple[PhaseArrays, np.ndarray, np.ndarray]:
+        """`step_time.phase_arrays` of `table` at `vpp`, its `mode_lower_bounds` and the per-rank
+        floors they are made of (`mode_rank_floors`), under its `placed` key: another order's when
+        that places the communication alike, else computed. Read-only."""
         hit = self._phases.get(placed)
         if hit is None:
             phases = phase_arrays(table, vpp, cal)
             floors = mode_rank_floors(table, phases)
             hit = self._phases[placed] = (phases, pipelined_floor(floors, table, vpp), floors)
         return hit
+
+    def outcome(self, same: tuple) -> tuple[bool, np.ndarray | None]:
+        """What the settings of an earlier table under `same` (its `placed` key and the strides of
+        its data-parallel groups, `data_parallel_strides`: with the memory prices, all that its
+        bounds and step times read) came to: (seen, None) when they were all bounded, (seen, their
+        step seconds) when they were timed; (False, None) for none yet. The ranking's threshold
+        only falls and its Pareto staircase only grows, so settings bounded once stay bounded."""
+        if same not in self._outcomes:
+            return False, None
+        return True, self._outcomes[same]
+
+    def keep_outcome(self, same: tuple, step_s: np.ndarray | None) -> None:
+        self._outcomes[same] = step_s
 
     def memory(self, key: tuple, price: Callable[[], KnobPrices]) -> KnobPrices:
         """The memory prices under `key` (degrees without the order, micro-batch, option): another
@@ -936,16 +957,16 @@ def _memory_verdict(
     over_mask = peaks > usable
     logged: list[tuple[str, int]] = []
     # as `Estimate.host_bytes_per_node`: offloaded state, or building the model if larger
-    host_node = np.maximum(bytes_per_node(prices.host_optimizer.max(axis=1), ranks_per_node), loading_by_stage[knobs.zero])
+    host_node = np.maximum(bytes_per_node(np.maximum.reduce(prices.host_optimizer, axis=1), ranks_per_node), loading_by_stage[knobs.zero])
     host_over = (host_node > host_usable) & ~over_mask
     # ZeRO-Infinity: the states on NVMe must fit the node's drives
-    nvme_node = bytes_per_node(prices.nvme.max(axis=1), ranks_per_node)
+    nvme_node = bytes_per_node(np.maximum.reduce(prices.nvme, axis=1), ranks_per_node)
     nvme_over = (nvme_node > cluster.nvme_bytes) & ~over_mask & ~host_over
     for reason, mask, node_bytes, limit, resource in (
         (HOST_MEMORY_REASON, host_over, host_node, host_usable, f"host RAM per node ({ranks_per_node} ranks)"),
         (NVME_REASON, nvme_over, nvme_node, cluster.nvme_bytes, "NVMe per node"),
     ):
-        if mask.any():
+        if np.logical_or.reduce(mask, axis=None):
             j = int(np.flatnonzero(mask)[np.argmin(node_bytes[mask])])
             example = partial(
                 _node_refusal, mesh, mb, option, grid[j], stack, gpus, training, float(node_bytes[j]), float(limit), resource
@@ -954,7 +975,7 @@ def _memory_verdict(
             log.add_closest(reason, float(node_bytes[j] - limit), example, n)
             logged.append((reason, n))
     host_over = host_over | nvme_over  # refused for a node resource, not for GPU memory
-    fits = np.flatnonzero(~over_mask & ~host_over)
+    fits = (~over_mask & ~host_over).nonzero()[0]  # `np.flatnonzero` of the 1-D mask, without its wrappers
     if option.a2a_overlap:  # combined 1F1B does not run with full recompute (Megatron-Core)
         fits = fits[knobs.mode[fits] != FULL_RECOMPUTE]
     schedule = option.schedule
@@ -965,7 +986,7 @@ def _memory_verdict(
             log.add(ZERO_BUBBLE_ZERO3, f"pipelined meshes with the {schedule} schedule", n)
             logged.append((ZERO_BUBBLE_ZERO3, n))
             fits = fits[~zero3]
-    over_idx = np.flatnonzero(over_mask)
+    over_idx = over_mask.nonzero()[0]
     new_reasons = rejections.add(log, over_mask)
     if len(over_idx):
         jm = int(over_idx[np.argmin(peaks[over_idx])])
@@ -1016,7 +1037,7 @@ class _GridRejections:
     def have_examples(self, log: RejectionLog, over: np.ndarray) -> bool:
         """Whether the reason of every setting where `over` holds has its example in the log
         already (the log never drops an example, so a setting found so is not looked up again)."""
-        for j in np.flatnonzero(over & ~self.exampled).tolist():
+        for j in (over & ~self.exampled).nonzero()[0].tolist():
             if self.reasons[j] not in log.examples:
                 return False
             self.exampled[j] = True
@@ -1027,7 +1048,7 @@ class _GridRejections:
         new to the log (ascending), now entered with a count of 0."""
         self.counts += over
         fresh = over & ~self.seen
-        if not fresh.any():
+        if not np.logical_or.reduce(fresh, axis=None):
             return []
         self.seen |= fresh
         new = []
@@ -1304,7 +1325,7 @@ def _search(
                     if value_key in floor_values:
                         floor = floor_values[value_key]
                     else:
-                        base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
+                        base = table_layout(mesh, mb, option, grid[0], stack, gpus, training)
                         floor = floor_values[value_key] = activation_floor(model, training, cluster, base, partition, schedule, vpp, cal)
                     floor_over = floors[floor_key] = (
                         None if floor is None else _FloorVerdict.of(floor, usable, grid_key, knobs_of(grid_key, grid).mode, floor_masks)
@@ -1327,7 +1348,7 @@ def _search(
             # table: an option and its combined twin share one (`stage_table.build_table` reads no
             # schedule knob of its mesh; tests/planner/test_search_bounds.py checks the two equal)
             if base is None:
-                base = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(gpus, training)
+                base = table_layout(mesh, mb, option, grid[0], stack, gpus, training)
             twin = option._replace(a2a_overlap=False)
             table = pair_tables.get(twin)
             if table is None:
@@ -1356,6 +1377,14 @@ def _search(
                 if not len(fits):
                     continue
             feasible += len(fits)
+            # An order that places the communication and the data-parallel groups as an earlier one
+            # has its table's prices and bounds (`_RankOrders.outcome`): bounded there, bounded here
+            placed = orders.placed(memory_key, table)
+            same = (placed, *data_parallel_strides(table.mesh))
+            seen, earlier_s = orders.outcome(same)
+            if seen and earlier_s is None:
+                bounded += len(fits)
+                continue
             # Bounded, not timed: when every fitting setting's step is bounded above the ranking's
             # threshold (and the reference) and a layout already kept is strictly faster and no
             # larger than each, none of them can enter the top k, the tie window or the Pareto front
@@ -1368,17 +1397,22 @@ def _search(
                 if _all_bounded(ranked, max(ranked.threshold_s / kappa, ref), kappa, table, knobs_of(grid_key, grid), fits,
                                 peaks[fits], vpp, cal, pair_floors, None):
                     bounded += len(fits)
+                    orders.keep_outcome(same, None)
                     continue
-            phases, table_mode_lb, rank_floors = orders.phases(memory_key, table, vpp, cal)
+            phases, table_mode_lb, rank_floors = orders.phases(placed, table, vpp, cal)
             if ranked.full and _all_bounded(ranked, max(ranked.threshold_s / kappa, ref), kappa, table, knobs_of(grid_key, grid),
                                             fits, peaks[fits], vpp, cal, rank_floors, table_mode_lb):
                 bounded += len(fits)
+                orders.keep_outcome(same, None)
                 continue
             # every setting is timed (as cheap as timing a subset: the work is per numpy call), the
-            # ones that fit are kept
-            timed = price_time(table, grid, copy.copy(prices), vpp, cal, phases)
-            assert timed.step_s is not None
-            step_s = timed.step_s[fits]
+            # ones that fit are kept; an earlier order's step seconds where it places alike
+            if earlier_s is None:
+                timed = price_time(table, grid, copy.copy(prices), vpp, cal, phases)
+                assert timed.step_s is not None
+                earlier_s = timed.step_s
+                orders.keep_outcome(same, earlier_s)
+            step_s = earlier_s[fits]
             if reference_step_s is not None:
                 faster += int(np.count_nonzero(step_s < reference_step_s * (1 - 1e-9)))
             # ranked by the conservative figure: seconds x (1 + the kernels' slow-end margin)

@@ -35,6 +35,11 @@ JOBS = [
 ]
 
 
+def _rank_sums(model, geo, partition, limit):  # type: ignore[no-untyped-def]
+    """`stage_table._rank_sums` with the MTP blocks `_order_free` gives it."""
+    return stage_table._rank_sums(geo, partition, limit, stage_table._priced_mtp(model, partition, geo.ft))
+
+
 def _job(i: int):
     name, cluster, gpus, training, layout = JOBS[i]
     return pricing_context(get_model(name), TrainingSpec(**training), get_cluster(cluster), gpus, Layout(**layout))
@@ -102,6 +107,24 @@ def test_the_memo_keys_cover_every_field_read(job: int) -> None:
 
 
 @pytest.mark.parametrize("job", range(len(JOBS)))
+def test_the_placed_communication_reads_only_its_fields(job: int) -> None:
+    """`_placed_comm` reads of a mesh only `PLACED_FIELDS` (its memo's key), and a table's placed
+    communication from that memo is what pricing it again gives."""
+    ctx = _job(job)
+    cal = default_calibration()
+    table = stage_table.build_table(ctx.model, ctx.training, ctx.cluster, ctx.gpus, ctx.layout, ctx.partition, cal)
+    reads = _Reads(ctx.layout)
+    fresh = stage_table._price_placed(
+        ctx.model, ctx.training, ctx.cluster, ctx.gpus, reads, cal, table.class_attention_f, table.class_counts, {}  # type: ignore[arg-type]
+    )
+    assert reads.read <= set(stage_table.PLACED_FIELDS)
+    assert {"tp", "order", "micro_batch"} <= reads.read
+    for name, value in fresh.items():
+        kept = getattr(table, name)
+        assert (np.asarray(kept).tobytes(), type(kept)) == (np.asarray(value).tobytes(), type(value)), name
+
+
+@pytest.mark.parametrize("job", range(len(JOBS)))
 def test_a_memoized_table_is_the_fresh_one(job: int) -> None:
     """A table built from the memos that another rank order of the mesh and another knob setting
     filled equals, to the bit, the one built with every memo empty."""
@@ -134,8 +157,8 @@ def test_the_geometrys_quantities_are_a_full_recompute_of_every_layer(job: int) 
     geo = stage_table._geometry(ctx.model, ctx.training, ctx.cluster, cal, ctx.layout)
     probe = StagePartition.even(ctx.model.num_layers // 2, ctx.partition.pp)
     for partition in (ctx.partition, probe):
-        every = stage_table._rank_sums(ctx.model, geo, partition, None)
-        limited = stage_table._rank_sums(ctx.model, geo, partition, ctx.model.num_layers)
+        every = _rank_sums(ctx.model, geo, partition, None)
+        limited = _rank_sums(ctx.model, geo, partition, ctx.model.num_layers)
         for a, b in zip(every, limited, strict=True):
             assert (a.shape, a.tobytes()) == (b.shape, b.tobytes())
 
@@ -245,7 +268,7 @@ def test_rank_maxima_are_the_masked_maxima(limit) -> None:
             recomputed = np.cumsum(index.mine, axis=1)[index.owner, np.arange(n)] - 1 < limit
             rows = stage_table._peak_rows(arr, recomputed)
         want = np.where(index.mine[None, :, :], rows[:, None, :], 0.0).max(axis=2, initial=0.0)
-        sums = stage_table._rank_sums(ctx.model, geo, partition, limit)
+        sums = _rank_sums(ctx.model, geo, partition, limit)
         largest, working, peaks = sums[2], sums[4], sums[15]
         assert np.vstack([largest, peaks, working]).tobytes() == want.tobytes(), partition
         assert (index.by_rank is None) == (partition.vpp == 1)
@@ -281,11 +304,11 @@ def test_ranks_of_one_layer_class_sum_as_the_bincount_does(job: int, monkeypatch
     ]
     fast = []
     for partition in partitions:
-        fast.append(stage_table._rank_sums(ctx.model, geo, partition, None))
-    monkeypatch.setattr(stage_table, "_uniform_ranks", lambda partition, of_layer: None)
+        fast.append(_rank_sums(ctx.model, geo, partition, None))
+    monkeypatch.setattr(stage_table, "_uniform_ranks", lambda partition, of_layer, n_classes: None)
     uniform = 0
     for partition, got in zip(partitions, fast, strict=True):
-        want = stage_table._rank_sums(ctx.model, geo, partition, None)
+        want = _rank_sums(ctx.model, geo, partition, None)
         uniform += stage_table._UNIFORM.get((partition, id(geo.of_layer))) not in (None, ())
         for a, b in zip(got, want, strict=True):
             assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), partition

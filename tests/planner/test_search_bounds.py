@@ -354,9 +354,10 @@ def test_a_reordered_table_refuses_other_degrees() -> None:
 
 
 def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatch) -> None:
-    """The search's tables, memory prices, their verdicts and phase arrays shared between the rank
-    orders of one mesh's degrees (`stage_table.reorder`, `_RankOrders`) give the Plan, its
-    rejections and its counts of a search that builds, prices and times every order's own."""
+    """The search's tables, memory prices, their verdicts, phase arrays and what the bounds and step
+    times of their settings came to, shared between the rank orders of one mesh's degrees
+    (`stage_table.reorder`, `_RankOrders`), give the Plan, its rejections and its counts of a search
+    that builds, prices, bounds and times every order's own."""
     from planner import search as search_module
 
     model, cluster = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
@@ -369,8 +370,19 @@ def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatc
         return real_reorder(t, mesh, cal)
 
     monkeypatch.setattr(search_module, "reorder", counted)
+    outcomes = []
+    real_outcome = search_module._RankOrders.outcome
+
+    def recorded(self, same):
+        seen, step_s = real_outcome(self, same)
+        outcomes.append((seen, step_s is None))
+        return seen, step_s
+
+    monkeypatch.setattr(search_module._RankOrders, "outcome", recorded)
     shared = search_module.search(model, training, cluster, 64, refine=False)
     assert len(set(reordered)) > 1
+    # orders that place alike share a bounded outcome and timed step seconds both
+    assert (True, True) in outcomes and (True, False) in outcomes
 
     class OwnTables(search_module._RankOrders):
         """Every order builds, prices and judges its own table and times its own phases."""
@@ -384,10 +396,13 @@ def test_sharing_tables_between_rank_orders_leaves_the_plan_unchanged(monkeypatc
         def verdict(self, key):
             return None
 
-        def phases(self, key, table, vpp, cal):
+        def phases(self, placed, table, vpp, cal):
             phases = step_time.phase_arrays(table, vpp, cal)
             floors = step_time.mode_rank_floors(table, phases)
             return phases, step_time.mode_lower_bounds(table, vpp, cal, phases), floors
+
+        def outcome(self, same):
+            return False, None
 
     monkeypatch.setattr(search_module, "_RankOrders", OwnTables)
     own = search_module.search(model, training, cluster, 64, refine=False)

@@ -141,3 +141,45 @@ def test_a_stack_before_megatron_lm_3_runs_tp_without_sequence_parallelism_or_se
     assert {s.recompute for s in settings(mesh, cluster, SearchConstraints())} == {"none", "selective", "full"}
     with pytest.raises(ValidationError, match="needs a stack with selective recompute"):
         SearchConstraints(selective_recompute=False, recompute="selective")
+
+
+def test_a_table_layout_is_the_resolved_layout() -> None:
+    """`table_layout` gives, field for field and with the same fields set, what `to_layout` without
+    validation and `Layout.resolved` give: over every mesh, micro-batch, pipeline option and the
+    first setting of a MoE job on a Megatron and an FSDP stack; and it refuses a micro-batch that
+    does not divide the global batch as `resolved` does."""
+    from cluster_specs.presets import get_cluster
+    from cost_models.layout import LayoutError
+    from model_specs.presets import get_model
+    from planner.plan import SearchConstraints
+    from planner.space import (
+        PipeOption,
+        Setting,
+        Stack,
+        meshes,
+        pipeline_options,
+        settings,
+        table_layout,
+        to_layout,
+    )
+
+    model, cluster, training = get_model("mixtral-8x7b"), get_cluster("dgx-h100"), TrainingSpec(seq_len=4096, global_batch=256)
+    checked = 0
+    for framework in ("megatron", "fsdp"):
+        c = SearchConstraints(framework=framework)
+        stack = Stack.of(c)
+        for mesh in list(meshes(model, cluster, 64, c))[::7]:
+            grid = settings(mesh, cluster, c)
+            for mb in (1, 2):
+                if training.global_batch % (mb * mesh.dp):
+                    continue
+                for option in pipeline_options(model, training, mesh, mb, c):
+                    want = to_layout(mesh, mb, option, grid[0], stack, validate=False).resolved(64, training)
+                    got = table_layout(mesh, mb, option, grid[0], stack, 64, training)
+                    assert list(got.__dict__.items()) == list(want.__dict__.items())
+                    assert got.model_fields_set == want.model_fields_set
+                    checked += 1
+    assert checked > 50
+    odd = next(m for m in meshes(model, cluster, 64, SearchConstraints()) if m.dp == 64)
+    with pytest.raises(LayoutError, match="micro_batch"):
+        table_layout(odd, 3, PipeOption(1, "1f1b"), Setting(1, 64, "none", False), Stack("megatron"), 64, training)
