@@ -1278,6 +1278,12 @@ def _search(
             break
         option_bounds: list[float] | None = None
         option_floors: np.ndarray | None = None  # (options, pp) what the bounds add up (`_PairTimes.bounds`)
+        ga = training.global_batch // (mb * mesh.dp)  # micro-batches per step
+        # what the options' bounds read of the ranking, which changes only where a table's settings
+        # enter it (`ranked.add`): whether it holds k layouts, and its threshold in seconds (over
+        # this pair's kappa) or the reference
+        full = ranked.full
+        threshold = max(ranked.threshold_s / kappa, ref) if full else math.inf
         for at, option in enumerate(options):
             vpp, schedule = option.vpp, option.schedule
             near_threshold = True
@@ -1289,10 +1295,7 @@ def _search(
                     log.add(GPIPE_DOMINATED, "every pipelined mesh; pin --schedule gpipe to price it", 0)
                 gpipe_dominated += len(grid)
                 continue
-            if ranked.full:  # bound the layout before building its table: cheap bound first
-                # in seconds: the ranking's threshold over this pair's kappa, or the reference
-                threshold = max(ranked.threshold_s / kappa, ref)
-                ga = training.global_batch // (mb * mesh.dp)
+            if full:  # bound the layout before building its table: cheap bound first
                 if _bubble_bound(per_mb_s, mesh.pp, vpp, ga, schedule in SPLIT_BACKWARD_SCHEDULES) * (1 - BOUND_MARGIN) >= threshold:
                     pruned += len(grid)
                     continue
@@ -1306,7 +1309,7 @@ def _search(
                 near_threshold = bound * (1 + BOUND_MARGIN) >= threshold
             base: Layout | None = None
             partition = _partition(model.num_layers, mesh.pp, option)
-            if option.a2a_overlap and ranked.steps and not (ranked.full and near_threshold):
+            if option.a2a_overlap and ranked.steps and not (full and near_threshold):
                 # Combined 1F1B runs no full recompute; when the activations alone put every other
                 # setting over the usable memory (`stage_table.activation_floor`), nothing of this
                 # option can fit: its table is not built. Its settings are counted as they would be
@@ -1338,7 +1341,7 @@ def _search(
             degrees_key = (mesh.tp, mesh.pp, mesh.cp, mesh.dp, mesh.ep, mesh.etp, mesh.moe_parallel_folding, mb)
             memory_key = (*degrees_key, option)
             verdict = orders.verdict(memory_key)
-            if verdict is not None and not len(verdict.fits) and not (ranked.full and near_threshold):
+            if verdict is not None and not len(verdict.fits) and not (full and near_threshold):
                 # another rank order's memory prices left no setting that fits: priced and counted
                 # the same, and the table (which only the bound near the threshold would read) not built
                 priced += len(grid)
@@ -1357,7 +1360,7 @@ def _search(
                 )
             else:
                 table = table.sharing(mesh=base)
-            if ranked.full and near_threshold and time_lower_bound(table, vpp, cal) >= max(ranked.threshold_s / kappa, ref):
+            if full and near_threshold and time_lower_bound(table, vpp, cal) >= threshold:
                 pruned += len(grid)
                 continue
             prices = orders.memory(
@@ -1392,16 +1395,16 @@ def _search(
             # without recompute that level 3 summed (`_PairTimes.bounds`) plus the table's recompute
             # seconds of each mode, at most the table's own floors, before its phase arrays are
             # computed (the modes' bounds alone seldom decide from these); then from the table's
-            if ranked.full and option_floors is not None:
+            if full and option_floors is not None:
                 pair_floors = option_floors[at][None, :] + table.recompute
-                if _all_bounded(ranked, max(ranked.threshold_s / kappa, ref), kappa, table, knobs_of(grid_key, grid), fits,
+                if _all_bounded(ranked, threshold, kappa, table, knobs_of(grid_key, grid), fits,
                                 peaks[fits], vpp, cal, pair_floors, None):
                     bounded += len(fits)
                     orders.keep_outcome(same, None)
                     continue
             phases, table_mode_lb, rank_floors = orders.phases(placed, table, vpp, cal)
-            if ranked.full and _all_bounded(ranked, max(ranked.threshold_s / kappa, ref), kappa, table, knobs_of(grid_key, grid),
-                                            fits, peaks[fits], vpp, cal, rank_floors, table_mode_lb):
+            if full and _all_bounded(ranked, threshold, kappa, table, knobs_of(grid_key, grid),
+                                     fits, peaks[fits], vpp, cal, rank_floors, table_mode_lb):
                 bounded += len(fits)
                 orders.keep_outcome(same, None)
                 continue
@@ -1417,6 +1420,8 @@ def _search(
                 faster += int(np.count_nonzero(step_s < reference_step_s * (1 - 1e-9)))
             # ranked by the conservative figure: seconds x (1 + the kernels' slow-end margin)
             ranked.add(step_s * kappa, peaks[fits], (mesh, mb, option, grid, fits))
+            full = ranked.full
+            threshold = max(ranked.threshold_s / kappa, ref) if full else math.inf
     if progress is not None:
         progress(pair_count, pair_count)
     if gpipe_dominated:
