@@ -89,7 +89,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -683,7 +683,22 @@ def _price_volumes(t: StageTable, v: _WeightVolumes, dp_cp: int, expert_dp: int,
     )
 
 
-_PAIR_COSTS: KeptMemo[tuple] = KeptMemo(1 << 12)
+class _PairCosts(NamedTuple):
+    """The `_per_pair` prices `_price_volumes` reads (`_pair_costs`), and the groups it reads again."""
+
+    ag_shard: tuple  # all-gather over each pair's sharding group
+    rs_shard: tuple  # reduce-scatter over it
+    ag_back: tuple  # the backward's all-gather: over hpZ's secondary group where it is on
+    ag_edp: tuple  # all-gather over the expert-data-parallel group
+    rs_edp: tuple  # reduce-scatter over it
+    ar_full: tuple  # all-reduce over the whole data x context group
+    ar_edp: tuple  # all-reduce over the expert-data-parallel group
+    ar_repl: tuple  # all-reduce over each pair's replicas (hybrid sharding)
+    shard_groups: list[Group]  # each pair's sharding group
+    edp_group: Group  # the expert-data-parallel group
+
+
+_PAIR_COSTS: KeptMemo[_PairCosts] = KeptMemo(1 << 12)
 """`_pair_costs`' memo in `_price_volumes`, keyed on its arguments (the cluster, calibration and
 pairs by identity: an entry keeps them)."""
 
@@ -691,14 +706,10 @@ pairs by identity: an entry keeps them)."""
 def _pair_costs(
     cl: ClusterSpec, cal: Calibration, framework_eff: float, shardings: tuple[Sharding, ...], cp: int, dp: int,
     expert_dp_size: int, dp_cp: int, expert_dp: int, gpus: int,
-) -> tuple:
-    """The `_per_pair` prices `_price_volumes` reads, over the groups of `shardings` (the pairs) on a
-    mesh of context and data-parallel degrees `cp`, `dp` and `expert_dp_size` expert-data-parallel
-    ranks whose order puts those groups at strides `dp_cp` and `expert_dp`: the all-gather and
-    reduce-scatter over each pair's sharding group, the backward's all-gather (over hpZ's secondary
-    group where it is on), the expert-data-parallel all-gather, reduce-scatter and all-reduce, the
-    all-reduce over the whole data x context group and over each pair's replicas; then the sharding
-    groups and the expert-data-parallel group themselves."""
+) -> _PairCosts:
+    """The `_PairCosts` of `shardings` (the pairs) on a mesh of context and data-parallel degrees
+    `cp`, `dp` and `expert_dp_size` expert-data-parallel ranks whose order puts those groups at
+    strides `dp_cp` and `expert_dp`."""
     made: dict[tuple[int, int], Group] = {}
 
     def group(size: int, stride: int) -> Group:
@@ -714,7 +725,7 @@ def _pair_costs(
     back_gs = [group(s.hpz * cp, dp_cp) if s.hpz > 1 else shard_gs[i] for i, s in enumerate(shardings)]
     full_g = group(dp * cp, dp_cp)
     edp_g = group(expert_dp_size, expert_dp)
-    return (
+    return _PairCosts(
         _per_pair("all_gather", shard_gs, cal, framework_eff), _per_pair("reduce_scatter", shard_gs, cal, framework_eff),
         _per_pair("all_gather", back_gs, cal, framework_eff), _per_pair("all_gather", [edp_g] * pairs, cal, framework_eff),
         _per_pair("reduce_scatter", [edp_g] * pairs, cal, framework_eff),
