@@ -22,11 +22,12 @@ from model_specs.spec import ModelSpec, TrainingSpec
 _COMM_STORES: KeptMemo[dict[tuple, Any]] = KeptMemo(64)
 
 
-def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, float]:
+def comm_store(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cal: Calibration, gpus: int) -> dict[tuple, Any]:
     """Memo of `mesh_comm` parts (seconds) for one job, keyed per part on the degrees, micro-batch
-    and rank stride it depends on (and of `build_table`'s LM head and MTP projection times and the
-    weights outside its layers, `stage_table._outside_layers`). Job objects are matched by identity
-    (`KeptMemo`)."""
+    and rank stride it depends on; also of `build_table`'s LM head and MTP projection times, the
+    weights outside its layers (`stage_table._outside_layers`) and its placed communication
+    (`stage_table._placed_comm`), each under a key that names it first. Job objects are matched by
+    identity (`KeptMemo`)."""
     key = (id(model), id(training), id(cluster), id(cal), gpus)
     store = _COMM_STORES.get(key)
     if store is None:
